@@ -1,0 +1,303 @@
+//! `evokernel`: the command line. Parses flags, calls the library, prints tables and
+//! JSON; it holds no logic of its own.
+
+mod table;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use evokernel::backend::BackendChoice;
+use evokernel::bench::Protocol;
+use evokernel::session::{CaseReport, Options, RunReport, Session};
+use evokernel::spec::{parse_dims, parse_padding};
+use evokernel::suite::load_suite;
+use evokernel::{ConvParams, ConvSpec, DType, Error, Layout};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Parser)]
+#[command(
+    name = "evokernel",
+    version,
+    about = "Verified, measured and tuned depthwise convolution kernels",
+    long_about = "Verified, measured and tuned depthwise convolution kernels.\n\n\
+        Every implementation is checked against an f64 oracle before it is timed.\n\n\
+        Example: evokernel run"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Verify and time the embedded seed problem (depthwise 3-D, bf16, DESIGN.md)
+    #[command(after_help = "Example:\n  evokernel run --iters 20 --json seed.json")]
+    Run {
+        #[command(flatten)]
+        common: Common,
+        /// Timed launches (at least; the timed launches also last at least 200 ms)
+        #[arg(long, default_value_t = 50, value_name = "N")]
+        iters: usize,
+    },
+    /// Check implementations against the f64 oracle on a spec or a suite
+    #[command(after_help = "Examples:\n  \
+        evokernel verify --suite suite/public.json\n  \
+        evokernel verify --input 61x45x80 --channels 512 --kernel 3x5x5 --padding 0,2,2\n  \
+        evokernel verify --input 2048 --channels 64 --kernel 4 --padding 3:0 --dtype f16")]
+    Verify {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        problem: ProblemArgs,
+    },
+    /// Verify, then time implementations on a spec or a suite
+    #[command(after_help = "Examples:\n  \
+        evokernel bench --suite suite/public.json --case convnext-7x7\n  \
+        evokernel bench --input 56x56 --channels 384 --batch 16 --kernel 7x7 --padding 3,3 --iters 100")]
+    Bench {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        problem: ProblemArgs,
+        /// Timed launches (at least; the timed launches also last at least 200 ms)
+        #[arg(long, default_value_t = 50, value_name = "N")]
+        iters: usize,
+    },
+}
+
+#[derive(Args)]
+struct Common {
+    /// Backend: auto (the GPU when there is one), cpu or cuda
+    #[arg(long, default_value = "auto", value_name = "auto|cpu|cuda")]
+    backend: String,
+    /// Write the full report as JSON to FILE
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Seed of the random inputs
+    #[arg(long, default_value_t = Options::default().seed)]
+    seed: u64,
+}
+
+#[derive(Args)]
+struct ProblemArgs {
+    /// Suite file of cases (the format of suite/public.json); replaces the spec flags
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["input", "kernel"])]
+    suite: Option<PathBuf>,
+    /// Only the suite cases with this name (repeatable)
+    #[arg(long, value_name = "NAME", requires = "suite")]
+    case: Vec<String>,
+    /// Spatial input sizes: W, HxW or DxHxW (e.g. 61x45x80)
+    #[arg(
+        long,
+        value_name = "DIMS",
+        required_unless_present = "suite",
+        allow_hyphen_values = true
+    )]
+    input: Option<String>,
+    /// Channels (= groups)
+    #[arg(long, short = 'c', default_value_t = 1, allow_negative_numbers = true)]
+    channels: i64,
+    /// Batch size
+    #[arg(long, short = 'n', default_value_t = 1, allow_negative_numbers = true)]
+    batch: i64,
+    /// Kernel sizes, one per spatial dim or one for all (e.g. 3x5x5)
+    #[arg(
+        long,
+        value_name = "DIMS",
+        required_unless_present = "suite",
+        allow_hyphen_values = true
+    )]
+    kernel: Option<String>,
+    /// Strides, one per dim or one for all (default 1)
+    #[arg(long, value_name = "DIMS", allow_hyphen_values = true)]
+    stride: Option<String>,
+    /// Dilations, one per dim or one for all (default 1)
+    #[arg(long, value_name = "DIMS", allow_hyphen_values = true)]
+    dilation: Option<String>,
+    /// Padding per dim: N (both sides) or BEFORE:AFTER, comma separated (e.g. 2:0,1,1)
+    #[arg(long, value_name = "PADS", allow_hyphen_values = true)]
+    padding: Option<String>,
+    /// Layout: channels-first (NCW/NCHW/NCDHW) or channels-last (NWC/NHWC/NDHWC)
+    #[arg(long, default_value = "channels-first")]
+    layout: String,
+    /// Element type: bf16, f16 or f32 (accumulation is f32)
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+}
+
+impl ProblemArgs {
+    fn cases(&self) -> Result<Vec<(String, ConvSpec)>, Error> {
+        if let Some(path) = &self.suite {
+            let cases = load_suite(path)?;
+            for want in &self.case {
+                if !cases.iter().any(|c| &c.name == want) {
+                    return Err(Error::Suite {
+                        path: path.clone(),
+                        message: format!(
+                            "has no case '{want}'; its cases are: {}",
+                            cases
+                                .iter()
+                                .map(|c| c.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    });
+                }
+            }
+            return Ok(cases
+                .into_iter()
+                .filter(|c| self.case.is_empty() || self.case.contains(&c.name))
+                .map(|c| (c.name, c.spec))
+                .collect());
+        }
+        let list = |what, v: &Option<String>| v.as_deref().map(|t| parse_dims(what, t)).transpose();
+        let params = ConvParams {
+            n: self.batch,
+            c: self.channels,
+            input: list("input", &self.input)?.unwrap_or_default(),
+            kernel: list("kernel", &self.kernel)?.unwrap_or_default(),
+            stride: list("stride", &self.stride)?.unwrap_or_default(),
+            dilation: list("dilation", &self.dilation)?.unwrap_or_default(),
+            padding: self
+                .padding
+                .as_deref()
+                .map(parse_padding)
+                .transpose()?
+                .unwrap_or_default(),
+            layout: self.layout.parse::<Layout>()?,
+            dtype: self.dtype.parse::<DType>()?,
+        };
+        let spec = params.validate()?;
+        Ok(vec![("spec".to_string(), spec)])
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            // One clear line, not clap's usage block.
+            let text = e.render().to_string();
+            let line: Vec<&str> = text
+                .lines()
+                .take_while(|l| !l.trim().is_empty() && !l.starts_with("Usage:"))
+                .map(str::trim)
+                .collect();
+            eprintln!("{} (see evokernel --help)", line.join(" "));
+            return ExitCode::from(2);
+        }
+    };
+    match execute(cli) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(if e.is_user_input() { 2 } else { 1 })
+        }
+    }
+}
+
+/// Runs a command; `Ok(false)` when a check failed.
+fn execute(cli: Cli) -> Result<bool, Error> {
+    let (common, cases, options, title) = match cli.command {
+        Command::Run { common, iters } => {
+            let spec = ConvParams::seed().validate()?;
+            let opts = options(&common, true, iters);
+            (
+                common,
+                vec![("seed".to_string(), spec)],
+                opts,
+                "seed problem",
+            )
+        }
+        Command::Verify { common, problem } => {
+            let opts = options(&common, false, 0);
+            (common, problem.cases()?, opts, "verify")
+        }
+        Command::Bench {
+            common,
+            problem,
+            iters,
+        } => {
+            let opts = options(&common, true, iters);
+            (common, problem.cases()?, opts, "bench")
+        }
+    };
+    let backend: BackendChoice = common.backend.parse()?;
+    let mut session = Session::open(backend)?;
+    let dev = session.device().clone();
+    println!(
+        "evokernel {title}: {} ({}; {}), seed {}",
+        dev.name, dev.backend, dev.detail, options.seed
+    );
+    if options.time {
+        let bar = spinner("calibrating the device's ceilings");
+        let c = session.ceilings();
+        bar.finish_and_clear();
+        println!(
+            "ceilings: copy {:.1} GB/s, f32 FMA {:.1} GFLOP/s{}",
+            c.copy_gbps,
+            c.fma_gflops,
+            c.tensor_gflops
+                .map(|t| format!(", tensor {t:.0} GFLOP/s"))
+                .unwrap_or_default()
+        );
+    }
+    let mut reports: Vec<CaseReport> = Vec::new();
+    for (name, spec) in &cases {
+        let bar = spinner(&format!("{name}: starting"));
+        let mut progress = |msg: &str| bar.set_message(format!("{name}: {msg}"));
+        let report = session.evaluate(name, spec, &options, &mut progress);
+        bar.finish_and_clear();
+        reports.push(report?);
+    }
+    let all_passed = reports.iter().all(CaseReport::passed);
+    let report = session.report(&options, reports);
+    println!("{}", table::render(&report));
+    if let Some(path) = &common.json {
+        write_json(path, &report)?;
+        println!("report written to {}", path.display());
+    }
+    if !all_passed {
+        eprintln!("error: some implementations failed verification (see the table)");
+    }
+    Ok(all_passed)
+}
+
+fn options(common: &Common, time: bool, iters: usize) -> Options {
+    Options {
+        seed: common.seed,
+        time,
+        protocol: Protocol::default().with_launches(iters),
+    }
+}
+
+fn spinner(msg: &str) -> ProgressBar {
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar.set_message(msg.to_string());
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar
+}
+
+fn write_json(path: &PathBuf, report: &RunReport) -> Result<(), Error> {
+    let text = serde_json::to_string_pretty(report).map_err(|e| Error::Io {
+        action: "cannot serialize report for",
+        path: path.clone(),
+        source: std::io::Error::other(e),
+    })?;
+    std::fs::write(path, text + "\n").map_err(|source| Error::Io {
+        action: "cannot write JSON report",
+        path: path.clone(),
+        source,
+    })
+}

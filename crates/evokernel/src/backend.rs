@@ -1,0 +1,137 @@
+//! Backends and the one interface every implementation of a spec offers to the
+//! measurement code: launch on an input set, read the output back, poison it.
+
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use crate::cpu::{conv_cpu, Isa};
+use crate::error::{Error, Result};
+use crate::spec::ConvSpec;
+use crate::tensor::HostTensor;
+
+/// Which backend the user asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendChoice {
+    /// The GPU when there is one, else the CPU.
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl FromStr for BackendChoice {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(BackendChoice::Auto),
+            "cpu" => Ok(BackendChoice::Cpu),
+            "cuda" | "gpu" => Ok(BackendChoice::Cuda),
+            _ => Err(Error::parse("backend", s, "expected auto, cpu or cuda")),
+        }
+    }
+}
+
+/// The inputs of one problem: `sets` input tensors (rotated while timing so that a
+/// small problem is not measured out of cache) and the weight. Set 0 is the one
+/// verified against the oracle.
+#[derive(Clone, Debug)]
+pub struct Problem {
+    pub spec: ConvSpec,
+    pub seed: u64,
+    pub inputs: Vec<HostTensor>,
+    pub weight: HostTensor,
+}
+
+impl Problem {
+    /// Fresh standard-normal inputs and weights, quantized to the spec's dtype.
+    pub fn random(spec: &ConvSpec, seed: u64, sets: usize) -> Self {
+        let inputs = (0..sets.max(1))
+            .map(|i| {
+                HostTensor::random_normal(
+                    spec.dtype(),
+                    &spec.input_shape(),
+                    seed.wrapping_add(i as u64),
+                )
+            })
+            .collect();
+        let weight = HostTensor::random_normal(
+            spec.dtype(),
+            &spec.weight_shape(),
+            seed ^ 0x5eed_0f3e_1647_5100,
+        );
+        Problem {
+            spec: spec.clone(),
+            seed,
+            inputs,
+            weight,
+        }
+    }
+
+    pub fn sets(&self) -> usize {
+        self.inputs.len()
+    }
+}
+
+/// Input sets to rotate among: enough that input + output of all sets exceed twice the
+/// cache, so each launch reads from memory as it would in a network (MEASURE.md).
+pub fn rotation_sets(spec: &ConvSpec, cache_bytes: u64) -> usize {
+    let working = spec.min_bytes().max(1);
+    if working >= 2 * cache_bytes {
+        1
+    } else {
+        ((2 * cache_bytes).div_ceil(working) as usize + 1).min(64)
+    }
+}
+
+/// One implementation of a spec, inputs already where it runs.
+pub trait ConvRun {
+    /// Row name in reports, e.g. `cpu`, `naive`, `cudnn`.
+    fn name(&self) -> String;
+    /// Runs once on input set `set`; returns the elapsed milliseconds of that launch
+    /// (wall clock on the CPU, CUDA events on a GPU).
+    fn launch(&mut self, set: usize) -> Result<f64>;
+    /// Fills the output of set `set` with NaN, so unwritten elements fail verification.
+    fn poison(&mut self, set: usize) -> Result<()>;
+    /// Copies the output of set `set` to the host.
+    fn output(&mut self, set: usize) -> Result<HostTensor>;
+}
+
+/// The CPU backend's implementation.
+pub struct CpuRun<'a> {
+    problem: &'a Problem,
+    outputs: Vec<HostTensor>,
+}
+
+impl<'a> CpuRun<'a> {
+    pub fn new(problem: &'a Problem) -> Self {
+        let spec = &problem.spec;
+        let outputs = (0..problem.sets())
+            .map(|_| HostTensor::nan(spec.dtype(), &spec.output_shape()))
+            .collect();
+        CpuRun { problem, outputs }
+    }
+}
+
+impl ConvRun for CpuRun<'_> {
+    fn name(&self) -> String {
+        format!("cpu-{}", Isa::detect().name())
+    }
+    fn launch(&mut self, set: usize) -> Result<f64> {
+        let t = std::time::Instant::now();
+        conv_cpu(
+            &self.problem.spec,
+            &self.problem.inputs[set],
+            &self.problem.weight,
+            &mut self.outputs[set],
+        )?;
+        Ok(t.elapsed().as_secs_f64() * 1e3)
+    }
+    fn poison(&mut self, set: usize) -> Result<()> {
+        self.outputs[set].poison();
+        Ok(())
+    }
+    fn output(&mut self, set: usize) -> Result<HostTensor> {
+        Ok(self.outputs[set].clone())
+    }
+}

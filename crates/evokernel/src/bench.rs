@@ -1,0 +1,252 @@
+//! The measurement protocol of MEASURE.md: warm-up, many timed launches, median /
+//! min / max, input rotation, baselines co-measured A B A B, and calibrated ceilings
+//! that give each case its floor.
+
+use serde::Serialize;
+
+use crate::backend::ConvRun;
+use crate::error::Result;
+use crate::spec::ConvSpec;
+
+/// How long to warm up and how much to time.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Protocol {
+    pub warmup_launches: usize,
+    pub warmup_ms: f64,
+    pub launches: usize,
+    pub min_ms: f64,
+}
+
+impl Default for Protocol {
+    fn default() -> Self {
+        Protocol {
+            warmup_launches: 10,
+            warmup_ms: 25.0,
+            launches: 50,
+            min_ms: 200.0,
+        }
+    }
+}
+
+impl Protocol {
+    /// At least `launches` timed launches (and still at least `min_ms` of them).
+    pub fn with_launches(self, launches: usize) -> Self {
+        Protocol {
+            launches: launches.max(1),
+            ..self
+        }
+    }
+}
+
+/// Summary of the timed launches of one implementation.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+pub struct Timing {
+    pub median_ms: f64,
+    pub min_ms: f64,
+    pub max_ms: f64,
+    pub launches: usize,
+}
+
+impl Timing {
+    pub fn from_samples(samples: &[f64]) -> Self {
+        let mut s = samples.to_vec();
+        s.sort_by(f64::total_cmp);
+        Timing {
+            median_ms: median_sorted(&s),
+            min_ms: s.first().copied().unwrap_or(f64::NAN),
+            max_ms: s.last().copied().unwrap_or(f64::NAN),
+            launches: s.len(),
+        }
+    }
+}
+
+fn median_sorted(s: &[f64]) -> f64 {
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => 0.5 * (s[n / 2 - 1] + s[n / 2]),
+    }
+}
+
+/// Runs `step` (which launches and returns its milliseconds) under the protocol:
+/// warm-up first, then timed launches, rotating `sets` input sets.
+fn drive(
+    protocol: &Protocol,
+    sets: usize,
+    mut step: impl FnMut(usize) -> Result<Vec<f64>>,
+) -> Result<Vec<Vec<f64>>> {
+    let (mut i, mut spent) = (0usize, 0.0);
+    while i < protocol.warmup_launches || spent < protocol.warmup_ms {
+        spent += step(i % sets)?.iter().sum::<f64>();
+        i += 1;
+    }
+    let mut samples: Vec<Vec<f64>> = Vec::new();
+    let (mut i, mut spent) = (0usize, 0.0);
+    while i < protocol.launches || spent < protocol.min_ms {
+        let t = step(i % sets)?;
+        spent += t.iter().sum::<f64>();
+        samples.push(t);
+        i += 1;
+    }
+    Ok(samples)
+}
+
+/// Times one implementation alone.
+pub fn time_one(run: &mut dyn ConvRun, sets: usize, protocol: &Protocol) -> Result<Timing> {
+    let samples = drive(protocol, sets, |s| Ok(vec![run.launch(s)?]))?;
+    let v: Vec<f64> = samples.iter().map(|t| t[0]).collect();
+    Ok(Timing::from_samples(&v))
+}
+
+/// An implementation and its baseline, timed in alternation (A B A B) so that clock
+/// drift hits both alike.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct PairTiming {
+    pub candidate: Timing,
+    pub baseline: Timing,
+    /// Median over pairs of baseline time / candidate time (the speedup).
+    pub speedup: f64,
+}
+
+pub fn time_pair(
+    candidate: &mut dyn ConvRun,
+    baseline: &mut dyn ConvRun,
+    sets: usize,
+    protocol: &Protocol,
+) -> Result<PairTiming> {
+    let samples = drive(protocol, sets, |s| {
+        Ok(vec![candidate.launch(s)?, baseline.launch(s)?])
+    })?;
+    let a: Vec<f64> = samples.iter().map(|t| t[0]).collect();
+    let b: Vec<f64> = samples.iter().map(|t| t[1]).collect();
+    let mut ratios: Vec<f64> = samples.iter().map(|t| t[1] / t[0]).collect();
+    ratios.sort_by(f64::total_cmp);
+    Ok(PairTiming {
+        candidate: Timing::from_samples(&a),
+        baseline: Timing::from_samples(&b),
+        speedup: median_sorted(&ratios),
+    })
+}
+
+/// Measured ceilings of the device a run is on: what the floor of a case is made of.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Ceilings {
+    /// Device-memory copy bandwidth, bytes read plus bytes written, in GB/s.
+    pub copy_gbps: f64,
+    /// f32 FMA rate, in GFLOP/s (2 per FMA).
+    pub fma_gflops: f64,
+    /// bf16 tensor-core rate in GFLOP/s, where the device has one.
+    pub tensor_gflops: Option<f64>,
+}
+
+impl Ceilings {
+    /// The floor of a case: max(bytes / copy bandwidth, flops / compute rate), in ms.
+    /// Compute is counted at the fastest unit that can do it.
+    pub fn floor_ms(&self, spec: &ConvSpec) -> f64 {
+        let mem = spec.min_bytes() as f64 / (self.copy_gbps * 1e6);
+        let rate = self.tensor_gflops.unwrap_or(0.0).max(self.fma_gflops);
+        let compute = spec.flops() as f64 / (rate * 1e6);
+        mem.max(compute)
+    }
+}
+
+/// Throughput of a timed case.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Throughput {
+    pub gflops: f64,
+    pub gbps: f64,
+    /// floor / time, in percent
+    pub pct_of_floor: f64,
+}
+
+pub fn throughput(spec: &ConvSpec, ms: f64, floor_ms: f64) -> Throughput {
+    Throughput {
+        gflops: spec.flops() as f64 / (ms * 1e6),
+        gbps: spec.min_bytes() as f64 / (ms * 1e6),
+        pct_of_floor: 100.0 * floor_ms / ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::HostTensor;
+
+    struct Fake {
+        ms: f64,
+        launches: usize,
+    }
+    impl ConvRun for Fake {
+        fn name(&self) -> String {
+            "fake".into()
+        }
+        fn launch(&mut self, _set: usize) -> Result<f64> {
+            self.launches += 1;
+            Ok(self.ms)
+        }
+        fn poison(&mut self, _set: usize) -> Result<()> {
+            Ok(())
+        }
+        fn output(&mut self, _set: usize) -> Result<HostTensor> {
+            Ok(HostTensor::zeros(crate::DType::F32, &[1]))
+        }
+    }
+
+    #[test]
+    fn protocol_warms_up_and_times_enough() {
+        let mut f = Fake {
+            ms: 1.0,
+            launches: 0,
+        };
+        let t = time_one(&mut f, 3, &Protocol::default()).unwrap();
+        // warm-up: 25 launches for 25 ms; timed: 200 launches for 200 ms
+        assert_eq!(t.launches, 200);
+        assert_eq!(f.launches, 225);
+        assert_eq!(t.median_ms, 1.0);
+        let mut slow = Fake {
+            ms: 100.0,
+            launches: 0,
+        };
+        let t = time_one(&mut slow, 1, &Protocol::default()).unwrap();
+        assert_eq!(t.launches, 50);
+        assert_eq!(slow.launches, 60);
+    }
+
+    #[test]
+    fn pair_reports_median_speedup() {
+        let mut a = Fake {
+            ms: 2.0,
+            launches: 0,
+        };
+        let mut b = Fake {
+            ms: 10.0,
+            launches: 0,
+        };
+        let p = time_pair(&mut a, &mut b, 1, &Protocol::default()).unwrap();
+        assert_eq!(p.speedup, 5.0);
+        assert_eq!(a.launches, b.launches);
+    }
+
+    #[test]
+    fn timing_summary() {
+        let t = Timing::from_samples(&[3.0, 1.0, 2.0, 10.0]);
+        assert_eq!((t.median_ms, t.min_ms, t.max_ms), (2.5, 1.0, 10.0));
+    }
+
+    #[test]
+    fn floor_is_max_of_memory_and_compute() {
+        let spec = crate::ConvParams::seed().validate().unwrap();
+        let c = Ceilings {
+            copy_gbps: 2970.0,
+            fma_gflops: 51_000.0,
+            tensor_gflops: None,
+        };
+        // 442 MB at 2.97 TB/s = 0.149 ms; 16.3 GFLOP at 51 TFLOP/s = 0.32 ms
+        assert!((c.floor_ms(&spec) - 0.3198).abs() < 1e-3);
+        let c = Ceilings {
+            tensor_gflops: Some(800_000.0),
+            ..c
+        };
+        assert!((c.floor_ms(&spec) - 0.1490).abs() < 1e-3);
+    }
+}

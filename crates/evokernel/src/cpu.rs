@@ -1,0 +1,672 @@
+//! The CPU backend: f32-accumulating depthwise convolution, parallel with rayon and
+//! vectorized for the widest SIMD the CPU has (AVX-512, AVX2+FMA, else portable).
+//!
+//! Channels-first: each (n, c) plane is widened once into a zero-padded f32 buffer, so
+//! the hot loop has no bounds logic; a block of up to 8 SIMD vectors of outputs along W
+//! stays in registers while every tap adds `w * shifted input row` to it.
+//! Channels-last: for each output position, blocks of channels accumulate over the
+//! in-bounds taps, reading the input in its own dtype (widening is a shift or a select).
+
+use rayon::prelude::*;
+
+use crate::bench::Ceilings;
+use crate::error::{Error, Result};
+use crate::spec::{ConvSpec, Layout};
+use crate::tensor::{Element, HostTensor, TensorData};
+
+/// The instruction set the hot loops were compiled for on this call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Avx512,
+    Avx2,
+    Portable,
+}
+
+impl Isa {
+    pub fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return Isa::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "avx512",
+            Isa::Avx2 => "avx2",
+            Isa::Portable => "portable",
+        }
+    }
+
+    /// Whether this CPU can run code compiled for `self`.
+    pub fn supported(self) -> bool {
+        matches!(
+            (self, Isa::detect()),
+            (Isa::Portable, _) | (Isa::Avx2, Isa::Avx2 | Isa::Avx512) | (Isa::Avx512, Isa::Avx512)
+        )
+    }
+
+    /// f32 lanes per SIMD register.
+    fn lanes(self) -> usize {
+        match self {
+            Isa::Avx512 => 16,
+            Isa::Avx2 | Isa::Portable => 8,
+        }
+    }
+}
+
+/// Runs the depthwise convolution of `spec` on the CPU, writing every element of `output`.
+pub fn conv_cpu(
+    spec: &ConvSpec,
+    input: &HostTensor,
+    weight: &HostTensor,
+    output: &mut HostTensor,
+) -> Result<()> {
+    conv_cpu_with(Isa::detect(), spec, input, weight, output)
+}
+
+/// As [`conv_cpu`], with the hot loops of a chosen instruction set (for tests and
+/// comparisons); an instruction set this CPU lacks is an error.
+pub fn conv_cpu_with(
+    isa: Isa,
+    spec: &ConvSpec,
+    input: &HostTensor,
+    weight: &HostTensor,
+    output: &mut HostTensor,
+) -> Result<()> {
+    if !isa.supported() {
+        return Err(Error::BackendUnavailable {
+            backend: format!("cpu-{}", isa.name()),
+            reason: format!(
+                "this CPU lacks {}; use cpu-{}",
+                isa.name(),
+                Isa::detect().name()
+            ),
+        });
+    }
+    input.expect("input", spec.dtype(), spec.input_len())?;
+    weight.expect("weight", spec.dtype(), spec.weight_len())?;
+    output.expect("output", spec.dtype(), spec.output_len())?;
+    let w: Vec<f32> = (0..weight.len())
+        .map(|i| weight.get_f64(i) as f32)
+        .collect();
+    match (input.data(), output.data_mut()) {
+        (TensorData::Bf16(x), TensorData::Bf16(y)) => run(spec, isa, x, &w, y),
+        (TensorData::F16(x), TensorData::F16(y)) => run(spec, isa, x, &w, y),
+        (TensorData::F32(x), TensorData::F32(y)) => run(spec, isa, x, &w, y),
+        _ => unreachable!("dtypes were checked against the spec above"),
+    }
+    Ok(())
+}
+
+fn run<T: Element>(spec: &ConvSpec, isa: Isa, x: &[T], w: &[f32], y: &mut [T]) {
+    match spec.layout() {
+        Layout::ChannelsFirst => channels_first(spec, isa, x, w, y),
+        Layout::ChannelsLast => channels_last(spec, isa, x, w, y),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Channels-first
+
+/// Geometry of one zero-padded f32 plane and the offsets of every tap in it.
+struct PaddedPlane {
+    /// Allocated sizes of the padded plane: depth, rows, row stride.
+    dp: usize,
+    hp: usize,
+    ws: usize,
+    /// Offset of tap (kd, kh, kw) from an output row's base, in tap order.
+    taps: Vec<usize>,
+}
+
+impl PaddedPlane {
+    fn new(spec: &ConvSpec, lanes: usize) -> Self {
+        let [d, h, w] = spec.input3();
+        let [kd, kh, kw] = spec.kernel3();
+        let [dd, dh, dw] = spec.dilation3();
+        let (pb, pa) = (spec.pad_before3(), spec.pad_after3());
+        let ow = spec.output3()[2];
+        let sw = spec.stride3()[2];
+        // Output blocks are whole vectors, so the last block reads past the last output;
+        // the row stride leaves room for that overshoot inside the (zero) padding.
+        let ow_blocks = ow.div_ceil(lanes) * lanes;
+        let ws = (w + pb[2] + pa[2]).max((ow_blocks - 1) * sw + (kw - 1) * dw + 1);
+        let (dp, hp) = (d + pb[0] + pa[0], h + pb[1] + pa[1]);
+        let mut taps = Vec::with_capacity(spec.taps());
+        for a in 0..kd {
+            for b in 0..kh {
+                for e in 0..kw {
+                    taps.push((a * dd * hp + b * dh) * ws + e * dw);
+                }
+            }
+        }
+        PaddedPlane { dp, hp, ws, taps }
+    }
+
+    fn len(&self) -> usize {
+        self.dp * self.hp * self.ws
+    }
+
+    /// Widens one input plane into `buf`, writing zeros only where padding lies.
+    fn fill<T: Element>(&self, spec: &ConvSpec, plane: &[T], buf: &mut Vec<f32>) {
+        let [d, h, w] = spec.input3();
+        let pb = spec.pad_before3();
+        buf.resize(self.len(), 0.0);
+        for (r, row) in buf.chunks_exact_mut(self.ws).enumerate() {
+            let (pd, ph) = (r / self.hp, r % self.hp);
+            let inside = pd >= pb[0] && pd - pb[0] < d && ph >= pb[1] && ph - pb[1] < h;
+            if !inside {
+                row.fill(0.0);
+                continue;
+            }
+            let src = &plane[((pd - pb[0]) * h + (ph - pb[1])) * w..][..w];
+            row[..pb[2]].fill(0.0);
+            for (o, s) in row[pb[2]..pb[2] + w].iter_mut().zip(src) {
+                *o = s.to_f32();
+            }
+            row[pb[2] + w..].fill(0.0);
+        }
+    }
+}
+
+fn channels_first<T: Element>(spec: &ConvSpec, isa: Isa, x: &[T], w: &[f32], y: &mut [T]) {
+    let plane_in = spec.input3().iter().product::<usize>();
+    let [od, oh, ow] = spec.output3();
+    let plane_out = od * oh * ow;
+    let planes = spec.n() * spec.c();
+    let geo = PaddedPlane::new(spec, isa.lanes());
+    let taps = spec.taps();
+    // Few planes (one big volume): split each plane's output depths across threads too.
+    let split_rows = planes < 4 * rayon::current_num_threads() && od > 1;
+    y.par_chunks_mut(plane_out).enumerate().for_each_init(
+        || (Vec::<f32>::new(), Vec::<f32>::new()),
+        |(buf, row), (p, out)| {
+            let c = p % spec.c();
+            geo.fill(spec, &x[p * plane_in..][..plane_in], buf);
+            let wc = &w[c * taps..][..taps];
+            if split_rows {
+                out.par_chunks_mut(oh * ow)
+                    .enumerate()
+                    .for_each_init(Vec::new, |row, (d, o)| {
+                        cf_rows(isa, spec, &geo, buf, wc, d, o, row)
+                    });
+            } else {
+                for (d, o) in out.chunks_mut(oh * ow).enumerate() {
+                    cf_rows(isa, spec, &geo, buf, wc, d, o, row);
+                }
+            }
+        },
+    );
+}
+
+#[allow(clippy::too_many_arguments)]
+fn cf_rows<T: Element>(
+    isa: Isa,
+    spec: &ConvSpec,
+    geo: &PaddedPlane,
+    src: &[f32],
+    w: &[f32],
+    od: usize,
+    out: &mut [T],
+    row: &mut Vec<f32>,
+) {
+    let ow = spec.output3()[2];
+    row.resize(ow.div_ceil(isa.lanes()) * isa.lanes(), 0.0);
+    // SAFETY: each wrapper is called only when `Isa::detect` found its features.
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { cf_rows_avx512(spec, geo, src, w, od, out, row) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { cf_rows_avx2(spec, geo, src, w, od, out, row) },
+        _ => cf_rows_body::<T, 8, false>(spec, geo, src, w, od, out, row),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn cf_rows_avx512<T: Element>(
+    spec: &ConvSpec,
+    geo: &PaddedPlane,
+    src: &[f32],
+    w: &[f32],
+    od: usize,
+    out: &mut [T],
+    row: &mut [f32],
+) {
+    cf_rows_body::<T, 16, true>(spec, geo, src, w, od, out, row)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn cf_rows_avx2<T: Element>(
+    spec: &ConvSpec,
+    geo: &PaddedPlane,
+    src: &[f32],
+    w: &[f32],
+    od: usize,
+    out: &mut [T],
+    row: &mut [f32],
+) {
+    cf_rows_body::<T, 8, true>(spec, geo, src, w, od, out, row)
+}
+
+/// All output rows of output depth `od` of one plane.
+#[inline(always)]
+fn cf_rows_body<T: Element, const L: usize, const FMA: bool>(
+    spec: &ConvSpec,
+    geo: &PaddedPlane,
+    src: &[f32],
+    w: &[f32],
+    od: usize,
+    out: &mut [T],
+    row: &mut [f32],
+) {
+    let [_, oh, ow] = spec.output3();
+    let [sd, sh, sw] = spec.stride3();
+    for h in 0..oh {
+        let base = (od * sd * geo.hp + h * sh) * geo.ws;
+        let mut b = 0;
+        while b < ow {
+            let vectors = (ow - b).div_ceil(L).min(8);
+            let r = &mut row[b..];
+            macro_rules! block {
+                ($($nv:literal)*) => {
+                    match vectors {
+                        $($nv => {
+                            if sw == 1 {
+                                block_unit::<L, $nv, FMA>(src, base + b, &geo.taps, w, r)
+                            } else {
+                                block_strided::<L, $nv, FMA>(src, base + b * sw, sw, &geo.taps, w, r)
+                            }
+                        })*
+                        _ => unreachable!(),
+                    }
+                };
+            }
+            block!(1 2 3 4 5 6 7 8);
+            b += vectors * L;
+        }
+        T::store_f32_slice(&row[..ow], &mut out[h * ow..][..ow]);
+    }
+}
+
+#[inline(always)]
+fn fma<const FMA: bool>(a: f32, b: f32, acc: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, acc)
+    } else {
+        acc + a * b
+    }
+}
+
+/// `NV` vectors of `L` outputs of stride 1 along W, accumulated in registers over all taps.
+#[inline(always)]
+fn block_unit<const L: usize, const NV: usize, const FMA: bool>(
+    src: &[f32],
+    base: usize,
+    taps: &[usize],
+    w: &[f32],
+    out: &mut [f32],
+) {
+    let mut acc = [[0.0f32; L]; NV];
+    for (&off, &wt) in taps.iter().zip(w) {
+        let s = &src[base + off..base + off + L * NV];
+        for (v, a) in acc.iter_mut().enumerate() {
+            for i in 0..L {
+                a[i] = fma::<FMA>(s[v * L + i], wt, a[i]);
+            }
+        }
+    }
+    for (o, a) in out.chunks_exact_mut(L).zip(&acc) {
+        o.copy_from_slice(a);
+    }
+}
+
+/// As `block_unit` with a stride along W (a gather; strided convs are the rarer case).
+#[inline(always)]
+fn block_strided<const L: usize, const NV: usize, const FMA: bool>(
+    src: &[f32],
+    base: usize,
+    stride: usize,
+    taps: &[usize],
+    w: &[f32],
+    out: &mut [f32],
+) {
+    let mut acc = [[0.0f32; L]; NV];
+    for (&off, &wt) in taps.iter().zip(w) {
+        let s = &src[base + off..base + off + (L * NV - 1) * stride + 1];
+        for (v, a) in acc.iter_mut().enumerate() {
+            for i in 0..L {
+                a[i] = fma::<FMA>(s[(v * L + i) * stride], wt, a[i]);
+            }
+        }
+    }
+    for (o, a) in out.chunks_exact_mut(L).zip(&acc) {
+        o.copy_from_slice(a);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Channels-last
+
+/// Range of taps `k` whose input coordinate `o*stride + k*dil - pad` lies in `[0, size)`.
+fn valid_taps(
+    o: usize,
+    stride: usize,
+    dil: usize,
+    pad: usize,
+    size: usize,
+    k: usize,
+) -> (usize, usize) {
+    let start = o * stride;
+    // smallest k with start + k*dil >= pad
+    let lo = if start >= pad {
+        0
+    } else {
+        (pad - start).div_ceil(dil)
+    };
+    // largest k with start + k*dil - pad < size, exclusive
+    let hi = if start >= pad + size {
+        0
+    } else if start + (k - 1) * dil < pad + size {
+        k
+    } else {
+        (pad + size - start).div_ceil(dil).min(k)
+    };
+    (lo.min(hi), hi)
+}
+
+fn channels_last<T: Element>(spec: &ConvSpec, isa: Isa, x: &[T], w: &[f32], y: &mut [T]) {
+    let c = spec.c();
+    let taps = spec.taps();
+    // Weights tap-major so a block of channels reads one contiguous run per tap.
+    let mut wt = vec![0.0f32; w.len()];
+    for ch in 0..c {
+        for t in 0..taps {
+            wt[t * c + ch] = w[ch * taps + t];
+        }
+    }
+    let [od, oh, ow] = spec.output3();
+    y.par_chunks_mut(ow * c)
+        .enumerate()
+        .for_each_init(Vec::new, |acc, (r, out)| {
+            let (n, d, h) = (r / (od * oh), (r / oh) % od, r % oh);
+            acc.resize(c, 0.0);
+            // SAFETY: each wrapper is called only when `Isa::detect` found its features.
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => unsafe { cl_row_avx512(spec, x, &wt, n, d, h, out, acc) },
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { cl_row_avx2(spec, x, &wt, n, d, h, out, acc) },
+                _ => cl_row_body::<T, false>(spec, x, &wt, n, d, h, out, acc),
+            }
+        });
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn cl_row_avx512<T: Element>(
+    spec: &ConvSpec,
+    x: &[T],
+    wt: &[f32],
+    n: usize,
+    d: usize,
+    h: usize,
+    out: &mut [T],
+    acc: &mut [f32],
+) {
+    cl_row_body::<T, true>(spec, x, wt, n, d, h, out, acc)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn cl_row_avx2<T: Element>(
+    spec: &ConvSpec,
+    x: &[T],
+    wt: &[f32],
+    n: usize,
+    d: usize,
+    h: usize,
+    out: &mut [T],
+    acc: &mut [f32],
+) {
+    cl_row_body::<T, true>(spec, x, wt, n, d, h, out, acc)
+}
+
+/// Channel block held in registers: 64 f32 (4 AVX-512 or 8 AVX2 vectors).
+const CL_BLOCK: usize = 64;
+
+/// One output row (all W positions, all channels) of a channels-last spec.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn cl_row_body<T: Element, const FMA: bool>(
+    spec: &ConvSpec,
+    x: &[T],
+    wt: &[f32],
+    n: usize,
+    d: usize,
+    h: usize,
+    out: &mut [T],
+    acc: &mut [f32],
+) {
+    let c = spec.c();
+    let [id, ih, iw] = spec.input3();
+    let [kd, kh, kw] = spec.kernel3();
+    let [sd, sh, sw] = spec.stride3();
+    let [dd, dh, dw] = spec.dilation3();
+    let pb = spec.pad_before3();
+    let ow = spec.output3()[2];
+    let (d0, d1) = valid_taps(d, sd, dd, pb[0], id, kd);
+    let (h0, h1) = valid_taps(h, sh, dh, pb[1], ih, kh);
+    for o in 0..ow {
+        let (w0, w1) = valid_taps(o, sw, dw, pb[2], iw, kw);
+        let mut cb = 0;
+        while cb < c {
+            let len = (c - cb).min(CL_BLOCK);
+            let mut a = [0.0f32; CL_BLOCK];
+            for a_ in d0..d1 {
+                let zd = d * sd + a_ * dd - pb[0];
+                for b_ in h0..h1 {
+                    let zh = h * sh + b_ * dh - pb[1];
+                    let row = ((n * id + zd) * ih + zh) * iw;
+                    for e in w0..w1 {
+                        let zw = o * sw + e * dw - pb[2];
+                        let xs = &x[(row + zw) * c + cb..][..len];
+                        let ws = &wt[((a_ * kh + b_) * kw + e) * c + cb..][..len];
+                        if len == CL_BLOCK {
+                            for i in 0..CL_BLOCK {
+                                a[i] = fma::<FMA>(xs[i].to_f32(), ws[i], a[i]);
+                            }
+                        } else {
+                            for i in 0..len {
+                                a[i] = fma::<FMA>(xs[i].to_f32(), ws[i], a[i]);
+                            }
+                        }
+                    }
+                }
+            }
+            acc[cb..cb + len].copy_from_slice(&a[..len]);
+            cb += len;
+        }
+        T::store_f32_slice(acc, &mut out[o * c..][..c]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Calibration: the CPU's own ceilings, measured, for the floor of each case.
+
+/// Measures copy bandwidth (256 MiB, all threads) and the f32 FMA rate (all threads,
+/// independent register accumulators), best of a few tries each.
+pub fn calibrate() -> Ceilings {
+    let n = 64 << 20; // f32 elements: 256 MiB each way
+    let src = vec![1.0f32; n];
+    let mut dst = vec![0.0f32; n];
+    let chunk = n / (4 * rayon::current_num_threads()).max(1);
+    let mut best_copy = f64::MAX;
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        dst.par_chunks_mut(chunk)
+            .zip(src.par_chunks(chunk))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        best_copy = best_copy.min(t.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&dst);
+    let isa = Isa::detect();
+    let reps = 20_000_000usize;
+    let mut best_fma = f64::MAX;
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        let threads = rayon::current_num_threads();
+        (0..threads).into_par_iter().for_each(|i| {
+            let x = std::hint::black_box(1.0 + i as f32 * 1e-9);
+            // SAFETY: called only with the features `Isa::detect` found.
+            let r = match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => unsafe { fma_loop_avx512(x, reps) },
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { fma_loop_avx2(x, reps) },
+                _ => fma_loop::<8, false>(x, reps),
+            };
+            std::hint::black_box(r);
+        });
+        best_fma = best_fma.min(t.elapsed().as_secs_f64());
+    }
+    let lanes = isa.lanes() as f64;
+    let fmas = (rayon::current_num_threads() * reps) as f64 * FMA_CHAINS as f64 * lanes;
+    Ceilings {
+        copy_gbps: 2.0 * (n * 4) as f64 / best_copy / 1e9,
+        fma_gflops: 2.0 * fmas / best_fma / 1e9,
+        tensor_gflops: None,
+    }
+}
+
+/// Independent accumulators: enough to cover FMA latency times issue width.
+const FMA_CHAINS: usize = 12;
+
+// Explicit intrinsics: the measured ceiling must not depend on what the vectorizer
+// makes of a synthetic loop.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_loop_avx512(x: f32, reps: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let m = _mm512_set1_ps(0.999_999);
+    let b = _mm512_set1_ps(x);
+    let mut acc = [_mm512_setzero_ps(); FMA_CHAINS];
+    for _ in 0..reps {
+        for a in acc.iter_mut() {
+            *a = _mm512_fmadd_ps(*a, m, b);
+        }
+    }
+    acc.iter().map(|&a| _mm512_reduce_add_ps(a)).sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_loop_avx2(x: f32, reps: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let m = _mm256_set1_ps(0.999_999);
+    let b = _mm256_set1_ps(x);
+    let mut acc = [_mm256_setzero_ps(); FMA_CHAINS];
+    for _ in 0..reps {
+        for a in acc.iter_mut() {
+            *a = _mm256_fmadd_ps(*a, m, b);
+        }
+    }
+    let mut out = [0.0f32; 8];
+    let mut sum = 0.0;
+    for a in acc {
+        _mm256_storeu_ps(out.as_mut_ptr(), a);
+        sum += out.iter().sum::<f32>();
+    }
+    sum
+}
+
+fn fma_loop<const L: usize, const FMA: bool>(x: f32, reps: usize) -> f32 {
+    let mut acc = [[0.0f32; L]; FMA_CHAINS];
+    for _ in 0..reps {
+        for a in acc.iter_mut() {
+            for v in a.iter_mut() {
+                *v = fma::<FMA>(*v, 0.999_999, x);
+            }
+        }
+    }
+    acc.iter().flatten().sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference::conv_reference;
+    use crate::spec::{ConvParams, DType};
+    use crate::tensor::compare;
+
+    /// Every instruction set this CPU has, on shapes that hit full blocks, partial
+    /// blocks, several 8-vector chunks, strides and both layouts.
+    #[test]
+    fn every_isa_matches_oracle() {
+        let shapes = [
+            (
+                vec![3, 5, 300],
+                vec![2, 3, 5],
+                vec![1, 1, 1],
+                vec![[1, 0], [1, 1], [2, 2]],
+            ),
+            (vec![4, 37], vec![3, 3], vec![2, 3], vec![[1, 1], [0, 2]]),
+            (vec![70], vec![4], vec![1], vec![[3, 0]]),
+        ];
+        for isa in [Isa::Portable, Isa::Avx2, Isa::Avx512] {
+            if !isa.supported() {
+                continue;
+            }
+            for (input, kernel, stride, padding) in &shapes {
+                for layout in [Layout::ChannelsFirst, Layout::ChannelsLast] {
+                    let spec = ConvParams {
+                        n: 2,
+                        c: 67,
+                        input: input.clone(),
+                        kernel: kernel.clone(),
+                        stride: stride.clone(),
+                        dilation: vec![],
+                        padding: padding.clone(),
+                        layout,
+                        dtype: DType::F32,
+                    }
+                    .validate()
+                    .unwrap();
+                    let x = HostTensor::random_normal(DType::F32, &spec.input_shape(), 3);
+                    let w = HostTensor::random_normal(DType::F32, &spec.weight_shape(), 4);
+                    let mut y = HostTensor::nan(DType::F32, &spec.output_shape());
+                    conv_cpu_with(isa, &spec, &x, &w, &mut y).unwrap();
+                    let r = conv_reference(&spec, &x, &w).unwrap();
+                    let c = compare(&y, &r).unwrap();
+                    assert!(c.passes(DType::F32), "{isa:?} {spec}: {c:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn valid_tap_ranges() {
+        // pad 2, size 5, kernel 5, stride 1, dil 1: output 0 sees taps 2..5
+        assert_eq!(valid_taps(0, 1, 1, 2, 5, 5), (2, 5));
+        assert_eq!(valid_taps(2, 1, 1, 2, 5, 5), (0, 5));
+        assert_eq!(valid_taps(4, 1, 1, 2, 5, 5), (0, 3));
+        // dilation 2, pad 3: o=0 -> positions -3,-1,1,3 -> taps 2..4 valid when size 4
+        assert_eq!(valid_taps(0, 1, 2, 3, 4, 4), (2, 4));
+        // everything in padding, before and after
+        assert_eq!(valid_taps(0, 1, 1, 5, 2, 3), (3, 3));
+        assert_eq!(valid_taps(9, 1, 1, 0, 2, 3), (0, 0));
+    }
+}

@@ -1,0 +1,109 @@
+//! The library's one error type. Each message is a sentence a user can act on.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in evokernel, from a bad shape to a missing GPU.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A field of a convolution spec is out of range.
+    #[error("invalid {field}: {value} ({expected})")]
+    InvalidSpec {
+        field: String,
+        value: String,
+        expected: String,
+    },
+
+    /// Some per-dimension lists do not have one entry per spatial dim.
+    #[error("{field} has {got} entries but the input has {want} spatial dims; give one entry per spatial dim")]
+    DimMismatch {
+        field: &'static str,
+        got: usize,
+        want: usize,
+    },
+
+    /// A text (flag, suite field) could not be parsed.
+    #[error("cannot parse {what} from '{text}': {expected}")]
+    Parse {
+        what: &'static str,
+        text: String,
+        expected: String,
+    },
+
+    /// A file could not be read or written.
+    #[error("{action} '{path}': {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A suite file is not in the expected format.
+    #[error("suite '{path}': {message}")]
+    Suite { path: PathBuf, message: String },
+
+    /// A backend cannot run here (no GPU, no driver, not compiled in).
+    #[error("backend '{backend}' is not available: {reason}")]
+    BackendUnavailable { backend: String, reason: String },
+
+    /// A CUDA call failed; `name` is the CUDA error name.
+    #[error("CUDA error {name} in {call}")]
+    Cuda { call: String, name: String },
+
+    /// A kernel failed to compile; the NVRTC log is attached.
+    #[error("NVRTC could not compile {kernel}:\n{log}")]
+    Compile { kernel: String, log: String },
+
+    /// A variant does not support a spec.
+    #[error("variant '{variant}' does not apply to {spec}: {reason}")]
+    NotApplicable {
+        variant: String,
+        spec: String,
+        reason: String,
+    },
+
+    /// A tensor's size or dtype does not match what the spec needs.
+    #[error("tensor {what}: expected {expected}, got {got}")]
+    TensorMismatch {
+        what: &'static str,
+        expected: String,
+        got: String,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn invalid(
+        field: impl Into<String>,
+        value: impl ToString,
+        expected: impl Into<String>,
+    ) -> Self {
+        Error::InvalidSpec {
+            field: field.into(),
+            value: value.to_string(),
+            expected: expected.into(),
+        }
+    }
+
+    pub(crate) fn parse(what: &'static str, text: &str, expected: impl Into<String>) -> Self {
+        Error::Parse {
+            what,
+            text: text.to_string(),
+            expected: expected.into(),
+        }
+    }
+
+    /// Whether the error comes from what the user typed or gave (exit status 2 in the CLI).
+    pub fn is_user_input(&self) -> bool {
+        matches!(
+            self,
+            Error::InvalidSpec { .. }
+                | Error::DimMismatch { .. }
+                | Error::Parse { .. }
+                | Error::Suite { .. }
+                | Error::NotApplicable { .. }
+                | Error::Io { .. }
+        )
+    }
+}

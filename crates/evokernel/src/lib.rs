@@ -1,0 +1,19 @@
+//! evokernel: verified, measured and tuned depthwise convolution kernels.
+//!
+//! Data flows one way: a [`ConvSpec`] describes the problem, [`reference`] holds the f64
+//! oracle, backends ([`cpu`]) compute it, and [`verify`] / [`bench`] check and time them.
+
+pub mod backend;
+pub mod bench;
+pub mod cpu;
+pub mod error;
+pub mod reference;
+pub mod session;
+pub mod spec;
+pub mod suite;
+pub mod tensor;
+pub mod verify;
+
+pub use error::{Error, Result};
+pub use spec::{ConvParams, ConvSpec, DType, Layout};
+pub use tensor::{compare, Comparison, HostTensor};

@@ -1,0 +1,722 @@
+//! `ConvSpec`: one depthwise convolution problem, validated.
+//!
+//! Specs of 1 or 2 spatial dims are stored as 3-D with leading unit dims (kernel 1,
+//! stride 1, dilation 1, no padding), so every backend indexes one 5-D shape; the
+//! spatial rank is kept for names and display.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Element type of input, weight and output. Accumulation is always f32 (f64 in the oracle).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    Bf16,
+    F16,
+    F32,
+}
+
+impl DType {
+    pub const ALL: [DType; 3] = [DType::Bf16, DType::F16, DType::F32];
+
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::Bf16 | DType::F16 => 2,
+            DType::F32 => 4,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::Bf16 => "bf16",
+            DType::F16 => "f16",
+            DType::F32 => "f32",
+        }
+    }
+
+    /// The relative-L2 gate of MEASURE.md for outputs of this dtype.
+    pub fn rel_l2_gate(self) -> f64 {
+        match self {
+            DType::Bf16 => 5e-3,
+            DType::F16 => 1e-3,
+            DType::F32 => 1e-5,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for DType {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "bf16" | "bfloat16" => Ok(DType::Bf16),
+            "f16" | "fp16" | "half" | "float16" => Ok(DType::F16),
+            "f32" | "fp32" | "float" | "float32" => Ok(DType::F32),
+            _ => Err(Error::parse("dtype", s, "expected bf16, f16 or f32")),
+        }
+    }
+}
+
+/// Memory order of activations. Weights are always `[C, 1, KD, KH, KW]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Layout {
+    /// NCW / NCHW / NCDHW
+    ChannelsFirst,
+    /// NWC / NHWC / NDHWC
+    ChannelsLast,
+}
+
+impl Layout {
+    /// The conventional name for a spatial rank, e.g. `NCDHW` or `NHWC`.
+    pub fn name(self, spatial_dims: usize) -> &'static str {
+        match (self, spatial_dims) {
+            (Layout::ChannelsFirst, 1) => "NCW",
+            (Layout::ChannelsFirst, 2) => "NCHW",
+            (Layout::ChannelsFirst, _) => "NCDHW",
+            (Layout::ChannelsLast, 1) => "NWC",
+            (Layout::ChannelsLast, 2) => "NHWC",
+            (Layout::ChannelsLast, _) => "NDHWC",
+        }
+    }
+}
+
+impl FromStr for Layout {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "channels-first" | "channels_first" | "cf" | "ncw" | "nchw" | "ncdhw" => {
+                Ok(Layout::ChannelsFirst)
+            }
+            "channels-last" | "channels_last" | "cl" | "nwc" | "nhwc" | "ndhwc" => {
+                Ok(Layout::ChannelsLast)
+            }
+            _ => Err(Error::parse(
+                "layout",
+                s,
+                "expected channels-first (NCW/NCHW/NCDHW) or channels-last (NWC/NHWC/NDHWC)",
+            )),
+        }
+    }
+}
+
+/// Unvalidated description of a depthwise convolution, as a user or a file gives it.
+/// Signed so that validation can name a negative value instead of failing to parse it.
+/// Empty `stride`, `dilation` or `padding` mean 1, 1 and 0 in every dim; a list of one
+/// entry (kernel included) applies to every dim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConvParams {
+    pub n: i64,
+    pub c: i64,
+    pub input: Vec<i64>,
+    pub kernel: Vec<i64>,
+    pub stride: Vec<i64>,
+    pub dilation: Vec<i64>,
+    pub padding: Vec<[i64; 2]>,
+    pub layout: Layout,
+    pub dtype: DType,
+}
+
+impl ConvParams {
+    /// The seed problem of DESIGN.md: the depthwise 3-D conv of a video VAE.
+    pub fn seed() -> Self {
+        ConvParams {
+            n: 1,
+            c: 512,
+            input: vec![61, 45, 80],
+            kernel: vec![3, 5, 5],
+            stride: vec![1, 1, 1],
+            dilation: vec![1, 1, 1],
+            padding: vec![[0, 0], [2, 2], [2, 2]],
+            layout: Layout::ChannelsFirst,
+            dtype: DType::Bf16,
+        }
+    }
+
+    pub fn validate(&self) -> Result<ConvSpec> {
+        ConvSpec::new(self)
+    }
+}
+
+/// Largest element count of any one tensor; keeps every byte offset inside `i64`
+/// and leaves GPU kernels an explicit 64-bit index path above `u32::MAX`.
+const MAX_ELEMENTS: u64 = 1 << 40;
+
+/// A validated depthwise convolution (groups = channels, depth multiplier 1).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ConvSpec {
+    n: usize,
+    c: usize,
+    spatial_dims: usize,
+    input: [usize; 3],
+    kernel: [usize; 3],
+    stride: [usize; 3],
+    dilation: [usize; 3],
+    pad_before: [usize; 3],
+    pad_after: [usize; 3],
+    output: [usize; 3],
+    layout: Layout,
+    dtype: DType,
+}
+
+fn per_dim(field: &'static str, list: &[i64], dims: usize, default: i64) -> Result<Vec<i64>> {
+    match list.len() {
+        0 => Ok(vec![default; dims]),
+        1 => Ok(vec![list[0]; dims]),
+        n if n == dims => Ok(list.to_vec()),
+        n => Err(Error::DimMismatch {
+            field,
+            got: n,
+            want: dims,
+        }),
+    }
+}
+
+const DIM_NAMES: [[&str; 3]; 3] = [["w", "", ""], ["h", "w", ""], ["d", "h", "w"]];
+
+impl ConvSpec {
+    pub fn new(p: &ConvParams) -> Result<Self> {
+        let dims = p.input.len();
+        if !(1..=3).contains(&dims) {
+            return Err(Error::invalid(
+                "input",
+                format!("{} spatial dims", dims),
+                "1 to 3 spatial dims ([W], [H,W] or [D,H,W])",
+            ));
+        }
+        if p.n <= 0 {
+            return Err(Error::invalid("batch n", p.n, "at least 1"));
+        }
+        if p.c <= 0 {
+            return Err(Error::invalid("channels c", p.c, "at least 1"));
+        }
+        if p.kernel.is_empty() {
+            return Err(Error::DimMismatch {
+                field: "kernel",
+                got: 0,
+                want: dims,
+            });
+        }
+        let kernel = per_dim("kernel", &p.kernel, dims, 1)?;
+        let stride = per_dim("stride", &p.stride, dims, 1)?;
+        let dilation = per_dim("dilation", &p.dilation, dims, 1)?;
+        let padding: Vec<[i64; 2]> = match p.padding.len() {
+            0 => vec![[0, 0]; dims],
+            1 => vec![p.padding[0]; dims],
+            n if n == dims => p.padding.clone(),
+            n => {
+                return Err(Error::DimMismatch {
+                    field: "padding",
+                    got: n,
+                    want: dims,
+                })
+            }
+        };
+
+        let off = 3 - dims;
+        let mut s = ConvSpec {
+            n: p.n as usize,
+            c: p.c as usize,
+            spatial_dims: dims,
+            input: [1; 3],
+            kernel: [1; 3],
+            stride: [1; 3],
+            dilation: [1; 3],
+            pad_before: [0; 3],
+            pad_after: [0; 3],
+            output: [1; 3],
+            layout: p.layout,
+            dtype: p.dtype,
+        };
+        const LIMIT: i64 = i32::MAX as i64;
+        for i in 0..dims {
+            let name = DIM_NAMES[dims - 1][i];
+            let check = |field: &str, v: i64, min: i64| -> Result<usize> {
+                if v < min || v > LIMIT {
+                    Err(Error::invalid(
+                        format!("{field} along {name}"),
+                        v,
+                        format!("an integer from {min} to {LIMIT}"),
+                    ))
+                } else {
+                    Ok(v as usize)
+                }
+            };
+            let input = check("input size", p.input[i], 1)?;
+            let kernel = check("kernel size", kernel[i], 1)?;
+            let stride = check("stride", stride[i], 1)?;
+            let dilation = check("dilation", dilation[i], 1)?;
+            let before = check("padding before", padding[i][0], 0)?;
+            let after = check("padding after", padding[i][1], 0)?;
+            let padded = input as u64 + before as u64 + after as u64;
+            let span = dilation as u64 * (kernel as u64 - 1) + 1;
+            if span > padded {
+                return Err(Error::invalid(
+                    format!("kernel along {name}"),
+                    format!("{kernel} (dilation {dilation}, spanning {span})"),
+                    format!("a span of at most the padded input size {padded}"),
+                ));
+            }
+            let out = (padded - span) / stride as u64 + 1;
+            let j = off + i;
+            s.input[j] = input;
+            s.kernel[j] = kernel;
+            s.stride[j] = stride;
+            s.dilation[j] = dilation;
+            s.pad_before[j] = before;
+            s.pad_after[j] = after;
+            s.output[j] = out as usize;
+        }
+        for (what, dims) in [
+            ("input", s.input),
+            ("output", s.output),
+            ("kernel", s.kernel),
+        ] {
+            let per_channel = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
+            let total = per_channel
+                .and_then(|x| x.checked_mul(s.c as u64))
+                .and_then(|x| x.checked_mul(if what == "kernel" { 1 } else { s.n as u64 }));
+            match total {
+                Some(t) if t <= MAX_ELEMENTS => {}
+                _ => {
+                    return Err(Error::invalid(
+                        format!("{what} element count"),
+                        format!(
+                            "n={} x c={} x {}",
+                            s.n,
+                            s.c,
+                            dims.map(|d| d.to_string()).join("x")
+                        ),
+                        "at most 2^40 elements per tensor",
+                    ))
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    pub fn n(&self) -> usize {
+        self.n
+    }
+    pub fn c(&self) -> usize {
+        self.c
+    }
+    pub fn spatial_dims(&self) -> usize {
+        self.spatial_dims
+    }
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    /// Input spatial sizes as `[D, H, W]` (leading 1s below 3-D).
+    pub fn input3(&self) -> [usize; 3] {
+        self.input
+    }
+    pub fn output3(&self) -> [usize; 3] {
+        self.output
+    }
+    pub fn kernel3(&self) -> [usize; 3] {
+        self.kernel
+    }
+    pub fn stride3(&self) -> [usize; 3] {
+        self.stride
+    }
+    pub fn dilation3(&self) -> [usize; 3] {
+        self.dilation
+    }
+    pub fn pad_before3(&self) -> [usize; 3] {
+        self.pad_before
+    }
+    pub fn pad_after3(&self) -> [usize; 3] {
+        self.pad_after
+    }
+
+    /// The same problem in another dtype or layout.
+    pub fn with_dtype(&self, dtype: DType) -> Self {
+        ConvSpec {
+            dtype,
+            ..self.clone()
+        }
+    }
+    pub fn with_layout(&self, layout: Layout) -> Self {
+        ConvSpec {
+            layout,
+            ..self.clone()
+        }
+    }
+
+    fn spatial<'a>(&self, a: &'a [usize; 3]) -> &'a [usize] {
+        &a[3 - self.spatial_dims..]
+    }
+    pub fn input_dims(&self) -> &[usize] {
+        self.spatial(&self.input)
+    }
+    pub fn output_dims(&self) -> &[usize] {
+        self.spatial(&self.output)
+    }
+    pub fn kernel_dims(&self) -> &[usize] {
+        self.spatial(&self.kernel)
+    }
+
+    pub fn taps(&self) -> usize {
+        self.kernel.iter().product()
+    }
+    pub fn input_len(&self) -> usize {
+        self.n * self.c * self.input.iter().product::<usize>()
+    }
+    pub fn output_len(&self) -> usize {
+        self.n * self.c * self.output.iter().product::<usize>()
+    }
+    pub fn weight_len(&self) -> usize {
+        self.c * self.taps()
+    }
+
+    /// Shape of the input tensor in its memory order (PyTorch's dims for the layout).
+    pub fn input_shape(&self) -> Vec<usize> {
+        self.activation_shape(self.input_dims())
+    }
+    pub fn output_shape(&self) -> Vec<usize> {
+        self.activation_shape(self.output_dims())
+    }
+    pub fn weight_shape(&self) -> Vec<usize> {
+        let mut v = vec![self.c, 1];
+        v.extend_from_slice(self.kernel_dims());
+        v
+    }
+    fn activation_shape(&self, sp: &[usize]) -> Vec<usize> {
+        let mut v = vec![self.n];
+        match self.layout {
+            Layout::ChannelsFirst => {
+                v.push(self.c);
+                v.extend_from_slice(sp);
+            }
+            Layout::ChannelsLast => {
+                v.extend_from_slice(sp);
+                v.push(self.c);
+            }
+        }
+        v
+    }
+
+    /// Floating-point operations, 2 per multiply-add, padding taps included (the
+    /// convention cuDNN and PyTorch profilers use).
+    pub fn flops(&self) -> u64 {
+        2 * self.output_len() as u64 * self.taps() as u64
+    }
+
+    /// Bytes any implementation must move: input and weight read once, output written once.
+    pub fn min_bytes(&self) -> u64 {
+        ((self.input_len() + self.weight_len() + self.output_len()) * self.dtype.size_bytes())
+            as u64
+    }
+
+    /// A stable identifier for caches and reports; changes only if the problem does.
+    pub fn key(&self) -> String {
+        let j = |a: &[usize]| {
+            a.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join("x")
+        };
+        let off = 3 - self.spatial_dims;
+        let pads = (off..3)
+            .map(|i| format!("{}:{}", self.pad_before[i], self.pad_after[i]))
+            .collect::<Vec<_>>()
+            .join(",");
+        format!(
+            "dw{}d-n{}-c{}-i{}-k{}-s{}-d{}-p{}-{}-{}",
+            self.spatial_dims,
+            self.n,
+            self.c,
+            j(self.input_dims()),
+            j(self.kernel_dims()),
+            j(self.spatial(&self.stride)),
+            j(self.spatial(&self.dilation)),
+            pads,
+            self.layout.name(self.spatial_dims).to_ascii_lowercase(),
+            self.dtype
+        )
+    }
+
+    /// Flat index of input element (n, c, d, h, w) in the spec's layout.
+    #[inline]
+    pub fn input_index(&self, n: usize, c: usize, d: usize, h: usize, w: usize) -> usize {
+        activation_index(self.layout, self.c, self.input, n, c, d, h, w)
+    }
+    #[inline]
+    pub fn output_index(&self, n: usize, c: usize, d: usize, h: usize, w: usize) -> usize {
+        activation_index(self.layout, self.c, self.output, n, c, d, h, w)
+    }
+    #[inline]
+    pub fn weight_index(&self, c: usize, kd: usize, kh: usize, kw: usize) -> usize {
+        ((c * self.kernel[0] + kd) * self.kernel[1] + kh) * self.kernel[2] + kw
+    }
+}
+
+#[inline]
+#[allow(clippy::too_many_arguments)]
+fn activation_index(
+    layout: Layout,
+    channels: usize,
+    dims: [usize; 3],
+    n: usize,
+    c: usize,
+    d: usize,
+    h: usize,
+    w: usize,
+) -> usize {
+    let [dd, hh, ww] = dims;
+    match layout {
+        Layout::ChannelsFirst => (((n * channels + c) * dd + d) * hh + h) * ww + w,
+        Layout::ChannelsLast => (((n * dd + d) * hh + h) * ww + w) * channels + c,
+    }
+}
+
+impl fmt::Display for ConvSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let j = |a: &[usize]| {
+            a.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join("x")
+        };
+        write!(
+            f,
+            "n{} c{} {} k{}",
+            self.n,
+            self.c,
+            j(self.input_dims()),
+            j(self.kernel_dims())
+        )?;
+        let off = 3 - self.spatial_dims;
+        if self.stride[off..].iter().any(|&s| s != 1) {
+            write!(f, " s{}", j(self.spatial(&self.stride)))?;
+        }
+        if self.dilation[off..].iter().any(|&s| s != 1) {
+            write!(f, " d{}", j(self.spatial(&self.dilation)))?;
+        }
+        if (off..3).any(|i| self.pad_before[i] + self.pad_after[i] > 0) {
+            let pads = (off..3)
+                .map(|i| {
+                    if self.pad_before[i] == self.pad_after[i] {
+                        self.pad_before[i].to_string()
+                    } else {
+                        format!("{}:{}", self.pad_before[i], self.pad_after[i])
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(",");
+            write!(f, " p{pads}")?;
+        }
+        write!(f, " {} {}", self.layout.name(self.spatial_dims), self.dtype)
+    }
+}
+
+/// Parses a list of sizes such as `61x45x80`, `3,5,5` or `7`.
+pub fn parse_dims(what: &'static str, text: &str) -> Result<Vec<i64>> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(Error::parse(what, text, "expected sizes such as 61x45x80"));
+    }
+    t.split(['x', 'X', ','])
+        .map(|p| {
+            p.trim().parse::<i64>().map_err(|_| {
+                Error::parse(
+                    what,
+                    text,
+                    format!(
+                        "'{}' is not an integer; expected sizes such as 61x45x80",
+                        p.trim()
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
+/// Parses padding: `0,2,2` (same before and after per dim) or `2:0,1,1,1:1`.
+pub fn parse_padding(text: &str) -> Result<Vec<[i64; 2]>> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(Error::parse(
+            "padding",
+            text,
+            "expected e.g. 0,2,2 or 2:0,1,1",
+        ));
+    }
+    t.split([',', 'x'])
+        .map(|p| {
+            let bad = || {
+                Error::parse(
+                    "padding",
+                    text,
+                    format!(
+                        "'{}' is not N or BEFORE:AFTER; expected e.g. 0,2,2 or 2:0,1,1",
+                        p.trim()
+                    ),
+                )
+            };
+            let mut it = p.split(':');
+            let a = it
+                .next()
+                .ok_or_else(bad)?
+                .trim()
+                .parse::<i64>()
+                .map_err(|_| bad())?;
+            let b = match it.next() {
+                Some(b) => b.trim().parse::<i64>().map_err(|_| bad())?,
+                None => a,
+            };
+            if it.next().is_some() {
+                return Err(bad());
+            }
+            Ok([a, b])
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seed() -> ConvSpec {
+        ConvParams::seed().validate().unwrap()
+    }
+
+    #[test]
+    fn seed_counts_match_design() {
+        let s = seed();
+        assert_eq!(s.output_dims(), &[59, 45, 80]);
+        assert_eq!(s.flops(), 16_312_320_000);
+        // 442 MB of unavoidable traffic
+        assert_eq!(s.min_bytes(), (112_435_200 + 512 * 75 + 108_748_800) * 2);
+        assert_eq!(s.input_shape(), vec![1, 512, 61, 45, 80]);
+        assert_eq!(s.weight_shape(), vec![512, 1, 3, 5, 5]);
+        assert_eq!(
+            s.key(),
+            "dw3d-n1-c512-i61x45x80-k3x5x5-s1x1x1-d1x1x1-p0:0,2:2,2:2-ncdhw-bf16"
+        );
+        assert_eq!(s.to_string(), "n1 c512 61x45x80 k3x5x5 p0,2,2 NCDHW bf16");
+    }
+
+    #[test]
+    fn output_size_with_stride_dilation_asymmetric_padding() {
+        let p = ConvParams {
+            n: 2,
+            c: 3,
+            input: vec![10, 11],
+            kernel: vec![3, 3],
+            stride: vec![2, 3],
+            dilation: vec![2, 1],
+            padding: vec![[2, 0], [1, 2]],
+            layout: Layout::ChannelsLast,
+            dtype: DType::F16,
+        };
+        let s = p.validate().unwrap();
+        // H: (10+2-5)/2+1 = 4; W: (11+3-3)/3+1 = 4
+        assert_eq!(s.output_dims(), &[4, 4]);
+        assert_eq!(s.output3(), [1, 4, 4]);
+        assert_eq!(s.output_shape(), vec![2, 4, 4, 3]);
+        assert_eq!(
+            s.key(),
+            "dw2d-n2-c3-i10x11-k3x3-s2x3-d2x1-p2:0,1:2-nhwc-f16"
+        );
+    }
+
+    #[test]
+    fn single_entries_broadcast() {
+        let p = ConvParams {
+            n: 1,
+            c: 4,
+            input: vec![8, 8, 8],
+            kernel: vec![3, 3, 3],
+            stride: vec![2],
+            dilation: vec![],
+            padding: vec![[1, 1]],
+            layout: Layout::ChannelsFirst,
+            dtype: DType::F32,
+        };
+        let s = p.validate().unwrap();
+        assert_eq!(s.stride3(), [2, 2, 2]);
+        assert_eq!(s.output3(), [4, 4, 4]);
+    }
+
+    fn err(p: ConvParams) -> String {
+        p.validate().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn invalid_specs_name_field_and_value() {
+        let mut p = ConvParams::seed();
+        p.c = 0;
+        assert!(err(p.clone()).contains("channels c: 0"));
+        p = ConvParams::seed();
+        p.input[1] = -3;
+        assert!(
+            err(p.clone()).contains("input size along h: -3"),
+            "{}",
+            err(p)
+        );
+        p = ConvParams::seed();
+        p.kernel = vec![3, 5];
+        assert!(err(p.clone()).contains("kernel has 2 entries"));
+        p = ConvParams::seed();
+        p.kernel[0] = 62;
+        assert!(err(p.clone()).contains("kernel along d"));
+        p = ConvParams::seed();
+        p.stride = vec![1, 0, 1];
+        assert!(err(p.clone()).contains("stride along h: 0"));
+        p = ConvParams::seed();
+        p.padding = vec![[0, 0], [-1, 2], [2, 2]];
+        assert!(err(p.clone()).contains("padding before along h: -1"));
+        p = ConvParams::seed();
+        p.input = vec![];
+        assert!(err(p.clone()).contains("0 spatial dims"));
+        p = ConvParams::seed();
+        p.input = vec![2_000_000_000, 2_000_000_000, 2_000_000_000];
+        p.kernel = vec![1, 1, 1];
+        assert!(err(p.clone()).contains("element count"), "{}", err(p));
+    }
+
+    #[test]
+    fn parses_dims_and_padding() {
+        assert_eq!(parse_dims("input", "61x45x80").unwrap(), vec![61, 45, 80]);
+        assert_eq!(parse_dims("kernel", "3,5,5").unwrap(), vec![3, 5, 5]);
+        assert!(parse_dims("kernel", "3xa").is_err());
+        assert_eq!(
+            parse_padding("2:0,1,1:1").unwrap(),
+            vec![[2, 0], [1, 1], [1, 1]]
+        );
+        assert_eq!(
+            parse_padding("0,2,2").unwrap(),
+            vec![[0, 0], [2, 2], [2, 2]]
+        );
+        assert!(parse_padding("1:2:3").is_err());
+        assert!(parse_padding("").is_err());
+        assert!("bf17".parse::<DType>().is_err());
+        assert_eq!("NDHWC".parse::<Layout>().unwrap(), Layout::ChannelsLast);
+    }
+
+    #[test]
+    fn index_layouts_agree_on_shape() {
+        let mut p = ConvParams::seed();
+        p.input = vec![4, 5, 6];
+        p.c = 3;
+        let s = p.validate().unwrap();
+        assert_eq!(s.input_index(0, 1, 0, 0, 0), 4 * 5 * 6);
+        let s = s.with_layout(Layout::ChannelsLast);
+        assert_eq!(s.input_index(0, 1, 0, 0, 0), 1);
+        assert_eq!(s.input_index(0, 0, 0, 0, 1), 3);
+    }
+}

@@ -1,0 +1,137 @@
+//! The benchmark-suite file format (`shared/suite/public.json`): named cases, each one
+//! depthwise convolution.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::spec::{ConvParams, ConvSpec};
+
+/// One named case of a suite, validated.
+#[derive(Clone, Debug)]
+pub struct SuiteCase {
+    pub name: String,
+    pub spec: ConvSpec,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCase {
+    name: String,
+    n: i64,
+    c: i64,
+    input: Vec<i64>,
+    kernel: Vec<i64>,
+    #[serde(default)]
+    stride: Vec<i64>,
+    #[serde(default)]
+    dilation: Vec<i64>,
+    #[serde(default)]
+    padding: Vec<[i64; 2]>,
+    layout: String,
+    dtype: String,
+}
+
+#[derive(Deserialize)]
+struct RawSuite {
+    #[serde(default)]
+    #[allow(dead_code)]
+    about: String,
+    cases: Vec<serde_json::Value>,
+}
+
+/// Reads and validates every case of a suite file; the first bad case is an error
+/// naming the case and the field.
+pub fn load_suite(path: &Path) -> Result<Vec<SuiteCase>> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        action: "cannot read suite file",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_suite(&text, path)
+}
+
+pub fn parse_suite(text: &str, path: &Path) -> Result<Vec<SuiteCase>> {
+    let err = |message: String| Error::Suite {
+        path: PathBuf::from(path),
+        message,
+    };
+    let raw: RawSuite = serde_json::from_str(text).map_err(|e| {
+        err(format!(
+            "not a suite file ({e}); expected {{\"cases\": [...]}}"
+        ))
+    })?;
+    if raw.cases.is_empty() {
+        return Err(err("has no cases".into()));
+    }
+    raw.cases
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let case: RawCase =
+                serde_json::from_value(v).map_err(|e| err(format!("case #{}: {e}", i + 1)))?;
+            let params = ConvParams {
+                n: case.n,
+                c: case.c,
+                input: case.input,
+                kernel: case.kernel,
+                stride: case.stride,
+                dilation: case.dilation,
+                padding: case.padding,
+                layout: case
+                    .layout
+                    .parse()
+                    .map_err(|e| err(format!("case '{}': {e}", case.name)))?,
+                dtype: case
+                    .dtype
+                    .parse()
+                    .map_err(|e| err(format!("case '{}': {e}", case.name)))?,
+            };
+            let spec = params
+                .validate()
+                .map_err(|e| err(format!("case '{}': {e}", case.name)))?;
+            Ok(SuiteCase {
+                name: case.name,
+                spec,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cases_and_names_bad_ones() {
+        let p = Path::new("s.json");
+        let ok = r#"{"cases": [{"name": "a", "n": 1, "c": 4, "input": [9], "kernel": [4],
+            "padding": [[3, 0]], "layout": "channels-first", "dtype": "bf16"}]}"#;
+        let cases = parse_suite(ok, p).unwrap();
+        assert_eq!(cases[0].name, "a");
+        assert_eq!(cases[0].spec.output_dims(), &[9]);
+
+        let bad = ok.replace("\"bf16\"", "\"bf15\"");
+        let e = parse_suite(&bad, p).unwrap_err().to_string();
+        assert!(e.contains("case 'a'") && e.contains("bf15"), "{e}");
+        let bad = ok.replace("[9]", "[-9]");
+        let e = parse_suite(&bad, p).unwrap_err().to_string();
+        assert!(e.contains("input size along w: -9"), "{e}");
+        assert!(parse_suite("{}", p).is_err());
+        assert!(parse_suite(r#"{"cases": []}"#, p).is_err());
+        let e = parse_suite(&ok.replace("\"n\"", "\"batch\""), p)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("case #1"), "{e}");
+    }
+
+    #[test]
+    fn public_suite_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../suite/public.json");
+        let cases = load_suite(&path).unwrap();
+        assert_eq!(cases.len(), 10);
+        let seed = cases.iter().find(|c| c.name == "seed-bf16").unwrap();
+        assert_eq!(seed.spec, ConvParams::seed().validate().unwrap());
+    }
+}

@@ -1,0 +1,37 @@
+//! Correctness gates: every implementation is checked against the f64 oracle on fresh
+//! seeded inputs with its output poisoned first (MEASURE.md).
+
+use serde::Serialize;
+
+use crate::backend::{ConvRun, Problem};
+use crate::error::Result;
+use crate::reference::conv_reference;
+use crate::tensor::{compare, Comparison};
+
+/// The oracle's output for set 0 of a problem.
+pub fn oracle(problem: &Problem) -> Result<Vec<f64>> {
+    conv_reference(&problem.spec, &problem.inputs[0], &problem.weight)
+}
+
+/// The result of one check.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Verdict {
+    pub comparison: Comparison,
+    pub passed: bool,
+    /// The rel-L2 gate applied (by dtype).
+    pub gate: f64,
+}
+
+/// Poisons, launches once on set 0, and compares with the oracle.
+pub fn check(run: &mut dyn ConvRun, problem: &Problem, reference: &[f64]) -> Result<Verdict> {
+    run.poison(0)?;
+    run.launch(0)?;
+    let y = run.output(0)?;
+    let comparison = compare(&y, reference)?;
+    let dtype = problem.spec.dtype();
+    Ok(Verdict {
+        passed: comparison.passes(dtype),
+        gate: dtype.rel_l2_gate(),
+        comparison,
+    })
+}

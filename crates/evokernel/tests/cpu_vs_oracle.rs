@@ -1,0 +1,140 @@
+//! Property tests: random valid specs over every dimension of the spec space, CPU
+//! backend against the f64 oracle under MEASURE.md's gates.
+
+use evokernel::cpu::conv_cpu;
+use evokernel::reference::conv_reference;
+use evokernel::tensor::compare;
+use evokernel::{ConvParams, ConvSpec, DType, HostTensor, Layout};
+use proptest::prelude::*;
+
+/// One spatial dim: (input, kernel, stride, dilation, [pad before, pad after]), made
+/// valid by growing the input until the dilated kernel fits the padded input.
+fn dim(max_input: i64) -> impl Strategy<Value = (i64, i64, i64, i64, [i64; 2])> {
+    (
+        1..=max_input,
+        1i64..=5,
+        1i64..=3,
+        1i64..=3,
+        0i64..=3,
+        0i64..=3,
+    )
+        .prop_map(|(i, k, s, d, pb, pa)| {
+            let span = d * (k - 1) + 1;
+            (i.max(span - pb - pa).max(1), k, s, d, [pb, pa])
+        })
+}
+
+fn spec() -> impl Strategy<Value = ConvSpec> {
+    (
+        1usize..=3,
+        prop::collection::vec(dim(12), 3),
+        1i64..=40,
+        1i64..=140,
+        1i64..=3,
+        1i64..=19,
+        prop::sample::select(vec![Layout::ChannelsFirst, Layout::ChannelsLast]),
+        prop::sample::select(DType::ALL.to_vec()),
+    )
+        .prop_map(|(ndim, dims, depth_w, wide_w, n, c, layout, dtype)| {
+            let mut dims = dims[..ndim].to_vec();
+            // The W dim is sometimes wide, to cross several register blocks.
+            let last = dims.last_mut().unwrap();
+            let span = last.3 * (last.1 - 1) + 1;
+            last.0 = if depth_w % 4 == 0 { wide_w } else { last.0 }
+                .max(span - last.4[0] - last.4[1])
+                .max(1);
+            ConvParams {
+                n,
+                c,
+                input: dims.iter().map(|d| d.0).collect(),
+                kernel: dims.iter().map(|d| d.1).collect(),
+                stride: dims.iter().map(|d| d.2).collect(),
+                dilation: dims.iter().map(|d| d.3).collect(),
+                padding: dims.iter().map(|d| d.4).collect(),
+                layout,
+                dtype,
+            }
+            .validate()
+            .expect("strategy builds valid specs")
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn cpu_matches_oracle(spec in spec(), seed in any::<u64>()) {
+        let x = HostTensor::random_normal(spec.dtype(), &spec.input_shape(), seed);
+        let w = HostTensor::random_normal(spec.dtype(), &spec.weight_shape(), seed ^ 1);
+        let mut y = HostTensor::nan(spec.dtype(), &spec.output_shape());
+        conv_cpu(&spec, &x, &w, &mut y).unwrap();
+        let r = conv_reference(&spec, &x, &w).unwrap();
+        let c = compare(&y, &r).unwrap();
+        prop_assert!(c.passes(spec.dtype()), "{} seed {}: {:?}", spec, seed, c);
+    }
+
+    #[test]
+    fn layouts_agree(spec in spec(), seed in any::<u64>()) {
+        // The same numbers in the other layout must give the same numbers out.
+        let other = spec.with_layout(match spec.layout() {
+            Layout::ChannelsFirst => Layout::ChannelsLast,
+            Layout::ChannelsLast => Layout::ChannelsFirst,
+        });
+        let x = HostTensor::random_normal(spec.dtype(), &spec.input_shape(), seed);
+        let w = HostTensor::random_normal(spec.dtype(), &spec.weight_shape(), seed ^ 1);
+        let mut xo = HostTensor::zeros(spec.dtype(), &other.input_shape());
+        let [d, h, wd] = spec.input3();
+        for n in 0..spec.n() { for c in 0..spec.c() { for a in 0..d { for b in 0..h { for e in 0..wd {
+            let v = x.get_f64(spec.input_index(n, c, a, b, e)) as f32;
+            set(&mut xo, other.input_index(n, c, a, b, e), v);
+        }}}}}
+        let r = conv_reference(&spec, &x, &w).unwrap();
+        let ro = conv_reference(&other, &xo, &w).unwrap();
+        let [od, oh, ow] = spec.output3();
+        for n in 0..spec.n() { for c in 0..spec.c() { for a in 0..od { for b in 0..oh { for e in 0..ow {
+            prop_assert_eq!(r[spec.output_index(n, c, a, b, e)], ro[other.output_index(n, c, a, b, e)]);
+        }}}}}
+    }
+}
+
+fn set(t: &mut HostTensor, i: usize, v: f32) {
+    use evokernel::tensor::{Element, TensorData};
+    match t.data_mut() {
+        TensorData::Bf16(d) => d[i] = Element::from_f32(v),
+        TensorData::F16(d) => d[i] = Element::from_f32(v),
+        TensorData::F32(d) => d[i] = v,
+    }
+}
+
+#[test]
+fn nan_and_inf_in_the_input_propagate_like_pytorch() {
+    // One NaN poisons exactly the outputs whose window covers it; Inf likewise.
+    let spec = ConvParams {
+        n: 1,
+        c: 2,
+        input: vec![9],
+        kernel: vec![3],
+        stride: vec![],
+        dilation: vec![],
+        padding: vec![[1, 1]],
+        layout: Layout::ChannelsFirst,
+        dtype: DType::F32,
+    }
+    .validate()
+    .unwrap();
+    let mut x = HostTensor::random_normal(DType::F32, &spec.input_shape(), 5);
+    set(&mut x, 4, f32::NAN);
+    set(&mut x, 9, f32::INFINITY);
+    let w = HostTensor::random_normal(DType::F32, &spec.weight_shape(), 6);
+    let mut y = HostTensor::nan(DType::F32, &spec.output_shape());
+    conv_cpu(&spec, &x, &w, &mut y).unwrap();
+    let r = conv_reference(&spec, &x, &w).unwrap();
+    for (i, &b) in r.iter().enumerate() {
+        let a = y.get_f64(i);
+        assert_eq!(a.is_nan(), b.is_nan(), "{i}");
+        assert_eq!(a.is_infinite(), b.is_infinite(), "{i}");
+    }
+    assert!((3..=5).all(|i| r[i].is_nan()) && r[2].is_finite() && r[6].is_finite());
+    assert!(r[9].is_infinite() && r[10].is_infinite() && r[11].is_finite());
+    assert_eq!(compare(&y, &r).unwrap().non_finite, 0);
+}
