@@ -9,8 +9,9 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use evokernel::backend::BackendChoice;
 use evokernel::bench::Protocol;
-use evokernel::session::{CaseReport, Options, RunReport, Session};
+use evokernel::session::{CaseReport, Options, Session};
 use evokernel::spec::{parse_dims, parse_padding};
+use evokernel::variants::forced_configs;
 use evokernel::suite::load_suite;
 use evokernel::{ConvParams, ConvSpec, DType, Error, Layout};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -51,6 +52,13 @@ enum Command {
         #[command(flatten)]
         problem: ProblemArgs,
     },
+    /// List the CUDA devices and what evokernel found of the driver, NVRTC and cuDNN
+    #[command(after_help = "Example:\n  evokernel devices --json devices.json")]
+    Devices {
+        /// Write the list as JSON to FILE
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+    },
     /// Verify, then time implementations on a spec or a suite
     #[command(after_help = "Examples:\n  \
         evokernel bench --suite suite/public.json --case convnext-7x7\n  \
@@ -77,6 +85,9 @@ struct Common {
     /// Seed of the random inputs
     #[arg(long, default_value_t = Options::default().seed)]
     seed: u64,
+    /// Force a kernel config, e.g. naive:block=128,waves=8 (repeatable; also EVOKERNEL_CONFIG)
+    #[arg(long, value_name = "VARIANT:K=V,..")]
+    config: Vec<String>,
 }
 
 #[derive(Args)]
@@ -206,9 +217,17 @@ fn main() -> ExitCode {
 /// Runs a command; `Ok(false)` when a check failed.
 fn execute(cli: Cli) -> Result<bool, Error> {
     let (common, cases, options, title) = match cli.command {
+        Command::Devices { json } => {
+            let devices = evokernel::cuda::list_devices()?;
+            println!("{}", table::devices(&devices));
+            if let Some(path) = json {
+                write_json(&path, &devices)?;
+            }
+            return Ok(true);
+        }
         Command::Run { common, iters } => {
             let spec = ConvParams::seed().validate()?;
-            let opts = options(&common, true, iters);
+            let opts = options(&common, true, iters)?;
             (
                 common,
                 vec![("seed".to_string(), spec)],
@@ -217,7 +236,7 @@ fn execute(cli: Cli) -> Result<bool, Error> {
             )
         }
         Command::Verify { common, problem } => {
-            let opts = options(&common, false, 0);
+            let opts = options(&common, false, 0)?;
             (common, problem.cases()?, opts, "verify")
         }
         Command::Bench {
@@ -225,7 +244,7 @@ fn execute(cli: Cli) -> Result<bool, Error> {
             problem,
             iters,
         } => {
-            let opts = options(&common, true, iters);
+            let opts = options(&common, true, iters)?;
             (common, problem.cases()?, opts, "bench")
         }
     };
@@ -240,6 +259,7 @@ fn execute(cli: Cli) -> Result<bool, Error> {
         let bar = spinner("calibrating the device's ceilings");
         let c = session.ceilings();
         bar.finish_and_clear();
+        let c = c?;
         println!(
             "ceilings: copy {:.1} GB/s, f32 FMA {:.1} GFLOP/s{}",
             c.copy_gbps,
@@ -270,12 +290,13 @@ fn execute(cli: Cli) -> Result<bool, Error> {
     Ok(all_passed)
 }
 
-fn options(common: &Common, time: bool, iters: usize) -> Options {
-    Options {
+fn options(common: &Common, time: bool, iters: usize) -> Result<Options, Error> {
+    Ok(Options {
         seed: common.seed,
         time,
         protocol: Protocol::default().with_launches(iters),
-    }
+        configs: forced_configs(&common.config)?,
+    })
 }
 
 fn spinner(msg: &str) -> ProgressBar {
@@ -289,7 +310,7 @@ fn spinner(msg: &str) -> ProgressBar {
     bar
 }
 
-fn write_json(path: &PathBuf, report: &RunReport) -> Result<(), Error> {
+fn write_json<T: serde::Serialize>(path: &PathBuf, report: &T) -> Result<(), Error> {
     let text = serde_json::to_string_pretty(report).map_err(|e| Error::Io {
         action: "cannot serialize report for",
         path: path.clone(),

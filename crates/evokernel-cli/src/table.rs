@@ -1,11 +1,11 @@
-//! Human-readable tables of a run report.
+//! Human-readable tables of run reports and device lists.
 
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
+use evokernel::cuda::GpuInfo;
 use evokernel::session::RunReport;
 
 fn num(x: Option<f64>, digits: usize) -> String {
-    x.map(|v| format!("{v:.digits$}"))
-        .unwrap_or_else(|| "-".into())
+    x.map(|v| format!("{v:.digits$}")).unwrap_or_else(|| "-".into())
 }
 
 fn sci(x: f64) -> String {
@@ -16,28 +16,32 @@ fn sci(x: f64) -> String {
     }
 }
 
-/// One row per (case, implementation): timings only when the implementation was timed.
+fn right(s: String) -> Cell {
+    Cell::new(s).set_alignment(CellAlignment::Right)
+}
+
+/// One row per (case, implementation); timing columns only when something was timed,
+/// GPU columns only on the GPU. No timing is shown for a row that failed its check.
 pub fn render(report: &RunReport) -> String {
-    let timed = report
-        .cases
-        .iter()
-        .any(|c| c.rows.iter().any(|r| r.timing.is_some()));
+    let rows = || report.cases.iter().flat_map(|c| c.rows.iter());
+    let timed = rows().any(|r| r.timing.is_some());
+    let gpu = rows().any(|r| r.resources.is_some());
+    let baseline = rows().any(|r| r.speedup_vs_baseline.is_some());
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
-    let mut header = vec!["case", "spec", "impl", "check", "rel L2", "max err"];
+    let mut header = vec!["case", "impl", "check", "rel L2", "max err"];
     if timed {
-        header.extend([
-            "median ms",
-            "min ms",
-            "max ms",
-            "GFLOP/s",
-            "GB/s",
-            "% floor",
-        ]);
+        header.extend(["median ms", "min ms", "max ms", "GFLOP/s", "GB/s", "% floor"]);
+    }
+    if baseline {
+        header.push("x cuDNN");
+    }
+    if gpu {
+        header.extend(["regs", "smem B", "note"]);
     }
     t.set_header(header);
     for case in &report.cases {
-        for row in &case.rows {
+        for (i, row) in case.rows.iter().enumerate() {
             let v = &row.verdict;
             let status = if v.passed {
                 "PASS".to_string()
@@ -46,42 +50,83 @@ pub fn render(report: &RunReport) -> String {
             } else {
                 format!("FAIL (gate {:.0e})", v.gate)
             };
+            let label = if i == 0 {
+                format!("{}\n{}", case.name, case.spec)
+            } else {
+                String::new()
+            };
+            let name = row.config.clone().unwrap_or_else(|| row.name.clone());
             let mut cells = vec![
-                Cell::new(&case.name),
-                Cell::new(&case.spec),
-                Cell::new(&row.name),
+                Cell::new(label),
+                Cell::new(name),
                 Cell::new(status),
-                Cell::new(sci(v.comparison.rel_l2)).set_alignment(CellAlignment::Right),
-                Cell::new(sci(v.comparison.max_abs_rel)).set_alignment(CellAlignment::Right),
+                right(sci(v.comparison.rel_l2)),
+                right(sci(v.comparison.max_abs_rel)),
             ];
             if timed {
-                let tm = row.timing;
-                let tp = row.throughput;
-                for s in [
-                    num(tm.map(|x| x.median_ms), 3),
-                    num(tm.map(|x| x.min_ms), 3),
-                    num(tm.map(|x| x.max_ms), 3),
-                    num(tp.map(|x| x.gflops), 1),
-                    num(tp.map(|x| x.gbps), 1),
-                    num(tp.map(|x| x.pct_of_floor), 1),
-                ] {
-                    cells.push(Cell::new(s).set_alignment(CellAlignment::Right));
-                }
+                let (tm, tp) = (row.timing, row.throughput);
+                cells.extend([
+                    right(num(tm.map(|x| x.median_ms), 3)),
+                    right(num(tm.map(|x| x.min_ms), 3)),
+                    right(num(tm.map(|x| x.max_ms), 3)),
+                    right(num(tp.map(|x| x.gflops), 0)),
+                    right(num(tp.map(|x| x.gbps), 0)),
+                    right(num(tp.map(|x| x.pct_of_floor), 1)),
+                ]);
+            }
+            if baseline {
+                cells.push(right(num(row.speedup_vs_baseline, 2)));
+            }
+            if gpu {
+                let r = row.resources;
+                cells.push(right(r.map(|r| r.registers.to_string()).unwrap_or_default()));
+                cells.push(right(
+                    r.map(|r| (r.static_shared_bytes as u32 + r.dynamic_shared_bytes).to_string())
+                        .unwrap_or_default(),
+                ));
+                cells.push(Cell::new(row.note.clone().unwrap_or_default()));
             }
             t.add_row(cells);
         }
     }
-    let floors: Vec<String> = report
-        .cases
-        .iter()
-        .filter_map(|c| c.floor_ms.map(|f| format!("{} {:.3} ms", c.name, f)))
-        .collect();
     let mut out = t.to_string();
-    if !floors.is_empty() {
-        out.push_str(&format!(
-            "\nfloor (max of bytes/copy and flops/FMA rate): {}",
-            floors.join(", ")
-        ));
+    for case in &report.cases {
+        if let Some(f) = case.floor_ms {
+            out.push_str(&format!(
+                "\n{}: floor {:.3} ms (max of {:.0} MB / copy bandwidth and {:.2} GFLOP / fastest compute)",
+                case.name,
+                f,
+                case.min_bytes as f64 / 1e6,
+                case.flops as f64 / 1e9
+            ));
+        }
+        for (name, why) in &case.skipped {
+            out.push_str(&format!("\n{}: {name} not run: {why}", case.name));
+        }
     }
     out
+}
+
+pub fn devices(list: &[GpuInfo]) -> String {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(vec![
+        "#", "name", "arch", "SMs", "memory GiB", "L2 MiB", "smem/block KiB", "SM MHz", "driver", "NVRTC", "cuDNN",
+    ]);
+    for d in list {
+        t.add_row(vec![
+            d.ordinal.to_string(),
+            d.name.clone(),
+            d.arch(),
+            d.sms.to_string(),
+            format!("{:.1}", d.memory_bytes as f64 / (1u64 << 30) as f64),
+            format!("{:.0}", d.l2_bytes as f64 / (1u64 << 20) as f64),
+            (d.max_shared_per_block_optin / 1024).to_string(),
+            d.sm_clock_mhz.to_string(),
+            d.driver_version.clone(),
+            d.nvrtc_version.clone().unwrap_or_else(|| "not found".into()),
+            d.cudnn_version.clone().unwrap_or_else(|| "not found".into()),
+        ]);
+    }
+    t.to_string()
 }

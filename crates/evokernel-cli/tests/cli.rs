@@ -3,16 +3,28 @@
 
 use std::process::{Command, Output};
 
+/// The binary cargo built, or (in a staged copy on the GPU machine) the one beside
+/// the tests folder.
+fn binary() -> std::path::PathBuf {
+    let built = std::path::PathBuf::from(env!("CARGO_BIN_EXE_evokernel"));
+    if built.exists() {
+        return built;
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    exe.parent().and_then(|d| d.parent()).expect("staged layout").join("evokernel")
+}
+
 fn evokernel(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_evokernel"))
+    Command::new(binary())
         .args(args)
         .env("RUST_BACKTRACE", "1")
         .output()
         .expect("the evokernel binary runs")
 }
 
+/// The embedded public suite (the CLI's `--suite public`).
 fn suite_path() -> String {
-    format!("{}/../../suite/public.json", env!("CARGO_MANIFEST_DIR"))
+    "public".to_string()
 }
 
 /// Asserts a user error: status 2, one line on stderr mentioning `needle`, no panic.

@@ -5,13 +5,16 @@
 
 pub mod backend;
 pub mod bench;
+pub mod cache;
 pub mod cpu;
+pub mod cuda;
 pub mod error;
 pub mod reference;
 pub mod session;
 pub mod spec;
 pub mod suite;
 pub mod tensor;
+pub mod variants;
 pub mod verify;
 
 pub use error::{Error, Result};

@@ -4,10 +4,14 @@
 use serde::Serialize;
 
 use crate::backend::{rotation_sets, BackendChoice, ConvRun, CpuRun, Problem};
-use crate::bench::{throughput, time_one, Ceilings, Protocol, Throughput, Timing};
+use crate::bench::{throughput, time_one, time_pair, Ceilings, Protocol, Throughput, Timing};
 use crate::cpu::{self, Isa};
-use crate::error::{Error, Result};
+use crate::cuda::cudnn::CudnnRun;
+use crate::cuda::run::{DeviceProblem, KernelRun};
+use crate::cuda::{CudaDevice, GpuInfo, KernelResources};
+use crate::error::Result;
 use crate::spec::ConvSpec;
+use crate::variants::{registry, Config};
 use crate::verify::{check, oracle, Verdict};
 
 /// What a report says about the machine it ran on.
@@ -16,16 +20,20 @@ pub struct DeviceInfo {
     pub backend: &'static str,
     pub name: String,
     pub detail: String,
+    /// The GPU's properties, on the CUDA backend.
+    pub gpu: Option<GpuInfo>,
 }
 
 /// How to evaluate a case.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize)]
 pub struct Options {
     /// Seed of the random inputs (printed in every report).
     pub seed: u64,
     /// Time the implementations that pass, or only verify them.
     pub time: bool,
     pub protocol: Protocol,
+    /// Configs to use instead of the variants' defaults (`--config`, `EVOKERNEL_CONFIG`).
+    pub configs: Vec<Config>,
 }
 
 impl Default for Options {
@@ -34,6 +42,7 @@ impl Default for Options {
             seed: 20261122,
             time: true,
             protocol: Protocol::default(),
+            configs: Vec::new(),
         }
     }
 }
@@ -42,9 +51,31 @@ impl Default for Options {
 #[derive(Clone, Debug, Serialize)]
 pub struct RowReport {
     pub name: String,
+    /// The config a kernel variant ran with (`variant:k=v,...`).
+    pub config: Option<String>,
     pub verdict: Verdict,
     pub timing: Option<Timing>,
     pub throughput: Option<Throughput>,
+    /// Median over A B pairs of baseline time / this time, when a baseline ran.
+    pub speedup_vs_baseline: Option<f64>,
+    pub resources: Option<KernelResources>,
+    /// E.g. the algorithm cuDNN chose, or the JIT time.
+    pub note: Option<String>,
+}
+
+impl RowReport {
+    fn new(name: String, verdict: Verdict) -> Self {
+        RowReport {
+            name,
+            config: None,
+            verdict,
+            timing: None,
+            throughput: None,
+            speedup_vs_baseline: None,
+            resources: None,
+            note: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -58,6 +89,8 @@ pub struct CaseReport {
     pub seed: u64,
     pub input_sets: usize,
     pub rows: Vec<RowReport>,
+    /// Implementations that do not apply to this case, and why.
+    pub skipped: Vec<(String, String)>,
 }
 
 impl CaseReport {
@@ -81,6 +114,7 @@ pub struct RunReport {
 /// Backend a session runs on.
 enum Backend {
     Cpu,
+    Cuda(Box<CudaDevice>),
 }
 
 pub struct Session {
@@ -93,26 +127,55 @@ pub struct Session {
 pub type Progress<'a> = &'a mut dyn FnMut(&str);
 
 impl Session {
+    /// Opens the backend asked for; `auto` takes the first GPU when one works and says
+    /// why not in the device detail when it falls back to the CPU.
     pub fn open(choice: BackendChoice) -> Result<Self> {
+        let cpu = |why: Option<String>| Session {
+            backend: Backend::Cpu,
+            ceilings: None,
+            device: DeviceInfo {
+                backend: "cpu",
+                name: cpu_name(),
+                detail: format!(
+                    "{} threads, {}{}",
+                    rayon::current_num_threads(),
+                    Isa::detect().name(),
+                    why.map(|w| format!("; no GPU: {w}")).unwrap_or_default()
+                ),
+                gpu: None,
+            },
+        };
         match choice {
-            BackendChoice::Cpu | BackendChoice::Auto => Ok(Session {
-                backend: Backend::Cpu,
-                ceilings: None,
-                device: DeviceInfo {
-                    backend: "cpu",
-                    name: cpu_name(),
-                    detail: format!(
-                        "{} threads, {}",
-                        rayon::current_num_threads(),
-                        Isa::detect().name()
-                    ),
-                },
-            }),
-            BackendChoice::Cuda => Err(Error::BackendUnavailable {
-                backend: "cuda".into(),
-                reason: "this build has no CUDA backend yet; use --backend cpu".into(),
-            }),
+            BackendChoice::Cpu => Ok(cpu(None)),
+            BackendChoice::Cuda => Self::open_cuda(),
+            BackendChoice::Auto => match crate::cuda::probe() {
+                Err(_) => Ok(cpu(None)),
+                Ok(()) => Self::open_cuda().or_else(|e| Ok(cpu(Some(e.to_string())))),
+            },
         }
+    }
+
+    fn open_cuda() -> Result<Self> {
+        let dev = CudaDevice::open(0)?;
+        let i = dev.info().clone();
+        Ok(Session {
+            device: DeviceInfo {
+                backend: "cuda",
+                name: i.name.clone(),
+                detail: format!(
+                    "sm_{}{}, {} SMs, driver {}, NVRTC {}, cuDNN {}",
+                    i.compute_capability.0,
+                    i.compute_capability.1,
+                    i.sms,
+                    i.driver_version,
+                    i.nvrtc_version.as_deref().unwrap_or("-"),
+                    i.cudnn_version.as_deref().unwrap_or("absent")
+                ),
+                gpu: Some(i),
+            },
+            backend: Backend::Cuda(Box::new(dev)),
+            ceilings: None,
+        })
     }
 
     pub fn device(&self) -> &DeviceInfo {
@@ -120,10 +183,24 @@ impl Session {
     }
 
     /// The device's measured ceilings (measured on first use, then kept).
-    pub fn ceilings(&mut self) -> Ceilings {
-        *self.ceilings.get_or_insert_with(|| match self.backend {
+    pub fn ceilings(&mut self) -> Result<Ceilings> {
+        if let Some(c) = self.ceilings {
+            return Ok(c);
+        }
+        let c = match &self.backend {
             Backend::Cpu => cpu::calibrate(),
-        })
+            Backend::Cuda(dev) => crate::cuda::calibrate::calibrate(dev)?,
+        };
+        self.ceilings = Some(c);
+        Ok(c)
+    }
+
+    /// The CUDA device, when the session runs on one.
+    pub fn cuda(&self) -> Option<&CudaDevice> {
+        match &self.backend {
+            Backend::Cuda(d) => Some(d),
+            Backend::Cpu => None,
+        }
     }
 
     /// Verifies (and with `opts.time`, times) every implementation of the session's
@@ -144,29 +221,61 @@ impl Session {
         let problem = Problem::random(spec, opts.seed, sets);
         progress("running the f64 oracle");
         let reference = oracle(&problem)?;
-        let floor_ms = opts.time.then(|| self.ceilings().floor_ms(spec));
-        let mut rows = Vec::new();
-        let mut runs: Vec<Box<dyn ConvRun + '_>> = match self.backend {
-            Backend::Cpu => vec![Box::new(CpuRun::new(&problem))],
+        let floor_ms = if opts.time {
+            Some(self.ceilings()?.floor_ms(spec))
+        } else {
+            None
         };
-        for run in runs.iter_mut() {
-            let name = run.name();
-            progress(&format!("verifying {name}"));
-            let verdict = check(run.as_mut(), &problem, &reference)?;
-            let (timing, tp) = if opts.time && verdict.passed {
-                progress(&format!("timing {name}"));
-                let t = time_one(run.as_mut(), sets, &opts.protocol)?;
-                (Some(t), floor_ms.map(|f| throughput(spec, t.median_ms, f)))
-            } else {
-                (None, None)
-            };
-            rows.push(RowReport {
-                name,
-                verdict,
-                timing,
-                throughput: tp,
-            });
-        }
+        let mut skipped = Vec::new();
+        let rows = match &self.backend {
+            Backend::Cpu => {
+                let mut run = CpuRun::new(&problem);
+                vec![measure(&mut run, None, &problem, &reference, sets, opts, floor_ms, progress)?]
+            }
+            Backend::Cuda(dev) => {
+                progress("uploading inputs");
+                let dp = DeviceProblem::upload(dev, &problem)?;
+                let mut rows = Vec::new();
+                progress("cuDNN: searching algorithms");
+                let mut baseline = match CudnnRun::new(&dp) {
+                    Ok(b) => Some(b),
+                    Err(e) => {
+                        skipped.push(("cudnn".to_string(), e.to_string()));
+                        None
+                    }
+                };
+                if let Some(b) = baseline.as_mut() {
+                    let mut row = measure(b, None, &problem, &reference, sets, opts, floor_ms, progress)?;
+                    row.note = Some(b.algorithm());
+                    if !row.verdict.passed {
+                        baseline = None;
+                    }
+                    rows.push(row);
+                }
+                for v in registry() {
+                    if let Err(reason) = v.applies(spec) {
+                        skipped.push((v.name().to_string(), reason));
+                        continue;
+                    }
+                    let config = opts
+                        .configs
+                        .iter()
+                        .find(|c| c.variant == v.name())
+                        .cloned()
+                        .unwrap_or_else(|| v.default_config(spec));
+                    progress(&format!("compiling {config}"));
+                    let mut run = KernelRun::new(&dp, v, &config)?;
+                    let base = baseline.as_mut().map(|b| b as &mut dyn ConvRun);
+                    let mut row = measure(&mut run, base, &problem, &reference, sets, opts, floor_ms, progress)?;
+                    let (ms, hit) = run.compile_ms();
+                    row.config = Some(config.to_string());
+                    row.resources = Some(run.resources());
+                    row.note = Some(format!("jit {ms:.0} ms{}", if hit { " (cached)" } else { "" }));
+                    rows.push(row);
+                }
+                rows
+            }
+        };
         Ok(CaseReport {
             name: name.to_string(),
             spec: spec.to_string(),
@@ -177,6 +286,7 @@ impl Session {
             seed: opts.seed,
             input_sets: sets,
             rows,
+            skipped,
         })
     }
 
@@ -187,17 +297,51 @@ impl Session {
             date_utc: utc_now(),
             device: self.device.clone(),
             ceilings: self.ceilings,
-            options: *opts,
+            options: opts.clone(),
             cases,
         }
     }
 
     /// Last-level cache of the device, which small problems are rotated past.
     fn cache_bytes(&self) -> u64 {
-        match self.backend {
+        match &self.backend {
             Backend::Cpu => cpu_llc_bytes(),
+            Backend::Cuda(d) => d.info().l2_bytes,
         }
     }
+}
+
+/// Verifies one implementation and, when it passes and timing was asked for, times it
+/// (against the baseline, alternating, when there is one).
+#[allow(clippy::too_many_arguments)]
+fn measure(
+    run: &mut dyn ConvRun,
+    baseline: Option<&mut dyn ConvRun>,
+    problem: &Problem,
+    reference: &[f64],
+    sets: usize,
+    opts: &Options,
+    floor_ms: Option<f64>,
+    progress: Progress,
+) -> Result<RowReport> {
+    let name = run.name();
+    progress(&format!("verifying {name}"));
+    let verdict = check(run, problem, reference)?;
+    let mut row = RowReport::new(name.clone(), verdict);
+    if opts.time && verdict.passed {
+        progress(&format!("timing {name}"));
+        let t = match baseline {
+            Some(b) => {
+                let pair = time_pair(run, b, sets, &opts.protocol)?;
+                row.speedup_vs_baseline = Some(pair.speedup);
+                pair.candidate
+            }
+            None => time_one(run, sets, &opts.protocol)?,
+        };
+        row.timing = Some(t);
+        row.throughput = floor_ms.map(|f| throughput(&problem.spec, t.median_ms, f));
+    }
+    Ok(row)
 }
 
 fn cpu_name() -> String {

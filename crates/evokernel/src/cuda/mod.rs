@@ -1,0 +1,332 @@
+//! The CUDA backend: device discovery, buffers, the JIT, kernel launches timed with
+//! events, the cuDNN baseline and the device's calibration. Everything is loaded at run
+//! time (cudarc's dynamic loading), so the crate builds and its CPU paths run where
+//! there is no CUDA at all.
+
+pub mod calibrate;
+pub mod cudnn;
+pub mod jit;
+pub mod libs;
+pub mod run;
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUdevice_attribute as Attr, CUfunction_attribute_enum as FnAttr};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError,
+    LaunchConfig, PushKernelArg,
+};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::spec::ConvSpec;
+use crate::tensor::HostTensor;
+use crate::variants::Launch;
+use jit::{Compiled, Jit};
+
+/// Turns a driver error into ours, with the CUDA error name and the call that failed.
+pub(crate) trait CudaContextExt<T> {
+    fn cuda(self, call: &str) -> Result<T>;
+}
+
+impl<T> CudaContextExt<T> for std::result::Result<T, DriverError> {
+    fn cuda(self, call: &str) -> Result<T> {
+        self.map_err(|e| Error::Cuda {
+            call: call.to_string(),
+            name: e
+                .error_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|_| format!("{:?}", e.0)),
+        })
+    }
+}
+
+/// What `evokernel devices` prints and every GPU report records.
+#[derive(Clone, Debug, Serialize)]
+pub struct GpuInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub sms: u32,
+    pub memory_bytes: u64,
+    pub l2_bytes: u64,
+    pub max_shared_per_block_optin: u32,
+    pub sm_clock_mhz: u32,
+    pub driver_version: String,
+    pub nvrtc_version: Option<String>,
+    pub cudnn_version: Option<String>,
+}
+
+impl GpuInfo {
+    /// NVRTC's target for this device, e.g. `sm_90`.
+    pub fn arch(&self) -> String {
+        format!("sm_{}{}", self.compute_capability.0, self.compute_capability.1)
+    }
+}
+
+/// Why the CUDA backend cannot run here, or `Ok` when a driver with a device is present.
+pub fn probe() -> Result<()> {
+    // SAFETY: only tries to open the library.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(Error::BackendUnavailable {
+            backend: "cuda".into(),
+            reason: "the NVIDIA driver (libcuda.so) is not installed or not on the loader path; \
+                     the CPU backend still works (--backend cpu)"
+                .into(),
+        });
+    }
+    let count = CudaContext::device_count().cuda("cuDeviceGetCount")?;
+    if count < 1 {
+        return Err(Error::BackendUnavailable {
+            backend: "cuda".into(),
+            reason: "the NVIDIA driver reports no GPU; the CPU backend still works (--backend cpu)".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Number of CUDA devices, 0 when there is no driver.
+pub fn device_count() -> usize {
+    if probe().is_err() {
+        return 0;
+    }
+    CudaContext::device_count().map(|c| c.max(0) as usize).unwrap_or(0)
+}
+
+/// The kernel-argument block of every variant (kernels/common.cuh, same field order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ConvArgs {
+    pub x: u64,
+    pub w: u64,
+    pub y: u64,
+    pub n: i64,
+    pub c: i64,
+    pub input: [i32; 3],
+    pub output: [i32; 3],
+    pub kernel: [i32; 3],
+    pub stride: [i32; 3],
+    pub dilation: [i32; 3],
+    pub pad: [i32; 3],
+}
+
+// SAFETY: plain old data, laid out as the CUDA struct.
+unsafe impl DeviceRepr for ConvArgs {}
+
+impl ConvArgs {
+    /// Fails when a per-dim size does not fit the kernels' 32-bit per-dim indices.
+    pub fn new(spec: &ConvSpec, x: u64, w: u64, y: u64) -> Result<Self> {
+        let i32s = |what: &str, a: [usize; 3]| -> Result<[i32; 3]> {
+            let mut out = [0i32; 3];
+            for (o, &v) in out.iter_mut().zip(&a) {
+                *o = i32::try_from(v).map_err(|_| Error::NotApplicable {
+                    variant: "cuda".into(),
+                    spec: spec.to_string(),
+                    reason: format!("{what} {v} exceeds 2^31-1"),
+                })?;
+            }
+            Ok(out)
+        };
+        Ok(ConvArgs {
+            x,
+            w,
+            y,
+            n: spec.n() as i64,
+            c: spec.c() as i64,
+            input: i32s("input size", spec.input3())?,
+            output: i32s("output size", spec.output3())?,
+            kernel: i32s("kernel size", spec.kernel3())?,
+            stride: i32s("stride", spec.stride3())?,
+            dilation: i32s("dilation", spec.dilation3())?,
+            pad: i32s("padding", spec.pad_before3())?,
+        })
+    }
+}
+
+/// Registers, memory and limits of a loaded kernel, from the driver.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct KernelResources {
+    pub registers: i32,
+    pub static_shared_bytes: i32,
+    pub dynamic_shared_bytes: u32,
+    /// Per-thread local memory: non-zero means spills or a stack-allocated array.
+    pub local_bytes: i32,
+    pub max_threads_per_block: i32,
+    /// Blocks of this launch that fit on one SM at once.
+    pub blocks_per_sm: i32,
+}
+
+/// A kernel specialization loaded into the context, with its launch geometry.
+pub struct LoadedKernel {
+    pub function: CudaFunction,
+    pub launch: Launch,
+    pub compiled: Compiled,
+    pub resources: KernelResources,
+}
+
+/// One GPU, its stream and its JIT.
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: GpuInfo,
+    jit: Jit,
+}
+
+impl CudaDevice {
+    pub fn open(ordinal: usize) -> Result<Self> {
+        probe()?;
+        let ctx = CudaContext::new(ordinal).cuda("cuCtxCreate")?;
+        // One stream, explicit synchronization: no per-buffer event bookkeeping.
+        // SAFETY: nothing has been allocated on this context yet.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let info = query_info(&ctx, ordinal)?;
+        let jit = Jit::new(&info.arch())?;
+        Ok(CudaDevice {
+            ctx,
+            stream,
+            info,
+            jit,
+        })
+    }
+
+    pub fn info(&self) -> &GpuInfo {
+        &self.info
+    }
+    pub fn jit(&self) -> &Jit {
+        &self.jit
+    }
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub fn alloc(&self, bytes: usize) -> Result<CudaSlice<u8>> {
+        self.stream.alloc_zeros::<u8>(bytes.max(1)).cuda("cuMemAlloc")
+    }
+
+    pub fn upload(&self, t: &HostTensor) -> Result<CudaSlice<u8>> {
+        self.stream.clone_htod(t.as_bytes()).cuda("cuMemcpyHtoD")
+    }
+
+    /// Copies a device buffer into a host tensor of the same byte size.
+    pub fn download(&self, src: &CudaSlice<u8>, dst: &mut HostTensor) -> Result<()> {
+        let bytes = dst.as_bytes_mut();
+        let n = bytes.len();
+        self.stream
+            .memcpy_dtoh(&src.slice(0..n), bytes)
+            .cuda("cuMemcpyDtoH")?;
+        self.stream.synchronize().cuda("cuStreamSynchronize")
+    }
+
+    /// Fills a buffer with 0xFF bytes: NaN in bf16, f16 and f32.
+    pub fn poison(&self, buf: &mut CudaSlice<u8>) -> Result<()> {
+        let (ptr, _sync) = buf.device_ptr(&self.stream);
+        // SAFETY: ptr addresses `buf.len()` bytes owned by `buf` on this stream.
+        unsafe { cudarc::driver::result::memset_d8_async(ptr, 0xff, buf.len(), self.stream.cu_stream()) }
+            .cuda("cuMemsetD8Async")
+    }
+
+    pub fn device_ptr(&self, buf: &CudaSlice<u8>) -> u64 {
+        buf.device_ptr(&self.stream).0
+    }
+
+    /// Compiles (or takes from the cache) and loads one specialization.
+    pub fn load(&self, name: &str, source: &str, expr: &str, launch: Launch) -> Result<LoadedKernel> {
+        let compiled = self.jit.compile(name, source, expr)?;
+        let module = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.clone()))
+            .cuda("cuModuleLoadData")?;
+        let function = module.load_function(&compiled.symbol).cuda("cuModuleGetFunction")?;
+        if launch.shared_bytes > 48 * 1024 {
+            function
+                .set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, launch.shared_bytes as i32)
+                .cuda("cuFuncSetAttribute")?;
+        }
+        let threads = (launch.block.0 * launch.block.1 * launch.block.2) as u32;
+        let resources = KernelResources {
+            registers: function.num_regs().cuda("cuFuncGetAttribute")?,
+            static_shared_bytes: function.shared_size_bytes().cuda("cuFuncGetAttribute")?,
+            dynamic_shared_bytes: launch.shared_bytes,
+            local_bytes: function.local_size_bytes().cuda("cuFuncGetAttribute")?,
+            max_threads_per_block: function.max_threads_per_block().cuda("cuFuncGetAttribute")?,
+            blocks_per_sm: function
+                .occupancy_max_active_blocks_per_multiprocessor(threads, launch.shared_bytes as usize, None)
+                .cuda("cuOccupancyMaxActiveBlocksPerMultiprocessor")? as i32,
+        };
+        Ok(LoadedKernel {
+            function,
+            launch,
+            compiled,
+            resources,
+        })
+    }
+
+    /// Launches a kernel whose only parameter is `args`.
+    pub fn launch<A: DeviceRepr>(&self, kernel: &LoadedKernel, args: &A) -> Result<()> {
+        let l = kernel.launch;
+        let cfg = LaunchConfig {
+            grid_dim: l.grid,
+            block_dim: l.block,
+            shared_mem_bytes: l.shared_bytes,
+        };
+        let mut b = self.stream.launch_builder(&kernel.function);
+        b.arg(args);
+        // SAFETY: `args` matches the kernel's single parameter (ConvArgs or a calibration
+        // argument), and every pointer in it addresses a live buffer of the right size.
+        unsafe { b.launch(cfg) }.cuda("cuLaunchKernel")?;
+        Ok(())
+    }
+
+    /// Times `work` on the stream with a pair of CUDA events, in milliseconds.
+    pub fn time(&self, work: impl FnOnce() -> Result<()>) -> Result<f64> {
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.stream.record_event(flags).cuda("cuEventRecord")?;
+        work()?;
+        let end = self.stream.record_event(flags).cuda("cuEventRecord")?;
+        end.synchronize().cuda("cuEventSynchronize")?;
+        Ok(start.elapsed_ms(&end).cuda("cuEventElapsedTime")? as f64)
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().cuda("cuStreamSynchronize")
+    }
+}
+
+fn query_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<GpuInfo> {
+        let attr = |a: Attr| ctx.attribute(a).cuda("cuDeviceGetAttribute");
+        let mut driver = 0i32;
+        // SAFETY: the driver is loaded (probe) and the pointer is valid.
+        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) }
+            .result()
+            .cuda("cuDriverGetVersion")?;
+        let nvrtc = libs::nvrtc_version().ok();
+        let cudnn = cudnn::version();
+        let cc = ctx.compute_capability().cuda("cuDeviceGetAttribute")?;
+    Ok(GpuInfo {
+            ordinal,
+            name: ctx.name().cuda("cuDeviceGetName")?,
+            compute_capability: cc,
+            sms: attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
+            memory_bytes: ctx.total_mem().cuda("cuDeviceTotalMem")? as u64,
+            l2_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as u64,
+            max_shared_per_block_optin: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32,
+            sm_clock_mhz: (attr(Attr::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)? / 1000) as u32,
+            driver_version: format!("{}.{}", driver / 1000, (driver % 1000) / 10),
+            nvrtc_version: nvrtc.map(|(a, b)| format!("{a}.{b}")),
+            cudnn_version: cudnn,
+    })
+}
+
+/// Every CUDA device with its properties; an error saying what is missing when the
+/// driver is absent (the CPU backend still works).
+pub fn list_devices() -> Result<Vec<GpuInfo>> {
+    probe()?;
+    let count = CudaContext::device_count().cuda("cuDeviceGetCount")?.max(0) as usize;
+    (0..count)
+        .map(|i| query_info(&CudaContext::new(i).cuda("cuCtxCreate")?, i))
+        .collect()
+}

@@ -1,0 +1,190 @@
+//! Kernel variants: one CUDA source and one small descriptor each. A descriptor says
+//! which specs it applies to, its config space, the template specialization a config
+//! compiles to, and the launch geometry. It knows nothing of timing or caches.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::error::{Error, Result};
+use crate::spec::{ConvSpec, DType, Layout};
+
+mod naive;
+
+pub use naive::Naive;
+
+/// A named integer parameter and the values it may take.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Param {
+    pub name: &'static str,
+    pub values: Vec<i64>,
+}
+
+/// One point of a variant's config space. Serializes as `variant:k=v,k=v`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct Config {
+    pub variant: String,
+    pub values: BTreeMap<String, i64>,
+}
+
+impl Config {
+    pub fn new(variant: &str, values: &[(&str, i64)]) -> Self {
+        Config {
+            variant: variant.to_string(),
+            values: values.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<i64> {
+        self.values.get(name).copied()
+    }
+}
+
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kv: Vec<String> = self.values.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        write!(f, "{}:{}", self.variant, kv.join(","))
+    }
+}
+
+impl std::str::FromStr for Config {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || Error::parse("config", s, "expected variant:k=v,k=v (e.g. naive:block=256)");
+        let (variant, rest) = s.split_once(':').unwrap_or((s, ""));
+        if variant.trim().is_empty() {
+            return Err(bad());
+        }
+        let mut values = BTreeMap::new();
+        for kv in rest.split(',').filter(|p| !p.trim().is_empty()) {
+            let (k, v) = kv.split_once('=').ok_or_else(bad)?;
+            values.insert(k.trim().to_string(), v.trim().parse::<i64>().map_err(|_| bad())?);
+        }
+        Ok(Config {
+            variant: variant.trim().to_string(),
+            values,
+        })
+    }
+}
+
+/// Grid, block and dynamic shared memory of one launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Launch {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub shared_bytes: u32,
+}
+
+/// One algorithm for depthwise convolution on the GPU.
+pub trait Variant: Sync {
+    fn name(&self) -> &'static str;
+    /// The `.cu` source (without the common header).
+    fn source(&self) -> &'static str;
+    /// `Err(reason)` when this variant cannot compute `spec`.
+    fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String>;
+    /// The named parameters and their allowed values.
+    fn space(&self, spec: &ConvSpec) -> Vec<Param>;
+    fn default_config(&self, spec: &ConvSpec) -> Config;
+    /// The template specialization a config compiles to (an NVRTC name expression).
+    fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String>;
+    /// Launch geometry on a device with `sms` multiprocessors.
+    fn launch(&self, spec: &ConvSpec, config: &Config, sms: u32) -> Result<Launch>;
+}
+
+/// Every registered variant, in ladder order.
+pub fn registry() -> Vec<&'static dyn Variant> {
+    vec![&Naive]
+}
+
+pub fn find(name: &str) -> Result<&'static dyn Variant> {
+    registry().into_iter().find(|v| v.name() == name).ok_or_else(|| {
+        Error::parse(
+            "variant",
+            name,
+            format!(
+                "known variants: {}",
+                registry().iter().map(|v| v.name()).collect::<Vec<_>>().join(", ")
+            ),
+        )
+    })
+}
+
+/// Configs forced by `--config` flags and by `EVOKERNEL_CONFIG` (several separated by
+/// `;`); flags win over the environment for the same variant. Unknown variants are errors.
+pub fn forced_configs(flags: &[String]) -> Result<Vec<Config>> {
+    let env = std::env::var("EVOKERNEL_CONFIG").unwrap_or_default();
+    let mut out: Vec<Config> = Vec::new();
+    for text in flags.iter().map(String::as_str).chain(env.split(';')) {
+        if text.trim().is_empty() {
+            continue;
+        }
+        let c: Config = text.parse()?;
+        find(&c.variant)?;
+        if !out.iter().any(|o| o.variant == c.variant) {
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
+/// The CUDA C++ type of a dtype.
+pub fn cuda_type(dtype: DType) -> &'static str {
+    match dtype {
+        DType::Bf16 => "__nv_bfloat16",
+        DType::F16 => "__half",
+        DType::F32 => "float",
+    }
+}
+
+pub(crate) fn channels_last(spec: &ConvSpec) -> bool {
+    spec.layout() == Layout::ChannelsLast
+}
+
+/// Checks a config names exactly the variant's parameters with allowed values.
+pub(crate) fn check_config(v: &dyn Variant, spec: &ConvSpec, config: &Config) -> Result<()> {
+    let space = v.space(spec);
+    let err = |msg: String| Error::parse("config", &config.to_string(), msg);
+    if config.variant != v.name() {
+        return Err(err(format!("it is for variant '{}', not '{}'", config.variant, v.name())));
+    }
+    for p in &space {
+        match config.get(p.name) {
+            Some(val) if p.values.contains(&val) => {}
+            Some(val) => return Err(err(format!("{}={} is not one of {:?}", p.name, val, p.values))),
+            None => return Err(err(format!("missing {} (one of {:?})", p.name, p.values))),
+        }
+    }
+    if let Some(k) = config.values.keys().find(|k| !space.iter().any(|p| p.name == k.as_str())) {
+        return Err(err(format!("unknown parameter {k}")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_round_trips() {
+        let c: Config = "naive:block=256,waves=4".parse().unwrap();
+        assert_eq!(c.get("block"), Some(256));
+        assert_eq!(c.to_string(), "naive:block=256,waves=4");
+        assert!("naive:block".parse::<Config>().is_err());
+        assert!(":block=1".parse::<Config>().is_err());
+        assert!("naive:block=x".parse::<Config>().is_err());
+    }
+
+    #[test]
+    fn every_variant_has_a_valid_default_for_the_suite() {
+        for case in crate::suite::public_suite().unwrap() {
+            for v in registry() {
+                if v.applies(&case.spec).is_ok() {
+                    let cfg = v.default_config(&case.spec);
+                    check_config(v, &case.spec, &cfg).unwrap();
+                    v.specialization(&case.spec, &cfg).unwrap();
+                    let l = v.launch(&case.spec, &cfg, 132).unwrap();
+                    assert!(l.grid.0 > 0 && l.block.0 > 0);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! `naive`: one thread per output element (kernels/naive.cu). Applies to every spec.
+
+use super::{channels_last, check_config, cuda_type, Config, Launch, Param, Variant};
+use crate::error::Result;
+use crate::spec::ConvSpec;
+
+pub struct Naive;
+
+impl Variant for Naive {
+    fn name(&self) -> &'static str {
+        "naive"
+    }
+    fn source(&self) -> &'static str {
+        include_str!("../../kernels/naive.cu")
+    }
+    fn applies(&self, _spec: &ConvSpec) -> std::result::Result<(), String> {
+        Ok(())
+    }
+    fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
+        vec![
+            Param {
+                name: "block",
+                values: vec![128, 256],
+            },
+            // Blocks per SM in the grid-stride loop's grid.
+            Param {
+                name: "waves",
+                values: vec![4, 8, 16, 32],
+            },
+        ]
+    }
+    fn default_config(&self, _spec: &ConvSpec) -> Config {
+        Config::new("naive", &[("block", 256), ("waves", 16)])
+    }
+    fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
+        check_config(self, spec, config)?;
+        let [kd, kh, kw] = spec.kernel3();
+        Ok(format!(
+            "naive_dwconv<{}, {}, {kd}, {kh}, {kw}>",
+            cuda_type(spec.dtype()),
+            channels_last(spec)
+        ))
+    }
+    fn launch(&self, spec: &ConvSpec, config: &Config, sms: u32) -> Result<Launch> {
+        check_config(self, spec, config)?;
+        let block = config.get("block").unwrap_or(256) as u32;
+        let waves = config.get("waves").unwrap_or(16) as u32;
+        let needed = (spec.output_len() as u64).div_ceil(block as u64);
+        let grid = needed.min((sms.max(1) * waves) as u64).max(1) as u32;
+        Ok(Launch {
+            grid: (grid, 1, 1),
+            block: (block, 1, 1),
+            shared_bytes: 0,
+        })
+    }
+}

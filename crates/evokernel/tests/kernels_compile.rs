@@ -1,0 +1,72 @@
+//! Every registered variant, with its default config on every public-suite case it
+//! applies to, and the calibration kernels must compile for sm_90 with NVRTC. Runs on
+//! CI with no GPU (NVRTC from PyPI, scripts/install-nvrtc.sh); a kernel that does not
+//! compile fails CI.
+
+use std::collections::BTreeSet;
+
+use evokernel::cuda::calibrate;
+use evokernel::cuda::jit::Jit;
+use evokernel::suite::public_suite;
+use evokernel::variants::registry;
+
+#[test]
+fn every_variant_compiles_for_sm90() {
+    let jit = Jit::new("sm_90")
+        .unwrap_or_else(|e| panic!("{e}\n(run scripts/install-nvrtc.sh, or use ./scripts/test.sh)"))
+        .without_cache();
+    let mut work: BTreeSet<(&str, &str, String)> = BTreeSet::new();
+    for case in public_suite().unwrap() {
+        for v in registry() {
+            if v.applies(&case.spec).is_ok() {
+                let cfg = v.default_config(&case.spec);
+                work.insert((v.name(), v.source(), v.specialization(&case.spec, &cfg).unwrap()));
+            }
+        }
+    }
+    work.extend(calibrate::specializations());
+    let mut total_ms = 0.0;
+    for (name, source, expr) in &work {
+        let c = jit.compile(name, source, expr).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!c.cache_hit);
+        assert_eq!(&c.cubin[..4], b"\x7fELF", "{expr}: not a CUBIN");
+        assert!(!c.symbol.is_empty());
+        total_ms += c.millis;
+        eprintln!("compiled {expr:<60} {:>7.0} ms, {} bytes", c.millis, c.cubin.len());
+    }
+    let (a, b) = jit.nvrtc_version();
+    eprintln!(
+        "compiled {} kernels for sm_90 with NVRTC {a}.{b}: {:.0} ms cold, {:.0} ms each on average",
+        work.len(),
+        total_ms,
+        total_ms / work.len() as f64
+    );
+    assert!(work.len() >= 3);
+}
+
+#[test]
+fn compile_errors_carry_the_nvrtc_log() {
+    let jit = Jit::new("sm_90").unwrap().without_cache();
+    let e = jit
+        .compile("broken", "template <int N> __global__ void k(ConvArgs a) { undefined_thing(); }", "k<1>")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("undefined_thing") && e.contains("broken"), "{e}");
+}
+
+#[test]
+fn warm_compile_comes_from_the_cache() {
+    let dir = std::env::temp_dir().join(format!("evk-jit-{}", std::process::id()));
+    std::env::set_var("EVOKERNEL_CACHE_DIR", &dir);
+    let jit = Jit::new("sm_90").unwrap();
+    let v = registry()[0];
+    let spec = evokernel::ConvParams::seed().validate().unwrap();
+    let expr = v.specialization(&spec, &v.default_config(&spec)).unwrap();
+    let cold = jit.compile(v.name(), v.source(), &expr).unwrap();
+    let warm = jit.compile(v.name(), v.source(), &expr).unwrap();
+    assert!(!cold.cache_hit && warm.cache_hit);
+    assert_eq!(cold.cubin, warm.cubin);
+    assert_eq!(cold.symbol, warm.symbol);
+    eprintln!("naive seed specialization: cold {:.0} ms, warm {:.2} ms", cold.millis, warm.millis);
+    std::fs::remove_dir_all(dir).ok();
+}
