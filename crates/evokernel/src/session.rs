@@ -91,6 +91,8 @@ pub struct CaseReport {
     pub rows: Vec<RowReport>,
     /// Implementations that do not apply to this case, and why.
     pub skipped: Vec<(String, String)>,
+    /// What cuDNN's algorithm search measured, when the baseline ran.
+    pub baseline_search: Vec<crate::cuda::cudnn::AlgoTime>,
 }
 
 impl CaseReport {
@@ -227,6 +229,7 @@ impl Session {
             None
         };
         let mut skipped = Vec::new();
+        let mut baseline_search = Vec::new();
         let rows = match &self.backend {
             Backend::Cpu => {
                 let mut run = CpuRun::new(&problem);
@@ -246,7 +249,8 @@ impl Session {
                 };
                 if let Some(b) = baseline.as_mut() {
                     let mut row = measure(b, None, &problem, &reference, sets, opts, floor_ms, progress)?;
-                    row.note = Some(b.algorithm());
+                    row.note = Some(format!("cuDNN {}", b.algorithm()));
+                    baseline_search = b.search().to_vec();
                     if !row.verdict.passed {
                         baseline = None;
                     }
@@ -287,6 +291,7 @@ impl Session {
             input_sets: sets,
             rows,
             skipped,
+            baseline_search,
         })
     }
 

@@ -134,6 +134,16 @@ pub struct CudnnRun<'p, 'd> {
     sym: ConvSpec,
     crop: [usize; 3],
     outputs: Vec<CudaSlice<u8>>,
+    search: Vec<AlgoTime>,
+}
+
+/// One algorithm as cuDNN's search measured it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AlgoTime {
+    pub algorithm: String,
+    pub status: String,
+    pub ms: f32,
+    pub workspace_bytes: usize,
 }
 
 impl<'p, 'd> CudnnRun<'p, 'd> {
@@ -216,7 +226,17 @@ impl<'p, 'd> CudnnRun<'p, 'd> {
         check("cudnnFindConvolutionForwardAlgorithm", unsafe {
             sys::cudnnFindConvolutionForwardAlgorithm(handle.0, x.0, w.0, conv.0, y.0, 8, &mut count, perf.as_mut_ptr())
         })?;
-        let best = perf[..count.max(0) as usize]
+        let found = &perf[..count.max(0) as usize];
+        let search = found
+            .iter()
+            .map(|p| AlgoTime {
+                algorithm: format!("{:?}", p.algo).replace("CUDNN_CONVOLUTION_FWD_ALGO_", ""),
+                status: format!("{:?}", p.status).replace("CUDNN_STATUS_", ""),
+                ms: p.time,
+                workspace_bytes: p.memory,
+            })
+            .collect();
+        let best = found
             .iter()
             .find(|p| p.status == Status::CUDNN_STATUS_SUCCESS)
             .ok_or_else(|| unavailable("cuDNN found no algorithm for this convolution".into()))?;
@@ -241,12 +261,18 @@ impl<'p, 'd> CudnnRun<'p, 'd> {
             sym,
             crop,
             outputs,
+            search,
         })
+    }
+
+    /// Every algorithm cuDNN's search tried, fastest first.
+    pub fn search(&self) -> &[AlgoTime] {
+        &self.search
     }
 
     /// The algorithm cuDNN's search chose, e.g. `CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM`.
     pub fn algorithm(&self) -> String {
-        format!("{:?}", self.algo)
+        format!("{:?}", self.algo).replace("CUDNN_CONVOLUTION_FWD_ALGO_", "")
     }
 }
 

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (with .gpu carried): tests, devices, the seed run, the
+# PyTorch reference, and memcheck. Logs go to $OUT; a short summary prints last.
+set -uo pipefail
+out=${OUT:-/tmp/evk-out}
+mkdir -p "$out"
+export EVOKERNEL_CACHE_DIR=/tmp/evk-cache
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > "$out/smi.txt" 2>&1
+step() { local name=$1; shift; local t0=$SECONDS; timeout "${LIMIT:-300}" "$@" > "$out/$name.log" 2>&1; local rc=$?; printf '%-12s rc=%-3s %5ss\n' "$name" "$rc" "$((SECONDS - t0))" >> "$out/summary.txt"; return $rc; }
+: > "$out/summary.txt"
+for s in ${STEPS:-tests devices run torch memcheck}; do
+  case $s in
+    tests) step tests bash .gpu/run-tests.sh ;;
+    devices) step devices .gpu/evokernel devices --json "$out/devices.json" ;;
+    run) step run .gpu/evokernel run --json "$out/run.json" ;;
+    torch) step torch python3 scripts/torch_baseline.py ;;
+    memcheck) LIMIT=400 step memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel run --iters 1 ;;
+    cudnn919)
+      # The same run against PyTorch's own cuDNN (its wheel), to compare with the system one.
+      lib=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(os.path.dirname(nvidia.cudnn.__file__), "lib"))')
+      mkdir -p /tmp/cudnn919 && ln -sf "$lib"/lib* /tmp/cudnn919/ && ln -sf "$lib/libcudnn.so.9" /tmp/cudnn919/libcudnn.so
+      LD_LIBRARY_PATH=/tmp/cudnn919 step cudnn919 .gpu/evokernel bench --suite public --case seed-bf16 --case seed-bf16-ndhwc --iters 10 --json "$out/cudnn919.json" ;;
+    racecheck) LIMIT=400 step racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --suite public --case seed-bf16 ;;
+  esac
+done
+cat "$out/smi.txt"
+grep -E "test result|FAILED|panicked|^== " "$out/tests.log" 2>/dev/null | head -30
+tail -5 "$out/memcheck.log" 2>/dev/null
+for f in devices torch run cudnn919; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
+cat "$out/summary.txt"
