@@ -20,4 +20,6 @@ fn main() {
     println!("cargo:rustc-env=EVOKERNEL_COMMIT={commit}{suffix}");
     println!("cargo:rerun-if-changed=../../.git/HEAD");
     println!("cargo:rerun-if-changed=../../.git/index");
+    println!("cargo:rerun-if-changed=src");
+    println!("cargo:rerun-if-changed=kernels");
 }
