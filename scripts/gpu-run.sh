@@ -8,7 +8,7 @@ export EVOKERNEL_CACHE_DIR=/tmp/evk-cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > "$out/smi.txt" 2>&1
 step() { local name=$1; shift; local t0=$SECONDS; timeout "${LIMIT:-300}" "$@" > "$out/$name.log" 2>&1; local rc=$?; printf '%-12s rc=%-3s %5ss\n' "$name" "$rc" "$((SECONDS - t0))" >> "$out/summary.txt"; return $rc; }
 : > "$out/summary.txt"
-for s in ${STEPS:-tests devices run torch memcheck}; do
+for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
   case $s in
     tests) step tests bash .gpu/run-tests.sh ;;
     devices) step devices .gpu/evokernel devices --json "$out/devices.json" ;;
@@ -25,6 +25,6 @@ for s in ${STEPS:-tests devices run torch memcheck}; do
 done
 cat "$out/smi.txt"
 grep -E "test result|FAILED|panicked|^== " "$out/tests.log" 2>/dev/null | head -30
-tail -5 "$out/memcheck.log" 2>/dev/null
+for f in memcheck racecheck; do [ -f "$out/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$out/$f.log" | head -5; done
 for f in devices torch run cudnn919; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
 cat "$out/summary.txt"

@@ -11,7 +11,7 @@ use evokernel::backend::BackendChoice;
 use evokernel::bench::Protocol;
 use evokernel::session::{CaseReport, Options, Session};
 use evokernel::spec::{parse_dims, parse_padding};
-use evokernel::variants::forced_configs;
+use evokernel::variants::{check_only, forced_configs};
 use evokernel::suite::load_suite;
 use evokernel::{ConvParams, ConvSpec, DType, Error, Layout};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -88,6 +88,9 @@ struct Common {
     /// Force a kernel config, e.g. naive:block=128,waves=8 (repeatable; also EVOKERNEL_CONFIG)
     #[arg(long, value_name = "VARIANT:K=V,..")]
     config: Vec<String>,
+    /// Run only these implementations (repeatable): naive, channels_last, smem_tile, tensor_core, cudnn
+    #[arg(long = "only", value_name = "NAME")]
+    only: Vec<String>,
 }
 
 #[derive(Args)]
@@ -250,6 +253,7 @@ fn execute(cli: Cli) -> Result<bool, Error> {
     };
     let backend: BackendChoice = common.backend.parse()?;
     let mut session = Session::open(backend)?;
+    let cases = if cases.is_empty() { session.demo_cases() } else { cases };
     let dev = session.device().clone();
     println!(
         "evokernel {title}: {} ({}; {}), seed {}",
@@ -291,11 +295,13 @@ fn execute(cli: Cli) -> Result<bool, Error> {
 }
 
 fn options(common: &Common, time: bool, iters: usize) -> Result<Options, Error> {
+    check_only(&common.only)?;
     Ok(Options {
         seed: common.seed,
         time,
         protocol: Protocol::default().with_launches(iters),
         configs: forced_configs(&common.config)?,
+        only: common.only.clone(),
     })
 }
 

@@ -34,6 +34,14 @@ pub struct Options {
     pub protocol: Protocol,
     /// Configs to use instead of the variants' defaults (`--config`, `EVOKERNEL_CONFIG`).
     pub configs: Vec<Config>,
+    /// Only these implementations (variant names, `cudnn`); empty means all.
+    pub only: Vec<String>,
+}
+
+impl Options {
+    fn wants(&self, name: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| o == name)
+    }
 }
 
 impl Default for Options {
@@ -43,6 +51,7 @@ impl Default for Options {
             time: true,
             protocol: Protocol::default(),
             configs: Vec::new(),
+            only: Vec::new(),
         }
     }
 }
@@ -197,6 +206,19 @@ impl Session {
         Ok(c)
     }
 
+    /// The problems `evokernel run` shows: the seed problem, and on a GPU also its
+    /// channels-last twin (the layout the channels_last rung is for).
+    pub fn demo_cases(&self) -> Vec<(String, ConvSpec)> {
+        let seed = crate::spec::ConvParams::seed()
+            .validate()
+            .expect("the embedded seed problem is valid");
+        let mut cases = vec![("seed".to_string(), seed.clone())];
+        if self.cuda().is_some() {
+            cases.push(("seed-ndhwc".to_string(), seed.with_layout(crate::spec::Layout::ChannelsLast)));
+        }
+        cases
+    }
+
     /// The CUDA device, when the session runs on one.
     pub fn cuda(&self) -> Option<&CudaDevice> {
         match &self.backend {
@@ -240,12 +262,13 @@ impl Session {
                 let dp = DeviceProblem::upload(dev, &problem)?;
                 let mut rows = Vec::new();
                 progress("cuDNN: searching algorithms");
-                let mut baseline = match CudnnRun::new(&dp) {
-                    Ok(b) => Some(b),
-                    Err(e) => {
+                let mut baseline = match opts.wants("cudnn").then(|| CudnnRun::new(&dp)) {
+                    Some(Ok(b)) => Some(b),
+                    Some(Err(e)) => {
                         skipped.push(("cudnn".to_string(), e.to_string()));
                         None
                     }
+                    None => None,
                 };
                 if let Some(b) = baseline.as_mut() {
                     let mut row = measure(b, None, &problem, &reference, sets, opts, floor_ms, progress)?;
@@ -256,7 +279,7 @@ impl Session {
                     }
                     rows.push(row);
                 }
-                for v in registry() {
+                for v in registry().into_iter().filter(|v| opts.wants(v.name())) {
                     if let Err(reason) = v.applies(spec) {
                         skipped.push((v.name().to_string(), reason));
                         continue;

@@ -8,9 +8,18 @@ use std::fmt;
 use crate::error::{Error, Result};
 use crate::spec::{ConvSpec, DType, Layout};
 
+mod channels_last;
 mod naive;
+mod smem_tile;
+mod tensor_core;
 
+pub use channels_last::ChannelsLast;
 pub use naive::Naive;
+pub use smem_tile::SmemTile;
+pub use tensor_core::TensorCore;
+
+/// Dynamic shared memory a block may opt into on sm_90 (227 KiB).
+pub(crate) const MAX_SHARED: usize = 227 * 1024;
 
 /// A named integer parameter and the values it may take.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,7 +101,7 @@ pub trait Variant: Sync {
 
 /// Every registered variant, in ladder order.
 pub fn registry() -> Vec<&'static dyn Variant> {
-    vec![&Naive]
+    vec![&Naive, &ChannelsLast, &SmemTile, &TensorCore]
 }
 
 pub fn find(name: &str) -> Result<&'static dyn Variant> {
@@ -126,6 +135,16 @@ pub fn forced_configs(flags: &[String]) -> Result<Vec<Config>> {
     Ok(out)
 }
 
+/// Checks `--only` names: variants, or `cudnn` for the baseline.
+pub fn check_only(names: &[String]) -> Result<()> {
+    for n in names {
+        if n != "cudnn" {
+            find(n)?;
+        }
+    }
+    Ok(())
+}
+
 /// The CUDA C++ type of a dtype.
 pub fn cuda_type(dtype: DType) -> &'static str {
     match dtype {
@@ -133,6 +152,14 @@ pub fn cuda_type(dtype: DType) -> &'static str {
         DType::F16 => "__half",
         DType::F32 => "float",
     }
+}
+
+/// `Err` unless every stride and dilation is 1.
+pub(crate) fn unit_stride_and_dilation(spec: &ConvSpec) -> std::result::Result<(), String> {
+    if spec.stride3() != [1, 1, 1] || spec.dilation3() != [1, 1, 1] {
+        return Err("needs stride 1 and dilation 1 in every dim".into());
+    }
+    Ok(())
 }
 
 pub(crate) fn channels_last(spec: &ConvSpec) -> bool {

@@ -1,0 +1,120 @@
+// tensor_core: the banded-Toeplitz formulation on mma.sync.m16n8k16 (f32 accumulate).
+// For one (kd, kh), 8 outputs along W are a 16-long window of one input row times a
+// 16x8 band holding the KW taps: B[k][n] = w[k - n] for 0 <= k - n < KW. M = 16 output
+// rows (H) of the same channel. One block per (n, c, output depth): the KD padded
+// input slices go to shared memory as T (zero padding included), A comes from there by
+// ldmatrix, and the KD*KH band fragments are built once per block in registers.
+// Stride 1, dilation 1, KW <= 9; T is bf16 or f16.
+template <typename T> struct Mma;
+template <> struct Mma<__nv_bfloat16> {
+    static __device__ __forceinline__ void run(float* d, const unsigned* a, const unsigned* b) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+template <> struct Mma<__half> {
+    static __device__ __forceinline__ void run(float* d, const unsigned* a, const unsigned* b) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+
+template <typename T>
+__device__ __forceinline__ unsigned pack2(T lo, T hi) {
+    unsigned short l = *reinterpret_cast<unsigned short*>(&lo);
+    unsigned short h = *reinterpret_cast<unsigned short*>(&hi);
+    return (unsigned)l | ((unsigned)h << 16);
+}
+
+// Row stride of the shared tile, in elements: holds NT*8 + 8 columns (the last window
+// starts at 8*(NT-1) and is 16 long), a multiple of 8 (16-byte ldmatrix rows) and an odd
+// number of 16-byte chunks so the 8 rows of one ldmatrix phase hit 8 distinct bank groups.
+__host__ __device__ constexpr int tc_row_stride(int nt) {
+    return ((nt + 1) % 2 == 1) ? (nt + 1) * 8 : (nt + 2) * 8;
+}
+
+template <typename T, int KD, int KH, int KW, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* tile = reinterpret_cast<T*>(smem_raw);
+    const T* __restrict__ x = static_cast<const T*>(a.x);
+    const T* __restrict__ w = static_cast<const T*>(a.w);
+    T* __restrict__ y = static_cast<T*>(a.y);
+    const int mt = (a.oh + 15) / 16, nt = (a.ow + 7) / 8;
+    const int hs = mt * 16 + KH - 1;
+    const int ws = tc_row_stride(nt);
+    const long long b = blockIdx.x;
+    const int od = (int)(b % a.od);
+    const long long nc = b / a.od;
+    const long long c = nc % a.c;
+    const T* xin = x + nc * (long long)a.id * a.ih * a.iw;
+    const T zero = from_f32<T>(0.f);
+
+    for (int i = threadIdx.x; i < KD * hs * ws; i += blockDim.x) {
+        const int s = i / (hs * ws);
+        const int rem = i - s * hs * ws;
+        const int r = rem / ws, col = rem - r * ws;
+        const int zd = od + s - a.pd, zh = r - a.ph, zw = col - a.pw;
+        T v = zero;
+        if (zd >= 0 && zd < a.id && zh >= 0 && zh < a.ih && zw >= 0 && zw < a.iw)
+            v = xin[((long long)zd * a.ih + zh) * a.iw + zw];
+        tile[i] = v;
+    }
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // Band fragments: this lane holds B[k][n] for n = lane/4, k = 2*(lane%4) + {0,1} (+8).
+    unsigned bf[KD * KH][2];
+    {
+        const int n = lane >> 2, k0 = (lane & 3) * 2;
+        const T* wc = w + c * (KD * KH * KW);
+#pragma unroll
+        for (int q = 0; q < KD * KH; ++q) {
+            T e[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int tap = k0 + (j & 1) + (j >> 1) * 8 - n;
+                e[j] = (tap >= 0 && tap < KW) ? wc[q * KW + tap] : zero;
+            }
+            bf[q][0] = pack2(e[0], e[1]);
+            bf[q][1] = pack2(e[2], e[3]);
+        }
+    }
+    __syncthreads();
+
+    // ldmatrix.x4 row this lane addresses: matrices (rows 0-7|8-15) x (k 0-7|8-15).
+    const int mat = lane >> 3;
+    const int arow = (lane & 7) + ((mat & 1) << 3);
+    const int acol = (mat >> 1) << 3;
+    const unsigned tile_base = (unsigned)__cvta_generic_to_shared(tile);
+    T* yout = y + (nc * a.od + od) * (long long)a.oh * a.ow;
+    for (int t = warp; t < mt * nt; t += WARPS) {
+        const int h0 = (t / nt) * 16, w0 = (t % nt) * 8;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int kd = 0; kd < KD; ++kd) {
+#pragma unroll
+            for (int kh = 0; kh < KH; ++kh) {
+                const unsigned addr = tile_base +
+                    (unsigned)(((kd * hs + h0 + arow + kh) * ws + w0 + acol) * (int)sizeof(T));
+                unsigned af[4];
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(af[0]), "=r"(af[1]), "=r"(af[2]), "=r"(af[3])
+                             : "r"(addr));
+                Mma<T>::run(acc, af, bf[kd * KH + kh]);
+            }
+        }
+        const int col = w0 + (lane & 3) * 2;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = h0 + (lane >> 2) + half * 8;
+            if (row >= a.oh) continue;
+            T* p = yout + (long long)row * a.ow + col;
+            if (col < a.ow) p[0] = from_f32<T>(acc[2 * half]);
+            if (col + 1 < a.ow) p[1] = from_f32<T>(acc[2 * half + 1]);
+        }
+    }
+}

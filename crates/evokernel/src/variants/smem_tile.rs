@@ -1,0 +1,72 @@
+//! `smem_tile`: a block per (n, c, output depth) with its KD input slices in shared
+//! memory as f32 (kernels/smem_tile.cu).
+
+use super::{check_config, cuda_type, unit_stride_and_dilation, Config, Launch, Param, Variant, MAX_SHARED};
+use crate::error::Result;
+use crate::spec::{ConvSpec, Layout};
+
+pub struct SmemTile;
+
+fn shared_bytes(spec: &ConvSpec, out_w: usize) -> usize {
+    let [_, oh, ow] = spec.output3();
+    let [kd, kh, kw] = spec.kernel3();
+    let ws = (ow.div_ceil(out_w) * out_w + kw - 1).div_ceil(4) * 4;
+    kd * (oh + kh - 1) * ws * 4
+}
+
+impl Variant for SmemTile {
+    fn name(&self) -> &'static str {
+        "smem_tile"
+    }
+    fn source(&self) -> &'static str {
+        include_str!("../../kernels/smem_tile.cu")
+    }
+    fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
+        if spec.layout() != Layout::ChannelsFirst {
+            return Err("needs a channels-first layout".into());
+        }
+        unit_stride_and_dilation(spec)?;
+        if spec.taps() > 128 {
+            return Err(format!("{} taps do not fit the register budget (128)", spec.taps()));
+        }
+        let bytes = shared_bytes(spec, 4);
+        if bytes > MAX_SHARED {
+            return Err(format!("the {bytes}-byte slice tile exceeds shared memory ({MAX_SHARED})"));
+        }
+        Ok(())
+    }
+    fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
+        vec![
+            Param {
+                name: "out_w",
+                values: vec![4, 8],
+            },
+            Param {
+                name: "block",
+                values: vec![128, 256],
+            },
+        ]
+    }
+    fn default_config(&self, _spec: &ConvSpec) -> Config {
+        Config::new(self.name(), &[("out_w", 4), ("block", 256)])
+    }
+    fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
+        check_config(self, spec, config)?;
+        let [kd, kh, kw] = spec.kernel3();
+        Ok(format!(
+            "smem_tile_dwconv<{}, {kd}, {kh}, {kw}, {}>",
+            cuda_type(spec.dtype()),
+            config.get("out_w").unwrap_or(4)
+        ))
+    }
+    fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
+        check_config(self, spec, config)?;
+        let out_w = config.get("out_w").unwrap_or(4) as usize;
+        let blocks = spec.n() * spec.c() * spec.output3()[0];
+        Ok(Launch {
+            grid: (blocks as u32, 1, 1),
+            block: (config.get("block").unwrap_or(256) as u32, 1, 1),
+            shared_bytes: shared_bytes(spec, out_w) as u32,
+        })
+    }
+}

@@ -1,0 +1,78 @@
+//! `tensor_core`: banded-Toeplitz `mma.sync.m16n8k16` with M = 16 output rows of one
+//! channel, N = 8 outputs along W, K = 16 inputs along W (kernels/tensor_core.cu).
+
+use super::{check_config, cuda_type, unit_stride_and_dilation, Config, Launch, Param, Variant, MAX_SHARED};
+use crate::error::Result;
+use crate::spec::{ConvSpec, DType, Layout};
+
+pub struct TensorCore;
+
+/// Mirrors `tc_row_stride` in the kernel.
+fn row_stride(nt: usize) -> usize {
+    if (nt + 1) % 2 == 1 {
+        (nt + 1) * 8
+    } else {
+        (nt + 2) * 8
+    }
+}
+
+fn shared_bytes(spec: &ConvSpec) -> usize {
+    let [_, oh, ow] = spec.output3();
+    let [kd, kh, _] = spec.kernel3();
+    let hs = oh.div_ceil(16) * 16 + kh - 1;
+    kd * hs * row_stride(ow.div_ceil(8)) * 2
+}
+
+impl Variant for TensorCore {
+    fn name(&self) -> &'static str {
+        "tensor_core"
+    }
+    fn source(&self) -> &'static str {
+        include_str!("../../kernels/tensor_core.cu")
+    }
+    fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
+        if !matches!(spec.dtype(), DType::Bf16 | DType::F16) {
+            return Err("tensor cores here take bf16 or f16".into());
+        }
+        if spec.layout() != Layout::ChannelsFirst {
+            return Err("needs a channels-first layout".into());
+        }
+        unit_stride_and_dilation(spec)?;
+        let kw = spec.kernel3()[2];
+        if kw > 9 {
+            return Err(format!("kernel width {kw} exceeds the 16-wide window's 9 taps"));
+        }
+        let bytes = shared_bytes(spec);
+        if bytes > MAX_SHARED {
+            return Err(format!("the {bytes}-byte slice tile exceeds shared memory ({MAX_SHARED})"));
+        }
+        Ok(())
+    }
+    fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
+        vec![Param {
+            name: "warps",
+            values: vec![4, 8],
+        }]
+    }
+    fn default_config(&self, _spec: &ConvSpec) -> Config {
+        Config::new(self.name(), &[("warps", 8)])
+    }
+    fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
+        check_config(self, spec, config)?;
+        let [kd, kh, kw] = spec.kernel3();
+        Ok(format!(
+            "tensor_core_dwconv<{}, {kd}, {kh}, {kw}, {}>",
+            cuda_type(spec.dtype()),
+            config.get("warps").unwrap_or(8)
+        ))
+    }
+    fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
+        check_config(self, spec, config)?;
+        let warps = config.get("warps").unwrap_or(8) as u32;
+        Ok(Launch {
+            grid: ((spec.n() * spec.c() * spec.output3()[0]) as u32, 1, 1),
+            block: (warps * 32, 1, 1),
+            shared_bytes: shared_bytes(spec) as u32,
+        })
+    }
+}
