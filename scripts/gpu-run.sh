@@ -14,13 +14,13 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
     devices) step devices .gpu/evokernel devices --json "$out/devices.json" ;;
     run) step run .gpu/evokernel run --json "$out/run.json" ;;
     torch) step torch python3 scripts/torch_baseline.py ;;
-    memcheck) LIMIT=400 step memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel run --iters 1 ;;
+    memcheck) LIMIT=400 step memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel verify --suite public --only naive --only channels_last --only smem_tile --only tensor_core ;;
     cudnn919)
       # The same run against PyTorch's own cuDNN (its wheel), to compare with the system one.
       lib=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(os.path.dirname(nvidia.cudnn.__file__), "lib"))')
       mkdir -p /tmp/cudnn919 && ln -sf "$lib"/lib* /tmp/cudnn919/ && ln -sf "$lib/libcudnn.so.9" /tmp/cudnn919/libcudnn.so
       LD_LIBRARY_PATH=/tmp/cudnn919 step cudnn919 .gpu/evokernel bench --suite public --case seed-bf16 --case seed-bf16-ndhwc --iters 10 --json "$out/cudnn919.json" ;;
-    racecheck) LIMIT=400 step racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --suite public --case seed-bf16 ;;
+    racecheck) LIMIT=400 step racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 4 --kernel 3x5x5 --padding 0,2,2 --only smem_tile --only tensor_core ;;
   esac
 done
 cat "$out/smi.txt"

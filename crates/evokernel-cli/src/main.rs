@@ -229,14 +229,8 @@ fn execute(cli: Cli) -> Result<bool, Error> {
             return Ok(true);
         }
         Command::Run { common, iters } => {
-            let spec = ConvParams::seed().validate()?;
             let opts = options(&common, true, iters)?;
-            (
-                common,
-                vec![("seed".to_string(), spec)],
-                opts,
-                "seed problem",
-            )
+            (common, Vec::new(), opts, "seed problem")
         }
         Command::Verify { common, problem } => {
             let opts = options(&common, false, 0)?;

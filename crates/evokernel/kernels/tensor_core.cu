@@ -54,18 +54,20 @@ __global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a) {
     const T* xin = x + nc * (long long)a.id * a.ih * a.iw;
     const T zero = from_f32<T>(0.f);
 
-    for (int i = threadIdx.x; i < KD * hs * ws; i += blockDim.x) {
-        const int s = i / (hs * ws);
-        const int rem = i - s * hs * ws;
-        const int r = rem / ws, col = rem - r * ws;
-        const int zd = od + s - a.pd, zh = r - a.ph, zw = col - a.pw;
-        T v = zero;
-        if (zd >= 0 && zd < a.id && zh >= 0 && zh < a.ih && zw >= 0 && zw < a.iw)
-            v = xin[((long long)zd * a.ih + zh) * a.iw + zw];
-        tile[i] = v;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // Fill: a warp per padded row, lanes along it (coalesced, no divisions per element).
+    for (int row = warp; row < KD * hs; row += WARPS) {
+        const int s = row / hs, r = row - s * hs;
+        const int zd = od + s - a.pd, zh = r - a.ph;
+        const bool inside = zd >= 0 && zd < a.id && zh >= 0 && zh < a.ih;
+        const T* src = xin + ((long long)zd * a.ih + zh) * a.iw - a.pw;
+        T* dst = tile + row * ws;
+        for (int col = lane; col < ws; col += 32) {
+            const int zw = col - a.pw;
+            dst[col] = (inside && zw >= 0 && zw < a.iw) ? src[col] : zero;
+        }
     }
 
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     // Band fragments: this lane holds B[k][n] for n = lane/4, k = 2*(lane%4) + {0,1} (+8).
     unsigned bf[KD * KH][2];
     {
