@@ -14,17 +14,29 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
     devices) step devices .gpu/evokernel devices --json "$out/devices.json" ;;
     run) step run .gpu/evokernel run --json "$out/run.json" ;;
     torch) step torch python3 scripts/torch_baseline.py ;;
-    memcheck) LIMIT=400 step memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel verify --suite public --only naive --only channels_last --only smem_tile --only tensor_core ;;
+    memcheck) LIMIT=400 step memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel verify --suite public --only naive --only channels_last --only smem_tile --only tensor_core --only streaming ;;
     cudnn919)
       # The same run against PyTorch's own cuDNN (its wheel), to compare with the system one.
       lib=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(os.path.dirname(nvidia.cudnn.__file__), "lib"))')
       mkdir -p /tmp/cudnn919 && ln -sf "$lib"/lib* /tmp/cudnn919/ && ln -sf "$lib/libcudnn.so.9" /tmp/cudnn919/libcudnn.so
       LD_LIBRARY_PATH=/tmp/cudnn919 step cudnn919 .gpu/evokernel bench --suite public --case seed-bf16 --case seed-bf16-ndhwc --iters 10 --json "$out/cudnn919.json" ;;
-    racecheck) LIMIT=400 step racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 4 --kernel 3x5x5 --padding 0,2,2 --only smem_tile --only tensor_core ;;
+    sweep)
+      # Hand sweep of config spaces on the seed problem until the tuner exists.
+      : > "$out/sweep.log"
+      for cfg in streaming:warps=8,dchunk=4 streaming:warps=8,dchunk=8 streaming:warps=8,dchunk=16 streaming:warps=4,dchunk=8 streaming:warps=4,dchunk=16 streaming:warps=8,dchunk=32 tensor_core:warps=4 smem_tile:block=256,out_w=8; do
+        v=${cfg%%:*}
+        timeout 120 .gpu/evokernel bench --suite public --case seed-bf16 --only "$v" --config "$cfg" --iters 20 2>&1 | grep -E "^│ +┆ $v|^│ seed-bf16 +┆ $v" >> "$out/sweep.log"
+      done
+      for cfg in channels_last:block=256,out_w=1 channels_last:block=256,out_w=4 channels_last:block=128,out_w=2; do
+        timeout 120 .gpu/evokernel bench --suite public --case seed-bf16-ndhwc --only channels_last --config "$cfg" --iters 20 2>&1 | grep -E "channels_last" >> "$out/sweep.log"
+      done
+      echo "sweep        done" >> "$out/summary.txt" ;;
+    racecheck) LIMIT=400 step racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 4 --kernel 3x5x5 --padding 0,2,2 --only smem_tile --only tensor_core --only streaming ;;
   esac
 done
 cat "$out/smi.txt"
 grep -E "test result|FAILED|panicked|^== " "$out/tests.log" 2>/dev/null | head -30
 for f in memcheck racecheck; do [ -f "$out/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$out/$f.log" | head -5; done
 for f in devices torch run cudnn919; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
+[ -f "$out/sweep.log" ] && cut -c1-200 "$out/sweep.log"
 cat "$out/summary.txt"

@@ -1,19 +1,34 @@
-// channels_last: NDHWC input; each thread owns VEC consecutive channels (one 16-byte
-// vector) of OUT_W consecutive outputs along W, so every input and output access is a
-// coalesced 16-byte load or store across the warp. Any stride, dilation and padding.
+// channels_last: NDHWC input. A block owns a range of CB channels (blockIdx.y) and walks
+// output positions; each thread owns VEC consecutive channels (one 16-byte vector) of
+// OUT_W consecutive outputs along W, so input and output accesses are 16-byte vectors
+// coalesced across the warp. The block's weights sit in shared memory tap-major
+// ([tap][channel], f32), so one tap's weights for a thread are two 16-byte reads instead
+// of VEC scattered global loads. Any stride, dilation and padding; C % VEC == 0.
 template <typename T, int VEC, int OUT_W, int KD, int KH, int KW>
 __global__ void __launch_bounds__(256) channels_last_dwconv(ConvArgs a) {
+    extern __shared__ __align__(16) float wsh[];
+    constexpr int TAPS = KD * KH * KW;
+    constexpr int CB = 64;
+    constexpr int CV = CB / VEC;  // thread columns over channels
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ w = static_cast<const T*>(a.w);
     T* __restrict__ y = static_cast<T*>(a.y);
-    constexpr int TAPS = KD * KH * KW;
-    const int cvecs = (int)(a.c / VEC);
+    const long long cbase = (long long)blockIdx.y * CB;
+    for (int i = threadIdx.x; i < TAPS * CB; i += blockDim.x) {
+        const int t = i / CB, cl = i - t * CB;
+        wsh[i] = (cbase + cl < a.c) ? to_f32(w[(cbase + cl) * TAPS + t]) : 0.f;
+    }
+    __syncthreads();
+
+    const int cv = threadIdx.x % CV;
+    const long long c0 = cbase + (long long)cv * VEC;
+    if (c0 >= a.c) return;
     const int groups_w = (a.ow + OUT_W - 1) / OUT_W;
-    const long long total = a.n * a.od * a.oh * (long long)groups_w * cvecs;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int cv = (int)(i % cvecs);
-        long long r = i / cvecs;
+    const long long positions = a.n * a.od * a.oh * (long long)groups_w;
+    const int per_block = blockDim.x / CV;
+    for (long long p = (long long)blockIdx.x * per_block + threadIdx.x / CV; p < positions;
+         p += (long long)gridDim.x * per_block) {
+        long long r = p;
         const int gw = (int)(r % groups_w);
         r /= groups_w;
         const int oh = (int)(r % a.oh);
@@ -21,7 +36,6 @@ __global__ void __launch_bounds__(256) channels_last_dwconv(ConvArgs a) {
         const int od = (int)(r % a.od);
         const long long n = r / a.od;
         const int ow0 = gw * OUT_W;
-        const long long c0 = (long long)cv * VEC;
         float acc[OUT_W][VEC];
 #pragma unroll
         for (int o = 0; o < OUT_W; ++o)
@@ -38,10 +52,13 @@ __global__ void __launch_bounds__(256) channels_last_dwconv(ConvArgs a) {
                 const T* row = x + (((n * a.id + zd) * a.ih + zh) * (long long)a.iw) * a.c + c0;
 #pragma unroll
                 for (int kw = 0; kw < KW; ++kw) {
-                    const int t = (kd * KH + kh) * KW + kw;
+                    const float* wt = wsh + ((kd * KH + kh) * KW + kw) * CB + cv * VEC;
                     float wv[VEC];
 #pragma unroll
-                    for (int v = 0; v < VEC; ++v) wv[v] = to_f32(w[(c0 + v) * TAPS + t]);
+                    for (int v = 0; v < VEC; v += 4) {
+                        const float4 q = *reinterpret_cast<const float4*>(wt + v);
+                        wv[v] = q.x; wv[v + 1] = q.y; wv[v + 2] = q.z; wv[v + 3] = q.w;
+                    }
 #pragma unroll
                     for (int o = 0; o < OUT_W; ++o) {
                         const int zw = (ow0 + o) * a.sw + kw * a.dw - a.pw;

@@ -66,3 +66,97 @@ template <> struct Vec16<float, 4> {
         *reinterpret_cast<float4*>(p) = make_float4(f[0], f[1], f[2], f[3]);
     }
 };
+
+__device__ __forceinline__ void store_elem(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_elem(float* p, __half v) { *p = __half2float(v); }
+__device__ __forceinline__ void store_elem(float* p, __nv_bfloat16 v) { *p = __bfloat162float(v); }
+__device__ __forceinline__ void store_elem(__half* p, __half v) { *p = v; }
+__device__ __forceinline__ void store_elem(__nv_bfloat16* p, __nv_bfloat16 v) { *p = v; }
+
+// Copies the KD zero-padded input slices a block needs into shared memory: tile row
+// (s * hs + r), column col holds input (od + s - pd, r - ph, col - pw), or 0 outside.
+// Interior rows move as 16-byte vectors when rows are 16-byte aligned, each thread
+// issuing all its loads before its stores (several loads in flight instead of one).
+template <typename T, typename S, int KD>
+__device__ __forceinline__ void fill_slices(const T* __restrict__ xin, S* tile, int od, int hs, int ws,
+                                            const ConvArgs& a) {
+    constexpr int VEC = 16 / sizeof(T);
+    constexpr int U = 4;
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    // Padding cells: whole rows outside the input, and the left/right margins.
+    for (int row = threadIdx.x >> 5; row < KD * hs; row += warps) {
+        const int s = row / hs, r = row - s * hs;
+        const int zd = od + s - a.pd, zh = r - a.ph;
+        const bool inside = zd >= 0 && zd < a.id && zh >= 0 && zh < a.ih;
+        S* dst = tile + row * ws;
+        for (int col = lane; col < ws; col += 32)
+            if (!inside || col < a.pw || col >= a.pw + a.iw) dst[col] = S(0.f);
+    }
+    const bool vec_ok = (a.iw % VEC) == 0;
+    const int per_row = vec_ok ? a.iw / VEC : a.iw;
+    const int total = KD * hs * per_row;
+    for (int base = 0; base < total; base += U * blockDim.x) {
+        uint4 v[U];
+        T e1[U];
+        int dst_off[U];
+#pragma unroll
+        for (int k = 0; k < U; ++k) {
+            dst_off[k] = -1;
+            const int j = base + k * blockDim.x + threadIdx.x;
+            if (j >= total) continue;
+            const int row = j / per_row, chunk = j - row * per_row;
+            const int s = row / hs, r = row - s * hs;
+            const int zd = od + s - a.pd, zh = r - a.ph;
+            if (zd < 0 || zd >= a.id || zh < 0 || zh >= a.ih) continue;
+            const long long src = ((long long)zd * a.ih + zh) * a.iw + (long long)chunk * (vec_ok ? VEC : 1);
+            if (vec_ok) v[k] = __ldg(reinterpret_cast<const uint4*>(xin + src));
+            else e1[k] = xin[src];
+            dst_off[k] = row * ws + a.pw + chunk * (vec_ok ? VEC : 1);
+        }
+#pragma unroll
+        for (int k = 0; k < U; ++k) {
+            if (dst_off[k] < 0) continue;
+            if (vec_ok) {
+                const T* e = reinterpret_cast<const T*>(&v[k]);
+#pragma unroll
+                for (int q = 0; q < VEC; ++q) store_elem(tile + dst_off[k] + q, e[q]);
+            } else {
+                store_elem(tile + dst_off[k], e1[k]);
+            }
+        }
+    }
+}
+
+// Tensor-core pieces shared by tensor_core.cu and streaming.cu.
+template <typename T> struct Mma;
+template <> struct Mma<__nv_bfloat16> {
+    static __device__ __forceinline__ void run(float* d, const unsigned* a, const unsigned* b) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+template <> struct Mma<__half> {
+    static __device__ __forceinline__ void run(float* d, const unsigned* a, const unsigned* b) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+
+template <typename T>
+__device__ __forceinline__ unsigned pack2(T lo, T hi) {
+    unsigned short l = *reinterpret_cast<unsigned short*>(&lo);
+    unsigned short h = *reinterpret_cast<unsigned short*>(&hi);
+    return (unsigned)l | ((unsigned)h << 16);
+}
+
+// Row stride of the shared tile, in elements: holds NT*8 + 8 columns (the last window
+// starts at 8*(NT-1) and is 16 long), a multiple of 8 (16-byte ldmatrix rows) and an odd
+// number of 16-byte chunks so the 8 rows of one ldmatrix phase hit 8 distinct bank groups.
+__host__ __device__ constexpr int tc_row_stride(int nt) {
+    return ((nt + 1) % 2 == 1) ? (nt + 1) * 8 : (nt + 2) * 8;
+}
+

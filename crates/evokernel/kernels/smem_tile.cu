@@ -19,19 +19,7 @@ __global__ void __launch_bounds__(256) smem_tile_dwconv(ConvArgs a) {
     const long long plane = (long long)a.id * a.ih * a.iw;
     const T* xin = x + nc * plane;
 
-    // Fill: a warp per padded row, lanes along it (coalesced, no divisions per element).
-    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    for (int row = threadIdx.x >> 5; row < KD * hs; row += warps) {
-        const int s = row / hs, r = row - s * hs;
-        const int zd = od + s - a.pd, zh = r - a.ph;
-        const bool inside = zd >= 0 && zd < a.id && zh >= 0 && zh < a.ih;
-        const T* src = xin + ((long long)zd * a.ih + zh) * a.iw - a.pw;
-        float* dst = tile + row * ws;
-        for (int col = lane; col < ws; col += 32) {
-            const int zw = col - a.pw;
-            dst[col] = (inside && zw >= 0 && zw < a.iw) ? to_f32(src[col]) : 0.f;
-        }
-    }
+    fill_slices<T, float, KD>(xin, tile, od, hs, ws, a);
     float wr[KD * KH * KW];
 #pragma unroll
     for (int t = 0; t < KD * KH * KW; ++t) wr[t] = to_f32(w[c * (KD * KH * KW) + t]);

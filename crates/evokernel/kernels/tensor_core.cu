@@ -5,38 +5,6 @@
 // input slices go to shared memory as T (zero padding included), A comes from there by
 // ldmatrix, and the KD*KH band fragments are built once per block in registers.
 // Stride 1, dilation 1, KW <= 9; T is bf16 or f16.
-template <typename T> struct Mma;
-template <> struct Mma<__nv_bfloat16> {
-    static __device__ __forceinline__ void run(float* d, const unsigned* a, const unsigned* b) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-};
-template <> struct Mma<__half> {
-    static __device__ __forceinline__ void run(float* d, const unsigned* a, const unsigned* b) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-};
-
-template <typename T>
-__device__ __forceinline__ unsigned pack2(T lo, T hi) {
-    unsigned short l = *reinterpret_cast<unsigned short*>(&lo);
-    unsigned short h = *reinterpret_cast<unsigned short*>(&hi);
-    return (unsigned)l | ((unsigned)h << 16);
-}
-
-// Row stride of the shared tile, in elements: holds NT*8 + 8 columns (the last window
-// starts at 8*(NT-1) and is 16 long), a multiple of 8 (16-byte ldmatrix rows) and an odd
-// number of 16-byte chunks so the 8 rows of one ldmatrix phase hit 8 distinct bank groups.
-__host__ __device__ constexpr int tc_row_stride(int nt) {
-    return ((nt + 1) % 2 == 1) ? (nt + 1) * 8 : (nt + 2) * 8;
-}
-
 template <typename T, int KD, int KH, int KW, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -55,18 +23,7 @@ __global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a) {
     const T zero = from_f32<T>(0.f);
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    // Fill: a warp per padded row, lanes along it (coalesced, no divisions per element).
-    for (int row = warp; row < KD * hs; row += WARPS) {
-        const int s = row / hs, r = row - s * hs;
-        const int zd = od + s - a.pd, zh = r - a.ph;
-        const bool inside = zd >= 0 && zd < a.id && zh >= 0 && zh < a.ih;
-        const T* src = xin + ((long long)zd * a.ih + zh) * a.iw - a.pw;
-        T* dst = tile + row * ws;
-        for (int col = lane; col < ws; col += 32) {
-            const int zw = col - a.pw;
-            dst[col] = (inside && zw >= 0 && zw < a.iw) ? src[col] : zero;
-        }
-    }
+    fill_slices<T, T, KD>(xin, tile, od, hs, ws, a);
 
     // Band fragments: this lane holds B[k][n] for n = lane/4, k = 2*(lane%4) + {0,1} (+8).
     unsigned bf[KD * KH][2];

@@ -1,10 +1,18 @@
 //! `channels_last`: NDHWC, threads over 16-byte channel vectors (kernels/channels_last.cu).
 
-use super::{check_config, cuda_type, Config, Launch, Param, Variant};
+use super::{check_config, cuda_type, Config, Launch, Param, Variant, MAX_SHARED};
 use crate::error::Result;
 use crate::spec::{ConvSpec, DType, Layout};
 
 pub struct ChannelsLast;
+
+/// Channels a block owns (`CB` in the kernel).
+const BLOCK_CHANNELS: usize = 64;
+
+/// The block's weights in shared memory, f32, tap-major.
+fn weight_bytes(spec: &ConvSpec) -> usize {
+    spec.taps() * BLOCK_CHANNELS * 4
+}
 
 /// Channels per 16-byte vector.
 fn vec_width(d: DType) -> usize {
@@ -25,6 +33,9 @@ impl Variant for ChannelsLast {
         let v = vec_width(spec.dtype());
         if spec.c() % v != 0 {
             return Err(format!("channels {} are not a multiple of the {v}-wide vector", spec.c()));
+        }
+        if weight_bytes(spec) > MAX_SHARED {
+            return Err(format!("{} taps of weights exceed shared memory", spec.taps()));
         }
         Ok(())
     }
@@ -58,12 +69,16 @@ impl Variant for ChannelsLast {
         let out_w = config.get("out_w").unwrap_or(2) as usize;
         let block = config.get("block").unwrap_or(256) as u32;
         let [od, oh, ow] = spec.output3();
-        let threads = (spec.n() * od * oh * ow.div_ceil(out_w) * (spec.c() / vec_width(spec.dtype()))) as u64;
-        let grid = threads.div_ceil(block as u64).min(sms.max(1) as u64 * 32).max(1) as u32;
+        let positions = (spec.n() * od * oh * ow.div_ceil(out_w)) as u64;
+        let per_block = block as u64 / (BLOCK_CHANNELS / vec_width(spec.dtype())) as u64;
+        let channel_blocks = spec.c().div_ceil(BLOCK_CHANNELS) as u32;
+        // Enough blocks for several waves; the kernel's loop covers the rest.
+        let cap = (sms.max(1) as u64 * 16).div_ceil(channel_blocks as u64).max(1);
+        let grid = positions.div_ceil(per_block).min(cap).max(1) as u32;
         Ok(Launch {
-            grid: (grid, 1, 1),
+            grid: (grid, channel_blocks, 1),
             block: (block, 1, 1),
-            shared_bytes: 0,
+            shared_bytes: weight_bytes(spec) as u32,
         })
     }
 }

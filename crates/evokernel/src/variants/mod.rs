@@ -11,11 +11,13 @@ use crate::spec::{ConvSpec, DType, Layout};
 mod channels_last;
 mod naive;
 mod smem_tile;
+mod streaming;
 mod tensor_core;
 
 pub use channels_last::ChannelsLast;
 pub use naive::Naive;
 pub use smem_tile::SmemTile;
+pub use streaming::Streaming;
 pub use tensor_core::TensorCore;
 
 /// Dynamic shared memory a block may opt into on sm_90 (227 KiB).
@@ -101,7 +103,7 @@ pub trait Variant: Sync {
 
 /// Every registered variant, in ladder order.
 pub fn registry() -> Vec<&'static dyn Variant> {
-    vec![&Naive, &ChannelsLast, &SmemTile, &TensorCore]
+    vec![&Naive, &ChannelsLast, &SmemTile, &TensorCore, &Streaming]
 }
 
 pub fn find(name: &str) -> Result<&'static dyn Variant> {

@@ -7,8 +7,8 @@ use crate::spec::{ConvSpec, DType, Layout};
 
 pub struct TensorCore;
 
-/// Mirrors `tc_row_stride` in the kernel.
-fn row_stride(nt: usize) -> usize {
+/// Mirrors `tc_row_stride` in common.cuh.
+pub(super) fn row_stride(nt: usize) -> usize {
     if (nt + 1) % 2 == 1 {
         (nt + 1) * 8
     } else {
@@ -23,6 +23,22 @@ fn shared_bytes(spec: &ConvSpec) -> usize {
     kd * hs * row_stride(ow.div_ceil(8)) * 2
 }
 
+/// What the banded-Toeplitz formulation needs, whatever the tiling around it.
+pub(super) fn tensor_core_applies(spec: &ConvSpec) -> std::result::Result<(), String> {
+    if !matches!(spec.dtype(), DType::Bf16 | DType::F16) {
+        return Err("tensor cores here take bf16 or f16".into());
+    }
+    if spec.layout() != Layout::ChannelsFirst {
+        return Err("needs a channels-first layout".into());
+    }
+    unit_stride_and_dilation(spec)?;
+    let kw = spec.kernel3()[2];
+    if kw > 9 {
+        return Err(format!("kernel width {kw} exceeds the 16-wide window's 9 taps"));
+    }
+    Ok(())
+}
+
 impl Variant for TensorCore {
     fn name(&self) -> &'static str {
         "tensor_core"
@@ -31,17 +47,7 @@ impl Variant for TensorCore {
         include_str!("../../kernels/tensor_core.cu")
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
-        if !matches!(spec.dtype(), DType::Bf16 | DType::F16) {
-            return Err("tensor cores here take bf16 or f16".into());
-        }
-        if spec.layout() != Layout::ChannelsFirst {
-            return Err("needs a channels-first layout".into());
-        }
-        unit_stride_and_dilation(spec)?;
-        let kw = spec.kernel3()[2];
-        if kw > 9 {
-            return Err(format!("kernel width {kw} exceeds the 16-wide window's 9 taps"));
-        }
+        tensor_core_applies(spec)?;
         let bytes = shared_bytes(spec);
         if bytes > MAX_SHARED {
             return Err(format!("the {bytes}-byte slice tile exceeds shared memory ({MAX_SHARED})"));

@@ -1,0 +1,73 @@
+//! `streaming`: tensor-core blocks sliding along output depth with a ring of KD + 1
+//! input slices fetched by cp.async one slice ahead (kernels/streaming.cu).
+
+use super::tensor_core::{row_stride, tensor_core_applies};
+use super::{check_config, cuda_type, Config, Launch, Param, Variant, MAX_SHARED};
+use crate::error::Result;
+use crate::spec::ConvSpec;
+
+pub struct Streaming;
+
+fn shared_bytes(spec: &ConvSpec) -> usize {
+    let [_, oh, ow] = spec.output3();
+    let [kd, kh, _] = spec.kernel3();
+    let hs = oh.div_ceil(16) * 16 + kh - 1;
+    (kd + 1) * hs * row_stride(ow.div_ceil(8)) * 2
+}
+
+impl Variant for Streaming {
+    fn name(&self) -> &'static str {
+        "streaming"
+    }
+    fn source(&self) -> &'static str {
+        include_str!("../../kernels/streaming.cu")
+    }
+    fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
+        tensor_core_applies(spec)?;
+        if spec.pad_before3()[2] % 2 != 0 || spec.input3()[2] % 2 != 0 {
+            return Err("needs an even input width and W padding (4-byte async copies)".into());
+        }
+        let bytes = shared_bytes(spec);
+        if bytes > MAX_SHARED {
+            return Err(format!("the {bytes}-byte slice ring exceeds shared memory ({MAX_SHARED})"));
+        }
+        Ok(())
+    }
+    fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
+        vec![
+            Param {
+                name: "warps",
+                values: vec![4, 8],
+            },
+            // Output depths one block slides over.
+            Param {
+                name: "dchunk",
+                values: vec![4, 8, 16, 32, 64],
+            },
+        ]
+    }
+    fn default_config(&self, _spec: &ConvSpec) -> Config {
+        Config::new(self.name(), &[("warps", 8), ("dchunk", 8)])
+    }
+    fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
+        check_config(self, spec, config)?;
+        let [kd, kh, kw] = spec.kernel3();
+        Ok(format!(
+            "streaming_dwconv<{}, {kd}, {kh}, {kw}, {}, {}>",
+            cuda_type(spec.dtype()),
+            config.get("warps").unwrap_or(8),
+            config.get("dchunk").unwrap_or(8)
+        ))
+    }
+    fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
+        check_config(self, spec, config)?;
+        let warps = config.get("warps").unwrap_or(8) as u32;
+        let dchunk = config.get("dchunk").unwrap_or(8) as usize;
+        let blocks = spec.n() * spec.c() * spec.output3()[0].div_ceil(dchunk);
+        Ok(Launch {
+            grid: (blocks as u32, 1, 1),
+            block: (warps * 32, 1, 1),
+            shared_bytes: shared_bytes(spec) as u32,
+        })
+    }
+}
