@@ -23,14 +23,16 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
     sweep)
       # Hand sweep of config spaces on the seed problem until the tuner exists.
       : > "$out/sweep.log"
-      for cfg in streaming:warps=8,dchunk=4 streaming:warps=8,dchunk=8 streaming:warps=8,dchunk=16 streaming:warps=4,dchunk=8 streaming:warps=4,dchunk=16 streaming:warps=8,dchunk=32 tensor_core:warps=4 smem_tile:block=256,out_w=8; do
+      for cfg in ${SWEEP:-streaming:warps=4,dchunk=8,stages=1 streaming:warps=4,dchunk=8,stages=2 streaming:warps=4,dchunk=16,stages=2 streaming:warps=4,dchunk=16,stages=3 streaming:warps=8,dchunk=16,stages=2}; do
         v=${cfg%%:*}
         timeout 120 .gpu/evokernel bench --suite public --case seed-bf16 --only "$v" --config "$cfg" --iters 20 2>&1 | grep -E "^│ +┆ $v|^│ seed-bf16 +┆ $v" >> "$out/sweep.log"
       done
-      for cfg in channels_last:block=256,out_w=1 channels_last:block=256,out_w=4 channels_last:block=128,out_w=2; do
+      for cfg in ${SWEEP_CL:-}; do
         timeout 120 .gpu/evokernel bench --suite public --case seed-bf16-ndhwc --only channels_last --config "$cfg" --iters 20 2>&1 | grep -E "channels_last" >> "$out/sweep.log"
       done
       echo "sweep        done" >> "$out/summary.txt" ;;
+    ncu)
+      LIMIT=200 step ncu ncu --kernel-name regex:streaming --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats .gpu/evokernel bench --suite public --case seed-bf16 --only streaming --iters 1 ;;
     racecheck) LIMIT=400 step racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 4 --kernel 3x5x5 --padding 0,2,2 --only smem_tile --only tensor_core --only streaming ;;
   esac
 done
@@ -39,4 +41,5 @@ grep -E "test result|FAILED|panicked|^== " "$out/tests.log" 2>/dev/null | head -
 for f in memcheck racecheck; do [ -f "$out/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$out/$f.log" | head -5; done
 for f in devices torch run cudnn919; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
 [ -f "$out/sweep.log" ] && cut -c1-200 "$out/sweep.log"
+[ -f "$out/ncu.log" ] && grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Stall|L2 Hit|Block Limit" "$out/ncu.log" | head -30
 cat "$out/summary.txt"

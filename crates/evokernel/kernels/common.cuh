@@ -160,3 +160,24 @@ __host__ __device__ constexpr int tc_row_stride(int nt) {
     return ((nt + 1) % 2 == 1) ? (nt + 1) * 8 : (nt + 2) * 8;
 }
 
+
+// Writes one m16n8 f32 accumulator fragment as T: rows h0 + lane/4 (+8), columns
+// w0 + 2*(lane%4) (+1); the two columns go as one 4-byte store when aligned.
+template <typename T>
+__device__ __forceinline__ void store_c_fragment(T* yout, const float* acc, int h0, int w0, int lane,
+                                                 const ConvArgs& a) {
+    const int col = w0 + (lane & 3) * 2;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = h0 + (lane >> 2) + half * 8;
+        if (row >= a.oh || col >= a.ow) continue;
+        T* p = yout + (long long)row * a.ow + col;
+        const T lo = from_f32<T>(acc[2 * half]), hi = from_f32<T>(acc[2 * half + 1]);
+        if (col + 1 < a.ow && (a.ow & 1) == 0) {
+            *reinterpret_cast<unsigned*>(p) = pack2(lo, hi);
+        } else {
+            p[0] = lo;
+            if (col + 1 < a.ow) p[1] = hi;
+        }
+    }
+}

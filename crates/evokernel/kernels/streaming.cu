@@ -1,8 +1,8 @@
 // streaming: the tensor_core formulation with blocks that slide along output depth.
 // A block owns (n, c, a chunk of DCHUNK output depths) and keeps a ring of KD + 1 padded
 // input slices in shared memory: each slice is fetched from global memory once per
-// block (cp.async, 4-byte pieces), the fetch of slice od + KD overlapping the tensor-core
-// work of output depth od. Rows and columns of padding are zeroed once and never
+// block (cp.async, 4-byte pieces), STAGES slices ahead of the tensor-core work of
+// output depth od. Rows and columns of padding are zeroed once and never
 // written again; depth padding is zeroed when its slice comes round.
 // Stride 1, dilation 1, KW <= 9, even W padding and width (cp.async alignment); T is
 // bf16 or f16. Mma, pack2 and tc_row_stride are in common.cuh.
@@ -14,11 +14,11 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-template <typename T, int KD, int KH, int KW, int WARPS, int DCHUNK>
+template <typename T, int KD, int KH, int KW, int WARPS, int DCHUNK, int STAGES>
 __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* ring = reinterpret_cast<T*>(smem_raw);
-    constexpr int NBUF = KD + 1;
+    constexpr int NBUF = KD + STAGES;  // KD slices in use, STAGES in flight
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ w = static_cast<const T*>(a.w);
     T* __restrict__ y = static_cast<T*>(a.y);
@@ -41,8 +41,14 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
 
     const unsigned ring_base = (unsigned)__cvta_generic_to_shared(ring);
     const int pairs = a.iw / 2;
-    // Fetches padded depth z (input depth z - pd) into its ring buffer.
+    // Fetches padded depth z (input depth z - pd) into its ring buffer; past the last
+    // slice this block needs it commits an empty group, so every step commits one.
+    const int zlast = d1 + KD - 2;
     auto fetch = [&](int z) {
+        if (z > zlast) {
+            cp_async_commit();
+            return;
+        }
         T* buf = ring + (z % NBUF) * slice;
         const int zd = z - a.pd;
         const bool inside = zd >= 0 && zd < a.id;
@@ -77,14 +83,13 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
         }
     }
 
-    for (int kd = 0; kd < KD; ++kd) fetch(d0 + kd);
+    for (int k = 0; k < KD + STAGES - 1; ++k) fetch(d0 + k);
     const int mat = lane >> 3;
     const int arow = (lane & 7) + ((mat & 1) << 3);
     const int acol = (mat >> 1) << 3;
     for (int od = d0; od < d1; ++od) {
-        if (od + 1 < d1) fetch(od + KD);
-        else cp_async_commit();  // keep one group per iteration so the wait count holds
-        cp_async_wait<1>();
+        fetch(od + KD + STAGES - 1);
+        cp_async_wait<STAGES>();  // slices up to od + KD - 1 have landed
         __syncthreads();
         T* yout = y + (nc * a.od + od) * (long long)a.oh * a.ow;
         for (int t = warp; t < mt * nt; t += WARPS) {
@@ -104,15 +109,7 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
                     Mma<T>::run(acc, af, bf[kd * KH + kh]);
                 }
             }
-            const int col = w0 + (lane & 3) * 2;
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int row = h0 + (lane >> 2) + half * 8;
-                if (row >= a.oh) continue;
-                T* p = yout + (long long)row * a.ow + col;
-                if (col < a.ow) p[0] = from_f32<T>(acc[2 * half]);
-                if (col + 1 < a.ow) p[1] = from_f32<T>(acc[2 * half + 1]);
-            }
+            store_c_fragment(yout, acc, h0, w0, lane, a);
         }
         __syncthreads();
     }

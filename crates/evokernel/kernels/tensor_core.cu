@@ -66,14 +66,6 @@ __global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a) {
                 Mma<T>::run(acc, af, bf[kd * KH + kh]);
             }
         }
-        const int col = w0 + (lane & 3) * 2;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int row = h0 + (lane >> 2) + half * 8;
-            if (row >= a.oh) continue;
-            T* p = yout + (long long)row * a.ow + col;
-            if (col < a.ow) p[0] = from_f32<T>(acc[2 * half]);
-            if (col + 1 < a.ow) p[1] = from_f32<T>(acc[2 * half + 1]);
-        }
+        store_c_fragment(yout, acc, h0, w0, lane, a);
     }
 }

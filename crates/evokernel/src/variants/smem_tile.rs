@@ -29,7 +29,7 @@ impl Variant for SmemTile {
         if spec.taps() > 128 {
             return Err(format!("{} taps do not fit the register budget (128)", spec.taps()));
         }
-        let bytes = shared_bytes(spec, 4);
+        let bytes = shared_bytes(spec, 8);
         if bytes > MAX_SHARED {
             return Err(format!("the {bytes}-byte slice tile exceeds shared memory ({MAX_SHARED})"));
         }
@@ -48,7 +48,7 @@ impl Variant for SmemTile {
         ]
     }
     fn default_config(&self, _spec: &ConvSpec) -> Config {
-        Config::new(self.name(), &[("out_w", 4), ("block", 256)])
+        Config::new(self.name(), &[("out_w", 8), ("block", 256)])
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         check_config(self, spec, config)?;
@@ -56,12 +56,12 @@ impl Variant for SmemTile {
         Ok(format!(
             "smem_tile_dwconv<{}, {kd}, {kh}, {kw}, {}>",
             cuda_type(spec.dtype()),
-            config.get("out_w").unwrap_or(4)
+            config.get("out_w").unwrap_or(8)
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
         check_config(self, spec, config)?;
-        let out_w = config.get("out_w").unwrap_or(4) as usize;
+        let out_w = config.get("out_w").unwrap_or(8) as usize;
         let blocks = spec.n() * spec.c() * spec.output3()[0];
         Ok(Launch {
             grid: (blocks as u32, 1, 1),

@@ -8,11 +8,12 @@ use crate::spec::ConvSpec;
 
 pub struct Streaming;
 
-fn shared_bytes(spec: &ConvSpec) -> usize {
+/// The ring of KD + `stages` padded slices.
+fn shared_bytes(spec: &ConvSpec, stages: usize) -> usize {
     let [_, oh, ow] = spec.output3();
     let [kd, kh, _] = spec.kernel3();
     let hs = oh.div_ceil(16) * 16 + kh - 1;
-    (kd + 1) * hs * row_stride(ow.div_ceil(8)) * 2
+    (kd + stages) * hs * row_stride(ow.div_ceil(8)) * 2
 }
 
 impl Variant for Streaming {
@@ -27,7 +28,7 @@ impl Variant for Streaming {
         if spec.pad_before3()[2] % 2 != 0 || spec.input3()[2] % 2 != 0 {
             return Err("needs an even input width and W padding (4-byte async copies)".into());
         }
-        let bytes = shared_bytes(spec);
+        let bytes = shared_bytes(spec, 1);
         if bytes > MAX_SHARED {
             return Err(format!("the {bytes}-byte slice ring exceeds shared memory ({MAX_SHARED})"));
         }
@@ -44,30 +45,38 @@ impl Variant for Streaming {
                 name: "dchunk",
                 values: vec![4, 8, 16, 32, 64],
             },
+            // Slices fetched ahead of the one being consumed.
+            Param {
+                name: "stages",
+                values: vec![1, 2, 3],
+            },
         ]
     }
     fn default_config(&self, _spec: &ConvSpec) -> Config {
-        Config::new(self.name(), &[("warps", 8), ("dchunk", 8)])
+        // Best of the hand sweep on the H100 (docs/perf.md) until the tuner exists.
+        Config::new(self.name(), &[("warps", 4), ("dchunk", 8), ("stages", 1)])
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         check_config(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "streaming_dwconv<{}, {kd}, {kh}, {kw}, {}, {}>",
+            "streaming_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}>",
             cuda_type(spec.dtype()),
-            config.get("warps").unwrap_or(8),
-            config.get("dchunk").unwrap_or(8)
+            config.get("warps").unwrap_or(4),
+            config.get("dchunk").unwrap_or(8),
+            config.get("stages").unwrap_or(1)
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
         check_config(self, spec, config)?;
-        let warps = config.get("warps").unwrap_or(8) as u32;
+        let warps = config.get("warps").unwrap_or(4) as u32;
         let dchunk = config.get("dchunk").unwrap_or(8) as usize;
+        let stages = config.get("stages").unwrap_or(1) as usize;
         let blocks = spec.n() * spec.c() * spec.output3()[0].div_ceil(dchunk);
         Ok(Launch {
             grid: (blocks as u32, 1, 1),
             block: (warps * 32, 1, 1),
-            shared_bytes: shared_bytes(spec) as u32,
+            shared_bytes: shared_bytes(spec, stages) as u32,
         })
     }
 }

@@ -61,7 +61,7 @@ impl Variant for TensorCore {
         }]
     }
     fn default_config(&self, _spec: &ConvSpec) -> Config {
-        Config::new(self.name(), &[("warps", 8)])
+        Config::new(self.name(), &[("warps", 4)])
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         check_config(self, spec, config)?;
@@ -69,12 +69,12 @@ impl Variant for TensorCore {
         Ok(format!(
             "tensor_core_dwconv<{}, {kd}, {kh}, {kw}, {}>",
             cuda_type(spec.dtype()),
-            config.get("warps").unwrap_or(8)
+            config.get("warps").unwrap_or(4)
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
         check_config(self, spec, config)?;
-        let warps = config.get("warps").unwrap_or(8) as u32;
+        let warps = config.get("warps").unwrap_or(4) as u32;
         Ok(Launch {
             grid: ((spec.n() * spec.c() * spec.output3()[0]) as u32, 1, 1),
             block: (warps * 32, 1, 1),
