@@ -166,18 +166,18 @@ __host__ __device__ constexpr int tc_row_stride(int nt) {
 template <typename T>
 __device__ __forceinline__ void store_c_fragment(T* yout, const float* acc, int h0, int w0, int lane,
                                                  const ConvArgs& a) {
-    const int col = w0 + (lane & 3) * 2;
+    const int col = w0 + (lane & 3) * 2;  // may be negative for shifted tiles
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int row = h0 + (lane >> 2) + half * 8;
-        if (row >= a.oh || col >= a.ow) continue;
+        if (row >= a.oh) continue;
         T* p = yout + (long long)row * a.ow + col;
         const T lo = from_f32<T>(acc[2 * half]), hi = from_f32<T>(acc[2 * half + 1]);
-        if (col + 1 < a.ow && (a.ow & 1) == 0) {
+        if (col >= 0 && col + 1 < a.ow && (reinterpret_cast<unsigned long long>(p) & 3) == 0) {
             *reinterpret_cast<unsigned*>(p) = pack2(lo, hi);
         } else {
-            p[0] = lo;
-            if (col + 1 < a.ow) p[1] = hi;
+            if (col >= 0 && col < a.ow) p[0] = lo;
+            if (col + 1 >= 0 && col + 1 < a.ow) p[1] = hi;
         }
     }
 }

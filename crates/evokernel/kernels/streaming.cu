@@ -1,14 +1,16 @@
 // streaming: the tensor_core formulation with blocks that slide along output depth.
-// A block owns (n, c, a chunk of DCHUNK output depths) and keeps a ring of KD + 1 padded
-// input slices in shared memory: each slice is fetched from global memory once per
-// block (cp.async, 4-byte pieces), STAGES slices ahead of the tensor-core work of
-// output depth od. Rows and columns of padding are zeroed once and never
-// written again; depth padding is zeroed when its slice comes round.
-// Stride 1, dilation 1, KW <= 9, even W padding and width (cp.async alignment); T is
-// bf16 or f16. Mma, pack2 and tc_row_stride are in common.cuh.
+// A block owns (n, c, a chunk of DCHUNK output depths) and keeps a ring of KD + STAGES
+// padded input slices in shared memory: each slice is fetched from global memory once
+// per block, STAGES slices ahead of the tensor-core work of output depth od, by 16-byte
+// cp.async.cg (L2 only, no L1 traffic). To make both those copies and ldmatrix rows
+// 16-byte aligned, input column 0 sits at tile column P = pw rounded up to 8, and the
+// 8-wide output tiles start at w0 = 8j - S with S = P - pw (the first may begin left of
+// column 0; those outputs are masked). Rows and columns of padding are zeroed once and
+// never written again; depth padding is zeroed when its slice comes round.
+// Stride 1, dilation 1, KW <= 9, input width a multiple of 8; T is bf16 or f16.
 
-__device__ __forceinline__ void cp_async4(unsigned dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -22,7 +24,8 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ w = static_cast<const T*>(a.w);
     T* __restrict__ y = static_cast<T*>(a.y);
-    const int mt = (a.oh + 15) / 16, nt = (a.ow + 7) / 8;
+    const int P = (a.pw + 7) & ~7, S = P - a.pw;
+    const int mt = (a.oh + 15) / 16, nt = (a.ow + S + 7) / 8;
     const int hs = mt * 16 + KH - 1;
     const int ws = tc_row_stride(nt);
     const int slice = hs * ws;
@@ -40,7 +43,7 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
     __syncthreads();
 
     const unsigned ring_base = (unsigned)__cvta_generic_to_shared(ring);
-    const int pairs = a.iw / 2;
+    const int chunks16 = a.iw / 8;  // 16-byte pieces per input row
     // Fetches padded depth z (input depth z - pd) into its ring buffer; past the last
     // slice this block needs it commits an empty group, so every step commits one.
     const int zlast = d1 + KD - 2;
@@ -52,15 +55,14 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
         T* buf = ring + (z % NBUF) * slice;
         const int zd = z - a.pd;
         const bool inside = zd >= 0 && zd < a.id;
-        for (int j = threadIdx.x; j < a.ih * pairs; j += blockDim.x) {
-            const int r = j / pairs, k = j - r * pairs;
-            const int off = (r + a.ph) * ws + a.pw + 2 * k;
+        for (int j = threadIdx.x; j < a.ih * chunks16; j += blockDim.x) {
+            const int r = j / chunks16, k = j - r * chunks16;
+            const int off = (r + a.ph) * ws + P + 8 * k;
             if (inside) {
-                cp_async4(ring_base + (unsigned)(((z % NBUF) * slice + off) * (int)sizeof(T)),
-                          xin + ((long long)zd * a.ih + r) * a.iw + 2 * k);
+                cp_async16(ring_base + (unsigned)(((z % NBUF) * slice + off) * (int)sizeof(T)),
+                           xin + ((long long)zd * a.ih + r) * a.iw + 8 * k);
             } else {
-                buf[off] = zero;
-                buf[off + 1] = zero;
+                *reinterpret_cast<uint4*>(buf + off) = make_uint4(0u, 0u, 0u, 0u);
             }
         }
         cp_async_commit();
@@ -93,7 +95,7 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
         __syncthreads();
         T* yout = y + (nc * a.od + od) * (long long)a.oh * a.ow;
         for (int t = warp; t < mt * nt; t += WARPS) {
-            const int h0 = (t / nt) * 16, w0 = (t % nt) * 8;
+            const int h0 = (t / nt) * 16, tcol = (t % nt) * 8, w0 = tcol - S;
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int kd = 0; kd < KD; ++kd) {
@@ -101,7 +103,7 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
 #pragma unroll
                 for (int kh = 0; kh < KH; ++kh) {
                     const unsigned addr = ring_base +
-                        (unsigned)((buf * slice + (h0 + arow + kh) * ws + w0 + acol) * (int)sizeof(T));
+                        (unsigned)((buf * slice + (h0 + arow + kh) * ws + tcol + acol) * (int)sizeof(T));
                     unsigned af[4];
                     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                                  : "=r"(af[0]), "=r"(af[1]), "=r"(af[2]), "=r"(af[3])

@@ -1,5 +1,5 @@
-//! `streaming`: tensor-core blocks sliding along output depth with a ring of KD + 1
-//! input slices fetched by cp.async one slice ahead (kernels/streaming.cu).
+//! `streaming`: tensor-core blocks sliding along output depth with a ring of KD + stages
+//! input slices fetched by 16-byte cp.async ahead of use (kernels/streaming.cu).
 
 use super::tensor_core::{row_stride, tensor_core_applies};
 use super::{check_config, cuda_type, Config, Launch, Param, Variant, MAX_SHARED};
@@ -8,12 +8,15 @@ use crate::spec::ConvSpec;
 
 pub struct Streaming;
 
-/// The ring of KD + `stages` padded slices.
+/// The ring of KD + `stages` padded slices. Mirrors the kernel: input column 0 at tile
+/// column `pw` rounded up to 8, output tiles shifted left by that rounding.
 fn shared_bytes(spec: &ConvSpec, stages: usize) -> usize {
     let [_, oh, ow] = spec.output3();
     let [kd, kh, _] = spec.kernel3();
+    let pw = spec.pad_before3()[2];
+    let shift = pw.div_ceil(8) * 8 - pw;
     let hs = oh.div_ceil(16) * 16 + kh - 1;
-    (kd + stages) * hs * row_stride(ow.div_ceil(8)) * 2
+    (kd + stages) * hs * row_stride((ow + shift).div_ceil(8)) * 2
 }
 
 impl Variant for Streaming {
@@ -25,8 +28,8 @@ impl Variant for Streaming {
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
         tensor_core_applies(spec)?;
-        if spec.pad_before3()[2] % 2 != 0 || spec.input3()[2] % 2 != 0 {
-            return Err("needs an even input width and W padding (4-byte async copies)".into());
+        if spec.input3()[2] % 8 != 0 {
+            return Err("needs an input width that is a multiple of 8 (16-byte async copies)".into());
         }
         let bytes = shared_bytes(spec, 1);
         if bytes > MAX_SHARED {
