@@ -33,12 +33,13 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       echo "sweep        done" >> "$out/summary.txt" ;;
     ncu)
       LIMIT=200 step ncu ncu --kernel-name regex:streaming --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats .gpu/evokernel bench --suite public --case seed-bf16 --only streaming --iters 1 ;;
-    racecheck) LIMIT=400 step racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 4 --kernel 3x5x5 --padding 0,2,2 --only smem_tile --only tensor_core --only streaming ;;
+    racecheck) LIMIT=400 step racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 4 --kernel 3x5x5 --padding 0,2,2 --only smem_tile --only tensor_core --only streaming
+      LIMIT=200 step racecheck_cl compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 128 --kernel 3x5x5 --padding 0,2,2 --layout channels-last --only channels_last ;;
   esac
 done
 cat "$out/smi.txt"
 grep -E "test result|FAILED|panicked|^== " "$out/tests.log" 2>/dev/null | head -30
-for f in memcheck racecheck; do [ -f "$out/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$out/$f.log" | head -5; done
+for f in memcheck racecheck racecheck_cl; do [ -f "$out/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$out/$f.log" | head -5; done
 for f in devices torch run cudnn919; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
 [ -f "$out/sweep.log" ] && cut -c1-200 "$out/sweep.log"
 [ -f "$out/ncu.log" ] && grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Stall|L2 Hit|Block Limit" "$out/ncu.log" | head -30
