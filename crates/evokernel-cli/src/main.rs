@@ -11,8 +11,8 @@ use evokernel::backend::BackendChoice;
 use evokernel::bench::Protocol;
 use evokernel::session::{CaseReport, Options, Session};
 use evokernel::spec::{parse_dims, parse_padding};
-use evokernel::variants::{check_only, forced_configs};
 use evokernel::suite::load_suite;
+use evokernel::variants::{check_only, forced_configs};
 use evokernel::{ConvParams, ConvSpec, DType, Error, Layout};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -247,7 +247,11 @@ fn execute(cli: Cli) -> Result<bool, Error> {
     };
     let backend: BackendChoice = common.backend.parse()?;
     let mut session = Session::open(backend)?;
-    let cases = if cases.is_empty() { session.demo_cases() } else { cases };
+    let cases = if cases.is_empty() {
+        session.demo_cases()
+    } else {
+        cases
+    };
     let dev = session.device().clone();
     println!(
         "evokernel {title}: {} ({}; {}), seed {}",

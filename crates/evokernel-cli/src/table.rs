@@ -5,7 +5,8 @@ use evokernel::cuda::GpuInfo;
 use evokernel::session::RunReport;
 
 fn num(x: Option<f64>, digits: usize) -> String {
-    x.map(|v| format!("{v:.digits$}")).unwrap_or_else(|| "-".into())
+    x.map(|v| format!("{v:.digits$}"))
+        .unwrap_or_else(|| "-".into())
 }
 
 fn sci(x: f64) -> String {
@@ -31,7 +32,14 @@ pub fn render(report: &RunReport) -> String {
     t.load_preset(UTF8_FULL_CONDENSED);
     let mut header = vec!["case", "impl", "check", "rel L2", "max err"];
     if timed {
-        header.extend(["median ms", "min ms", "max ms", "GFLOP/s", "GB/s", "% floor"]);
+        header.extend([
+            "median ms",
+            "min ms",
+            "max ms",
+            "GFLOP/s",
+            "GB/s",
+            "% floor",
+        ]);
     }
     if baseline {
         header.push("x cuDNN");
@@ -79,7 +87,9 @@ pub fn render(report: &RunReport) -> String {
             }
             if gpu {
                 let r = row.resources;
-                cells.push(right(r.map(|r| r.registers.to_string()).unwrap_or_default()));
+                cells.push(right(
+                    r.map(|r| r.registers.to_string()).unwrap_or_default(),
+                ));
                 cells.push(right(
                     r.map(|r| (r.static_shared_bytes as u32 + r.dynamic_shared_bytes).to_string())
                         .unwrap_or_default(),
@@ -111,7 +121,17 @@ pub fn devices(list: &[GpuInfo]) -> String {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
     t.set_header(vec![
-        "#", "name", "arch", "SMs", "memory GiB", "L2 MiB", "smem/block KiB", "SM MHz", "driver", "NVRTC", "cuDNN",
+        "#",
+        "name",
+        "arch",
+        "SMs",
+        "memory GiB",
+        "L2 MiB",
+        "smem/block KiB",
+        "SM MHz",
+        "driver",
+        "NVRTC",
+        "cuDNN",
     ]);
     for d in list {
         t.add_row(vec![
@@ -124,8 +144,12 @@ pub fn devices(list: &[GpuInfo]) -> String {
             (d.max_shared_per_block_optin / 1024).to_string(),
             d.sm_clock_mhz.to_string(),
             d.driver_version.clone(),
-            d.nvrtc_version.clone().unwrap_or_else(|| "not found".into()),
-            d.cudnn_version.clone().unwrap_or_else(|| "not found".into()),
+            d.nvrtc_version
+                .clone()
+                .unwrap_or_else(|| "not found".into()),
+            d.cudnn_version
+                .clone()
+                .unwrap_or_else(|| "not found".into()),
         ]);
     }
     t.to_string()

@@ -11,7 +11,10 @@ fn binary() -> std::path::PathBuf {
         return built;
     }
     let exe = std::env::current_exe().expect("test binary path");
-    exe.parent().and_then(|d| d.parent()).expect("staged layout").join("evokernel")
+    exe.parent()
+        .and_then(|d| d.parent())
+        .expect("staged layout")
+        .join("evokernel")
 }
 
 fn evokernel(args: &[&str]) -> Output {

@@ -49,7 +49,9 @@ pub fn stable_hash(parts: &[&[u8]]) -> String {
     for p in parts {
         for &byte in p.iter().chain(&[0xffu8]) {
             a = (a ^ byte as u64).wrapping_mul(0x0000_0100_0000_01b3);
-            b = (b ^ byte as u64).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(5);
+            b = (b ^ byte as u64)
+                .wrapping_mul(0x0000_0100_0000_01b3)
+                .rotate_left(5);
         }
     }
     format!("{a:016x}{b:016x}")

@@ -214,7 +214,10 @@ impl Session {
             .expect("the embedded seed problem is valid");
         let mut cases = vec![("seed".to_string(), seed.clone())];
         if self.cuda().is_some() {
-            cases.push(("seed-ndhwc".to_string(), seed.with_layout(crate::spec::Layout::ChannelsLast)));
+            cases.push((
+                "seed-ndhwc".to_string(),
+                seed.with_layout(crate::spec::Layout::ChannelsLast),
+            ));
         }
         cases
     }
@@ -255,7 +258,9 @@ impl Session {
         let rows = match &self.backend {
             Backend::Cpu => {
                 let mut run = CpuRun::new(&problem);
-                vec![measure(&mut run, None, &problem, &reference, sets, opts, floor_ms, progress)?]
+                vec![measure(
+                    &mut run, None, &problem, &reference, sets, opts, floor_ms, progress,
+                )?]
             }
             Backend::Cuda(dev) => {
                 progress("uploading inputs");
@@ -271,7 +276,9 @@ impl Session {
                     None => None,
                 };
                 if let Some(b) = baseline.as_mut() {
-                    let mut row = measure(b, None, &problem, &reference, sets, opts, floor_ms, progress)?;
+                    let mut row = measure(
+                        b, None, &problem, &reference, sets, opts, floor_ms, progress,
+                    )?;
                     row.note = Some(format!("cuDNN {}", b.algorithm()));
                     baseline_search = b.search().to_vec();
                     if !row.verdict.passed {
@@ -293,11 +300,16 @@ impl Session {
                     progress(&format!("compiling {config}"));
                     let mut run = KernelRun::new(&dp, v, &config)?;
                     let base = baseline.as_mut().map(|b| b as &mut dyn ConvRun);
-                    let mut row = measure(&mut run, base, &problem, &reference, sets, opts, floor_ms, progress)?;
+                    let mut row = measure(
+                        &mut run, base, &problem, &reference, sets, opts, floor_ms, progress,
+                    )?;
                     let (ms, hit) = run.compile_ms();
                     row.config = Some(config.to_string());
                     row.resources = Some(run.resources());
-                    row.note = Some(format!("jit {ms:.0} ms{}", if hit { " (cached)" } else { "" }));
+                    row.note = Some(format!(
+                        "jit {ms:.0} ms{}",
+                        if hit { " (cached)" } else { "" }
+                    ));
                     rows.push(row);
                 }
                 rows

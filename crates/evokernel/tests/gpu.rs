@@ -24,13 +24,22 @@ fn verify_all(dev: &CudaDevice, name: &str, spec: &ConvSpec, seed: u64, with_cud
         let cfg = v.default_config(spec);
         let mut run = KernelRun::new(&dp, v, &cfg).unwrap_or_else(|e| panic!("{name} {cfg}: {e}"));
         let verdict = check(&mut run, &problem, &reference).unwrap();
-        assert!(verdict.passed, "{name} ({spec}) {cfg} seed {seed}: {:?}", verdict.comparison);
+        assert!(
+            verdict.passed,
+            "{name} ({spec}) {cfg} seed {seed}: {:?}",
+            verdict.comparison
+        );
     }
     if with_cudnn {
         match CudnnRun::new(&dp) {
             Ok(mut b) => {
                 let verdict = check(&mut b, &problem, &reference).unwrap();
-                assert!(verdict.passed, "{name} cudnn ({}): {:?}", b.algorithm(), verdict.comparison);
+                assert!(
+                    verdict.passed,
+                    "{name} cudnn ({}): {:?}",
+                    b.algorithm(),
+                    verdict.comparison
+                );
             }
             Err(e) => eprintln!("{name}: cudnn not run: {e}"),
         }
@@ -71,14 +80,19 @@ fn every_variant_passes_random_small_specs() {
             stride: vec![],
             dilation: vec![],
             padding: vec![],
-            layout: if pick(0, 1) == 0 { Layout::ChannelsFirst } else { Layout::ChannelsLast },
+            layout: if pick(0, 1) == 0 {
+                Layout::ChannelsFirst
+            } else {
+                Layout::ChannelsLast
+            },
             dtype: DType::ALL[pick(0, 2) as usize],
         };
         for _ in 0..dims {
             let (k, d, s) = (pick(1, 5) as i64, pick(1, 2) as i64, pick(1, 3) as i64);
             let (pb, pa) = (pick(0, 3) as i64, pick(0, 3) as i64);
             let span = d * (k - 1) + 1;
-            p.input.push((pick(1, 40) as i64).max(span - pb - pa).max(1));
+            p.input
+                .push((pick(1, 40) as i64).max(span - pb - pa).max(1));
             p.kernel.push(k);
             p.dilation.push(d);
             p.stride.push(s);

@@ -20,19 +20,29 @@ fn every_variant_compiles_for_sm90() {
         for v in registry() {
             if v.applies(&case.spec).is_ok() {
                 let cfg = v.default_config(&case.spec);
-                work.insert((v.name(), v.source(), v.specialization(&case.spec, &cfg).unwrap()));
+                work.insert((
+                    v.name(),
+                    v.source(),
+                    v.specialization(&case.spec, &cfg).unwrap(),
+                ));
             }
         }
     }
     work.extend(calibrate::specializations());
     let mut total_ms = 0.0;
     for (name, source, expr) in &work {
-        let c = jit.compile(name, source, expr).unwrap_or_else(|e| panic!("{e}"));
+        let c = jit
+            .compile(name, source, expr)
+            .unwrap_or_else(|e| panic!("{e}"));
         assert!(!c.cache_hit);
         assert_eq!(&c.cubin[..4], b"\x7fELF", "{expr}: not a CUBIN");
         assert!(!c.symbol.is_empty());
         total_ms += c.millis;
-        eprintln!("compiled {expr:<60} {:>7.0} ms, {} bytes", c.millis, c.cubin.len());
+        eprintln!(
+            "compiled {expr:<60} {:>7.0} ms, {} bytes",
+            c.millis,
+            c.cubin.len()
+        );
     }
     let (a, b) = jit.nvrtc_version();
     eprintln!(
@@ -48,7 +58,11 @@ fn every_variant_compiles_for_sm90() {
 fn compile_errors_carry_the_nvrtc_log() {
     let jit = Jit::new("sm_90").unwrap().without_cache();
     let e = jit
-        .compile("broken", "template <int N> __global__ void k(ConvArgs a) { undefined_thing(); }", "k<1>")
+        .compile(
+            "broken",
+            "template <int N> __global__ void k(ConvArgs a) { undefined_thing(); }",
+            "k<1>",
+        )
         .unwrap_err()
         .to_string();
     assert!(e.contains("undefined_thing") && e.contains("broken"), "{e}");
@@ -67,6 +81,9 @@ fn warm_compile_comes_from_the_cache() {
     assert!(!cold.cache_hit && warm.cache_hit);
     assert_eq!(cold.cubin, warm.cubin);
     assert_eq!(cold.symbol, warm.symbol);
-    eprintln!("naive seed specialization: cold {:.0} ms, warm {:.2} ms", cold.millis, warm.millis);
+    eprintln!(
+        "naive seed specialization: cold {:.0} ms, warm {:.2} ms",
+        cold.millis, warm.millis
+    );
     std::fs::remove_dir_all(dir).ok();
 }

@@ -61,9 +61,24 @@ macro_rules! raii {
 }
 
 raii!(Handle, sys::cudnnHandle_t, cudnnCreate, cudnnDestroy);
-raii!(TensorDesc, sys::cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor);
-raii!(FilterDesc, sys::cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor);
-raii!(ConvDesc, sys::cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor, cudnnDestroyConvolutionDescriptor);
+raii!(
+    TensorDesc,
+    sys::cudnnTensorDescriptor_t,
+    cudnnCreateTensorDescriptor,
+    cudnnDestroyTensorDescriptor
+);
+raii!(
+    FilterDesc,
+    sys::cudnnFilterDescriptor_t,
+    cudnnCreateFilterDescriptor,
+    cudnnDestroyFilterDescriptor
+);
+raii!(
+    ConvDesc,
+    sys::cudnnConvolutionDescriptor_t,
+    cudnnCreateConvolutionDescriptor,
+    cudnnDestroyConvolutionDescriptor
+);
 
 fn data_type(d: DType) -> DT {
     match d {
@@ -74,7 +89,9 @@ fn data_type(d: DType) -> DT {
 }
 
 /// The symmetric-padding spec cuDNN runs, and where the wanted output starts in it.
-pub fn symmetric_equivalent(spec: &ConvSpec) -> std::result::Result<(ConvSpec, [usize; 3]), String> {
+pub fn symmetric_equivalent(
+    spec: &ConvSpec,
+) -> std::result::Result<(ConvSpec, [usize; 3]), String> {
     let (pb, pa, st) = (spec.pad_before3(), spec.pad_after3(), spec.stride3());
     let off = 3 - spec.spatial_dims();
     let mut crop = [0usize; 3];
@@ -117,7 +134,13 @@ fn tensor_desc(t: &TensorDesc, spec: &ConvSpec, dims3: [usize; 3]) -> Result<()>
     };
     // SAFETY: arrays of 5 valid ints.
     check("cudnnSetTensorNdDescriptor", unsafe {
-        sys::cudnnSetTensorNdDescriptor(t.0, data_type(spec.dtype()), 5, dims.as_ptr(), strides.as_ptr())
+        sys::cudnnSetTensorNdDescriptor(
+            t.0,
+            data_type(spec.dtype()),
+            5,
+            dims.as_ptr(),
+            strides.as_ptr(),
+        )
     })
 }
 
@@ -157,7 +180,9 @@ impl<'p, 'd> CudnnRun<'p, 'd> {
         if version().is_none() {
             return Err(Error::BackendUnavailable {
                 backend: "cudnn".into(),
-                reason: "libcudnn.so.9 is not on the loader path; reports go on without the cuDNN ratio".into(),
+                reason:
+                    "libcudnn.so.9 is not on the loader path; reports go on without the cuDNN ratio"
+                        .into(),
             });
         }
         let (sym, crop) = symmetric_equivalent(spec).map_err(unavailable)?;
@@ -170,7 +195,12 @@ impl<'p, 'd> CudnnRun<'p, 'd> {
         check("cudnnSetStream", unsafe {
             sys::cudnnSetStream(handle.0, dev.stream().cu_stream() as sys::cudaStream_t)
         })?;
-        let (x, w, y, conv) = (TensorDesc::new()?, FilterDesc::new()?, TensorDesc::new()?, ConvDesc::new()?);
+        let (x, w, y, conv) = (
+            TensorDesc::new()?,
+            FilterDesc::new()?,
+            TensorDesc::new()?,
+            ConvDesc::new()?,
+        );
         tensor_desc(&x, &sym, sym.input3())?;
         tensor_desc(&y, &sym, sym.output3())?;
         let [kd, kh, kw] = sym.kernel3().map(|v| v as i32);
@@ -180,12 +210,22 @@ impl<'p, 'd> CudnnRun<'p, 'd> {
             Layout::ChannelsLast => sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC,
         };
         let i3 = |a: [usize; 3]| a.map(|v| v as i32);
-        let (pads, strides, dils) = (i3(sym.pad_before3()), i3(sym.stride3()), i3(sym.dilation3()));
+        let (pads, strides, dils) = (
+            i3(sym.pad_before3()),
+            i3(sym.stride3()),
+            i3(sym.dilation3()),
+        );
         // SAFETY: descriptors are live; arrays have the lengths passed.
         unsafe {
             check(
                 "cudnnSetFilterNdDescriptor",
-                sys::cudnnSetFilterNdDescriptor(w.0, data_type(sym.dtype()), format, 5, fdims.as_ptr()),
+                sys::cudnnSetFilterNdDescriptor(
+                    w.0,
+                    data_type(sym.dtype()),
+                    format,
+                    5,
+                    fdims.as_ptr(),
+                ),
             )?;
             check(
                 "cudnnSetConvolutionNdDescriptor",
@@ -208,7 +248,10 @@ impl<'p, 'd> CudnnRun<'p, 'd> {
                 DType::F32 => sys::cudnnMathType_t::CUDNN_FMA_MATH,
                 _ => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION,
             };
-            check("cudnnSetConvolutionMathType", sys::cudnnSetConvolutionMathType(conv.0, math))?;
+            check(
+                "cudnnSetConvolutionMathType",
+                sys::cudnnSetConvolutionMathType(conv.0, math),
+            )?;
             let mut out = [0i32; 5];
             check(
                 "cudnnGetConvolutionNdForwardOutputDim",
@@ -216,7 +259,11 @@ impl<'p, 'd> CudnnRun<'p, 'd> {
             )?;
             let want = sym.output3().map(|v| v as i32);
             if out[2..] != want {
-                return Err(unavailable(format!("cuDNN computes output {:?}, expected {:?}", &out[2..], want)));
+                return Err(unavailable(format!(
+                    "cuDNN computes output {:?}, expected {:?}",
+                    &out[2..],
+                    want
+                )));
             }
         }
         // cuDNN's own search: it times every algorithm and returns them fastest first.
@@ -224,7 +271,16 @@ impl<'p, 'd> CudnnRun<'p, 'd> {
         let mut count = 0i32;
         // SAFETY: descriptors live, perf has room for 8 results.
         check("cudnnFindConvolutionForwardAlgorithm", unsafe {
-            sys::cudnnFindConvolutionForwardAlgorithm(handle.0, x.0, w.0, conv.0, y.0, 8, &mut count, perf.as_mut_ptr())
+            sys::cudnnFindConvolutionForwardAlgorithm(
+                handle.0,
+                x.0,
+                w.0,
+                conv.0,
+                y.0,
+                8,
+                &mut count,
+                perf.as_mut_ptr(),
+            )
         })?;
         let found = &perf[..count.max(0) as usize];
         let search = found
@@ -288,8 +344,15 @@ impl ConvRun for CudnnRun<'_, '_> {
         let y = dev.device_ptr(&self.outputs[set]);
         let ws = dev.device_ptr(&self.workspace);
         let (alpha, beta) = (1.0f32, 0.0f32);
-        let (h, xd, wd, cd, yd, algo, wlen) =
-            (self.handle.0, self.x.0, self.w.0, self.conv.0, self.y.0, self.algo, self.workspace.len());
+        let (h, xd, wd, cd, yd, algo, wlen) = (
+            self.handle.0,
+            self.x.0,
+            self.w.0,
+            self.conv.0,
+            self.y.0,
+            self.algo,
+            self.workspace.len(),
+        );
         dev.time(|| {
             // SAFETY: all buffers are live device allocations of the descriptors' sizes.
             check("cudnnConvolutionForward", unsafe {
@@ -381,7 +444,10 @@ mod tests {
         .unwrap();
         let got = crop(&spec, &sym, at, &full);
         let want = conv_reference(&spec, &x, &w).unwrap();
-        assert_eq!(got.to_f64_vec(), want.iter().map(|&v| v as f32 as f64).collect::<Vec<_>>());
+        assert_eq!(
+            got.to_f64_vec(),
+            want.iter().map(|&v| v as f32 as f64).collect::<Vec<_>>()
+        );
     }
 
     #[test]

@@ -84,10 +84,12 @@ impl Jit {
             self.arch.as_bytes(),
             version.as_bytes(),
         ]);
-        let paths = self
-            .cache
-            .as_ref()
-            .map(|d| (d.join(format!("{name}-{key}.cubin")), d.join(format!("{name}-{key}.sym"))));
+        let paths = self.cache.as_ref().map(|d| {
+            (
+                d.join(format!("{name}-{key}.cubin")),
+                d.join(format!("{name}-{key}.sym")),
+            )
+        });
         if let Some((cubin, sym)) = &paths {
             if let (Ok(c), Ok(s)) = (std::fs::read(cubin), std::fs::read_to_string(sym)) {
                 if !c.is_empty() && !s.is_empty() {
@@ -141,7 +143,12 @@ impl Drop for Program {
     }
 }
 
-fn nvrtc_compile(name: &str, source: &str, expr: &str, options: &[String]) -> Result<(Vec<u8>, String)> {
+fn nvrtc_compile(
+    name: &str,
+    source: &str,
+    expr: &str,
+    options: &[String],
+) -> Result<(Vec<u8>, String)> {
     let bad = |what: &str| Error::Compile {
         kernel: name.to_string(),
         log: format!("{what} contains a NUL byte"),
@@ -160,26 +167,44 @@ fn nvrtc_compile(name: &str, source: &str, expr: &str, options: &[String]) -> Re
     unsafe {
         check(
             "nvrtcCreateProgram",
-            sys::nvrtcCreateProgram(&mut raw, src.as_ptr(), file.as_ptr(), 0, std::ptr::null(), std::ptr::null()),
+            sys::nvrtcCreateProgram(
+                &mut raw,
+                src.as_ptr(),
+                file.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            ),
         )?;
         let prog = Program(raw);
-        check("nvrtcAddNameExpression", sys::nvrtcAddNameExpression(prog.0, cexpr.as_ptr()))?;
+        check(
+            "nvrtcAddNameExpression",
+            sys::nvrtcAddNameExpression(prog.0, cexpr.as_ptr()),
+        )?;
         let r = sys::nvrtcCompileProgram(prog.0, popts.len() as i32, popts.as_ptr());
         if r != sys::nvrtcResult::NVRTC_SUCCESS {
             let mut size = 0usize;
             sys::nvrtcGetProgramLogSize(prog.0, &mut size);
             let mut log = vec![0u8; size.max(1)];
             sys::nvrtcGetProgramLog(prog.0, log.as_mut_ptr() as *mut _);
-            let log = String::from_utf8_lossy(&log).trim_end_matches('\0').to_string();
+            let log = String::from_utf8_lossy(&log)
+                .trim_end_matches('\0')
+                .to_string();
             return Err(Error::Compile {
                 kernel: format!("{name} ({expr}, {r:?})"),
                 log,
             });
         }
         let mut size = 0usize;
-        check("nvrtcGetCUBINSize", sys::nvrtcGetCUBINSize(prog.0, &mut size))?;
+        check(
+            "nvrtcGetCUBINSize",
+            sys::nvrtcGetCUBINSize(prog.0, &mut size),
+        )?;
         let mut cubin = vec![0u8; size];
-        check("nvrtcGetCUBIN", sys::nvrtcGetCUBIN(prog.0, cubin.as_mut_ptr() as *mut _))?;
+        check(
+            "nvrtcGetCUBIN",
+            sys::nvrtcGetCUBIN(prog.0, cubin.as_mut_ptr() as *mut _),
+        )?;
         let mut lowered: *const std::ffi::c_char = std::ptr::null();
         check(
             "nvrtcGetLoweredName",

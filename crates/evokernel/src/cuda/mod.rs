@@ -60,7 +60,10 @@ pub struct GpuInfo {
 impl GpuInfo {
     /// NVRTC's target for this device, e.g. `sm_90`.
     pub fn arch(&self) -> String {
-        format!("sm_{}{}", self.compute_capability.0, self.compute_capability.1)
+        format!(
+            "sm_{}{}",
+            self.compute_capability.0, self.compute_capability.1
+        )
     }
 }
 
@@ -79,7 +82,8 @@ pub fn probe() -> Result<()> {
     if count < 1 {
         return Err(Error::BackendUnavailable {
             backend: "cuda".into(),
-            reason: "the NVIDIA driver reports no GPU; the CPU backend still works (--backend cpu)".into(),
+            reason: "the NVIDIA driver reports no GPU; the CPU backend still works (--backend cpu)"
+                .into(),
         });
     }
     Ok(())
@@ -90,7 +94,9 @@ pub fn device_count() -> usize {
     if probe().is_err() {
         return 0;
     }
-    CudaContext::device_count().map(|c| c.max(0) as usize).unwrap_or(0)
+    CudaContext::device_count()
+        .map(|c| c.max(0) as usize)
+        .unwrap_or(0)
 }
 
 /// The kernel-argument block of every variant (kernels/common.cuh, same field order).
@@ -204,7 +210,9 @@ impl CudaDevice {
     }
 
     pub fn alloc(&self, bytes: usize) -> Result<CudaSlice<u8>> {
-        self.stream.alloc_zeros::<u8>(bytes.max(1)).cuda("cuMemAlloc")
+        self.stream
+            .alloc_zeros::<u8>(bytes.max(1))
+            .cuda("cuMemAlloc")
     }
 
     pub fn upload(&self, t: &HostTensor) -> Result<CudaSlice<u8>> {
@@ -225,8 +233,10 @@ impl CudaDevice {
     pub fn poison(&self, buf: &mut CudaSlice<u8>) -> Result<()> {
         let (ptr, _sync) = buf.device_ptr(&self.stream);
         // SAFETY: ptr addresses `buf.len()` bytes owned by `buf` on this stream.
-        unsafe { cudarc::driver::result::memset_d8_async(ptr, 0xff, buf.len(), self.stream.cu_stream()) }
-            .cuda("cuMemsetD8Async")
+        unsafe {
+            cudarc::driver::result::memset_d8_async(ptr, 0xff, buf.len(), self.stream.cu_stream())
+        }
+        .cuda("cuMemsetD8Async")
     }
 
     pub fn device_ptr(&self, buf: &CudaSlice<u8>) -> u64 {
@@ -234,28 +244,46 @@ impl CudaDevice {
     }
 
     /// Compiles (or takes from the cache) and loads one specialization.
-    pub fn load(&self, name: &str, source: &str, expr: &str, launch: Launch) -> Result<LoadedKernel> {
+    pub fn load(
+        &self,
+        name: &str,
+        source: &str,
+        expr: &str,
+        launch: Launch,
+    ) -> Result<LoadedKernel> {
         let compiled = self.jit.compile(name, source, expr)?;
         let module = self
             .ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.clone()))
             .cuda("cuModuleLoadData")?;
-        let function = module.load_function(&compiled.symbol).cuda("cuModuleGetFunction")?;
+        let function = module
+            .load_function(&compiled.symbol)
+            .cuda("cuModuleGetFunction")?;
         if launch.shared_bytes > 48 * 1024 {
             function
-                .set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, launch.shared_bytes as i32)
+                .set_attribute(
+                    FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    launch.shared_bytes as i32,
+                )
                 .cuda("cuFuncSetAttribute")?;
         }
-        let threads = (launch.block.0 * launch.block.1 * launch.block.2) as u32;
+        let threads = launch.block.0 * launch.block.1 * launch.block.2;
         let resources = KernelResources {
             registers: function.num_regs().cuda("cuFuncGetAttribute")?,
             static_shared_bytes: function.shared_size_bytes().cuda("cuFuncGetAttribute")?,
             dynamic_shared_bytes: launch.shared_bytes,
             local_bytes: function.local_size_bytes().cuda("cuFuncGetAttribute")?,
-            max_threads_per_block: function.max_threads_per_block().cuda("cuFuncGetAttribute")?,
+            max_threads_per_block: function
+                .max_threads_per_block()
+                .cuda("cuFuncGetAttribute")?,
             blocks_per_sm: function
-                .occupancy_max_active_blocks_per_multiprocessor(threads, launch.shared_bytes as usize, None)
-                .cuda("cuOccupancyMaxActiveBlocksPerMultiprocessor")? as i32,
+                .occupancy_max_active_blocks_per_multiprocessor(
+                    threads,
+                    launch.shared_bytes as usize,
+                    None,
+                )
+                .cuda("cuOccupancyMaxActiveBlocksPerMultiprocessor")?
+                as i32,
         };
         Ok(LoadedKernel {
             function,
@@ -297,27 +325,29 @@ impl CudaDevice {
 }
 
 fn query_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<GpuInfo> {
-        let attr = |a: Attr| ctx.attribute(a).cuda("cuDeviceGetAttribute");
-        let mut driver = 0i32;
-        // SAFETY: the driver is loaded (probe) and the pointer is valid.
-        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) }
-            .result()
-            .cuda("cuDriverGetVersion")?;
-        let nvrtc = libs::nvrtc_version().ok();
-        let cudnn = cudnn::version();
-        let cc = ctx.compute_capability().cuda("cuDeviceGetAttribute")?;
+    let attr = |a: Attr| ctx.attribute(a).cuda("cuDeviceGetAttribute");
+    let mut driver = 0i32;
+    // SAFETY: the driver is loaded (probe) and the pointer is valid.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) }
+        .result()
+        .cuda("cuDriverGetVersion")?;
+    let nvrtc = libs::nvrtc_version().ok();
+    let cudnn = cudnn::version();
+    let cc = ctx.compute_capability().cuda("cuDeviceGetAttribute")?;
     Ok(GpuInfo {
-            ordinal,
-            name: ctx.name().cuda("cuDeviceGetName")?,
-            compute_capability: cc,
-            sms: attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
-            memory_bytes: ctx.total_mem().cuda("cuDeviceTotalMem")? as u64,
-            l2_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as u64,
-            max_shared_per_block_optin: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32,
-            sm_clock_mhz: (attr(Attr::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)? / 1000) as u32,
-            driver_version: format!("{}.{}", driver / 1000, (driver % 1000) / 10),
-            nvrtc_version: nvrtc.map(|(a, b)| format!("{a}.{b}")),
-            cudnn_version: cudnn,
+        ordinal,
+        name: ctx.name().cuda("cuDeviceGetName")?,
+        compute_capability: cc,
+        sms: attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
+        memory_bytes: ctx.total_mem().cuda("cuDeviceTotalMem")? as u64,
+        l2_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as u64,
+        max_shared_per_block_optin: attr(
+            Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )? as u32,
+        sm_clock_mhz: (attr(Attr::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)? / 1000) as u32,
+        driver_version: format!("{}.{}", driver / 1000, (driver % 1000) / 10),
+        nvrtc_version: nvrtc.map(|(a, b)| format!("{a}.{b}")),
+        cudnn_version: cudnn,
     })
 }
 

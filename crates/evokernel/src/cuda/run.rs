@@ -23,7 +23,11 @@ impl<'d> DeviceProblem<'d> {
         Ok(DeviceProblem {
             dev,
             spec: problem.spec.clone(),
-            inputs: problem.inputs.iter().map(|t| dev.upload(t)).collect::<Result<_>>()?,
+            inputs: problem
+                .inputs
+                .iter()
+                .map(|t| dev.upload(t))
+                .collect::<Result<_>>()?,
             weight: dev.upload(&problem.weight)?,
         })
     }
@@ -61,13 +65,19 @@ pub struct KernelRun<'p, 'd> {
 }
 
 impl<'p, 'd> KernelRun<'p, 'd> {
-    pub fn new(problem: &'p DeviceProblem<'d>, variant: &dyn Variant, config: &Config) -> Result<Self> {
+    pub fn new(
+        problem: &'p DeviceProblem<'d>,
+        variant: &dyn Variant,
+        config: &Config,
+    ) -> Result<Self> {
         let spec = &problem.spec;
-        variant.applies(spec).map_err(|reason| Error::NotApplicable {
-            variant: variant.name().into(),
-            spec: spec.to_string(),
-            reason,
-        })?;
+        variant
+            .applies(spec)
+            .map_err(|reason| Error::NotApplicable {
+                variant: variant.name().into(),
+                spec: spec.to_string(),
+                reason,
+            })?;
         let dev = problem.dev;
         let expr = variant.specialization(spec, config)?;
         let launch = variant.launch(spec, config, dev.info().sms)?;

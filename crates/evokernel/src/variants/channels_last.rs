@@ -31,11 +31,17 @@ impl Variant for ChannelsLast {
             return Err("needs a channels-last layout".into());
         }
         let v = vec_width(spec.dtype());
-        if spec.c() % v != 0 {
-            return Err(format!("channels {} are not a multiple of the {v}-wide vector", spec.c()));
+        if !spec.c().is_multiple_of(v) {
+            return Err(format!(
+                "channels {} are not a multiple of the {v}-wide vector",
+                spec.c()
+            ));
         }
         if weight_bytes(spec) > MAX_SHARED {
-            return Err(format!("{} taps of weights exceed shared memory", spec.taps()));
+            return Err(format!(
+                "{} taps of weights exceed shared memory",
+                spec.taps()
+            ));
         }
         Ok(())
     }
@@ -73,7 +79,9 @@ impl Variant for ChannelsLast {
         let per_block = block as u64 / (BLOCK_CHANNELS / vec_width(spec.dtype())) as u64;
         let channel_blocks = spec.c().div_ceil(BLOCK_CHANNELS) as u32;
         // Enough blocks for several waves; the kernel's loop covers the rest.
-        let cap = (sms.max(1) as u64 * 16).div_ceil(channel_blocks as u64).max(1);
+        let cap = (sms.max(1) as u64 * 16)
+            .div_ceil(channel_blocks as u64)
+            .max(1);
         let grid = positions.div_ceil(per_block).min(cap).max(1) as u32;
         Ok(Launch {
             grid: (grid, channel_blocks, 1),

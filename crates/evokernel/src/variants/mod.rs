@@ -52,7 +52,11 @@ impl Config {
 
 impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kv: Vec<String> = self.values.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let kv: Vec<String> = self
+            .values
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
         write!(f, "{}:{}", self.variant, kv.join(","))
     }
 }
@@ -60,7 +64,13 @@ impl fmt::Display for Config {
 impl std::str::FromStr for Config {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || Error::parse("config", s, "expected variant:k=v,k=v (e.g. naive:block=256)");
+        let bad = || {
+            Error::parse(
+                "config",
+                s,
+                "expected variant:k=v,k=v (e.g. naive:block=256)",
+            )
+        };
         let (variant, rest) = s.split_once(':').unwrap_or((s, ""));
         if variant.trim().is_empty() {
             return Err(bad());
@@ -68,7 +78,10 @@ impl std::str::FromStr for Config {
         let mut values = BTreeMap::new();
         for kv in rest.split(',').filter(|p| !p.trim().is_empty()) {
             let (k, v) = kv.split_once('=').ok_or_else(bad)?;
-            values.insert(k.trim().to_string(), v.trim().parse::<i64>().map_err(|_| bad())?);
+            values.insert(
+                k.trim().to_string(),
+                v.trim().parse::<i64>().map_err(|_| bad())?,
+            );
         }
         Ok(Config {
             variant: variant.trim().to_string(),
@@ -107,16 +120,23 @@ pub fn registry() -> Vec<&'static dyn Variant> {
 }
 
 pub fn find(name: &str) -> Result<&'static dyn Variant> {
-    registry().into_iter().find(|v| v.name() == name).ok_or_else(|| {
-        Error::parse(
-            "variant",
-            name,
-            format!(
-                "known variants: {}",
-                registry().iter().map(|v| v.name()).collect::<Vec<_>>().join(", ")
-            ),
-        )
-    })
+    registry()
+        .into_iter()
+        .find(|v| v.name() == name)
+        .ok_or_else(|| {
+            Error::parse(
+                "variant",
+                name,
+                format!(
+                    "known variants: {}",
+                    registry()
+                        .iter()
+                        .map(|v| v.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
+        })
 }
 
 /// Configs forced by `--config` flags and by `EVOKERNEL_CONFIG` (several separated by
@@ -173,16 +193,29 @@ pub(crate) fn check_config(v: &dyn Variant, spec: &ConvSpec, config: &Config) ->
     let space = v.space(spec);
     let err = |msg: String| Error::parse("config", &config.to_string(), msg);
     if config.variant != v.name() {
-        return Err(err(format!("it is for variant '{}', not '{}'", config.variant, v.name())));
+        return Err(err(format!(
+            "it is for variant '{}', not '{}'",
+            config.variant,
+            v.name()
+        )));
     }
     for p in &space {
         match config.get(p.name) {
             Some(val) if p.values.contains(&val) => {}
-            Some(val) => return Err(err(format!("{}={} is not one of {:?}", p.name, val, p.values))),
+            Some(val) => {
+                return Err(err(format!(
+                    "{}={} is not one of {:?}",
+                    p.name, val, p.values
+                )))
+            }
             None => return Err(err(format!("missing {} (one of {:?})", p.name, p.values))),
         }
     }
-    if let Some(k) = config.values.keys().find(|k| !space.iter().any(|p| p.name == k.as_str())) {
+    if let Some(k) = config
+        .values
+        .keys()
+        .find(|k| !space.iter().any(|p| p.name == k.as_str()))
+    {
         return Err(err(format!("unknown parameter {k}")));
     }
     Ok(())

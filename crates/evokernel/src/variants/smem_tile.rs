@@ -1,7 +1,9 @@
 //! `smem_tile`: a block per (n, c, output depth) with its KD input slices in shared
 //! memory as f32 (kernels/smem_tile.cu).
 
-use super::{check_config, cuda_type, unit_stride_and_dilation, Config, Launch, Param, Variant, MAX_SHARED};
+use super::{
+    check_config, cuda_type, unit_stride_and_dilation, Config, Launch, Param, Variant, MAX_SHARED,
+};
 use crate::error::Result;
 use crate::spec::{ConvSpec, Layout};
 
@@ -27,11 +29,16 @@ impl Variant for SmemTile {
         }
         unit_stride_and_dilation(spec)?;
         if spec.taps() > 128 {
-            return Err(format!("{} taps do not fit the register budget (128)", spec.taps()));
+            return Err(format!(
+                "{} taps do not fit the register budget (128)",
+                spec.taps()
+            ));
         }
         let bytes = shared_bytes(spec, 8);
         if bytes > MAX_SHARED {
-            return Err(format!("the {bytes}-byte slice tile exceeds shared memory ({MAX_SHARED})"));
+            return Err(format!(
+                "the {bytes}-byte slice tile exceeds shared memory ({MAX_SHARED})"
+            ));
         }
         Ok(())
     }

@@ -1,43 +1,23 @@
-//! `streaming`: tensor-core blocks sliding along depth; each input slice is fetched once
-//! (16-byte cp.async, `stages` ahead) and each A fragment feeds all KD output depths
-//! through rotating accumulators (kernels/streaming.cu).
+//! `streaming`: tensor-core blocks sliding along output depth with a ring of KD + stages
+//! input slices fetched by 16-byte cp.async ahead of use (kernels/streaming.cu).
 
 use super::tensor_core::{row_stride, tensor_core_applies};
 use super::{check_config, cuda_type, Config, Launch, Param, Variant, MAX_SHARED};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::spec::ConvSpec;
 
 pub struct Streaming;
 
-/// Accumulator floats per thread we allow (TPW x KD x 4) before registers spill.
-const MAX_ACCUMULATORS: usize = 96;
-
-/// Tiles of 16x8 outputs per output depth, and the ring's row stride. Mirrors the
-/// kernel: input column 0 at tile column `pw` rounded up to 8, tiles shifted by that.
-fn geometry(spec: &ConvSpec) -> (usize, usize, usize) {
+/// The ring of KD + `stages` padded slices. Mirrors the kernel: input column 0 at tile
+/// column `pw` rounded up to 8, output tiles shifted left by that rounding.
+fn shared_bytes(spec: &ConvSpec, stages: usize) -> usize {
     let [_, oh, ow] = spec.output3();
-    let kh = spec.kernel3()[1];
+    let [kd, kh, _] = spec.kernel3();
     let pw = spec.pad_before3()[2];
     let shift = pw.div_ceil(8) * 8 - pw;
-    let (mt, nt) = (oh.div_ceil(16), (ow + shift).div_ceil(8));
-    (mt * nt, mt * 16 + kh - 1, row_stride(nt))
+    let hs = oh.div_ceil(16) * 16 + kh - 1;
+    (kd + stages) * hs * row_stride((ow + shift).div_ceil(8)) * 2
 }
-
-fn tiles_per_warp(spec: &ConvSpec, warps: usize) -> usize {
-    geometry(spec).0.div_ceil(warps)
-}
-
-fn accumulators(spec: &ConvSpec, warps: usize) -> usize {
-    tiles_per_warp(spec, warps) * spec.kernel3()[0] * 4
-}
-
-/// The ring of `stages + 1` padded slices.
-fn shared_bytes(spec: &ConvSpec, stages: usize) -> usize {
-    let (_, hs, ws) = geometry(spec);
-    (stages + 1) * hs * ws * 2
-}
-
-const WARPS: [i64; 3] = [4, 8, 16];
 
 impl Variant for Streaming {
     fn name(&self) -> &'static str {
@@ -48,18 +28,15 @@ impl Variant for Streaming {
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
         tensor_core_applies(spec)?;
-        if spec.input3()[2] % 8 != 0 {
-            return Err("needs an input width that is a multiple of 8 (16-byte async copies)".into());
+        if !spec.input3()[2].is_multiple_of(8) {
+            return Err(
+                "needs an input width that is a multiple of 8 (16-byte async copies)".into(),
+            );
         }
         let bytes = shared_bytes(spec, 1);
         if bytes > MAX_SHARED {
-            return Err(format!("the {bytes}-byte slice ring exceeds shared memory ({MAX_SHARED})"));
-        }
-        if accumulators(spec, 16) > MAX_ACCUMULATORS {
             return Err(format!(
-                "{} tiles per output depth need {} accumulators per thread even with 16 warps (at most {MAX_ACCUMULATORS})",
-                geometry(spec).0,
-                accumulators(spec, 16)
+                "the {bytes}-byte slice ring exceeds shared memory ({MAX_SHARED})"
             ));
         }
         Ok(())
@@ -68,7 +45,7 @@ impl Variant for Streaming {
         vec![
             Param {
                 name: "warps",
-                values: WARPS.to_vec(),
+                values: vec![4, 8],
             },
             // Output depths one block slides over.
             Param {
@@ -82,39 +59,24 @@ impl Variant for Streaming {
             },
         ]
     }
-    fn default_config(&self, spec: &ConvSpec) -> Config {
-        let warps = WARPS
-            .iter()
-            .copied()
-            .find(|&w| accumulators(spec, w as usize) <= 64)
-            .unwrap_or(16);
-        Config::new(self.name(), &[("warps", warps), ("dchunk", 8), ("stages", 1)])
+    fn default_config(&self, _spec: &ConvSpec) -> Config {
+        // Best of the hand sweep on the H100 (docs/perf.md) until the tuner exists.
+        Config::new(self.name(), &[("warps", 4), ("dchunk", 8), ("stages", 1)])
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         check_config(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
-        let warps = config.get("warps").unwrap_or(8) as usize;
-        if accumulators(spec, warps) > MAX_ACCUMULATORS {
-            return Err(Error::NotApplicable {
-                variant: config.to_string(),
-                spec: spec.to_string(),
-                reason: format!(
-                    "{} accumulators per thread would spill (at most {MAX_ACCUMULATORS}); use more warps",
-                    accumulators(spec, warps)
-                ),
-            });
-        }
         Ok(format!(
-            "streaming_dwconv<{}, {kd}, {kh}, {kw}, {warps}, {}, {}, {}>",
+            "streaming_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}>",
             cuda_type(spec.dtype()),
+            config.get("warps").unwrap_or(4),
             config.get("dchunk").unwrap_or(8),
-            config.get("stages").unwrap_or(1),
-            tiles_per_warp(spec, warps)
+            config.get("stages").unwrap_or(1)
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
         check_config(self, spec, config)?;
-        let warps = config.get("warps").unwrap_or(8) as u32;
+        let warps = config.get("warps").unwrap_or(4) as u32;
         let dchunk = config.get("dchunk").unwrap_or(8) as usize;
         let stages = config.get("stages").unwrap_or(1) as usize;
         let blocks = spec.n() * spec.c() * spec.output3()[0].div_ceil(dchunk);

@@ -1,7 +1,9 @@
 //! `tensor_core`: banded-Toeplitz `mma.sync.m16n8k16` with M = 16 output rows of one
 //! channel, N = 8 outputs along W, K = 16 inputs along W (kernels/tensor_core.cu).
 
-use super::{check_config, cuda_type, unit_stride_and_dilation, Config, Launch, Param, Variant, MAX_SHARED};
+use super::{
+    check_config, cuda_type, unit_stride_and_dilation, Config, Launch, Param, Variant, MAX_SHARED,
+};
 use crate::error::Result;
 use crate::spec::{ConvSpec, DType, Layout};
 
@@ -34,7 +36,9 @@ pub(super) fn tensor_core_applies(spec: &ConvSpec) -> std::result::Result<(), St
     unit_stride_and_dilation(spec)?;
     let kw = spec.kernel3()[2];
     if kw > 9 {
-        return Err(format!("kernel width {kw} exceeds the 16-wide window's 9 taps"));
+        return Err(format!(
+            "kernel width {kw} exceeds the 16-wide window's 9 taps"
+        ));
     }
     Ok(())
 }
@@ -50,7 +54,9 @@ impl Variant for TensorCore {
         tensor_core_applies(spec)?;
         let bytes = shared_bytes(spec);
         if bytes > MAX_SHARED {
-            return Err(format!("the {bytes}-byte slice tile exceeds shared memory ({MAX_SHARED})"));
+            return Err(format!(
+                "the {bytes}-byte slice tile exceeds shared memory ({MAX_SHARED})"
+            ));
         }
         Ok(())
     }
