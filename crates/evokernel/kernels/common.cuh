@@ -181,3 +181,30 @@ __device__ __forceinline__ void store_c_fragment(T* yout, const float* acc, int 
         }
     }
 }
+
+// The banded Toeplitz B fragments (m16n8k16, "col" layout) of ROWS kernel rows of width
+// KW: B[k][n] = w[k - n] for 0 <= k - n < KW, else 0. This lane holds n = lane/4 and
+// k = 2*(lane%4) + {0, 1} (+8), packed two per register.
+template <typename T, int ROWS, int KW>
+__device__ __forceinline__ void band_fragments(const T* __restrict__ wc, int lane, unsigned (*bf)[2]) {
+    const int n = lane >> 2, k0 = (lane & 3) * 2;
+    const T zero = from_f32<T>(0.f);
+#pragma unroll
+    for (int q = 0; q < ROWS; ++q) {
+        T e[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int tap = k0 + (j & 1) + (j >> 1) * 8 - n;
+            e[j] = (tap >= 0 && tap < KW) ? wc[q * KW + tap] : zero;
+        }
+        bf[q][0] = pack2(e[0], e[1]);
+        bf[q][1] = pack2(e[2], e[3]);
+    }
+}
+
+// Four 8x8 b16 matrices from shared memory: one 16x16 A fragment of m16n8k16.
+__device__ __forceinline__ void ldmatrix_x4(unsigned addr, unsigned* af) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(af[0]), "=r"(af[1]), "=r"(af[2]), "=r"(af[3])
+                 : "r"(addr));
+}

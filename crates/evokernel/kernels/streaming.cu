@@ -69,21 +69,7 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
     };
 
     unsigned bf[KD * KH][2];
-    {
-        const int n = lane >> 2, k0 = (lane & 3) * 2;
-        const T* wc = w + c * (KD * KH * KW);
-#pragma unroll
-        for (int q = 0; q < KD * KH; ++q) {
-            T e[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int tap = k0 + (j & 1) + (j >> 1) * 8 - n;
-                e[j] = (tap >= 0 && tap < KW) ? wc[q * KW + tap] : zero;
-            }
-            bf[q][0] = pack2(e[0], e[1]);
-            bf[q][1] = pack2(e[2], e[3]);
-        }
-    }
+    band_fragments<T, KD * KH, KW>(w + c * (KD * KH * KW), lane, bf);
 
     for (int k = 0; k < KD + STAGES - 1; ++k) fetch(d0 + k);
     const int mat = lane >> 3;
@@ -105,9 +91,7 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
                     const unsigned addr = ring_base +
                         (unsigned)((buf * slice + (h0 + arow + kh) * ws + tcol + acol) * (int)sizeof(T));
                     unsigned af[4];
-                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                                 : "=r"(af[0]), "=r"(af[1]), "=r"(af[2]), "=r"(af[3])
-                                 : "r"(addr));
+                    ldmatrix_x4(addr, af);
                     Mma<T>::run(acc, af, bf[kd * KH + kh]);
                 }
             }

@@ -20,28 +20,13 @@ __global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a) {
     const long long nc = b / a.od;
     const long long c = nc % a.c;
     const T* xin = x + nc * (long long)a.id * a.ih * a.iw;
-    const T zero = from_f32<T>(0.f);
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     fill_slices<T, T, KD>(xin, tile, od, hs, ws, a);
 
     // Band fragments: this lane holds B[k][n] for n = lane/4, k = 2*(lane%4) + {0,1} (+8).
     unsigned bf[KD * KH][2];
-    {
-        const int n = lane >> 2, k0 = (lane & 3) * 2;
-        const T* wc = w + c * (KD * KH * KW);
-#pragma unroll
-        for (int q = 0; q < KD * KH; ++q) {
-            T e[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int tap = k0 + (j & 1) + (j >> 1) * 8 - n;
-                e[j] = (tap >= 0 && tap < KW) ? wc[q * KW + tap] : zero;
-            }
-            bf[q][0] = pack2(e[0], e[1]);
-            bf[q][1] = pack2(e[2], e[3]);
-        }
-    }
+    band_fragments<T, KD * KH, KW>(w + c * (KD * KH * KW), lane, bf);
     __syncthreads();
 
     // ldmatrix.x4 row this lane addresses: matrices (rows 0-7|8-15) x (k 0-7|8-15).
@@ -60,9 +45,7 @@ __global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a) {
                 const unsigned addr = tile_base +
                     (unsigned)(((kd * hs + h0 + arow + kh) * ws + w0 + acol) * (int)sizeof(T));
                 unsigned af[4];
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                             : "=r"(af[0]), "=r"(af[1]), "=r"(af[2]), "=r"(af[3])
-                             : "r"(addr));
+                ldmatrix_x4(addr, af);
                 Mma<T>::run(acc, af, bf[kd * KH + kh]);
             }
         }
