@@ -33,6 +33,20 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       echo "sweep        done" >> "$out/summary.txt" ;;
     ncu)
       LIMIT=200 step ncu ncu --kernel-name regex:streaming --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats .gpu/evokernel bench --suite public --case seed-bf16 --only streaming --iters 1 ;;
+    tune)
+      # Evolutionary vs exhaustive on the streaming space, then a second process that
+      # must reuse the cache, then a run that must pick the tuned configs up.
+      export EVOKERNEL_CACHE_DIR=/tmp/evk-tune-cache
+      for c in ${TUNE_CASES:-seed-bf16 x3d-3x3x3 convnext-7x7 causal-conv1d}; do
+        LIMIT=200 step "tune-evo-$c" .gpu/evokernel tune --suite public --case "$c" --only streaming --search evolutionary --retune --json "$out/tune-evo-$c.json"
+        LIMIT=200 step "tune-exh-$c" .gpu/evokernel tune --suite public --case "$c" --only streaming --search exhaustive --retune --json "$out/tune-exh-$c.json"
+      done
+      LIMIT=200 step tune-all .gpu/evokernel tune --suite public --case seed-bf16
+      LIMIT=200 step tune-again .gpu/evokernel tune --suite public --case seed-bf16
+      LIMIT=200 step run-tuned .gpu/evokernel run
+      cat "$out"/tune-evo-*.log "$out"/tune-exh-*.log | grep -E "streaming" > "$out/tune-summary.log"
+      tail -12 "$out/tune-again.log" >> "$out/tune-summary.log"; tail -14 "$out/run-tuned.log" >> "$out/tune-summary.log"
+      export EVOKERNEL_CACHE_DIR=/tmp/evk-cache ;;
     racecheck) LIMIT=400 step racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 4 --kernel 3x5x5 --padding 0,2,2 --only smem_tile --only tensor_core --only streaming
       LIMIT=200 step racecheck_cl compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 128 --kernel 3x5x5 --padding 0,2,2 --layout channels-last --only channels_last ;;
   esac
@@ -42,5 +56,6 @@ grep -E "test result|FAILED|panicked|^== " "$out/tests.log" 2>/dev/null | head -
 for f in memcheck racecheck racecheck_cl; do [ -f "$out/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$out/$f.log" | head -5; done
 for f in devices torch run cudnn919; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
 [ -f "$out/sweep.log" ] && cut -c1-200 "$out/sweep.log"
+[ -f "$out/tune-summary.log" ] && cut -c1-230 "$out/tune-summary.log"
 [ -f "$out/ncu.log" ] && grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Stall|L2 Hit|Block Limit" "$out/ncu.log" | head -30
 cat "$out/summary.txt"

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use evokernel::backend::BackendChoice;
 use evokernel::bench::Protocol;
-use evokernel::session::{CaseReport, Options, Session};
+use evokernel::session::{CaseReport, Options, Session, TuneEvent, TunePlan};
 use evokernel::spec::{parse_dims, parse_padding};
 use evokernel::suite::load_suite;
 use evokernel::variants::{check_only, forced_configs};
@@ -51,6 +51,33 @@ enum Command {
         common: Common,
         #[command(flatten)]
         problem: ProblemArgs,
+    },
+    /// Search kernel configs on the GPU and remember the best per device and spec (tune.json)
+    #[command(after_help = "Examples:\n  \
+        evokernel tune --suite public --case seed-bf16\n  \
+        evokernel tune --suite public --case seed-bf16 --only streaming --search exhaustive --retune\n  \
+        evokernel tune --input 56x56 -c 384 -n 16 --kernel 7 --padding 3 --search evolutionary --budget 12\n\n\
+        Later runs of run/bench/verify use the tuned configs (their note says \"tuned\").")]
+    Tune {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        problem: ProblemArgs,
+        /// Search: auto (exhaustive up to 16 configs, else evolutionary), exhaustive or evolutionary
+        #[arg(long, default_value = "auto")]
+        search: String,
+        /// Evolutionary search: candidates to time at most (default: a quarter of the space)
+        #[arg(long, value_name = "N")]
+        budget: Option<usize>,
+        /// Evolutionary search: seconds at most per variant
+        #[arg(long, default_value_t = 60.0)]
+        seconds: f64,
+        /// Tune again even where the cache has a result for this device and spec
+        #[arg(long)]
+        retune: bool,
+        /// Timed launches per candidate (at least; also at least 200 ms)
+        #[arg(long, default_value_t = 50, value_name = "N")]
+        iters: usize,
     },
     /// List the CUDA devices and what evokernel found of the driver, NVRTC and cuDNN
     #[command(after_help = "Example:\n  evokernel devices --json devices.json")]
@@ -228,6 +255,24 @@ fn execute(cli: Cli) -> Result<bool, Error> {
             }
             return Ok(true);
         }
+        Command::Tune {
+            common,
+            problem,
+            search,
+            budget,
+            seconds,
+            retune,
+            iters,
+        } => {
+            let opts = options(&common, true, iters)?;
+            let plan = TunePlan {
+                search: search.parse()?,
+                max_candidates: budget,
+                max_seconds: seconds,
+                retune,
+            };
+            return tune(&common, problem.cases()?, &opts, &plan);
+        }
         Command::Run { common, iters } => {
             let opts = options(&common, true, iters)?;
             (common, Vec::new(), opts, "seed problem")
@@ -290,6 +335,68 @@ fn execute(cli: Cli) -> Result<bool, Error> {
         eprintln!("error: some implementations failed verification (see the table)");
     }
     Ok(all_passed)
+}
+
+/// `evokernel tune`: a progress bar per variant, then a table of default vs tuned.
+fn tune(
+    common: &Common,
+    cases: Vec<(String, ConvSpec)>,
+    opts: &Options,
+    plan: &TunePlan,
+) -> Result<bool, Error> {
+    let backend: BackendChoice = common.backend.parse()?;
+    let mut session = Session::open(backend)?;
+    let dev = session.device().clone();
+    println!(
+        "evokernel tune: {} ({}; {}), seed {}",
+        dev.name, dev.backend, dev.detail, opts.seed
+    );
+    let mut reports = Vec::new();
+    for (name, spec) in &cases {
+        let bar = ProgressBar::new(1);
+        bar.set_style(
+            ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} eta {eta}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        let mut current = String::new();
+        let mut on_event = |e: TuneEvent| match e {
+            TuneEvent::Stage(s) => bar.set_message(format!("{name}: {s}")),
+            TuneEvent::Start { variant, space } => {
+                current = variant.to_string();
+                bar.reset();
+                bar.set_length(space as u64);
+                bar.set_message(format!("{name}: {variant}"));
+            }
+            TuneEvent::Trial {
+                done,
+                planned,
+                best_ms,
+                ..
+            } => {
+                bar.set_length(planned as u64);
+                bar.set_position(done as u64);
+                bar.set_message(format!(
+                    "{name}: {current} best {}",
+                    best_ms
+                        .map(|m| format!("{m:.3} ms"))
+                        .unwrap_or_else(|| "-".into())
+                ));
+            }
+        };
+        let report = session.tune(name, spec, opts, plan, &mut on_event);
+        bar.finish_and_clear();
+        let report = report?;
+        if let Some(w) = &report.cache_warning {
+            eprintln!("warning: {w}");
+        }
+        reports.push(report);
+    }
+    println!("{}", table::tuning(&reports));
+    if let Some(path) = &common.json {
+        write_json(path, &reports)?;
+        println!("report written to {}", path.display());
+    }
+    Ok(true)
 }
 
 fn options(common: &Common, time: bool, iters: usize) -> Result<Options, Error> {

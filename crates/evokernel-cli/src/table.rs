@@ -2,7 +2,7 @@
 
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
 use evokernel::cuda::GpuInfo;
-use evokernel::session::RunReport;
+use evokernel::session::{RunReport, TuneReport};
 
 fn num(x: Option<f64>, digits: usize) -> String {
     x.map(|v| format!("{v:.digits$}"))
@@ -153,4 +153,61 @@ pub fn devices(list: &[GpuInfo]) -> String {
         ]);
     }
     t.to_string()
+}
+
+/// Default vs tuned config per (case, variant).
+pub fn tuning(reports: &[TuneReport]) -> String {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(vec![
+        "case",
+        "variant",
+        "search",
+        "timed / space",
+        "default ms",
+        "tuned config",
+        "tuned ms",
+        "gain",
+        "seconds",
+    ]);
+    for r in reports {
+        for (i, row) in r.rows.iter().enumerate() {
+            let label = if i == 0 {
+                format!("{}\n{}", r.name, r.spec)
+            } else {
+                String::new()
+            };
+            let gain = match (row.default_ms, row.best_ms) {
+                (Some(d), Some(b)) => format!("{:.2}x", d / b),
+                _ => "-".into(),
+            };
+            let timed = if row.from_cache {
+                "0 (cache)".to_string()
+            } else if row.failed > 0 {
+                format!("{} / {} ({} failed)", row.timed, row.space_size, row.failed)
+            } else {
+                format!("{} / {}", row.timed, row.space_size)
+            };
+            t.add_row(vec![
+                Cell::new(label),
+                Cell::new(&row.variant),
+                Cell::new(&row.strategy),
+                right(timed),
+                right(num(row.default_ms, 3)),
+                Cell::new(
+                    row.best_config
+                        .clone()
+                        .unwrap_or_else(|| "none passed".into()),
+                ),
+                right(num(row.best_ms, 3)),
+                right(gain),
+                right(format!("{:.1}", row.seconds)),
+            ]);
+        }
+    }
+    let mut out = t.to_string();
+    if let Some(r) = reports.first() {
+        out.push_str(&format!("\ncache: {}", r.cache));
+    }
+    out
 }

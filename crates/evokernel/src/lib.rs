@@ -14,6 +14,7 @@ pub mod session;
 pub mod spec;
 pub mod suite;
 pub mod tensor;
+pub mod tune;
 pub mod variants;
 pub mod verify;
 

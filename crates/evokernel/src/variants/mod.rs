@@ -189,7 +189,7 @@ pub(crate) fn channels_last(spec: &ConvSpec) -> bool {
 }
 
 /// Checks a config names exactly the variant's parameters with allowed values.
-pub(crate) fn check_config(v: &dyn Variant, spec: &ConvSpec, config: &Config) -> Result<()> {
+pub fn check_config(v: &dyn Variant, spec: &ConvSpec, config: &Config) -> Result<()> {
     let space = v.space(spec);
     let err = |msg: String| Error::parse("config", &config.to_string(), msg);
     if config.variant != v.name() {

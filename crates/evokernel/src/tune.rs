@@ -1,0 +1,620 @@
+//! The autotuner: search over a variant's config space (exhaustive or evolutionary) and
+//! the persisted cache of the best config per device, driver, spec key and variant.
+//! It knows nothing of how a kernel works: candidates are measured by a cost function
+//! that returns a time, or `None` for a candidate that was wrong or failed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::cache::{cache_dir, write_atomic};
+use crate::error::{Error, Result};
+use crate::tensor::SplitMix64;
+use crate::variants::{Config, Param};
+
+/// Every config of a space (the cartesian product of its parameters' values).
+pub fn enumerate(variant: &str, space: &[Param]) -> Vec<Config> {
+    let mut out = vec![BTreeMap::new()];
+    for p in space {
+        out = out
+            .into_iter()
+            .flat_map(|m| {
+                p.values.iter().map(move |&v| {
+                    let mut m = m.clone();
+                    m.insert(p.name.to_string(), v);
+                    m
+                })
+            })
+            .collect();
+    }
+    out.into_iter()
+        .map(|values| Config {
+            variant: variant.to_string(),
+            values,
+        })
+        .collect()
+}
+
+/// How to search a space.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub enum Strategy {
+    /// Every config.
+    Exhaustive,
+    /// A population evolved by tournament selection, uniform crossover, one-step
+    /// mutation and elitism, within a budget of timed candidates and seconds.
+    Evolutionary {
+        population: usize,
+        max_candidates: usize,
+        max_seconds: f64,
+        seed: u64,
+    },
+}
+
+impl Strategy {
+    /// Short description for tables.
+    pub fn label(&self) -> String {
+        match self {
+            Strategy::Exhaustive => "exhaustive".into(),
+            Strategy::Evolutionary {
+                population,
+                max_candidates,
+                ..
+            } => format!("evolutionary (pop {population}, <= {max_candidates})"),
+        }
+    }
+}
+
+/// One measured candidate.
+#[derive(Clone, Debug, Serialize)]
+pub struct Trial {
+    pub config: String,
+    /// Median ms, or None when the candidate failed verification or did not run.
+    pub ms: Option<f64>,
+    pub error: Option<String>,
+}
+
+/// The outcome of a search.
+#[derive(Clone, Debug, Serialize)]
+pub struct SearchResult {
+    pub best: Option<(Config, f64)>,
+    pub trials: Vec<Trial>,
+    pub space_size: usize,
+    pub seconds: f64,
+}
+
+/// Progress of a search, for a progress bar.
+pub struct SearchProgress<'a> {
+    pub done: usize,
+    pub planned: usize,
+    pub best_ms: Option<f64>,
+    pub last: &'a Trial,
+}
+
+/// Runs `strategy` over `space`. `cost` measures a candidate: `Ok(Some(ms))`, or
+/// `Ok(None)` with the reason recorded as an error (wrong result, launch failure);
+/// `prepare` is told the next candidates ahead of time (to compile them while the
+/// current one is timed). No config is measured twice.
+pub fn search(
+    variant: &str,
+    space: &[Param],
+    strategy: Strategy,
+    mut prepare: impl FnMut(&[Config]),
+    mut cost: impl FnMut(&Config) -> std::result::Result<f64, String>,
+    mut progress: impl FnMut(SearchProgress),
+) -> SearchResult {
+    let all = enumerate(variant, space);
+    let start = Instant::now();
+    let mut seen: HashMap<Config, Option<f64>> = HashMap::new();
+    let mut trials: Vec<Trial> = Vec::new();
+    let mut best: Option<(Config, f64)> = None;
+    let mut measure = |c: &Config, planned: usize, seen: &mut HashMap<Config, Option<f64>>| {
+        let (ms, error) = match cost(c) {
+            Ok(ms) if ms.is_finite() && ms > 0.0 => (Some(ms), None),
+            Ok(ms) => (None, Some(format!("non-positive time {ms}"))),
+            Err(e) => (None, Some(e)),
+        };
+        seen.insert(c.clone(), ms);
+        if let Some(ms) = ms {
+            if best.as_ref().is_none_or(|(_, b)| ms < *b) {
+                best = Some((c.clone(), ms));
+            }
+        }
+        trials.push(Trial {
+            config: c.to_string(),
+            ms,
+            error,
+        });
+        progress(SearchProgress {
+            done: trials.len(),
+            planned,
+            best_ms: best.as_ref().map(|b| b.1),
+            last: trials.last().expect("just pushed"),
+        });
+    };
+    match strategy {
+        Strategy::Exhaustive => {
+            prepare(&all);
+            for c in &all {
+                measure(c, all.len(), &mut seen);
+            }
+        }
+        Strategy::Evolutionary {
+            population,
+            max_candidates,
+            max_seconds,
+            seed,
+        } => {
+            let mut rng = SplitMix64::new(seed);
+            let budget = max_candidates.min(all.len()).max(1);
+            let deadline = Duration::from_secs_f64(max_seconds.max(0.0));
+            let out_of_budget = |seen: &HashMap<Config, Option<f64>>| {
+                seen.len() >= budget || start.elapsed() > deadline
+            };
+            // Initial population: distinct random configs.
+            let mut order: Vec<usize> = (0..all.len()).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+            }
+            let first: Vec<Config> = order
+                .iter()
+                .take(population.max(2).min(budget))
+                .map(|&i| all[i].clone())
+                .collect();
+            prepare(&first);
+            for c in &first {
+                if out_of_budget(&seen) {
+                    break;
+                }
+                measure(c, budget, &mut seen);
+            }
+            let mut stale = 0;
+            while !out_of_budget(&seen) && stale < 50 {
+                // Ranked survivors: the best `population` measured configs (elitism).
+                let mut ranked: Vec<(&Config, f64)> =
+                    seen.iter().filter_map(|(c, m)| m.map(|m| (c, m))).collect();
+                ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
+                ranked.truncate(population.max(2));
+                let mut children = Vec::new();
+                for _ in 0..population.max(2) * 4 {
+                    if children.len() >= population.max(2) {
+                        break;
+                    }
+                    let child = if ranked.len() >= 2 {
+                        let a = tournament(&ranked, &mut rng);
+                        let b = tournament(&ranked, &mut rng);
+                        mutate(&crossover(a, b, &mut rng), space, &mut rng)
+                    } else {
+                        all[(rng.next_u64() % all.len() as u64) as usize].clone()
+                    };
+                    if !seen.contains_key(&child) && !children.contains(&child) {
+                        children.push(child);
+                    }
+                }
+                if children.is_empty() {
+                    // The neighbourhood is exhausted: take an unseen config at random.
+                    stale += 1;
+                    if let Some(c) = all.iter().find(|c| !seen.contains_key(*c)) {
+                        children.push(c.clone());
+                    } else {
+                        break;
+                    }
+                }
+                prepare(&children);
+                for c in &children {
+                    if out_of_budget(&seen) {
+                        break;
+                    }
+                    measure(c, budget, &mut seen);
+                }
+            }
+        }
+    }
+    SearchResult {
+        best,
+        trials,
+        space_size: all.len(),
+        seconds: start.elapsed().as_secs_f64(),
+    }
+}
+
+fn tournament<'a>(ranked: &[(&'a Config, f64)], rng: &mut SplitMix64) -> &'a Config {
+    let i = (rng.next_u64() % ranked.len() as u64) as usize;
+    let j = (rng.next_u64() % ranked.len() as u64) as usize;
+    if ranked[i].1 <= ranked[j].1 {
+        ranked[i].0
+    } else {
+        ranked[j].0
+    }
+}
+
+fn crossover(a: &Config, b: &Config, rng: &mut SplitMix64) -> Config {
+    let mut c = a.clone();
+    for (k, v) in c.values.iter_mut() {
+        if rng.next_u64() & 1 == 1 {
+            if let Some(bv) = b.values.get(k) {
+                *v = *bv;
+            }
+        }
+    }
+    c
+}
+
+/// Moves one parameter to a neighbouring value (or a random one, sometimes).
+fn mutate(c: &Config, space: &[Param], rng: &mut SplitMix64) -> Config {
+    let mut c = c.clone();
+    if space.is_empty() {
+        return c;
+    }
+    let p = &space[(rng.next_u64() % space.len() as u64) as usize];
+    if let Some(v) = c.values.get_mut(p.name) {
+        let i = p.values.iter().position(|x| x == v).unwrap_or(0);
+        let j = match rng.next_u64() % 4 {
+            0 => (rng.next_u64() % p.values.len() as u64) as usize,
+            1 | 2 => (i + 1).min(p.values.len() - 1),
+            _ => i.saturating_sub(1),
+        };
+        *v = p.values[j];
+    }
+    c
+}
+
+// ---------------------------------------------------------------------------------------
+// The persisted cache.
+
+const FORMAT: u32 = 1;
+
+/// One remembered best config.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CacheEntry {
+    pub device: String,
+    pub driver: String,
+    /// `ConvSpec::key()`, which includes the dtype and layout.
+    pub spec_key: String,
+    pub variant: String,
+    pub config: String,
+    pub ms: f64,
+    pub date_utc: String,
+}
+
+impl CacheEntry {
+    fn slot(&self) -> (&str, &str, &str, &str) {
+        (&self.device, &self.driver, &self.spec_key, &self.variant)
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct CacheFile {
+    format: u32,
+    entries: Vec<CacheEntry>,
+}
+
+/// `tune.json`: best config per (device, driver, spec key, variant).
+#[derive(Debug)]
+pub struct TuneCache {
+    path: PathBuf,
+    entries: Vec<CacheEntry>,
+    /// What was wrong with the file when it was read, if anything (it is then rebuilt).
+    pub warning: Option<String>,
+}
+
+fn read_entries(path: &Path) -> (Vec<CacheEntry>, Option<String>) {
+    match std::fs::read_to_string(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Vec::new(), None),
+        Err(e) => (
+            Vec::new(),
+            Some(format!(
+                "cannot read {}: {e}; starting empty",
+                path.display()
+            )),
+        ),
+        Ok(text) => match serde_json::from_str::<CacheFile>(&text) {
+            Ok(f) if f.format == FORMAT => (f.entries, None),
+            Ok(f) => (
+                Vec::new(),
+                Some(format!(
+                    "{} has format {} (this evokernel writes {FORMAT}); it will be rebuilt",
+                    path.display(),
+                    f.format
+                )),
+            ),
+            Err(e) => (
+                Vec::new(),
+                Some(format!(
+                    "{} is corrupt ({e}); it will be rebuilt",
+                    path.display()
+                )),
+            ),
+        },
+    }
+}
+
+/// An exclusive lock file beside the cache, so concurrent tuners merge instead of
+/// overwriting each other. A lock older than 30 s is taken as abandoned.
+struct LockFile(PathBuf);
+
+impl LockFile {
+    fn acquire(path: &Path) -> Result<Self> {
+        let lock = path.with_extension("json.lock");
+        if let Some(dir) = lock.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+                action: "cannot create cache folder",
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        }
+        let start = Instant::now();
+        loop {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&lock)
+            {
+                Ok(_) => return Ok(LockFile(lock)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let stale = std::fs::metadata(&lock)
+                        .and_then(|m| m.modified())
+                        .map(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(30))
+                        .unwrap_or(false);
+                    if stale || start.elapsed() > Duration::from_secs(60) {
+                        let _ = std::fs::remove_file(&lock);
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(source) => {
+                    return Err(Error::Io {
+                        action: "cannot create lock file",
+                        path: lock,
+                        source,
+                    })
+                }
+            }
+        }
+    }
+}
+
+impl Drop for LockFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+impl TuneCache {
+    /// The cache in evokernel's cache folder.
+    pub fn open_default() -> Self {
+        Self::open(&cache_dir().join("tune.json"))
+    }
+
+    /// Reads the cache; a missing, corrupt or foreign-format file gives an empty cache
+    /// and a warning, never an error.
+    pub fn open(path: &Path) -> Self {
+        let (entries, warning) = read_entries(path);
+        TuneCache {
+            path: path.to_path_buf(),
+            entries,
+            warning,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn entries(&self) -> &[CacheEntry] {
+        &self.entries
+    }
+
+    pub fn get(
+        &self,
+        device: &str,
+        driver: &str,
+        spec_key: &str,
+        variant: &str,
+    ) -> Option<&CacheEntry> {
+        self.entries
+            .iter()
+            .find(|e| e.slot() == (device, driver, spec_key, variant))
+    }
+
+    /// Records an entry and writes the file: under the lock, re-reads what others wrote
+    /// since, merges (the new entry replaces its slot), and replaces the file atomically.
+    pub fn record(&mut self, entry: CacheEntry) -> Result<()> {
+        let _lock = LockFile::acquire(&self.path)?;
+        let (mut merged, _) = read_entries(&self.path);
+        merged.retain(|e| e.slot() != entry.slot());
+        merged.push(entry);
+        let text = serde_json::to_string_pretty(&CacheFile {
+            format: FORMAT,
+            entries: merged.clone(),
+        })
+        .map_err(|e| Error::Io {
+            action: "cannot serialize tune cache",
+            path: self.path.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        write_atomic(&self.path, text.as_bytes())?;
+        self.entries = merged;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn space() -> Vec<Param> {
+        vec![
+            Param {
+                name: "a",
+                values: (1..=8).collect(),
+            },
+            Param {
+                name: "b",
+                values: (1..=6).collect(),
+            },
+            Param {
+                name: "c",
+                values: vec![1, 2, 3, 4],
+            },
+        ]
+    }
+
+    /// A smooth bowl with its minimum at a=6, b=2, c=3, plus a ridge of failures.
+    fn synthetic(c: &Config) -> std::result::Result<f64, String> {
+        let (a, b, cc) = (
+            c.get("a").unwrap(),
+            c.get("b").unwrap(),
+            c.get("c").unwrap(),
+        );
+        if a == 1 && b == 1 {
+            return Err("wrong result".into());
+        }
+        let d = ((a - 6).pow(2) + (b - 2).pow(2) + (cc - 3).pow(2)) as f64;
+        Ok(1.0 + 0.05 * d)
+    }
+
+    #[test]
+    fn enumerate_is_the_cartesian_product() {
+        let all = enumerate("v", &space());
+        assert_eq!(all.len(), 8 * 6 * 4);
+        let unique: std::collections::HashSet<_> = all.iter().collect();
+        assert_eq!(unique.len(), all.len());
+    }
+
+    #[test]
+    fn exhaustive_finds_the_minimum_and_records_failures() {
+        let r = search(
+            "v",
+            &space(),
+            Strategy::Exhaustive,
+            |_| {},
+            synthetic,
+            |_| {},
+        );
+        let (best, ms) = r.best.unwrap();
+        assert_eq!(best.to_string(), "v:a=6,b=2,c=3");
+        assert_eq!(ms, 1.0);
+        assert_eq!(r.trials.len(), 192);
+        assert_eq!(r.trials.iter().filter(|t| t.error.is_some()).count(), 4);
+    }
+
+    #[test]
+    fn evolutionary_gets_within_3_percent_on_a_quarter_of_the_space() {
+        let mut hits = 0;
+        for seed in 0..20 {
+            let strategy = Strategy::Evolutionary {
+                population: 6,
+                max_candidates: 48,
+                max_seconds: 60.0,
+                seed,
+            };
+            let mut timed = 0;
+            let r = search(
+                "v",
+                &space(),
+                strategy,
+                |_| {},
+                |c| {
+                    timed += 1;
+                    synthetic(c)
+                },
+                |_| {},
+            );
+            assert!(timed <= 48, "timed {timed}");
+            assert_eq!(timed, r.trials.len());
+            let distinct: std::collections::HashSet<_> =
+                r.trials.iter().map(|t| &t.config).collect();
+            assert_eq!(distinct.len(), r.trials.len(), "a config was timed twice");
+            if r.best.unwrap().1 <= 1.03 {
+                hits += 1;
+            }
+        }
+        assert!(hits >= 18, "only {hits}/20 seeds got within 3%");
+    }
+
+    #[test]
+    fn cache_round_trips_and_replaces_its_slot() {
+        let dir = std::env::temp_dir().join(format!("evk-tune-{}", std::process::id()));
+        let path = dir.join("tune.json");
+        let entry = |cfg: &str, ms| CacheEntry {
+            device: "H100".into(),
+            driver: "13.0".into(),
+            spec_key: "k".into(),
+            variant: "streaming".into(),
+            config: cfg.into(),
+            ms,
+            date_utc: "2026-11-22".into(),
+        };
+        let mut c = TuneCache::open(&path);
+        assert!(c.warning.is_none() && c.entries().is_empty());
+        c.record(entry("streaming:warps=4", 0.5)).unwrap();
+        c.record(entry("streaming:warps=8", 0.4)).unwrap();
+        let again = TuneCache::open(&path);
+        assert_eq!(again.entries().len(), 1);
+        assert_eq!(
+            again.get("H100", "13.0", "k", "streaming").unwrap().config,
+            "streaming:warps=8"
+        );
+        assert!(again.get("H200", "13.0", "k", "streaming").is_none());
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn corrupt_or_foreign_files_are_reported_and_rebuilt() {
+        let dir = std::env::temp_dir().join(format!("evk-tune-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tune.json");
+        std::fs::write(&path, "{ not json").unwrap();
+        let mut c = TuneCache::open(&path);
+        assert!(c.warning.as_deref().unwrap().contains("corrupt"));
+        c.record(CacheEntry {
+            device: "d".into(),
+            driver: "1".into(),
+            spec_key: "k".into(),
+            variant: "v".into(),
+            config: "v:".into(),
+            ms: 1.0,
+            date_utc: "x".into(),
+        })
+        .unwrap();
+        assert!(TuneCache::open(&path).warning.is_none());
+        std::fs::write(&path, r#"{"format": 99, "entries": []}"#).unwrap();
+        assert!(TuneCache::open(&path)
+            .warning
+            .as_deref()
+            .unwrap()
+            .contains("format 99"));
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn concurrent_writers_leave_a_valid_file_with_every_entry() {
+        let dir = std::env::temp_dir().join(format!("evk-tune-par-{}", std::process::id()));
+        let path = dir.join("tune.json");
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let path = path.clone();
+                s.spawn(move || {
+                    for i in 0..10 {
+                        let mut c = TuneCache::open(&path);
+                        c.record(CacheEntry {
+                            device: "d".into(),
+                            driver: "1".into(),
+                            spec_key: format!("k{t}-{i}"),
+                            variant: "v".into(),
+                            config: "v:".into(),
+                            ms: 1.0,
+                            date_utc: "x".into(),
+                        })
+                        .unwrap();
+                    }
+                });
+            }
+        });
+        let c = TuneCache::open(&path);
+        assert!(c.warning.is_none());
+        assert_eq!(c.entries().len(), 40);
+        std::fs::remove_dir_all(dir).ok();
+    }
+}
