@@ -527,6 +527,7 @@ impl Session {
                     v.name(),
                     &space,
                     strategy,
+                    std::slice::from_ref(&default),
                     prepare,
                     cost,
                     |p: SearchProgress| {

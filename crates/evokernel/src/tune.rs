@@ -92,14 +92,16 @@ pub struct SearchProgress<'a> {
     pub last: &'a Trial,
 }
 
-/// Runs `strategy` over `space`. `cost` measures a candidate: `Ok(Some(ms))`, or
-/// `Ok(None)` with the reason recorded as an error (wrong result, launch failure);
-/// `prepare` is told the next candidates ahead of time (to compile them while the
-/// current one is timed). No config is measured twice.
+/// Runs `strategy` over `space`. `cost` measures a candidate: `Ok(ms)`, or `Err` with
+/// the reason (wrong result, launch failure), which is recorded and the candidate
+/// discarded; `prepare` is told the next candidates ahead of time (to compile them while
+/// the current one is timed). `initial` configs (e.g. the variant's default) open the
+/// evolutionary population. No config is measured twice.
 pub fn search(
     variant: &str,
     space: &[Param],
     strategy: Strategy,
+    initial: &[Config],
     mut prepare: impl FnMut(&[Config]),
     mut cost: impl FnMut(&Config) -> std::result::Result<f64, String>,
     mut progress: impl FnMut(SearchProgress),
@@ -152,16 +154,27 @@ pub fn search(
             let out_of_budget = |seen: &HashMap<Config, Option<f64>>| {
                 seen.len() >= budget || start.elapsed() > deadline
             };
-            // Initial population: distinct random configs.
+            // Small budgets get a small population, so that several generations of
+            // children (the part that exploits what was learned) fit in.
+            let population = population.min((budget / 3).max(2));
+            // Initial population: the `initial` configs, then distinct random ones.
             let mut order: Vec<usize> = (0..all.len()).collect();
             for i in (1..order.len()).rev() {
                 order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
             }
-            let first: Vec<Config> = order
+            let mut first: Vec<Config> = initial
                 .iter()
-                .take(population.max(2).min(budget))
-                .map(|&i| all[i].clone())
+                .filter(|c| all.contains(c))
+                .cloned()
                 .collect();
+            for &i in &order {
+                if first.len() >= population.min(budget) {
+                    break;
+                }
+                if !first.contains(&all[i]) {
+                    first.push(all[i].clone());
+                }
+            }
             prepare(&first);
             for c in &first {
                 if out_of_budget(&seen) {
@@ -177,6 +190,22 @@ pub fn search(
                 ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
                 ranked.truncate(population.max(2));
                 let mut children = Vec::new();
+                // Exploit: half the children are unseen one-step neighbours of the best.
+                if let Some((best_cfg, _)) = ranked.first() {
+                    let mut near = neighbours(best_cfg, space);
+                    for i in (1..near.len()).rev() {
+                        near.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+                    }
+                    for n in near {
+                        if children.len() >= population.max(2).div_ceil(2) {
+                            break;
+                        }
+                        if !seen.contains_key(&n) && !children.contains(&n) {
+                            children.push(n);
+                        }
+                    }
+                }
+                // Explore: the rest by tournament, crossover and mutation.
                 for _ in 0..population.max(2) * 4 {
                     if children.len() >= population.max(2) {
                         break;
@@ -217,6 +246,27 @@ pub fn search(
         space_size: all.len(),
         seconds: start.elapsed().as_secs_f64(),
     }
+}
+
+/// Every config one step away from `c` in one parameter.
+fn neighbours(c: &Config, space: &[Param]) -> Vec<Config> {
+    let mut out = Vec::new();
+    for p in space {
+        if let Some(i) = c
+            .values
+            .get(p.name)
+            .and_then(|v| p.values.iter().position(|x| x == v))
+        {
+            for j in [i.wrapping_sub(1), i + 1] {
+                if let Some(&v) = p.values.get(j) {
+                    let mut n = c.clone();
+                    n.values.insert(p.name.to_string(), v);
+                    out.push(n);
+                }
+            }
+        }
+    }
+    out
 }
 
 fn tournament<'a>(ranked: &[(&'a Config, f64)], rng: &mut SplitMix64) -> &'a Config {
@@ -488,6 +538,7 @@ mod tests {
             "v",
             &space(),
             Strategy::Exhaustive,
+            &[],
             |_| {},
             synthetic,
             |_| {},
@@ -514,6 +565,7 @@ mod tests {
                 "v",
                 &space(),
                 strategy,
+                &[],
                 |_| {},
                 |c| {
                     timed += 1;
@@ -531,6 +583,62 @@ mod tests {
             }
         }
         assert!(hits >= 18, "only {hits}/20 seeds got within 3%");
+    }
+
+    /// A space like streaming's on a 2-D problem: one parameter changes nothing.
+    #[test]
+    fn evolutionary_with_a_small_budget_and_a_flat_parameter() {
+        let space = vec![
+            Param {
+                name: "warps",
+                values: vec![4, 8],
+            },
+            Param {
+                name: "dchunk",
+                values: vec![4, 8, 16, 32, 64],
+            },
+            Param {
+                name: "stages",
+                values: vec![1, 2, 3],
+            },
+        ];
+        let cost = |c: &Config| -> std::result::Result<f64, String> {
+            let (w, s) = (c.get("warps").unwrap(), c.get("stages").unwrap());
+            if s == 3 && w == 8 {
+                return Err("too much shared memory".into());
+            }
+            Ok(match (w, s) {
+                (8, 1) => 0.086,
+                (8, 2) => 0.092,
+                (4, 1) => 0.107,
+                _ => 0.110,
+            })
+        };
+        let default = Config::new("v", &[("warps", 4), ("dchunk", 8), ("stages", 1)]);
+        let mut hits = 0;
+        for seed in 0..20 {
+            let strategy = Strategy::Evolutionary {
+                population: 6,
+                max_candidates: 7,
+                max_seconds: 60.0,
+                seed,
+            };
+            let r = search(
+                "v",
+                &space,
+                strategy,
+                std::slice::from_ref(&default),
+                |_| {},
+                cost,
+                |_| {},
+            );
+            assert!(r.trials.len() <= 7);
+            assert_eq!(r.trials[0].config, default.to_string());
+            if r.best.unwrap().1 <= 0.086 * 1.03 {
+                hits += 1;
+            }
+        }
+        assert!(hits >= 16, "only {hits}/20 seeds found the best");
     }
 
     #[test]
