@@ -1,6 +1,7 @@
 //! `evokernel`: the command line. Parses flags, calls the library, prints tables and
 //! JSON; it holds no logic of its own.
 
+mod plot;
 mod table;
 
 use std::path::PathBuf;
@@ -9,7 +10,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use evokernel::backend::BackendChoice;
 use evokernel::bench::Protocol;
-use evokernel::session::{CaseReport, Options, Session, TuneEvent, TunePlan};
+use evokernel::session::{CaseReport, Options, RunReport, Session, TuneEvent, TunePlan};
 use evokernel::spec::{parse_dims, parse_padding};
 use evokernel::suite::load_suite;
 use evokernel::variants::{check_only, forced_configs};
@@ -79,6 +80,18 @@ enum Command {
         #[arg(long, default_value_t = 50, value_name = "N")]
         iters: usize,
     },
+    /// Draw the ladder and roofline plots (PNG and SVG) of a saved run report
+    #[command(
+        after_help = "Example:\n  evokernel run --json run.json && evokernel plot --from run.json --out plots/"
+    )]
+    Plot {
+        /// A report written by run or bench with --json
+        #[arg(long, value_name = "FILE")]
+        from: PathBuf,
+        /// Folder for the plots
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
     /// List the CUDA devices and what evokernel found of the driver, NVRTC and cuDNN
     #[command(after_help = "Example:\n  evokernel devices --json devices.json")]
     Devices {
@@ -115,7 +128,10 @@ struct Common {
     /// Force a kernel config, e.g. naive:block=128,waves=8 (repeatable; also EVOKERNEL_CONFIG)
     #[arg(long, value_name = "VARIANT:K=V,..")]
     config: Vec<String>,
-    /// Run only these implementations (repeatable): naive, channels_last, smem_tile, tensor_core, cudnn
+    /// Also draw the ladder and roofline plots (PNG and SVG) into DIR
+    #[arg(long, value_name = "DIR")]
+    plot: Option<PathBuf>,
+    /// Run only these implementations (repeatable): naive, channels_last, smem_tile, tensor_core, streaming, cudnn
     #[arg(long = "only", value_name = "NAME")]
     only: Vec<String>,
 }
@@ -255,6 +271,22 @@ fn execute(cli: Cli) -> Result<bool, Error> {
             }
             return Ok(true);
         }
+        Command::Plot { from, out } => {
+            let text = std::fs::read_to_string(&from).map_err(|source| Error::Io {
+                action: "cannot read report",
+                path: from.clone(),
+                source,
+            })?;
+            let report: RunReport = serde_json::from_str(&text).map_err(|e| Error::Parse {
+                what: "run report",
+                text: from.display().to_string(),
+                expected: format!("a JSON report from evokernel run/bench --json ({e})"),
+            })?;
+            for f in plot::write_all(&report, &out)? {
+                println!("wrote {}", f.display());
+            }
+            return Ok(true);
+        }
         Command::Tune {
             common,
             problem,
@@ -330,6 +362,11 @@ fn execute(cli: Cli) -> Result<bool, Error> {
     if let Some(path) = &common.json {
         write_json(path, &report)?;
         println!("report written to {}", path.display());
+    }
+    if let Some(dir) = &common.plot {
+        for f in plot::write_all(&report, dir)? {
+            println!("plot written to {}", f.display());
+        }
     }
     if !all_passed {
         eprintln!("error: some implementations failed verification (see the table)");

@@ -147,6 +147,7 @@ fn verify_and_bench_a_small_spec_on_the_cpu() {
     let dir = std::env::temp_dir().join(format!("evokernel-cli-ok-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("r.json");
+    let plots = dir.join("plots");
     let mut args = vec![
         "bench",
         "--backend",
@@ -155,6 +156,8 @@ fn verify_and_bench_a_small_spec_on_the_cpu() {
         "3",
         "--json",
         json.to_str().unwrap(),
+        "--plot",
+        plots.to_str().unwrap(),
     ];
     args.extend([
         "--input",
@@ -183,6 +186,15 @@ fn verify_and_bench_a_small_spec_on_the_cpu() {
     assert_eq!(row["verdict"]["passed"], true);
     assert!(row["timing"]["median_ms"].as_f64().unwrap() > 0.0);
     assert!(report["commit"].as_str().is_some());
+    for f in [
+        "ladder-spec.png",
+        "ladder-spec.svg",
+        "roofline.png",
+        "roofline.svg",
+    ] {
+        let bytes = std::fs::read(plots.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+        assert!(bytes.len() > 1000, "{f} is {} bytes", bytes.len());
+    }
 
     let out = evokernel(&[
         "verify",
@@ -198,4 +210,49 @@ fn verify_and_bench_a_small_spec_on_the_cpu() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert_eq!(text.matches("PASS").count(), 2, "{text}");
+}
+
+#[test]
+fn plots_a_recorded_h100_report() {
+    // A real report from the H100 machine (docs/results), embedded so the staged test runs anywhere.
+    let dir = std::env::temp_dir().join(format!("evokernel-cli-plot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("run.json");
+    std::fs::write(
+        &json,
+        include_str!("../../../docs/results/h100-run-722363d.json"),
+    )
+    .unwrap();
+    let out = evokernel(&[
+        "plot",
+        "--from",
+        json.to_str().unwrap(),
+        "--out",
+        dir.join("p").to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let png = std::fs::read(dir.join("p/ladder-seed.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    let svg = std::fs::read_to_string(dir.join("p/roofline.svg")).unwrap();
+    assert!(
+        svg.contains("<svg") && svg.contains("streaming"),
+        "roofline lacks the streaming point"
+    );
+    assert!(dir.join("p/ladder-seed-ndhwc.svg").exists());
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, "{}").unwrap();
+    rejects(
+        &[
+            "plot",
+            "--from",
+            bad.to_str().unwrap(),
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        "run report",
+    );
 }

@@ -2,14 +2,14 @@
 //! min / max, input rotation, baselines co-measured A B A B, and calibrated ceilings
 //! that give each case its floor.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::backend::ConvRun;
 use crate::error::Result;
 use crate::spec::ConvSpec;
 
 /// How long to warm up and how much to time.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct Protocol {
     pub warmup_launches: usize,
     pub warmup_ms: f64,
@@ -39,7 +39,7 @@ impl Protocol {
 }
 
 /// Summary of the timed launches of one implementation.
-#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Timing {
     pub median_ms: f64,
     pub min_ms: f64,
@@ -100,7 +100,7 @@ pub fn time_one(run: &mut dyn ConvRun, sets: usize, protocol: &Protocol) -> Resu
 
 /// An implementation and its baseline, timed in alternation (A B A B) so that clock
 /// drift hits both alike.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct PairTiming {
     pub candidate: Timing,
     pub baseline: Timing,
@@ -129,7 +129,7 @@ pub fn time_pair(
 }
 
 /// Measured ceilings of the device a run is on: what the floor of a case is made of.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct Ceilings {
     /// Device-memory copy bandwidth, bytes read plus bytes written, in GB/s.
     pub copy_gbps: f64,
@@ -151,7 +151,7 @@ impl Ceilings {
 }
 
 /// Throughput of a timed case.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct Throughput {
     pub gflops: f64,
     pub gbps: f64,

@@ -1,7 +1,7 @@
 //! A measuring session on one backend: resolves `--backend`, calibrates the device's
 //! ceilings once, and evaluates cases (oracle, checks, timings) into reports.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::backend::{rotation_sets, BackendChoice, ConvRun, CpuRun, Problem};
 use crate::bench::{throughput, time_one, time_pair, Ceilings, Protocol, Throughput, Timing};
@@ -16,9 +16,9 @@ use crate::variants::{registry, Config, Variant};
 use crate::verify::{check, oracle, Verdict};
 
 /// What a report says about the machine it ran on.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DeviceInfo {
-    pub backend: &'static str,
+    pub backend: String,
     pub name: String,
     pub detail: String,
     /// The GPU's properties, on the CUDA backend.
@@ -26,7 +26,7 @@ pub struct DeviceInfo {
 }
 
 /// How to evaluate a case.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Options {
     /// Seed of the random inputs (printed in every report).
     pub seed: u64,
@@ -58,7 +58,7 @@ impl Default for Options {
 }
 
 /// One implementation's line in a case report. Timings exist only for passing checks.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RowReport {
     pub name: String,
     /// The config a kernel variant ran with (`variant:k=v,...`).
@@ -88,7 +88,7 @@ impl RowReport {
     }
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct CaseReport {
     pub name: String,
     pub spec: String,
@@ -112,10 +112,10 @@ impl CaseReport {
 }
 
 /// Everything one command measured, as written by `--json`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunReport {
-    pub evokernel_version: &'static str,
-    pub commit: &'static str,
+    pub evokernel_version: String,
+    pub commit: String,
     pub date_utc: String,
     pub device: DeviceInfo,
     pub ceilings: Option<Ceilings>,
@@ -253,7 +253,7 @@ impl Session {
             backend: Backend::Cpu,
             ceilings: None,
             device: DeviceInfo {
-                backend: "cpu",
+                backend: "cpu".into(),
                 name: cpu_name(),
                 detail: format!(
                     "{} threads, {}{}",
@@ -279,7 +279,7 @@ impl Session {
         let i = dev.info().clone();
         Ok(Session {
             device: DeviceInfo {
-                backend: "cuda",
+                backend: "cuda".into(),
                 name: i.name.clone(),
                 detail: format!(
                     "sm_{}{}, {} SMs, driver {}, NVRTC {}, cuDNN {}",
@@ -589,8 +589,8 @@ impl Session {
 
     pub fn report(&self, opts: &Options, cases: Vec<CaseReport>) -> RunReport {
         RunReport {
-            evokernel_version: env!("CARGO_PKG_VERSION"),
-            commit: env!("EVOKERNEL_COMMIT"),
+            evokernel_version: env!("CARGO_PKG_VERSION").to_string(),
+            commit: env!("EVOKERNEL_COMMIT").to_string(),
             date_utc: utc_now(),
             device: self.device.clone(),
             ceilings: self.ceilings,

@@ -3,7 +3,7 @@
 
 use half::{bf16, f16};
 use rayon::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::spec::DType;
@@ -265,7 +265,7 @@ impl HostTensor {
 }
 
 /// How far an output is from the oracle (MEASURE.md's gates).
-#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Comparison {
     /// `||y - ref|| / ||ref||`
     pub rel_l2: f64,

@@ -1,7 +1,7 @@
 //! Correctness gates: every implementation is checked against the f64 oracle on fresh
 //! seeded inputs with its output poisoned first (MEASURE.md).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::backend::{ConvRun, Problem};
 use crate::error::Result;
@@ -14,7 +14,7 @@ pub fn oracle(problem: &Problem) -> Result<Vec<f64>> {
 }
 
 /// The result of one check.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct Verdict {
     pub comparison: Comparison,
     pub passed: bool,

@@ -161,7 +161,7 @@ pub struct CudnnRun<'p, 'd> {
 }
 
 /// One algorithm as cuDNN's search measured it.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct AlgoTime {
     pub algorithm: String,
     pub status: String,

@@ -16,7 +16,7 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError,
     LaunchConfig, PushKernelArg,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::spec::ConvSpec;
@@ -42,7 +42,7 @@ impl<T> CudaContextExt<T> for std::result::Result<T, DriverError> {
 }
 
 /// What `evokernel devices` prints and every GPU report records.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct GpuInfo {
     pub ordinal: usize,
     pub name: String,
@@ -150,7 +150,7 @@ impl ConvArgs {
 }
 
 /// Registers, memory and limits of a loaded kernel, from the driver.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct KernelResources {
     pub registers: i32,
     pub static_shared_bytes: i32,

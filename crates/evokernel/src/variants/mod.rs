@@ -31,7 +31,9 @@ pub struct Param {
 }
 
 /// One point of a variant's config space. Serializes as `variant:k=v,k=v`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct Config {
     pub variant: String,
     pub values: BTreeMap<String, i64>,
