@@ -15,11 +15,6 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
     run) step run .gpu/evokernel run --json "$out/run.json" ;;
     torch) step torch python3 scripts/torch_baseline.py ;;
     memcheck) LIMIT=400 step memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel verify --suite public --only naive --only channels_last --only smem_tile --only tensor_core --only streaming ;;
-    cudnn919)
-      # The same run against PyTorch's own cuDNN (its wheel), to compare with the system one.
-      lib=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(os.path.dirname(nvidia.cudnn.__file__), "lib"))')
-      mkdir -p /tmp/cudnn919 && ln -sf "$lib"/lib* /tmp/cudnn919/ && ln -sf "$lib/libcudnn.so.9" /tmp/cudnn919/libcudnn.so
-      LD_LIBRARY_PATH=/tmp/cudnn919 step cudnn919 .gpu/evokernel bench --suite public --case seed-bf16 --case seed-bf16-ndhwc --iters 10 --json "$out/cudnn919.json" ;;
     sweep)
       # Hand sweep of config spaces on the seed problem until the tuner exists.
       : > "$out/sweep.log"
@@ -54,7 +49,7 @@ done
 cat "$out/smi.txt"
 grep -E "test result|FAILED|panicked|^== " "$out/tests.log" 2>/dev/null | head -30
 for f in memcheck racecheck racecheck_cl; do [ -f "$out/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$out/$f.log" | head -5; done
-for f in devices torch run cudnn919; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
+for f in devices torch run; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
 [ -f "$out/sweep.log" ] && cut -c1-200 "$out/sweep.log"
 [ -f "$out/tune-summary.log" ] && cut -c1-230 "$out/tune-summary.log"
 [ -f "$out/ncu.log" ] && grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Stall|L2 Hit|Block Limit" "$out/ncu.log" | head -30

@@ -192,9 +192,21 @@ where
             .label(format!("cuDNN {b:.2} ms"))
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], RGBColor(200, 70, 60)));
     }
+    finish(&mut chart, &root, SeriesLabelPosition::UpperRight)
+}
+
+/// Draws the legend and writes the file.
+fn finish<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    root: &DrawingArea<DB, Shift>,
+    position: SeriesLabelPosition,
+) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
+        .position(position)
         .label_font((FAMILY, 14))
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
@@ -296,13 +308,5 @@ where
             )))?;
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font((FAMILY, 14))
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
-    root.present()?;
-    Ok(())
+    finish(&mut chart, &root, SeriesLabelPosition::UpperLeft)
 }

@@ -455,7 +455,7 @@ impl Session {
             });
         };
         let dev: &CudaDevice = dev;
-        let sets = rotation_sets(spec, dev.info().l2_bytes);
+        let sets = rotation_sets(spec, self.cache_bytes());
         progress(TuneEvent::Stage("generating inputs and the oracle"));
         let problem = Problem::random(spec, opts.seed, sets);
         let reference = oracle(&problem)?;

@@ -290,12 +290,7 @@ impl ConvSpec {
                 _ => {
                     return Err(Error::invalid(
                         format!("{what} element count"),
-                        format!(
-                            "n={} x c={} x {}",
-                            s.n,
-                            s.c,
-                            dims.map(|d| d.to_string()).join("x")
-                        ),
+                        format!("n={} x c={} x {}", s.n, s.c, dims_text(&dims)),
                         "at most 2^40 elements per tensor",
                     ))
                 }
@@ -423,12 +418,7 @@ impl ConvSpec {
 
     /// A stable identifier for caches and reports; changes only if the problem does.
     pub fn key(&self) -> String {
-        let j = |a: &[usize]| {
-            a.iter()
-                .map(|x| x.to_string())
-                .collect::<Vec<_>>()
-                .join("x")
-        };
+        let j = dims_text;
         let off = 3 - self.spatial_dims;
         let pads = (off..3)
             .map(|i| format!("{}:{}", self.pad_before[i], self.pad_after[i]))
@@ -485,12 +475,7 @@ fn activation_index(
 
 impl fmt::Display for ConvSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let j = |a: &[usize]| {
-            a.iter()
-                .map(|x| x.to_string())
-                .collect::<Vec<_>>()
-                .join("x")
-        };
+        let j = dims_text;
         write!(
             f,
             "n{} c{} {} k{}",
@@ -521,6 +506,14 @@ impl fmt::Display for ConvSpec {
         }
         write!(f, " {} {}", self.layout.name(self.spatial_dims), self.dtype)
     }
+}
+
+/// Sizes written as `61x45x80`, the form keys, displays and flags use.
+fn dims_text(a: &[usize]) -> String {
+    a.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join("x")
 }
 
 /// Parses a list of sizes such as `61x45x80`, `3,5,5` or `7`.

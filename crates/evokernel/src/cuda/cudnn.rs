@@ -297,14 +297,7 @@ impl<'p, 'd> CudnnRun<'p, 'd> {
             .find(|p| p.status == Status::CUDNN_STATUS_SUCCESS)
             .ok_or_else(|| unavailable("cuDNN found no algorithm for this convolution".into()))?;
         let workspace = dev.alloc(best.memory)?;
-        let out_bytes = sym.output_len() * sym.dtype().size_bytes();
-        let outputs = (0..problem.sets())
-            .map(|_| {
-                let mut b = dev.alloc(out_bytes)?;
-                dev.poison(&mut b)?;
-                Ok(b)
-            })
-            .collect::<Result<_>>()?;
+        let outputs = problem.outputs_for(&sym)?;
         Ok(CudnnRun {
             problem,
             handle,

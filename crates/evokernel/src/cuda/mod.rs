@@ -89,16 +89,6 @@ pub fn probe() -> Result<()> {
     Ok(())
 }
 
-/// Number of CUDA devices, 0 when there is no driver.
-pub fn device_count() -> usize {
-    if probe().is_err() {
-        return 0;
-    }
-    CudaContext::device_count()
-        .map(|c| c.max(0) as usize)
-        .unwrap_or(0)
-}
-
 /// The kernel-argument block of every variant (kernels/common.cuh, same field order).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -204,9 +194,6 @@ impl CudaDevice {
     }
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
-    }
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
     }
 
     pub fn alloc(&self, bytes: usize) -> Result<CudaSlice<u8>> {
@@ -317,10 +304,6 @@ impl CudaDevice {
         let end = self.stream.record_event(flags).cuda("cuEventRecord")?;
         end.synchronize().cuda("cuEventSynchronize")?;
         Ok(start.elapsed_ms(&end).cuda("cuEventElapsedTime")? as f64)
-    }
-
-    pub fn synchronize(&self) -> Result<()> {
-        self.stream.synchronize().cuda("cuStreamSynchronize")
     }
 }
 

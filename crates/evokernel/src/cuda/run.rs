@@ -38,7 +38,12 @@ impl<'d> DeviceProblem<'d> {
 
     /// One output buffer per input set, poisoned.
     pub fn outputs(&self) -> Result<Vec<CudaSlice<u8>>> {
-        let bytes = self.spec.output_len() * self.spec.dtype().size_bytes();
+        self.outputs_for(&self.spec)
+    }
+
+    /// As `outputs`, sized for the output of `spec` (e.g. cuDNN's symmetric twin).
+    pub fn outputs_for(&self, spec: &ConvSpec) -> Result<Vec<CudaSlice<u8>>> {
+        let bytes = spec.output_len() * spec.dtype().size_bytes();
         (0..self.sets())
             .map(|_| {
                 let mut b = self.dev.alloc(bytes)?;
@@ -99,9 +104,6 @@ impl<'p, 'd> KernelRun<'p, 'd> {
         })
     }
 
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
     pub fn resources(&self) -> KernelResources {
         self.kernel.resources
     }
