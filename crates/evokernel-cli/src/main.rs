@@ -10,10 +10,11 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use evokernel::backend::BackendChoice;
 use evokernel::bench::Protocol;
+use evokernel::profile::{profile_run, Ncu};
 use evokernel::session::{CaseReport, Options, RunReport, Session, TuneEvent, TunePlan};
 use evokernel::spec::{parse_dims, parse_padding};
 use evokernel::suite::load_suite;
-use evokernel::variants::{check_only, forced_configs};
+use evokernel::variants::{check_only, forced_configs, registry};
 use evokernel::{ConvParams, ConvSpec, DType, Error, Layout};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -80,6 +81,28 @@ enum Command {
         #[arg(long, default_value_t = 50, value_name = "N")]
         iters: usize,
     },
+    /// Resources, occupancy, Nsight Compute counters and a bottleneck verdict per kernel, plus the plots
+    #[command(after_help = "Examples:\n  \
+        evokernel profile\n  \
+        evokernel profile --suite public --case convnext-7x7 --only streaming\n  \
+        evokernel profile --no-counters --out prof/\n\n\
+        Without spec flags it profiles the seed problem (like run). Counters need Nsight\n\
+        Compute: ncu on PATH, in /usr/local/cuda/bin, or EVOKERNEL_NCU=/path/to/ncu.")]
+    Profile {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        problem: ProblemArgs,
+        /// Timed launches (at least; the timed launches also last at least 200 ms)
+        #[arg(long, default_value_t = 50, value_name = "N")]
+        iters: usize,
+        /// Skip Nsight Compute: resources, occupancy and timings only
+        #[arg(long)]
+        no_counters: bool,
+        /// Folder for the ladder and roofline plots
+        #[arg(long, value_name = "DIR", default_value = "evokernel-profile")]
+        out: PathBuf,
+    },
     /// Draw the ladder and roofline plots (PNG and SVG) of a saved run report
     #[command(
         after_help = "Example:\n  evokernel run --json run.json && evokernel plot --from run.json --out plots/"
@@ -145,12 +168,7 @@ struct ProblemArgs {
     #[arg(long, value_name = "NAME", requires = "suite")]
     case: Vec<String>,
     /// Spatial input sizes: W, HxW or DxHxW (e.g. 61x45x80)
-    #[arg(
-        long,
-        value_name = "DIMS",
-        required_unless_present = "suite",
-        allow_hyphen_values = true
-    )]
+    #[arg(long, value_name = "DIMS", allow_hyphen_values = true)]
     input: Option<String>,
     /// Channels (= groups)
     #[arg(long, short = 'c', default_value_t = 1, allow_negative_numbers = true)]
@@ -159,12 +177,7 @@ struct ProblemArgs {
     #[arg(long, short = 'n', default_value_t = 1, allow_negative_numbers = true)]
     batch: i64,
     /// Kernel sizes, one per spatial dim or one for all (e.g. 3x5x5)
-    #[arg(
-        long,
-        value_name = "DIMS",
-        required_unless_present = "suite",
-        allow_hyphen_values = true
-    )]
+    #[arg(long, value_name = "DIMS", allow_hyphen_values = true)]
     kernel: Option<String>,
     /// Strides, one per dim or one for all (default 1)
     #[arg(long, value_name = "DIMS", allow_hyphen_values = true)]
@@ -184,6 +197,11 @@ struct ProblemArgs {
 }
 
 impl ProblemArgs {
+    /// Whether any problem was given (profile falls back to the seed problem).
+    fn given(&self) -> bool {
+        self.suite.is_some() || self.input.is_some() || self.kernel.is_some()
+    }
+
     fn cases(&self) -> Result<Vec<(String, ConvSpec)>, Error> {
         if let Some(path) = &self.suite {
             let cases = load_suite(path)?;
@@ -207,6 +225,15 @@ impl ProblemArgs {
                 .filter(|c| self.case.is_empty() || self.case.contains(&c.name))
                 .map(|c| (c.name, c.spec))
                 .collect());
+        }
+        for (flag, value) in [("--input", &self.input), ("--kernel", &self.kernel)] {
+            if value.is_none() {
+                return Err(Error::InvalidSpec {
+                    field: flag.into(),
+                    value: "missing".into(),
+                    expected: "give --input DIMS and --kernel DIMS, or --suite FILE".into(),
+                });
+            }
         }
         let list = |what, v: &Option<String>| v.as_deref().map(|t| parse_dims(what, t)).transpose();
         let params = ConvParams {
@@ -262,6 +289,7 @@ fn main() -> ExitCode {
 
 /// Runs a command; `Ok(false)` when a check failed.
 fn execute(cli: Cli) -> Result<bool, Error> {
+    let mut profile: Option<(bool, PathBuf)> = None;
     let (common, cases, options, title) = match cli.command {
         Command::Devices { json } => {
             let devices = evokernel::cuda::list_devices()?;
@@ -305,6 +333,22 @@ fn execute(cli: Cli) -> Result<bool, Error> {
             };
             return tune(&common, problem.cases()?, &opts, &plan);
         }
+        Command::Profile {
+            common,
+            problem,
+            iters,
+            no_counters,
+            out,
+        } => {
+            let opts = options(&common, true, iters)?;
+            let cases = if problem.given() {
+                problem.cases()?
+            } else {
+                Vec::new()
+            };
+            profile = Some((no_counters, out));
+            (common, cases, opts, "profile")
+        }
         Command::Run { common, iters } => {
             let opts = options(&common, true, iters)?;
             (common, Vec::new(), opts, "seed problem")
@@ -324,6 +368,14 @@ fn execute(cli: Cli) -> Result<bool, Error> {
     };
     let backend: BackendChoice = common.backend.parse()?;
     let mut session = Session::open(backend)?;
+    if profile.is_some() && session.cuda().is_none() {
+        return Err(Error::BackendUnavailable {
+            backend: "cuda".into(),
+            reason: "profile reads kernel resources and hardware counters, which exist only on \
+                     a CUDA GPU (evokernel run/bench time the CPU backend)"
+                .into(),
+        });
+    }
     let cases = if cases.is_empty() {
         session.demo_cases()
     } else {
@@ -359,6 +411,9 @@ fn execute(cli: Cli) -> Result<bool, Error> {
     let all_passed = reports.iter().all(CaseReport::passed);
     let report = session.report(&options, reports);
     println!("{}", table::render(&report));
+    if let Some((no_counters, out)) = profile {
+        return profile_report(report, &cases, &common, no_counters, &out).map(|()| all_passed);
+    }
     if let Some(path) = &common.json {
         write_json(path, &report)?;
         println!("report written to {}", path.display());
@@ -372,6 +427,106 @@ fn execute(cli: Cli) -> Result<bool, Error> {
         eprintln!("error: some implementations failed verification (see the table)");
     }
     Ok(all_passed)
+}
+
+/// `evokernel profile` after the run: each kernel re-run alone under ncu (this binary's
+/// `bench` with the row's exact config), then the verdicts, JSON and plots.
+fn profile_report(
+    report: RunReport,
+    cases: &[(String, ConvSpec)],
+    common: &Common,
+    no_counters: bool,
+    out: &std::path::Path,
+) -> Result<(), Error> {
+    let ncu = (!no_counters).then(|| {
+        Ncu::locate()
+            .and_then(|n| Ok((n.metrics()?, n)))
+            .map_err(|e| e.to_string())
+    });
+    if let Some(Err(e)) = &ncu {
+        eprintln!("warning: no counters: {e}");
+    }
+    let exe = std::env::current_exe().map_err(|source| Error::Io {
+        action: "cannot find this executable to re-run under ncu",
+        path: PathBuf::from("evokernel"),
+        source,
+    })?;
+    let seed = report.options.seed;
+    let bar = spinner("profiling");
+    let profiled = profile_run(report, |case, row| {
+        let (metrics, ncu) = match ncu.as_ref()? {
+            Ok(found) => found,
+            Err(e) => return Some(Err(Error::Profiler { message: e.clone() })),
+        };
+        bar.set_message(format!("{}: {} under ncu", case.name, row.name));
+        let spec = &cases.iter().find(|(n, _)| *n == case.name)?.1;
+        let variant = registry().into_iter().find(|v| v.name() == row.name)?;
+        let mut args = vec!["bench".to_string()];
+        args.extend(spec_flags(spec));
+        args.extend(["--only".into(), row.name.clone()]);
+        if let Some(cfg) = &row.config {
+            args.extend(["--config".into(), cfg.clone()]);
+        }
+        args.extend([
+            "--iters".into(),
+            "1".into(),
+            "--backend".into(),
+            "cuda".into(),
+        ]);
+        args.extend(["--seed".into(), seed.to_string()]);
+        let regex = format!("^{}$", variant.kernel_function());
+        Some(ncu.profile(&regex, metrics, &exe, &args))
+    });
+    bar.finish_and_clear();
+    println!("{}", table::profile(&profiled));
+    if let Some(path) = &common.json {
+        write_json(path, &profiled)?;
+        println!("report written to {}", path.display());
+    }
+    let dir = common.plot.as_deref().unwrap_or(out);
+    for f in plot::write_all(&profiled.run, dir)? {
+        println!("plot written to {}", f.display());
+    }
+    Ok(())
+}
+
+/// The `bench` flags that describe `spec` exactly.
+fn spec_flags(spec: &ConvSpec) -> Vec<String> {
+    let off = 3 - spec.spatial_dims();
+    let join = |v: &[usize]| {
+        v.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join("x")
+    };
+    let (before, after) = (spec.pad_before3(), spec.pad_after3());
+    let pads = (off..3)
+        .map(|i| format!("{}:{}", before[i], after[i]))
+        .collect::<Vec<_>>()
+        .join(",");
+    vec![
+        "--input".into(),
+        join(spec.input_dims()),
+        "--channels".into(),
+        spec.c().to_string(),
+        "--batch".into(),
+        spec.n().to_string(),
+        "--kernel".into(),
+        join(spec.kernel_dims()),
+        "--stride".into(),
+        join(&spec.stride3()[off..]),
+        "--dilation".into(),
+        join(&spec.dilation3()[off..]),
+        "--padding".into(),
+        pads,
+        "--layout".into(),
+        match spec.layout() {
+            Layout::ChannelsFirst => "channels-first".into(),
+            Layout::ChannelsLast => "channels-last".into(),
+        },
+        "--dtype".into(),
+        spec.dtype().to_string(),
+    ]
 }
 
 /// `evokernel tune`: a progress bar per variant, then a table of default vs tuned.
@@ -469,4 +624,69 @@ fn write_json<T: serde::Serialize>(path: &PathBuf, report: &T) -> Result<(), Err
         path: path.clone(),
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_spec(flags: &[String]) -> ConvSpec {
+        let mut argv = vec!["evokernel".to_string(), "bench".to_string()];
+        argv.extend(flags.iter().cloned());
+        let Command::Bench { problem, .. } = Cli::try_parse_from(argv).unwrap().command else {
+            panic!("not bench");
+        };
+        problem.cases().unwrap().remove(0).1
+    }
+
+    #[test]
+    fn spec_flags_round_trip_through_the_parser() {
+        let specs = [
+            ConvParams::seed(),
+            ConvParams {
+                n: 3,
+                c: 24,
+                input: vec![2048],
+                kernel: vec![4],
+                stride: vec![2],
+                dilation: vec![3],
+                padding: vec![[3, 0]],
+                layout: Layout::ChannelsLast,
+                dtype: DType::F16,
+            },
+            ConvParams {
+                n: 2,
+                c: 7,
+                input: vec![30, 17],
+                kernel: vec![3, 5],
+                stride: vec![1, 2],
+                dilation: vec![2, 1],
+                padding: vec![[1, 2], [0, 4]],
+                layout: Layout::ChannelsFirst,
+                dtype: DType::F32,
+            },
+        ];
+        for p in specs {
+            let spec = p.validate().unwrap();
+            assert_eq!(parse_spec(&spec_flags(&spec)), spec, "{spec}");
+        }
+    }
+
+    #[test]
+    fn profile_takes_no_spec_flags_or_a_full_spec() {
+        let cli = Cli::try_parse_from(["evokernel", "profile", "--no-counters"]).unwrap();
+        assert!(matches!(cli.command, Command::Profile { problem, .. } if !problem.given()));
+        let cli = Cli::try_parse_from([
+            "evokernel",
+            "profile",
+            "--input",
+            "56x56",
+            "--kernel",
+            "7",
+            "--padding",
+            "3",
+        ])
+        .unwrap();
+        assert!(matches!(cli.command, Command::Profile { problem, .. } if problem.given()));
+    }
 }

@@ -2,6 +2,7 @@
 
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
 use evokernel::cuda::GpuInfo;
+use evokernel::profile::ProfileReport;
 use evokernel::session::{RunReport, TuneReport};
 
 fn num(x: Option<f64>, digits: usize) -> String {
@@ -210,4 +211,151 @@ pub fn tuning(reports: &[TuneReport]) -> String {
         out.push_str(&format!("\ncache: {}", r.cache));
     }
     out
+}
+
+fn pct(x: Option<f64>) -> String {
+    x.map(|v| format!("{v:.0}%")).unwrap_or_else(|| "-".into())
+}
+
+fn thousands(v: u64) -> String {
+    let s = v.to_string();
+    let mut out = String::new();
+    for (i, ch) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+/// Per kernel: resources, occupancy and its limiter, counters, stalls and the verdict;
+/// then one summary row per kernel.
+pub fn profile(report: &ProfileReport) -> String {
+    let mut out = String::new();
+    for k in &report.kernels {
+        let r = &k.resources;
+        let o = &k.occupancy;
+        let ncu_ms = k
+            .counters
+            .as_ref()
+            .and_then(|c| c.duration_ms)
+            .map(|m| format!(" (ncu, clocks locked: {m:.3} ms)"))
+            .unwrap_or_default();
+        out += &format!(
+            "\n{} · {} · {} ms{ncu_ms}\n",
+            k.case,
+            k.config.as_deref().unwrap_or(&k.implementation),
+            num(k.median_ms, 3)
+        );
+        out += &format!(
+            "  resources  {} regs/thread · {} B static + {} B dynamic shared · {} B local{} · {} threads/block\n",
+            r.registers,
+            thousands(r.static_shared_bytes.max(0) as u64),
+            thousands(r.dynamic_shared_bytes as u64),
+            r.local_bytes,
+            if r.local_bytes > 0 { " (spills or a local array)" } else { "" },
+            r.threads_per_block
+        );
+        let mut whatif = Vec::new();
+        if let Some(n) = o.registers_for_next_block {
+            whatif.push(format!("<= {n} regs"));
+        }
+        if let Some(n) = o.shared_for_next_block {
+            whatif.push(format!("<= {} B shared", thousands(n as u64)));
+        }
+        out += &format!(
+            "  occupancy  {} blocks/SM = {:.1}% of warps, limited by {} (registers allow {}, shared {}, warps {}, blocks {}){}\n",
+            o.blocks_per_sm,
+            o.percent,
+            o.limiters.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(" and "),
+            o.by_registers,
+            o.by_shared,
+            o.by_warps,
+            o.by_blocks,
+            if whatif.is_empty() {
+                String::new()
+            } else {
+                format!("; one more block with {}", whatif.join(" or "))
+            }
+        );
+        if r.blocks_per_sm > 0 && r.blocks_per_sm as u32 != o.blocks_per_sm {
+            out += &format!(
+                "  note       the driver's occupancy API says {} blocks/SM\n",
+                r.blocks_per_sm
+            );
+        }
+        match (&k.counters, &k.counters_error) {
+            (Some(c), _) => {
+                out += &format!(
+                    "  counters   DRAM {} · L2 {} (hit {}) · L1/shared {} · SM {} · tensor {} · FMA {} · ALU {} · LSU {} · issue {} · achieved occupancy {} · bank conflicts {} of shared wavefronts\n",
+                    pct(c.dram_pct),
+                    pct(c.l2_pct),
+                    pct(c.l2_hit_pct),
+                    pct(c.l1_pct),
+                    pct(c.sm_pct),
+                    pct(c.tensor_pct),
+                    pct(c.fma_pct),
+                    pct(c.alu_pct),
+                    pct(c.lsu_pct),
+                    pct(c.issue_pct),
+                    pct(c.achieved_occupancy_pct),
+                    pct(c.bank_conflict_pct()),
+                );
+                let stalls: Vec<String> = c
+                    .stalls
+                    .iter()
+                    .take(4)
+                    .map(|s| format!("{} {:.2}", s.reason, s.per_issue))
+                    .collect();
+                out += &format!(
+                    "  stalls     {} (warps per issued instruction)\n",
+                    stalls.join(" · ")
+                );
+            }
+            (None, Some(e)) => out += &format!("  counters   none: {e}\n"),
+            (None, None) => {}
+        }
+        if let Some(d) = &k.diagnosis {
+            out += &format!("  verdict    {}: {}\n", d.verdict, d.because);
+            out += &format!("  next       {}\n", d.next);
+        }
+    }
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header([
+        "case",
+        "impl",
+        "median ms",
+        "occupancy",
+        "limiter",
+        "DRAM",
+        "L1/shared",
+        "tensor",
+        "issue",
+        "verdict",
+    ]);
+    for k in &report.kernels {
+        let c = k.counters.as_ref();
+        t.add_row(vec![
+            Cell::new(&k.case),
+            Cell::new(&k.implementation),
+            right(num(k.median_ms, 3)),
+            right(format!("{:.1}%", k.occupancy.percent)),
+            Cell::new(
+                k.occupancy
+                    .limiters
+                    .iter()
+                    .map(|l| l.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
+            right(pct(c.and_then(|c| c.dram_pct))),
+            right(pct(c.and_then(|c| c.l1_pct))),
+            right(pct(c.and_then(|c| c.tensor_pct))),
+            right(pct(c.and_then(|c| c.issue_pct))),
+            Cell::new(k.diagnosis.as_ref().map_or("-", |d| d.verdict.as_str())),
+        ]);
+    }
+    out + "\n" + &t.to_string()
 }

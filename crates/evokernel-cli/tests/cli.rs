@@ -130,7 +130,7 @@ fn bad_flags_files_and_backends_exit_2() {
 
 #[test]
 fn help_explains_every_command_with_an_example() {
-    for cmd in ["run", "verify", "bench"] {
+    for cmd in ["run", "verify", "bench", "tune", "profile"] {
         let out = evokernel(&[cmd, "--help"]);
         assert!(out.status.success());
         let text = String::from_utf8_lossy(&out.stdout);
@@ -255,4 +255,13 @@ fn plots_a_recorded_h100_report() {
         ],
         "run report",
     );
+}
+
+#[test]
+fn profile_on_the_cpu_says_it_needs_a_gpu() {
+    let out = evokernel(&["profile", "--backend", "cpu", "--no-counters"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("only on a CUDA GPU"), "{err}");
 }

@@ -62,6 +62,10 @@ pub enum Error {
         reason: String,
     },
 
+    /// Nsight Compute is missing or failed.
+    #[error("profiler: {message}")]
+    Profiler { message: String },
+
     /// A tensor's size or dtype does not match what the spec needs.
     #[error("tensor {what}: expected {expected}, got {got}")]
     TensorMismatch {

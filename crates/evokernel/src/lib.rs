@@ -9,6 +9,7 @@ pub mod cache;
 pub mod cpu;
 pub mod cuda;
 pub mod error;
+pub mod profile;
 pub mod reference;
 pub mod session;
 pub mod spec;

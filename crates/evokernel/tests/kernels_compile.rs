@@ -20,6 +20,12 @@ fn every_variant_compiles_for_sm90() {
         for v in registry() {
             if v.applies(&case.spec).is_ok() {
                 let cfg = v.default_config(&case.spec);
+                let expr = v.specialization(&case.spec, &cfg).unwrap();
+                // Profiles filter launches on this name.
+                assert!(
+                    expr.starts_with(&format!("{}<", v.kernel_function())),
+                    "{expr}"
+                );
                 work.insert((
                     v.name(),
                     v.source(),

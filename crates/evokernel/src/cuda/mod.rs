@@ -19,6 +19,7 @@ use cudarc::driver::{
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::profile::occupancy::SmLimits;
 use crate::spec::ConvSpec;
 use crate::tensor::HostTensor;
 use crate::variants::Launch;
@@ -52,6 +53,9 @@ pub struct GpuInfo {
     pub l2_bytes: u64,
     pub max_shared_per_block_optin: u32,
     pub sm_clock_mhz: u32,
+    /// What one SM offers resident blocks (absent in reports written before it was recorded).
+    #[serde(default)]
+    pub sm_limits: Option<SmLimits>,
     pub driver_version: String,
     pub nvrtc_version: Option<String>,
     pub cudnn_version: Option<String>,
@@ -150,6 +154,9 @@ pub struct KernelResources {
     pub max_threads_per_block: i32,
     /// Blocks of this launch that fit on one SM at once.
     pub blocks_per_sm: i32,
+    /// The launch's block size (0 in reports written before it was recorded).
+    #[serde(default)]
+    pub threads_per_block: u32,
 }
 
 /// A kernel specialization loaded into the context, with its launch geometry.
@@ -271,6 +278,7 @@ impl CudaDevice {
                 )
                 .cuda("cuOccupancyMaxActiveBlocksPerMultiprocessor")?
                 as i32,
+            threads_per_block: threads,
         };
         Ok(LoadedKernel {
             function,
@@ -328,6 +336,18 @@ fn query_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<GpuInfo> {
             Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
         )? as u32,
         sm_clock_mhz: (attr(Attr::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)? / 1000) as u32,
+        sm_limits: Some(SmLimits {
+            max_threads: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)? as u32,
+            max_blocks: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR)? as u32,
+            registers: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)? as u32,
+            shared_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?
+                as u32,
+            shared_reserved_per_block: attr(
+                Attr::CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK,
+            )? as u32,
+            // Not driver attributes; the same on every architecture since Volta.
+            ..SmLimits::HOPPER
+        }),
         driver_version: format!("{}.{}", driver / 1000, (driver % 1000) / 10),
         nvrtc_version: nvrtc.map(|(a, b)| format!("{a}.{b}")),
         cudnn_version: cudnn,

@@ -114,6 +114,10 @@ pub trait Variant: Sync {
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String>;
     /// Launch geometry on a device with `sms` multiprocessors.
     fn launch(&self, spec: &ConvSpec, config: &Config, sms: u32) -> Result<Launch>;
+    /// The `__global__` function's name, which profilers filter launches on.
+    fn kernel_function(&self) -> String {
+        format!("{}_dwconv", self.name())
+    }
 }
 
 /// Every registered variant, in ladder order.
