@@ -192,7 +192,7 @@ impl Ncu {
                 })
             };
         }
-        let on_path = std::env::var_os("PATH")
+        let on_path: Vec<PathBuf> = std::env::var_os("PATH")
             .map(|p| std::env::split_paths(&p).map(|d| d.join("ncu")).collect())
             .unwrap_or_default();
         on_path
