@@ -48,12 +48,13 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       done
       LIMIT=120 step ncucsv-details ncu --csv --page details --log-file "$out/ncu-streaming-details.csv" --kernel-name regex:streaming_dwconv --launch-count 1 --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis .gpu/evokernel bench --suite public --case seed-bf16 --only streaming --iters 1
       head -c 3000 "$out/ncu-streaming.csv" > "$out/ncu-head.txt" ;;
+    suite) LIMIT=400 step suite .gpu/evokernel bench --suite public --json "$out/suite.json" ;;
     profile) LIMIT=400 step profile .gpu/evokernel profile --json "$out/profile.json" --out "$out/profile-plots" ;;
     tune)
       # Evolutionary vs exhaustive on the streaming space, then a second process that
       # must reuse the cache, then a run that must pick the tuned configs up.
       export EVOKERNEL_CACHE_DIR=/tmp/evk-tune-cache
-      for c in ${TUNE_CASES:-seed-bf16 x3d-3x3x3 convnext-7x7 causal-conv1d}; do
+      for c in ${TUNE_CASES:-seed-bf16 x3d-3x3x3 video-vae-causal seed-f16}; do
         LIMIT=200 step "tune-evo-$c" .gpu/evokernel tune --suite public --case "$c" --only streaming --search evolutionary --retune --json "$out/tune-evo-$c.json"
         LIMIT=200 step "tune-exh-$c" .gpu/evokernel tune --suite public --case "$c" --only streaming --search exhaustive --retune --json "$out/tune-exh-$c.json"
       done
@@ -70,7 +71,7 @@ done
 cat "$out/smi.txt"
 grep -E "test result|FAILED|panicked|^== " "$out/tests.log" 2>/dev/null | head -30
 for f in memcheck racecheck racecheck_cl; do [ -f "$out/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$out/$f.log" | head -5; done
-for f in devices torch run; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
+for f in devices torch run suite; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
 [ -f "$out/sweep.log" ] && cut -c1-200 "$out/sweep.log"
 [ -f "$out/tune-summary.log" ] && cut -c1-230 "$out/tune-summary.log"
 [ -f "$out/ncu-head.txt" ] && cut -c1-600 "$out/ncu-head.txt" | head -8; cat "$out/ncu-missing.txt" 2>/dev/null

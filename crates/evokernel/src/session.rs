@@ -12,7 +12,7 @@ use crate::cuda::{CudaDevice, GpuInfo, KernelResources};
 use crate::error::{Error, Result};
 use crate::spec::ConvSpec;
 use crate::tune::{search, CacheEntry, SearchProgress, Strategy, TuneCache};
-use crate::variants::{registry, Config, Variant};
+use crate::variants::{registry, valid_configs, Config, Variant};
 use crate::verify::{check, oracle, Verdict};
 
 /// What a report says about the machine it ran on.
@@ -218,6 +218,8 @@ pub struct TuneRow {
     pub failed: usize,
     pub seconds: f64,
     pub strategy: String,
+    /// Every candidate timed, with its time or why it failed.
+    pub trials: Vec<crate::tune::Trial>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -480,16 +482,18 @@ impl Session {
                         default_ms: None,
                         best_config: Some(e.config.clone()),
                         best_ms: Some(e.ms),
-                        space_size: crate::tune::enumerate(v.name(), &space).len(),
+                        space_size: valid_configs(v, spec).len(),
                         timed: 0,
                         failed: 0,
                         seconds: 0.0,
                         strategy: format!("cached {}", e.date_utc),
+                        trials: Vec::new(),
                     });
                     continue;
                 }
             }
-            let size = crate::tune::enumerate(v.name(), &space).len();
+            let all = valid_configs(v, spec);
+            let size = all.len();
             let strategy = plan.strategy(size, opts.seed);
             progress(TuneEvent::Start {
                 variant: v.name(),
@@ -524,7 +528,7 @@ impl Session {
                     });
                 };
                 search(
-                    v.name(),
+                    all,
                     &space,
                     strategy,
                     std::slice::from_ref(&default),
@@ -575,6 +579,7 @@ impl Session {
                 failed: result.trials.iter().filter(|t| t.ms.is_none()).count(),
                 seconds: result.seconds,
                 strategy: strategy.label(),
+                trials: result.trials,
             });
         }
         Ok(TuneReport {

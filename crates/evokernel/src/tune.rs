@@ -92,13 +92,14 @@ pub struct SearchProgress<'a> {
     pub last: &'a Trial,
 }
 
-/// Runs `strategy` over `space`. `cost` measures a candidate: `Ok(ms)`, or `Err` with
+/// Runs `strategy` over `all`, the valid configs of `space` (those that fit the
+/// device; see `Variant::fits`): nothing outside `all` is measured. `cost` measures a candidate: `Ok(ms)`, or `Err` with
 /// the reason (wrong result, launch failure), which is recorded and the candidate
 /// discarded; `prepare` is told the next candidates ahead of time (to compile them while
 /// the current one is timed). `initial` configs (e.g. the variant's default) open the
 /// evolutionary population. No config is measured twice.
 pub fn search(
-    variant: &str,
+    all: Vec<Config>,
     space: &[Param],
     strategy: Strategy,
     initial: &[Config],
@@ -106,7 +107,7 @@ pub fn search(
     mut cost: impl FnMut(&Config) -> std::result::Result<f64, String>,
     mut progress: impl FnMut(SearchProgress),
 ) -> SearchResult {
-    let all = enumerate(variant, space);
+    let valid: std::collections::HashSet<Config> = all.iter().cloned().collect();
     let start = Instant::now();
     let mut seen: HashMap<Config, Option<f64>> = HashMap::new();
     let mut trials: Vec<Trial> = Vec::new();
@@ -149,6 +150,14 @@ pub fn search(
             seed,
         } => {
             let mut rng = SplitMix64::new(seed);
+            if all.is_empty() {
+                return SearchResult {
+                    best,
+                    trials,
+                    space_size: 0,
+                    seconds: start.elapsed().as_secs_f64(),
+                };
+            }
             let budget = max_candidates.min(all.len()).max(1);
             let deadline = Duration::from_secs_f64(max_seconds.max(0.0));
             let out_of_budget = |seen: &HashMap<Config, Option<f64>>| {
@@ -200,7 +209,7 @@ pub fn search(
                         if children.len() >= population.max(2).div_ceil(2) {
                             break;
                         }
-                        if !seen.contains_key(&n) && !children.contains(&n) {
+                        if valid.contains(&n) && !seen.contains_key(&n) && !children.contains(&n) {
                             children.push(n);
                         }
                     }
@@ -217,7 +226,10 @@ pub fn search(
                     } else {
                         all[(rng.next_u64() % all.len() as u64) as usize].clone()
                     };
-                    if !seen.contains_key(&child) && !children.contains(&child) {
+                    if valid.contains(&child)
+                        && !seen.contains_key(&child)
+                        && !children.contains(&child)
+                    {
                         children.push(child);
                     }
                 }
@@ -535,7 +547,7 @@ mod tests {
     #[test]
     fn exhaustive_finds_the_minimum_and_records_failures() {
         let r = search(
-            "v",
+            enumerate("v", &space()),
             &space(),
             Strategy::Exhaustive,
             &[],
@@ -562,7 +574,7 @@ mod tests {
             };
             let mut timed = 0;
             let r = search(
-                "v",
+                enumerate("v", &space()),
                 &space(),
                 strategy,
                 &[],
@@ -624,7 +636,7 @@ mod tests {
                 seed,
             };
             let r = search(
-                "v",
+                enumerate("v", &space),
                 &space,
                 strategy,
                 std::slice::from_ref(&default),
@@ -639,6 +651,47 @@ mod tests {
             }
         }
         assert!(hits >= 16, "only {hits}/20 seeds found the best");
+    }
+
+    #[test]
+    fn configs_outside_the_valid_set_are_never_measured() {
+        let space = space();
+        let fits = |c: &Config| c.get("a").unwrap() < 4;
+        let all: Vec<Config> = enumerate("v", &space).into_iter().filter(fits).collect();
+        for strategy in [
+            Strategy::Exhaustive,
+            Strategy::Evolutionary {
+                population: 6,
+                max_candidates: 40,
+                max_seconds: 60.0,
+                seed: 3,
+            },
+        ] {
+            let r = search(
+                all.clone(),
+                &space,
+                strategy,
+                &[],
+                |cs: &[Config]| assert!(cs.iter().all(fits)),
+                |c: &Config| {
+                    assert!(fits(c), "measured {c}");
+                    synthetic(c)
+                },
+                |_| {},
+            );
+            assert_eq!(r.space_size, all.len());
+            assert!(!r.trials.is_empty());
+        }
+        let empty = search(
+            Vec::new(),
+            &space,
+            Strategy::Exhaustive,
+            &[],
+            |_| {},
+            synthetic,
+            |_| {},
+        );
+        assert!(empty.best.is_none() && empty.trials.is_empty());
     }
 
     #[test]

@@ -114,6 +114,11 @@ pub trait Variant: Sync {
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String>;
     /// Launch geometry on a device with `sms` multiprocessors.
     fn launch(&self, spec: &ConvSpec, config: &Config, sms: u32) -> Result<Launch>;
+    /// `Err(reason)` when a config of the space cannot launch for `spec` (e.g. more
+    /// shared memory than a block may have). The tuner prunes these before compiling.
+    fn fits(&self, _spec: &ConvSpec, _config: &Config) -> std::result::Result<(), String> {
+        Ok(())
+    }
     /// The `__global__` function's name, which profilers filter launches on.
     fn kernel_function(&self) -> String {
         format!("{}_dwconv", self.name())
@@ -224,7 +229,16 @@ pub fn check_config(v: &dyn Variant, spec: &ConvSpec, config: &Config) -> Result
     {
         return Err(err(format!("unknown parameter {k}")));
     }
-    Ok(())
+    v.fits(spec, config)
+        .map_err(|reason| err(format!("it does not fit {spec}: {reason}")))
+}
+
+/// The configs of `v`'s space that fit `spec`, in enumeration order.
+pub fn valid_configs(v: &dyn Variant, spec: &ConvSpec) -> Vec<Config> {
+    crate::tune::enumerate(v.name(), &v.space(spec))
+        .into_iter()
+        .filter(|c| v.fits(spec, c).is_ok())
+        .collect()
 }
 
 #[cfg(test)]

@@ -57,6 +57,16 @@ impl Variant for SmemTile {
     fn default_config(&self, _spec: &ConvSpec) -> Config {
         Config::new(self.name(), &[("out_w", 8), ("block", 256)])
     }
+    fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
+        let out_w = config.get("out_w").unwrap_or(8) as usize;
+        let bytes = shared_bytes(spec, out_w);
+        if bytes > MAX_SHARED {
+            return Err(format!(
+                "out_w={out_w} needs a {bytes}-byte tile, more than {MAX_SHARED} bytes of shared memory"
+            ));
+        }
+        Ok(())
+    }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         check_config(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();

@@ -41,16 +41,22 @@ impl Variant for Streaming {
         }
         Ok(())
     }
-    fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
+    fn space(&self, spec: &ConvSpec) -> Vec<Param> {
+        // Chunks at least as deep as the output are one block per (n, c): keep the first.
+        let od = spec.output3()[0] as i64;
+        let mut dchunk: Vec<i64> = vec![4, 8, 16, 32, 64];
+        if let Some(i) = dchunk.iter().position(|&d| d >= od) {
+            dchunk.truncate(i + 1);
+        }
         vec![
             Param {
                 name: "warps",
-                values: vec![4, 8],
+                values: vec![2, 4, 8, 16],
             },
             // Output depths one block slides over.
             Param {
                 name: "dchunk",
-                values: vec![4, 8, 16, 32, 64],
+                values: dchunk,
             },
             // Slices fetched ahead of the one being consumed.
             Param {
@@ -59,9 +65,28 @@ impl Variant for Streaming {
             },
         ]
     }
-    fn default_config(&self, _spec: &ConvSpec) -> Config {
-        // Best of the hand sweep on the H100 (docs/perf.md) until the tuner exists.
-        Config::new(self.name(), &[("warps", 4), ("dchunk", 8), ("stages", 1)])
+    fn default_config(&self, spec: &ConvSpec) -> Config {
+        // Best of the hand sweep on the H100 (docs/perf.md); dchunk within the space.
+        let dchunk = self
+            .space(spec)
+            .iter()
+            .find(|p| p.name == "dchunk")
+            .and_then(|p| p.values.iter().copied().filter(|&d| d <= 8).max())
+            .unwrap_or(4);
+        Config::new(
+            self.name(),
+            &[("warps", 4), ("dchunk", dchunk), ("stages", 1)],
+        )
+    }
+    fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
+        let stages = config.get("stages").unwrap_or(1) as usize;
+        let bytes = shared_bytes(spec, stages);
+        if bytes > MAX_SHARED {
+            return Err(format!(
+                "stages={stages} needs a {bytes}-byte slice ring, more than {MAX_SHARED} bytes of shared memory"
+            ));
+        }
+        Ok(())
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         check_config(self, spec, config)?;
@@ -85,5 +110,41 @@ impl Variant for Streaming {
             block: (warps * 32, 1, 1),
             shared_bytes: shared_bytes(spec, stages) as u32,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::suite::public_suite;
+    use crate::variants::valid_configs;
+
+    fn case(name: &str) -> ConvSpec {
+        public_suite()
+            .unwrap()
+            .into_iter()
+            .find(|c| c.name == name)
+            .unwrap()
+            .spec
+    }
+
+    #[test]
+    fn space_drops_duplicate_chunks_and_rings_that_do_not_fit() {
+        let v = Streaming;
+        // 1-D: one output depth, so one chunk size; a 3-stage ring of 2048-wide rows
+        // exceeds shared memory.
+        let conv1d = case("causal-conv1d");
+        let all = valid_configs(&v, &conv1d);
+        assert_eq!(all.len(), 4 * 2);
+        assert!(all.iter().all(|c| c.get("stages") != Some(3) && c.get("dchunk") == Some(4)));
+        let cfg = Config::new("streaming", &[("warps", 4), ("dchunk", 4), ("stages", 3)]);
+        let err = v.specialization(&conv1d, &cfg).unwrap_err().to_string();
+        assert!(err.contains("shared memory"), "{err}");
+        assert!(all.contains(&v.default_config(&conv1d)));
+        // x3d: 16 output depths, chunks 4, 8, 16.
+        let x3d = case("x3d-3x3x3");
+        assert_eq!(valid_configs(&v, &x3d).len(), 4 * 3 * 3);
+        assert_eq!(v.default_config(&x3d).get("dchunk"), Some(8));
+        assert_eq!(valid_configs(&v, &case("seed-bf16")).len(), 4 * 5 * 3);
     }
 }
