@@ -2,8 +2,9 @@
 
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
 use evokernel::cuda::GpuInfo;
+use evokernel::dispatch::Choice;
 use evokernel::profile::ProfileReport;
-use evokernel::session::{RunReport, TuneReport};
+use evokernel::session::{CaseReport, RowReport, RunReport, TuneReport};
 
 fn num(x: Option<f64>, digits: usize) -> String {
     x.map(|v| format!("{v:.digits$}"))
@@ -64,7 +65,10 @@ pub fn render(report: &RunReport) -> String {
             } else {
                 String::new()
             };
-            let name = row.config.clone().unwrap_or_else(|| row.name.clone());
+            let mut name = row.config.clone().unwrap_or_else(|| row.name.clone());
+            if chosen(case).is_some_and(|c| row.config.as_deref() == Some(c.config.as_str())) {
+                name.push_str("  <- auto");
+            }
             let mut cells = vec![
                 Cell::new(label),
                 Cell::new(name),
@@ -114,8 +118,97 @@ pub fn render(report: &RunReport) -> String {
         for (name, why) in &case.skipped {
             out.push_str(&format!("\n{}: {name} not run: {why}", case.name));
         }
+        match &case.dispatch {
+            Some(Ok(c)) => out.push_str(&format!(
+                "\n{}: auto picks {} ({})",
+                case.name, c.config, c.reason
+            )),
+            Some(Err(e)) => out.push_str(&format!("\n{}: no GPU kernel takes it: {e}", case.name)),
+            None => {}
+        }
+    }
+    if report.cases.len() > 1 {
+        if let Some(summary) = dispatch_summary(report) {
+            out.push_str("\n\n");
+            out.push_str(&summary);
+        }
     }
     out
+}
+
+fn chosen(case: &CaseReport) -> Option<&Choice> {
+    case.dispatch.as_ref().and_then(|d| d.as_ref().ok())
+}
+
+/// One row per case: what dispatch picks, its time against the floor and cuDNN, and
+/// the fastest implementation measured when that is another one; then the geometric
+/// mean speedup over cuDNN and how many cases reach half their floor.
+pub fn dispatch_summary(report: &RunReport) -> Option<String> {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(vec![
+        "case",
+        "auto picks",
+        "ms",
+        "floor ms",
+        "% floor",
+        "cuDNN ms",
+        "x cuDNN",
+        "fastest measured, if another",
+    ]);
+    let mut logs = Vec::new();
+    let mut half = 0;
+    let mut rows = 0;
+    for case in &report.cases {
+        let Some(choice) = chosen(case) else { continue };
+        let ms = |r: &RowReport| r.timing.map(|t| t.median_ms);
+        let row = case
+            .rows
+            .iter()
+            .find(|r| r.config.as_deref() == Some(choice.config.as_str()));
+        let cudnn = case.rows.iter().find(|r| r.name == "cudnn").and_then(ms);
+        let time = row.and_then(ms);
+        let pct = time.zip(case.floor_ms).map(|(t, f)| 100.0 * f / t);
+        let ratio = time.zip(cudnn).map(|(t, c)| c / t);
+        if let Some(r) = ratio {
+            logs.push(r.ln());
+        }
+        if pct.is_some_and(|p| p >= 50.0) {
+            half += 1;
+        }
+        let fastest = case
+            .rows
+            .iter()
+            .filter(|r| r.name != "cudnn")
+            .filter_map(|r| Some((r, ms(r)?)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        let other = match (fastest, time) {
+            (Some((r, f)), Some(t)) if f < t * 0.97 => {
+                format!("{} {f:.3} ms", r.config.as_deref().unwrap_or(&r.name))
+            }
+            _ => String::new(),
+        };
+        rows += 1;
+        t.add_row(vec![
+            Cell::new(&case.name),
+            Cell::new(&choice.config),
+            right(num(time, 3)),
+            right(num(case.floor_ms, 3)),
+            right(num(pct, 0)),
+            right(num(cudnn, 3)),
+            right(num(ratio, 1)),
+            Cell::new(other),
+        ]);
+    }
+    if rows == 0 || logs.is_empty() && report.cases.iter().all(|c| c.floor_ms.is_none()) {
+        return None;
+    }
+    let geomean = (!logs.is_empty()).then(|| (logs.iter().sum::<f64>() / logs.len() as f64).exp());
+    Some(format!(
+        "{t}\nauto vs cuDNN: geometric mean {}x over {} cases (target 8x); at >= 50% of the floor: {half} of {rows} cases",
+        num(geomean, 1),
+        logs.len()
+    ))
 }
 
 pub fn devices(list: &[GpuInfo]) -> String {
@@ -358,4 +451,35 @@ pub fn profile(report: &ProfileReport) -> String {
         ]);
     }
     out + "\n" + &t.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use evokernel::suite::public_suite;
+    use evokernel::tune::TuneCache;
+
+    /// The recorded H100 suite run (default configs) with today's dispatch decisions:
+    /// the summary's arithmetic on real numbers.
+    #[test]
+    fn dispatch_summary_of_the_recorded_h100_suite() {
+        let mut report: RunReport =
+            serde_json::from_str(include_str!("../../../docs/results/h100-suite-e4c070a.json"))
+                .unwrap();
+        let cache = TuneCache::open(&std::env::temp_dir().join("evk-table-none/tune.json"));
+        let suite = public_suite().unwrap();
+        for case in &mut report.cases {
+            let spec = &suite.iter().find(|c| c.name == case.name).unwrap().spec;
+            case.dispatch = Some(evokernel::dispatch::choose(spec, "H100", "13.0", &cache, &[]));
+        }
+        let text = dispatch_summary(&report).unwrap();
+        // Picked per case / cuDNN: 96.2, 21.3, 97.4, 4.8, 8.5, 5.3, 55.6, 10.1, 4.3, 8.1.
+        assert!(text.contains("geometric mean 15.6x over 10 cases"), "{text}");
+        assert!(text.contains("at >= 50% of the floor: 0 of 10 cases"), "{text}");
+        // Dispatch picked the fastest everywhere: no case names a faster one.
+        assert!(!text.contains(" ms "), "{text}");
+        let full = render(&report);
+        assert!(full.contains("<- auto"), "{full}");
+        assert!(full.contains("causal-conv1d: auto picks smem_tile"), "{full}");
+    }
 }

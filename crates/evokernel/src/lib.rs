@@ -8,6 +8,7 @@ pub mod bench;
 pub mod cache;
 pub mod cpu;
 pub mod cuda;
+pub mod dispatch;
 pub mod error;
 pub mod profile;
 pub mod reference;

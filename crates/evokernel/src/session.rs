@@ -9,6 +9,7 @@ use crate::cpu::{self, Isa};
 use crate::cuda::cudnn::CudnnRun;
 use crate::cuda::run::{DeviceProblem, KernelRun};
 use crate::cuda::{CudaDevice, GpuInfo, KernelResources};
+use crate::dispatch::{choose, Choice};
 use crate::error::{Error, Result};
 use crate::spec::ConvSpec;
 use crate::tune::{search, CacheEntry, SearchProgress, Strategy, TuneCache};
@@ -103,6 +104,10 @@ pub struct CaseReport {
     pub skipped: Vec<(String, String)>,
     /// What cuDNN's algorithm search measured, when the baseline ran.
     pub baseline_search: Vec<crate::cuda::cudnn::AlgoTime>,
+    /// The kernel evokernel picks for this spec on this device, or why none can take
+    /// it (GPU only).
+    #[serde(default)]
+    pub dispatch: Option<std::result::Result<Choice, String>>,
 }
 
 impl CaseReport {
@@ -365,6 +370,7 @@ impl Session {
         };
         let mut skipped = Vec::new();
         let mut baseline_search = Vec::new();
+        let mut dispatch = None;
         let rows = match &self.backend {
             Backend::Cpu => {
                 let mut run = CpuRun::new(&problem);
@@ -376,6 +382,14 @@ impl Session {
                 progress("uploading inputs");
                 let dp = DeviceProblem::upload(dev, &problem)?;
                 let tune_cache = TuneCache::open_default();
+                let info = dev.info();
+                dispatch = Some(choose(
+                    spec,
+                    &info.name,
+                    &info.driver_version,
+                    &tune_cache,
+                    &opts.configs,
+                ));
                 let mut rows = Vec::new();
                 progress("cuDNN: searching algorithms");
                 let mut baseline = match opts.wants("cudnn").then(|| CudnnRun::new(&dp)) {
@@ -404,7 +418,15 @@ impl Session {
                     }
                     let (config, source) = choose_config(dev, &tune_cache, opts, v, spec);
                     progress(&format!("compiling {config}"));
-                    let mut run = KernelRun::new(&dp, v, &config)?;
+                    let mut run = match KernelRun::new(&dp, v, &config) {
+                        Ok(run) => run,
+                        // E.g. a size past the kernels' 32-bit per-dim indices.
+                        Err(e @ Error::NotApplicable { .. }) => {
+                            skipped.push((v.name().to_string(), e.to_string()));
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    };
                     let base = baseline.as_mut().map(|b| b as &mut dyn ConvRun);
                     let mut row = measure(
                         &mut run, base, &problem, &reference, sets, opts, floor_ms, progress,
@@ -433,6 +455,7 @@ impl Session {
             rows,
             skipped,
             baseline_search,
+            dispatch,
         })
     }
 

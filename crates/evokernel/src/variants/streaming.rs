@@ -136,7 +136,9 @@ mod tests {
         let conv1d = case("causal-conv1d");
         let all = valid_configs(&v, &conv1d);
         assert_eq!(all.len(), 4 * 2);
-        assert!(all.iter().all(|c| c.get("stages") != Some(3) && c.get("dchunk") == Some(4)));
+        assert!(all
+            .iter()
+            .all(|c| c.get("stages") != Some(3) && c.get("dchunk") == Some(4)));
         let cfg = Config::new("streaming", &[("warps", 4), ("dchunk", 4), ("stages", 3)]);
         let err = v.specialization(&conv1d, &cfg).unwrap_err().to_string();
         assert!(err.contains("shared memory"), "{err}");

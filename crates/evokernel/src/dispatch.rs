@@ -1,0 +1,187 @@
+//! Which kernel computes a spec when the user names none: a forced config first, then
+//! the fastest tuned result for this device and spec, then a ranking of the variants
+//! measured on the public suite (docs/perf.md). `naive` applies to every spec the
+//! kernels' 32-bit per-dimension indices can address, so only sizes past 2^31 along one
+//! dimension have no GPU answer (the CPU backend takes those).
+
+use serde::{Deserialize, Serialize};
+
+use crate::cuda::ConvArgs;
+use crate::spec::ConvSpec;
+use crate::tune::TuneCache;
+use crate::variants::{check_config, registry, Config, Variant};
+
+/// The dispatcher's answer and why.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Choice {
+    pub variant: String,
+    pub config: String,
+    /// "forced", "tuned: 0.287 ms", or "ranked" with the rule that decided.
+    pub reason: String,
+}
+
+/// Expected order of the variants on `spec`, fastest first (lower is better), from the
+/// H100 measurements of the public suite: the tensor-core paths win wherever their
+/// 16-row tiles are filled, lose badly on 1-D rows (15 of 16 tile rows are padding:
+/// causal-conv1d 1.09-2.6 ms vs smem_tile 0.12 ms); streaming only pays off when there
+/// are output depths to slide over (convnext: tensor_core 0.099 vs streaming 0.109 ms).
+fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
+    let [od, oh, _] = spec.output3();
+    let rows_fill_tiles = oh >= 8;
+    match v.name() {
+        "streaming" if rows_fill_tiles && od > 1 => (0, "tensor cores, streaming along depth"),
+        "tensor_core" if rows_fill_tiles => (1, "tensor cores"),
+        "streaming" if rows_fill_tiles => (2, "tensor cores, one output depth"),
+        "smem_tile" => (3, "shared-memory tiles (few output rows for tensor cores)"),
+        "channels_last" => (4, "channels-last kernel"),
+        "tensor_core" | "streaming" => (7, "tensor cores on short rows"),
+        "naive" => (9, "the general kernel (no faster variant applies)"),
+        _ => (5, "unranked variant"),
+    }
+}
+
+/// The variant and config for `spec` on `device` with `driver`; `Err` says why no GPU
+/// kernel can take the spec.
+pub fn choose(
+    spec: &ConvSpec,
+    device: &str,
+    driver: &str,
+    cache: &TuneCache,
+    forced: &[Config],
+) -> Result<Choice, String> {
+    ConvArgs::new(spec, 0, 0, 0).map_err(|e| e.to_string())?;
+    let applicable: Vec<&'static dyn Variant> = registry()
+        .into_iter()
+        .filter(|v| v.applies(spec).is_ok())
+        .collect();
+    // A forced config for an applicable variant wins (the first one given).
+    if let Some((v, c)) = forced.iter().find_map(|c| {
+        let v = applicable.iter().find(|v| v.name() == c.variant)?;
+        check_config(*v, spec, c).ok().map(|_| (v, c))
+    }) {
+        return Ok(Choice {
+            variant: v.name().into(),
+            config: c.to_string(),
+            reason: "forced".into(),
+        });
+    }
+    let tuned = applicable
+        .iter()
+        .filter_map(|v| {
+            let e = cache.get(device, driver, &spec.key(), v.name())?;
+            let c: Config = e.config.parse().ok()?;
+            check_config(*v, spec, &c).ok()?;
+            Some((v, c, e.ms))
+        })
+        .min_by(|a, b| a.2.total_cmp(&b.2));
+    if let Some((v, c, ms)) = tuned {
+        return Ok(Choice {
+            variant: v.name().into(),
+            config: c.to_string(),
+            reason: format!("tuned: {ms:.3} ms, fastest in the tune cache for this device"),
+        });
+    }
+    let (v, (_, why)) = applicable
+        .iter()
+        .map(|v| (*v, rank(*v, spec)))
+        .min_by_key(|(_, (r, _))| *r)
+        .ok_or_else(|| format!("no variant applies to {spec}"))?;
+    Ok(Choice {
+        variant: v.name().into(),
+        config: v.default_config(spec).to_string(),
+        reason: format!("ranked: {why}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::suite::public_suite;
+    use crate::tune::CacheEntry;
+
+    fn empty_cache() -> TuneCache {
+        TuneCache::open(&std::env::temp_dir().join("evk-dispatch-none/tune.json"))
+    }
+
+    /// The ranking picks the variant that was fastest with default configs on the H100
+    /// for every public-suite case (docs/perf.md, run 13).
+    #[test]
+    fn ranking_matches_the_measured_winner_of_every_public_case() {
+        let winners = [
+            ("seed-bf16", "streaming"),
+            ("seed-bf16-ndhwc", "channels_last"),
+            ("seed-f16", "streaming"),
+            ("seed-f32", "smem_tile"),
+            ("x3d-3x3x3", "streaming"),
+            ("video-vae-causal", "streaming"),
+            ("convnext-7x7", "tensor_core"),
+            ("mobilenet-s2", "channels_last"),
+            ("causal-conv1d", "smem_tile"),
+            ("odd-dilated", "naive"),
+        ];
+        let cache = empty_cache();
+        for case in public_suite().unwrap() {
+            let want = winners.iter().find(|w| w.0 == case.name).unwrap().1;
+            let c = choose(&case.spec, "H100", "13.0", &cache, &[]).unwrap();
+            assert_eq!(c.variant, want, "{}: {}", case.name, c.reason);
+            assert!(c.reason.starts_with("ranked"));
+        }
+    }
+
+    #[test]
+    fn forced_beats_tuned_beats_ranked() {
+        let spec = public_suite().unwrap().remove(0).spec;
+        let dir = std::env::temp_dir().join(format!("evk-dispatch-{}", std::process::id()));
+        let mut cache = TuneCache::open(&dir.join("tune.json"));
+        for (variant, config, ms) in [
+            ("tensor_core", "tensor_core:warps=8", 0.9),
+            ("smem_tile", "smem_tile:block=128,out_w=4", 0.5),
+        ] {
+            cache
+                .record(CacheEntry {
+                    device: "H100".into(),
+                    driver: "13.0".into(),
+                    spec_key: spec.key(),
+                    variant: variant.into(),
+                    config: config.into(),
+                    ms,
+                    date_utc: "2026-11-22".into(),
+                })
+                .unwrap();
+        }
+        let c = choose(&spec, "H100", "13.0", &cache, &[]).unwrap();
+        assert_eq!(c.config, "smem_tile:block=128,out_w=4");
+        assert!(c.reason.starts_with("tuned"));
+        // Another device's results do not count.
+        assert_eq!(
+            choose(&spec, "H200", "13.0", &cache, &[]).unwrap().variant,
+            "streaming"
+        );
+        let forced: Config = "naive:block=128,waves=8".parse().unwrap();
+        let c = choose(&spec, "H100", "13.0", &cache, &[forced]).unwrap();
+        assert_eq!((c.variant.as_str(), c.reason.as_str()), ("naive", "forced"));
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    /// A per-dimension size past the kernels' 32-bit indices is refused with a clear
+    /// error before any kernel sees it (total sizes past 2^31 are fine: offsets are
+    /// 64-bit in every kernel).
+    #[test]
+    fn sizes_past_the_kernels_indices_are_refused_up_front() {
+        let params = |w: i64| crate::ConvParams {
+            n: 1,
+            c: 1,
+            input: vec![w],
+            kernel: vec![3],
+            stride: vec![],
+            dilation: vec![],
+            padding: vec![],
+            layout: crate::Layout::ChannelsFirst,
+            dtype: crate::DType::Bf16,
+        };
+        let err = params(3_000_000_000).validate().unwrap_err().to_string();
+        assert!(err.contains("2147483647"), "{err}");
+        let big = params(i32::MAX as i64).validate().unwrap();
+        assert!(choose(&big, "H100", "13.0", &empty_cache(), &[]).is_ok());
+    }
+}
