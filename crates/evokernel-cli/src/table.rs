@@ -463,23 +463,45 @@ mod tests {
     /// the summary's arithmetic on real numbers.
     #[test]
     fn dispatch_summary_of_the_recorded_h100_suite() {
-        let mut report: RunReport =
-            serde_json::from_str(include_str!("../../../docs/results/h100-suite-e4c070a.json"))
-                .unwrap();
+        let mut report: RunReport = serde_json::from_str(include_str!(
+            "../../../docs/results/h100-suite-e4c070a.json"
+        ))
+        .unwrap();
         let cache = TuneCache::open(&std::env::temp_dir().join("evk-table-none/tune.json"));
         let suite = public_suite().unwrap();
         for case in &mut report.cases {
             let spec = &suite.iter().find(|c| c.name == case.name).unwrap().spec;
-            case.dispatch = Some(evokernel::dispatch::choose(spec, "H100", "13.0", &cache, &[]));
+            case.dispatch = Some(evokernel::dispatch::choose(
+                spec,
+                "H100",
+                "13.0",
+                &cache,
+                &[],
+            ));
         }
         let text = dispatch_summary(&report).unwrap();
         // Picked per case / cuDNN: 96.2, 21.3, 97.4, 4.8, 8.5, 5.3, 55.6, 10.1, 4.3, 8.1.
-        assert!(text.contains("geometric mean 15.6x over 10 cases"), "{text}");
-        assert!(text.contains("at >= 50% of the floor: 0 of 10 cases"), "{text}");
+        assert!(
+            text.contains("geometric mean 15.6x over 10 cases"),
+            "{text}"
+        );
+        assert!(
+            text.contains("at >= 50% of the floor: 0 of 10 cases"),
+            "{text}"
+        );
         // Dispatch picked the fastest everywhere: no case names a faster one.
-        assert!(!text.contains(" ms "), "{text}");
+        let data = text.lines().filter(|l| l.starts_with('│')).skip(1);
+        assert!(data.clone().count() == 10, "{text}");
+        assert!(
+            data.into_iter()
+                .all(|l| l.rsplit('┆').next().unwrap().trim() == "│"),
+            "{text}"
+        );
         let full = render(&report);
         assert!(full.contains("<- auto"), "{full}");
-        assert!(full.contains("causal-conv1d: auto picks smem_tile"), "{full}");
+        assert!(
+            full.contains("causal-conv1d: auto picks smem_tile"),
+            "{full}"
+        );
     }
 }
