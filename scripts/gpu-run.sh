@@ -11,7 +11,7 @@ step() { local name=$1; shift; local t0=$SECONDS; timeout "${LIMIT:-300}" "$@" >
 : > "$out/summary.txt"
 for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
   case $s in
-    tests) step tests bash .gpu/run-tests.sh ;;
+    tests) LIMIT=450 step tests bash .gpu/run-tests.sh ;;
     devices) step devices .gpu/evokernel devices --json "$out/devices.json" ;;
     run) step run .gpu/evokernel run --json "$out/run.json" ;;
     torch) step torch python3 scripts/torch_baseline.py ;;

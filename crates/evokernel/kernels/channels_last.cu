@@ -3,7 +3,8 @@
 // OUT_W consecutive outputs along W, so input and output accesses are 16-byte vectors
 // coalesced across the warp. The block's weights sit in shared memory tap-major
 // ([tap][channel], f32), so one tap's weights for a thread are two 16-byte reads instead
-// of VEC scattered global loads. Any stride, dilation and padding; C % VEC == 0.
+// of VEC scattered global loads. Any stride, dilation and padding; VEC is 16 bytes of
+// channels when C is a multiple of it, else 1 (scalar accesses, any C).
 template <typename T, int VEC, int OUT_W, int KD, int KH, int KW>
 __global__ void __launch_bounds__(256) channels_last_dwconv(ConvArgs a) {
     extern __shared__ __align__(16) float wsh[];
@@ -54,10 +55,15 @@ __global__ void __launch_bounds__(256) channels_last_dwconv(ConvArgs a) {
                 for (int kw = 0; kw < KW; ++kw) {
                     const float* wt = wsh + ((kd * KH + kh) * KW + kw) * CB + cv * VEC;
                     float wv[VEC];
+                    if constexpr (VEC % 4 == 0) {
 #pragma unroll
-                    for (int v = 0; v < VEC; v += 4) {
-                        const float4 q = *reinterpret_cast<const float4*>(wt + v);
-                        wv[v] = q.x; wv[v + 1] = q.y; wv[v + 2] = q.z; wv[v + 3] = q.w;
+                        for (int v = 0; v < VEC; v += 4) {
+                            const float4 q = *reinterpret_cast<const float4*>(wt + v);
+                            wv[v] = q.x; wv[v + 1] = q.y; wv[v + 2] = q.z; wv[v + 3] = q.w;
+                        }
+                    } else {
+#pragma unroll
+                        for (int v = 0; v < VEC; ++v) wv[v] = wt[v];
                     }
 #pragma unroll
                     for (int o = 0; o < OUT_W; ++o) {

@@ -67,6 +67,12 @@ template <> struct Vec16<float, 4> {
     }
 };
 
+// One element: channel counts that are not a multiple of the 16-byte vector.
+template <typename T> struct Vec16<T, 1> {
+    static __device__ __forceinline__ void load(const T* p, float* f) { f[0] = to_f32(p[0]); }
+    static __device__ __forceinline__ void store(T* p, const float* f) { p[0] = from_f32<T>(f[0]); }
+};
+
 __device__ __forceinline__ void store_elem(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_elem(float* p, __half v) { *p = __half2float(v); }
 __device__ __forceinline__ void store_elem(float* p, __nv_bfloat16 v) { *p = __bfloat162float(v); }
@@ -161,16 +167,58 @@ __host__ __device__ constexpr int tc_row_stride(int nt) {
 }
 
 
+// Output (n, c, od, oh, ow) summed tap by tap over in-bounds inputs only, straight from
+// global memory: the naive kernel's body, and the exact answer the tensor-core kernels
+// fall back to (see store_c_fragment).
+template <typename T, bool CHANNELS_LAST, int KD, int KH, int KW>
+__device__ __forceinline__ float direct_output(const ConvArgs& a, long long n, long long c, int od,
+                                               int oh, int ow) {
+    const T* __restrict__ x = static_cast<const T*>(a.x);
+    const T* __restrict__ w = static_cast<const T*>(a.w);
+    const long long in_spatial = (long long)a.id * a.ih * a.iw;
+    float acc = 0.f;
+#pragma unroll
+    for (int kd = 0; kd < KD; ++kd) {
+        const int zd = od * a.sd + kd * a.dd - a.pd;
+        if (zd < 0 || zd >= a.id) continue;
+#pragma unroll
+        for (int kh = 0; kh < KH; ++kh) {
+            const int zh = oh * a.sh + kh * a.dh - a.ph;
+            if (zh < 0 || zh >= a.ih) continue;
+#pragma unroll
+            for (int kw = 0; kw < KW; ++kw) {
+                const int zw = ow * a.sw + kw * a.dw - a.pw;
+                if (zw < 0 || zw >= a.iw) continue;
+                const long long pos = ((long long)zd * a.ih + zh) * a.iw + zw;
+                const long long xi = CHANNELS_LAST ? (n * in_spatial + pos) * a.c + c
+                                                   : (n * a.c + c) * in_spatial + pos;
+                acc = fmaf(to_f32(x[xi]), to_f32(w[((c * KD + kd) * KH + kh) * KW + kw]), acc);
+            }
+        }
+    }
+    return acc;
+}
+
 // Writes one m16n8 f32 accumulator fragment as T: rows h0 + lane/4 (+8), columns
 // w0 + 2*(lane%4) (+1); the two columns go as one 4-byte store when aligned.
-template <typename T>
-__device__ __forceinline__ void store_c_fragment(T* yout, const float* acc, int h0, int w0, int lane,
-                                                 const ConvArgs& a) {
+// The banded B matrix multiplies every input of a 16-wide window, so one NaN or Inf
+// input turns all 8 outputs of a tile NaN (x * 0 = NaN), not only those whose window
+// holds it. A non-finite accumulator is therefore recomputed exactly by direct_output,
+// which propagates like PyTorch; a finite one cannot have been contaminated.
+template <typename T, int KD, int KH, int KW>
+__device__ __forceinline__ void store_c_fragment(T* yout, float* acc, int h0, int w0, int lane,
+                                                 const ConvArgs& a, long long nc, int od) {
     const int col = w0 + (lane & 3) * 2;  // may be negative for shifted tiles
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int row = h0 + (lane >> 2) + half * 8;
         if (row >= a.oh) continue;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            float& v = acc[2 * half + j];
+            if (!isfinite(v) && col + j >= 0 && col + j < a.ow)
+                v = direct_output<T, false, KD, KH, KW>(a, nc / a.c, nc % a.c, od, row, col + j);
+        }
         T* p = yout + (long long)row * a.ow + col;
         const T lo = from_f32<T>(acc[2 * half]), hi = from_f32<T>(acc[2 * half + 1]);
         if (col >= 0 && col + 1 < a.ow && (reinterpret_cast<unsigned long long>(p) & 3) == 0) {

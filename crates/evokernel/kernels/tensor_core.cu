@@ -49,6 +49,6 @@ __global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a) {
                 Mma<T>::run(acc, af, bf[kd * KH + kh]);
             }
         }
-        store_c_fragment(yout, acc, h0, w0, lane, a);
+        store_c_fragment<T, KD, KH, KW>(yout, acc, h0, w0, lane, a, nc, od);
     }
 }

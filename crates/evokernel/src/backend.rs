@@ -71,6 +71,19 @@ impl Problem {
     pub fn sets(&self) -> usize {
         self.inputs.len()
     }
+
+    /// Puts a NaN, a +Inf and a -Inf at seeded positions of every input set. Edge
+    /// tests: like PyTorch, exactly the outputs whose window covers one must be
+    /// non-finite (the oracle says which and of what kind).
+    pub fn inject_non_finite(&mut self, seed: u64) {
+        let mut rng = crate::tensor::SplitMix64::new(seed);
+        for x in &mut self.inputs {
+            for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+                let i = (rng.next_u64() % x.len() as u64) as usize;
+                x.set_f64(i, v);
+            }
+        }
+    }
 }
 
 /// Input sets to rotate among: enough that input + output of all sets exceed twice the

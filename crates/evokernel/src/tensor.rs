@@ -247,6 +247,11 @@ impl HostTensor {
         with_elements!(&self.data, v => v[i].to_f32() as f64)
     }
 
+    /// Sets element `i`, rounded to the tensor's dtype (NaN and infinities kept).
+    pub fn set_f64(&mut self, i: usize, x: f64) {
+        with_elements!(&mut self.data, v => v[i] = Element::from_f32(x as f32))
+    }
+
     pub fn to_f64_vec(&self) -> Vec<f64> {
         with_elements!(&self.data, v => v.par_iter().map(|x| x.to_f32() as f64).collect())
     }
@@ -300,7 +305,9 @@ pub fn compare(y: &HostTensor, reference: &[f64]) -> Result<Comparison> {
         bad: usize,
     }
     let fold = |mut a: Acc, (yv, r): (f64, f64)| {
-        if yv.is_finite() != r.is_finite() || (r.is_nan() && !yv.is_nan()) {
+        // Non-finite results must match in kind: NaN for NaN, the same infinity.
+        let same_kind = if r.is_nan() { yv.is_nan() } else { yv == r };
+        if yv.is_finite() != r.is_finite() || (!r.is_finite() && !same_kind) {
             a.bad += 1;
         } else if r.is_finite() {
             let e = yv - r;
@@ -423,5 +430,23 @@ mod tests {
         let exact = compare(&y, &[3.0, 4.5]).unwrap();
         assert!(exact.passes(DType::F32));
         assert!(compare(&y, &[1.0]).is_err());
+    }
+
+    #[test]
+    fn non_finite_values_must_match_in_kind() {
+        for dtype in DType::ALL {
+            let mut y = HostTensor::zeros(dtype, &[4]);
+            for (i, v) in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1.0]
+                .into_iter()
+                .enumerate()
+            {
+                y.set_f64(i, v);
+            }
+            let same = compare(&y, &[f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1.0]).unwrap();
+            assert_eq!(same.non_finite, 0, "{dtype}");
+            assert!(same.passes(dtype));
+            let swapped = compare(&y, &[f64::INFINITY, f64::NAN, f64::INFINITY, f64::NAN]).unwrap();
+            assert_eq!(swapped.non_finite, 4, "{dtype}");
+        }
     }
 }

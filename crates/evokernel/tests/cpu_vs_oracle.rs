@@ -1,6 +1,7 @@
 //! Property tests: random valid specs over every dimension of the spec space, CPU
 //! backend against the f64 oracle under MEASURE.md's gates.
 
+use evokernel::backend::Problem;
 use evokernel::cpu::conv_cpu;
 use evokernel::reference::conv_reference;
 use evokernel::tensor::compare;
@@ -69,6 +70,18 @@ proptest! {
         let mut y = HostTensor::nan(spec.dtype(), &spec.output_shape());
         conv_cpu(&spec, &x, &w, &mut y).unwrap();
         let r = conv_reference(&spec, &x, &w).unwrap();
+        let c = compare(&y, &r).unwrap();
+        prop_assert!(c.passes(spec.dtype()), "{} seed {}: {:?}", spec, seed, c);
+    }
+
+    #[test]
+    fn cpu_propagates_nan_and_inf_like_the_oracle(spec in spec(), seed in any::<u64>()) {
+        let mut p = Problem::random(&spec, seed, 1);
+        p.inject_non_finite(seed);
+        let mut y = HostTensor::nan(spec.dtype(), &spec.output_shape());
+        conv_cpu(&spec, &p.inputs[0], &p.weight, &mut y).unwrap();
+        let r = conv_reference(&spec, &p.inputs[0], &p.weight).unwrap();
+        // (With strides, a poisoned input may feed no output at all.)
         let c = compare(&y, &r).unwrap();
         prop_assert!(c.passes(spec.dtype()), "{} seed {}: {:?}", spec, seed, c);
     }

@@ -2,7 +2,7 @@
 
 use super::{check_config, cuda_type, Config, Launch, Param, Variant, MAX_SHARED};
 use crate::error::Result;
-use crate::spec::{ConvSpec, DType, Layout};
+use crate::spec::{ConvSpec, Layout};
 
 pub struct ChannelsLast;
 
@@ -14,9 +14,15 @@ fn weight_bytes(spec: &ConvSpec) -> usize {
     spec.taps() * BLOCK_CHANNELS * 4
 }
 
-/// Channels per 16-byte vector.
-fn vec_width(d: DType) -> usize {
-    16 / d.size_bytes()
+/// Channels per thread: a 16-byte vector when C is a multiple of it (aligned vector
+/// accesses), else one.
+fn vec_width(spec: &ConvSpec) -> usize {
+    let v = 16 / spec.dtype().size_bytes();
+    if spec.c().is_multiple_of(v) {
+        v
+    } else {
+        1
+    }
 }
 
 impl Variant for ChannelsLast {
@@ -29,13 +35,6 @@ impl Variant for ChannelsLast {
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
         if spec.layout() != Layout::ChannelsLast {
             return Err("needs a channels-last layout".into());
-        }
-        let v = vec_width(spec.dtype());
-        if !spec.c().is_multiple_of(v) {
-            return Err(format!(
-                "channels {} are not a multiple of the {v}-wide vector",
-                spec.c()
-            ));
         }
         if weight_bytes(spec) > MAX_SHARED {
             return Err(format!(
@@ -66,7 +65,7 @@ impl Variant for ChannelsLast {
         Ok(format!(
             "channels_last_dwconv<{}, {}, {}, {kd}, {kh}, {kw}>",
             cuda_type(spec.dtype()),
-            vec_width(spec.dtype()),
+            vec_width(spec),
             config.get("out_w").unwrap_or(2)
         ))
     }
@@ -76,7 +75,7 @@ impl Variant for ChannelsLast {
         let block = config.get("block").unwrap_or(256) as u32;
         let [od, oh, ow] = spec.output3();
         let positions = (spec.n() * od * oh * ow.div_ceil(out_w)) as u64;
-        let per_block = block as u64 / (BLOCK_CHANNELS / vec_width(spec.dtype())) as u64;
+        let per_block = block as u64 / (BLOCK_CHANNELS / vec_width(spec)) as u64;
         let channel_blocks = spec.c().div_ceil(BLOCK_CHANNELS) as u32;
         // Enough blocks for several waves; the kernel's loop covers the rest.
         let cap = (sms.max(1) as u64 * 16)
