@@ -15,8 +15,16 @@ __global__ void __launch_bounds__(256) channels_last_dwconv(ConvArgs a) {
     const T* __restrict__ w = static_cast<const T*>(a.w);
     T* __restrict__ y = static_cast<T*>(a.y);
     const long long cbase = (long long)blockIdx.y * CB;
+    // With 16-byte vectors a thread's VEC/4 float4 pieces are interleaved across
+    // threads, [tap][piece][cv][4], so a quarter-warp's float4 reads hit distinct banks;
+    // [tap][channel] made them 2-way conflicts (ncu: 50% of shared wavefronts).
     for (int i = threadIdx.x; i < TAPS * CB; i += blockDim.x) {
-        const int t = i / CB, cl = i - t * CB;
+        const int t = i / CB, r = i - t * CB;
+        int cl = r;
+        if constexpr (VEC % 4 == 0) {
+            const int q = r / (CV * 4), rem = r - q * (CV * 4);
+            cl = (rem >> 2) * VEC + q * 4 + (rem & 3);
+        }
         wsh[i] = (cbase + cl < a.c) ? to_f32(w[(cbase + cl) * TAPS + t]) : 0.f;
     }
     __syncthreads();
@@ -53,17 +61,17 @@ __global__ void __launch_bounds__(256) channels_last_dwconv(ConvArgs a) {
                 const T* row = x + (((n * a.id + zd) * a.ih + zh) * (long long)a.iw) * a.c + c0;
 #pragma unroll
                 for (int kw = 0; kw < KW; ++kw) {
-                    const float* wt = wsh + ((kd * KH + kh) * KW + kw) * CB + cv * VEC;
+                    const float* wt = wsh + ((kd * KH + kh) * KW + kw) * CB;
                     float wv[VEC];
                     if constexpr (VEC % 4 == 0) {
 #pragma unroll
                         for (int v = 0; v < VEC; v += 4) {
-                            const float4 q = *reinterpret_cast<const float4*>(wt + v);
+                            const float4 q = *reinterpret_cast<const float4*>(wt + ((v / 4) * CV + cv) * 4);
                             wv[v] = q.x; wv[v + 1] = q.y; wv[v + 2] = q.z; wv[v + 3] = q.w;
                         }
                     } else {
 #pragma unroll
-                        for (int v = 0; v < VEC; ++v) wv[v] = wt[v];
+                        for (int v = 0; v < VEC; ++v) wv[v] = wt[cv * VEC + v];
                     }
 #pragma unroll
                     for (int o = 0; o < OUT_W; ++o) {

@@ -199,26 +199,52 @@ __device__ __forceinline__ float direct_output(const ConvArgs& a, long long n, l
     return acc;
 }
 
-// Writes one m16n8 f32 accumulator fragment as T: rows h0 + lane/4 (+8), columns
-// w0 + 2*(lane%4) (+1); the two columns go as one 4-byte store when aligned.
 // The banded B matrix multiplies every input of a 16-wide window, so one NaN or Inf
 // input turns all 8 outputs of a tile NaN (x * 0 = NaN), not only those whose window
-// holds it. A non-finite accumulator is therefore recomputed exactly by direct_output,
-// which propagates like PyTorch; a finite one cannot have been contaminated.
+// holds it. The tensor-core kernels therefore note when a fragment is not finite and,
+// at their very end (outside the hot loop, so it costs it no registers), let the block
+// recompute its non-finite outputs exactly: that propagates like PyTorch, and a finite
+// output cannot have been contaminated.
 template <typename T, int KD, int KH, int KW>
-__device__ __forceinline__ void store_c_fragment(T* yout, float* acc, int h0, int w0, int lane,
-                                                 const ConvArgs& a, long long nc, int od) {
+__device__ void repair_plane(const ConvArgs& a, long long nc, int od, T* yout) {
+    const T* __restrict__ x = static_cast<const T*>(a.x) + nc * (long long)a.id * a.ih * a.iw;
+    const T* __restrict__ w = static_cast<const T*>(a.w) + (nc % a.c) * (KD * KH * KW);
+    for (long long i = threadIdx.x; i < (long long)a.oh * a.ow; i += blockDim.x) {
+        if (isfinite(to_f32(yout[i]))) continue;
+        const int oh = (int)(i / a.ow), ow = (int)(i % a.ow);
+        float acc = 0.f;
+#pragma unroll 1
+        for (int kd = 0; kd < KD; ++kd) {
+            const int zd = od + kd - a.pd;
+            if (zd < 0 || zd >= a.id) continue;
+#pragma unroll 1
+            for (int kh = 0; kh < KH; ++kh) {
+                const int zh = oh + kh - a.ph;
+                if (zh < 0 || zh >= a.ih) continue;
+#pragma unroll 1
+                for (int kw = 0; kw < KW; ++kw) {
+                    const int zw = ow + kw - a.pw;
+                    if (zw < 0 || zw >= a.iw) continue;
+                    acc = fmaf(to_f32(x[((long long)zd * a.ih + zh) * a.iw + zw]),
+                               to_f32(w[(kd * KH + kh) * KW + kw]), acc);
+                }
+            }
+        }
+        yout[i] = from_f32<T>(acc);
+    }
+}
+
+// Writes one m16n8 f32 accumulator fragment as T: rows h0 + lane/4 (+8), columns
+// w0 + 2*(lane%4) (+1); the two columns go as one 4-byte store when aligned. Returns
+// whether any of the four is not finite (see repair_plane).
+template <typename T>
+__device__ __forceinline__ bool store_c_fragment(T* yout, const float* acc, int h0, int w0, int lane,
+                                                 const ConvArgs& a) {
     const int col = w0 + (lane & 3) * 2;  // may be negative for shifted tiles
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int row = h0 + (lane >> 2) + half * 8;
         if (row >= a.oh) continue;
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            float& v = acc[2 * half + j];
-            if (!isfinite(v) && col + j >= 0 && col + j < a.ow)
-                v = direct_output<T, false, KD, KH, KW>(a, nc / a.c, nc % a.c, od, row, col + j);
-        }
         T* p = yout + (long long)row * a.ow + col;
         const T lo = from_f32<T>(acc[2 * half]), hi = from_f32<T>(acc[2 * half + 1]);
         if (col >= 0 && col + 1 < a.ow && (reinterpret_cast<unsigned long long>(p) & 3) == 0) {
@@ -228,6 +254,7 @@ __device__ __forceinline__ void store_c_fragment(T* yout, float* acc, int h0, in
             if (col + 1 >= 0 && col + 1 < a.ow) p[1] = hi;
         }
     }
+    return !(isfinite(acc[0]) && isfinite(acc[1]) && isfinite(acc[2]) && isfinite(acc[3]));
 }
 
 // The banded Toeplitz B fragments (m16n8k16, "col" layout) of ROWS kernel rows of width

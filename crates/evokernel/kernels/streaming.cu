@@ -75,6 +75,7 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
     const int mat = lane >> 3;
     const int arow = (lane & 7) + ((mat & 1) << 3);
     const int acol = (mat >> 1) << 3;
+    bool non_finite = false;
     for (int od = d0; od < d1; ++od) {
         fetch(od + KD + STAGES - 1);
         cp_async_wait<STAGES>();  // slices up to od + KD - 1 have landed
@@ -95,9 +96,18 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
                     Mma<T>::run(acc, af, bf[kd * KH + kh]);
                 }
             }
-            store_c_fragment<T, KD, KH, KW>(yout, acc, h0, w0, lane, a, nc, od);
+            non_finite |= store_c_fragment(yout, acc, h0, w0, lane, a);
         }
         __syncthreads();
     }
     cp_async_wait<0>();
+    if (__syncthreads_or(non_finite)) {
+        // Recomputed from blockIdx rather than kept live through the hot loop.
+        const long long bb = blockIdx.x;
+        const int ch = (a.od + DCHUNK - 1) / DCHUNK;
+        const int e0 = (int)(bb % ch) * DCHUNK, e1 = min(e0 + DCHUNK, a.od);
+        const long long ncb = bb / ch;
+        for (int od = e0; od < e1; ++od)
+            repair_plane<T, KD, KH, KW>(a, ncb, od, y + (ncb * a.od + od) * (long long)a.oh * a.ow);
+    }
 }

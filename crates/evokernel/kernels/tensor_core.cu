@@ -35,6 +35,7 @@ __global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a) {
     const int acol = (mat >> 1) << 3;
     const unsigned tile_base = (unsigned)__cvta_generic_to_shared(tile);
     T* yout = y + (nc * a.od + od) * (long long)a.oh * a.ow;
+    bool non_finite = false;
     for (int t = warp; t < mt * nt; t += WARPS) {
         const int h0 = (t / nt) * 16, w0 = (t % nt) * 8;
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -49,6 +50,7 @@ __global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a) {
                 Mma<T>::run(acc, af, bf[kd * KH + kh]);
             }
         }
-        store_c_fragment<T, KD, KH, KW>(yout, acc, h0, w0, lane, a, nc, od);
+        non_finite |= store_c_fragment(yout, acc, h0, w0, lane, a);
     }
+    if (__syncthreads_or(non_finite)) repair_plane<T, KD, KH, KW>(a, nc, od, yout);
 }
