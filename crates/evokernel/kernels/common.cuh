@@ -14,6 +14,8 @@ struct ConvArgs {
     int sd, sh, sw;  // strides
     int dd, dh, dw;  // dilations
     int pd, ph, pw;  // padding before (padding after is implied by the output size)
+    unsigned* flag;  // tensor-core kernels write `epoch` here when an output is not finite
+    unsigned epoch;  // this launch's number (see repair.cu)
 };
 
 __device__ __forceinline__ float to_f32(float v) { return v; }
@@ -201,10 +203,11 @@ __device__ __forceinline__ float direct_output(const ConvArgs& a, long long n, l
 
 // The banded B matrix multiplies every input of a 16-wide window, so one NaN or Inf
 // input turns all 8 outputs of a tile NaN (x * 0 = NaN), not only those whose window
-// holds it. The tensor-core kernels therefore note when a fragment is not finite and,
-// at their very end (outside the hot loop, so it costs it no registers), let the block
-// recompute its non-finite outputs exactly: that propagates like PyTorch, and a finite
-// output cannot have been contaminated.
+// holds it. The tensor-core kernels therefore flag a launch with a non-finite output,
+// and repair.cu, launched right after, recomputes exactly the non-finite outputs of a
+// flagged launch: that propagates like PyTorch, and a finite output cannot have been
+// contaminated. (Repairing inside the kernel cost streaming 15%: the tail's registers
+// made ptxas rematerialize addresses in the hot loop.)
 template <typename T, int KD, int KH, int KW>
 __device__ void repair_plane(const ConvArgs& a, long long nc, int od, T* yout) {
     const T* __restrict__ x = static_cast<const T*>(a.x) + nc * (long long)a.id * a.ih * a.iw;

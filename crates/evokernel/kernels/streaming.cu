@@ -101,13 +101,5 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
         __syncthreads();
     }
     cp_async_wait<0>();
-    if (__syncthreads_or(non_finite)) {
-        // Recomputed from blockIdx rather than kept live through the hot loop.
-        const long long bb = blockIdx.x;
-        const int ch = (a.od + DCHUNK - 1) / DCHUNK;
-        const int e0 = (int)(bb % ch) * DCHUNK, e1 = min(e0 + DCHUNK, a.od);
-        const long long ncb = bb / ch;
-        for (int od = e0; od < e1; ++od)
-            repair_plane<T, KD, KH, KW>(a, ncb, od, y + (ncb * a.od + od) * (long long)a.oh * a.ow);
-    }
+    if (non_finite && a.flag) *a.flag = a.epoch;
 }

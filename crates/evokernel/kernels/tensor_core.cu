@@ -52,5 +52,5 @@ __global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a) {
         }
         non_finite |= store_c_fragment(yout, acc, h0, w0, lane, a);
     }
-    if (__syncthreads_or(non_finite)) repair_plane<T, KD, KH, KW>(a, nc, od, yout);
+    if (non_finite && a.flag) *a.flag = a.epoch;
 }

@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 
 use evokernel::cuda::calibrate;
 use evokernel::cuda::jit::Jit;
+use evokernel::cuda::run::repair_specialization;
 use evokernel::suite::public_suite;
 use evokernel::variants::registry;
 use evokernel::{ConvParams, DType, Layout};
@@ -41,6 +42,9 @@ fn every_variant_compiles_for_sm90() {
                     "{expr}"
                 );
                 work.insert((v.name(), v.source(), expr));
+                if v.needs_repair() {
+                    work.insert(repair_specialization(spec));
+                }
             }
         }
     }

@@ -108,6 +108,10 @@ pub struct ConvArgs {
     pub stride: [i32; 3],
     pub dilation: [i32; 3],
     pub pad: [i32; 3],
+    /// Where tensor-core kernels flag a non-finite output (0: nowhere), and the launch's
+    /// number they flag it with (kernels/repair.cu).
+    pub flag: u64,
+    pub epoch: u32,
 }
 
 // SAFETY: plain old data, laid out as the CUDA struct.
@@ -139,6 +143,8 @@ impl ConvArgs {
             stride: i32s("stride", spec.stride3())?,
             dilation: i32s("dilation", spec.dilation3())?,
             pad: i32s("padding", spec.pad_before3())?,
+            flag: 0,
+            epoch: 0,
         })
     }
 }

@@ -60,11 +60,28 @@ impl<'d> DeviceProblem<'d> {
     }
 }
 
+/// The kernel that recomputes the non-finite outputs a tensor-core kernel flagged
+/// (kernels/repair.cu): its name, source and specialization for `spec`.
+pub fn repair_specialization(spec: &ConvSpec) -> (&'static str, &'static str, String) {
+    let [kd, kh, kw] = spec.kernel3();
+    (
+        "repair",
+        include_str!("../../kernels/repair.cu"),
+        format!(
+            "repair_dwconv<{}, {kd}, {kh}, {kw}>",
+            crate::variants::cuda_type(spec.dtype())
+        ),
+    )
+}
+
 /// One variant at one config, compiled, loaded and bound to a problem.
 pub struct KernelRun<'p, 'd> {
     problem: &'p DeviceProblem<'d>,
     config: Config,
     kernel: LoadedKernel,
+    /// repair.cu after the kernel, with the flag it reads, for variants that need it.
+    repair: Option<(LoadedKernel, CudaSlice<u8>)>,
+    epoch: u32,
     outputs: Vec<CudaSlice<u8>>,
     args: Vec<ConvArgs>,
 }
@@ -88,17 +105,36 @@ impl<'p, 'd> KernelRun<'p, 'd> {
         let launch = variant.launch(spec, config, dev.info().sms)?;
         let kernel = dev.load(variant.name(), variant.source(), &expr, launch)?;
         let outputs = problem.outputs()?;
+        let repair = if variant.needs_repair() {
+            let (name, source, expr) = repair_specialization(spec);
+            let planes = (spec.n() * spec.c() * spec.output3()[0]) as u64;
+            let launch = crate::variants::Launch {
+                grid: (planes.min(dev.info().sms as u64 * 8).max(1) as u32, 1, 1),
+                block: (256, 1, 1),
+                shared_bytes: 0,
+            };
+            Some((dev.load(name, source, &expr, launch)?, dev.alloc(4)?))
+        } else {
+            None
+        };
+        let flag = repair.as_ref().map_or(0, |(_, f)| dev.device_ptr(f));
         let w = dev.device_ptr(&problem.weight);
         let args = problem
             .inputs
             .iter()
             .zip(&outputs)
-            .map(|(x, y)| ConvArgs::new(spec, dev.device_ptr(x), w, dev.device_ptr(y)))
+            .map(|(x, y)| {
+                let mut a = ConvArgs::new(spec, dev.device_ptr(x), w, dev.device_ptr(y))?;
+                a.flag = flag;
+                Ok(a)
+            })
             .collect::<Result<_>>()?;
         Ok(KernelRun {
             problem,
             config: config.clone(),
             kernel,
+            repair,
+            epoch: 0,
             outputs,
             args,
         })
@@ -116,10 +152,21 @@ impl ConvRun for KernelRun<'_, '_> {
     fn name(&self) -> String {
         self.config.variant.clone()
     }
+    /// Times the kernel and, for tensor-core variants, the repair launch after it (a few
+    /// microseconds when nothing was flagged).
     fn launch(&mut self, set: usize) -> Result<f64> {
         let dev = self.problem.dev;
-        let (kernel, args) = (&self.kernel, &self.args[set]);
-        dev.time(|| dev.launch(kernel, args))
+        // A fresh number per launch, so a flag left by an earlier launch means nothing.
+        self.epoch = self.epoch.wrapping_add(1).max(1);
+        self.args[set].epoch = self.epoch;
+        let (kernel, args, repair) = (&self.kernel, &self.args[set], &self.repair);
+        dev.time(|| {
+            dev.launch(kernel, args)?;
+            if let Some((r, _)) = repair {
+                dev.launch(r, args)?;
+            }
+            Ok(())
+        })
     }
     fn poison(&mut self, set: usize) -> Result<()> {
         self.problem.dev.poison(&mut self.outputs[set])

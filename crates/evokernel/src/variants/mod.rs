@@ -119,6 +119,11 @@ pub trait Variant: Sync {
     fn fits(&self, _spec: &ConvSpec, _config: &Config) -> std::result::Result<(), String> {
         Ok(())
     }
+    /// Whether the kernel flags non-finite outputs for kernels/repair.cu to recompute
+    /// (the tensor-core kernels: a NaN input poisons a whole tile there).
+    fn needs_repair(&self) -> bool {
+        false
+    }
     /// The `__global__` function's name, which profilers filter launches on.
     fn kernel_function(&self) -> String {
         format!("{}_dwconv", self.name())

@@ -78,6 +78,9 @@ impl Variant for Streaming {
             &[("warps", 4), ("dchunk", dchunk), ("stages", 1)],
         )
     }
+    fn needs_repair(&self) -> bool {
+        true
+    }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
         let stages = config.get("stages").unwrap_or(1) as usize;
         let bytes = shared_bytes(spec, stages);

@@ -69,6 +69,9 @@ impl Variant for TensorCore {
     fn default_config(&self, _spec: &ConvSpec) -> Config {
         Config::new(self.name(), &[("warps", 4)])
     }
+    fn needs_repair(&self) -> bool {
+        true
+    }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         check_config(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
