@@ -238,10 +238,9 @@ __device__ void repair_plane(const ConvArgs& a, long long nc, int od, T* yout) {
 }
 
 // Writes one m16n8 f32 accumulator fragment as T: rows h0 + lane/4 (+8), columns
-// w0 + 2*(lane%4) (+1); the two columns go as one 4-byte store when aligned. Returns
-// whether any of the four is not finite (see repair_plane).
+// w0 + 2*(lane%4) (+1); the two columns go as one 4-byte store when aligned.
 template <typename T>
-__device__ __forceinline__ bool store_c_fragment(T* yout, const float* acc, int h0, int w0, int lane,
+__device__ __forceinline__ void store_c_fragment(T* yout, const float* acc, int h0, int w0, int lane,
                                                  const ConvArgs& a) {
     const int col = w0 + (lane & 3) * 2;  // may be negative for shifted tiles
 #pragma unroll
@@ -257,7 +256,13 @@ __device__ __forceinline__ bool store_c_fragment(T* yout, const float* acc, int 
             if (col + 1 >= 0 && col + 1 < a.ow) p[1] = hi;
         }
     }
-    return !(isfinite(acc[0]) && isfinite(acc[1]) && isfinite(acc[2]) && isfinite(acc[3]));
+}
+
+// A non-finite input makes a whole 8-wide row of a C fragment non-finite, so the first
+// column of this lane's two rows tells; summed over all tiles (NaN and Inf survive a
+// sum) it costs two FADDs a tile. An overflowing sum only triggers a needless repair.
+__device__ __forceinline__ void probe_fragment(float& probe, const float* acc) {
+    probe += acc[0] + acc[2];
 }
 
 // The banded Toeplitz B fragments (m16n8k16, "col" layout) of ROWS kernel rows of width
