@@ -49,6 +49,13 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       LIMIT=120 step ncucsv-details ncu --csv --page details --log-file "$out/ncu-streaming-details.csv" --kernel-name regex:streaming_dwconv --launch-count 1 --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis .gpu/evokernel bench --suite public --case seed-bf16 --only streaming --iters 1
       head -c 3000 "$out/ncu-streaming.csv" > "$out/ncu-head.txt" ;;
     suite) LIMIT=400 step suite .gpu/evokernel bench --suite public --json "$out/suite.json" ;;
+    tunefma)
+      # The FMA variants' spaces, exhaustively, on the cases they win.
+      export EVOKERNEL_CACHE_DIR=/tmp/evk-tune-cache
+      for c in seed-bf16-ndhwc mobilenet-s2; do LIMIT=200 step "tune-cl-$c" .gpu/evokernel tune --suite public --case "$c" --only channels_last --search exhaustive --retune --json "$out/tune-cl-$c.json"; done
+      for c in seed-f32 causal-conv1d; do LIMIT=200 step "tune-st-$c" .gpu/evokernel tune --suite public --case "$c" --only smem_tile --search exhaustive --retune --json "$out/tune-st-$c.json"; done
+      cat "$out"/tune-cl-*.log "$out"/tune-st-*.log | grep -E "channels_last|smem_tile" > "$out/tune-summary.log"
+      export EVOKERNEL_CACHE_DIR=/tmp/evk-cache ;;
     profile) LIMIT=400 step profile .gpu/evokernel profile --json "$out/profile.json" --out "$out/profile-plots" ;;
     tune)
       # Evolutionary vs exhaustive on the streaming space, then a second process that

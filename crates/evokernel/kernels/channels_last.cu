@@ -5,7 +5,9 @@
 // ([tap][channel], f32), so one tap's weights for a thread are two 16-byte reads instead
 // of VEC scattered global loads. Any stride, dilation and padding; VEC is 16 bytes of
 // channels when C is a multiple of it, else 1 (scalar accesses, any C).
-template <typename T, int VEC, int OUT_W, int KD, int KH, int KW>
+// ROLL keeps the depth loop rolled: a fully unrolled 3x5x5 body of OUT_W x VEC FMAs
+// per tap overflows the instruction cache (ncu: top stall no_instruction).
+template <typename T, int VEC, int OUT_W, int KD, int KH, int KW, int ROLL>
 __global__ void __launch_bounds__(256) channels_last_dwconv(ConvArgs a) {
     extern __shared__ __align__(16) float wsh[];
     constexpr int TAPS = KD * KH * KW;
@@ -50,7 +52,7 @@ __global__ void __launch_bounds__(256) channels_last_dwconv(ConvArgs a) {
         for (int o = 0; o < OUT_W; ++o)
 #pragma unroll
             for (int v = 0; v < VEC; ++v) acc[o][v] = 0.f;
-#pragma unroll
+#pragma unroll(ROLL ? 1 : KD)
         for (int kd = 0; kd < KD; ++kd) {
             const int zd = od * a.sd + kd * a.dd - a.pd;
             if (zd < 0 || zd >= a.id) continue;

@@ -1,7 +1,8 @@
 // smem_tile: one block per (n, c, output depth). The KD input slices the block needs
 // are widened to f32 into shared memory once, zero padding included, so the compute
 // loop has no bounds checks; the 75 weights live in registers; each thread computes
-// OUT_W consecutive outputs of one row from a register window of OUT_W + KW - 1 inputs.
+// OUT_W consecutive outputs of one row from a register window of OUT_W + KW - 1 inputs
+// (OUT_W a multiple of 4: the window is read as float4s).
 // Stride 1 and dilation 1 in every dim.
 template <typename T, int KD, int KH, int KW, int OUT_W>
 __global__ void __launch_bounds__(256) smem_tile_dwconv(ConvArgs a) {
@@ -36,10 +37,17 @@ __global__ void __launch_bounds__(256) smem_tile_dwconv(ConvArgs a) {
         for (int kd = 0; kd < KD; ++kd) {
 #pragma unroll
             for (int kh = 0; kh < KH; ++kh) {
+                // The window as float4s: lanes are OUT_W floats apart, so scalar reads
+                // were 8-way bank conflicts (ncu: half of all shared wavefronts); 16-byte
+                // reads are 2-way. Rows are 16-byte aligned and padded to a multiple of 4.
                 const float* row = tile + (kd * hs + oh + kh) * ws + ow0;
-                float win[OUT_W + KW - 1];
+                constexpr int WIN4 = (OUT_W + KW - 1 + 3) / 4;
+                float win[WIN4 * 4];
 #pragma unroll
-                for (int j = 0; j < OUT_W + KW - 1; ++j) win[j] = row[j];
+                for (int q = 0; q < WIN4; ++q) {
+                    const float4 v = *reinterpret_cast<const float4*>(row + 4 * q);
+                    win[4 * q] = v.x; win[4 * q + 1] = v.y; win[4 * q + 2] = v.z; win[4 * q + 3] = v.w;
+                }
 #pragma unroll
                 for (int kw = 0; kw < KW; ++kw)
 #pragma unroll

@@ -54,19 +54,25 @@ impl Variant for ChannelsLast {
                 name: "block",
                 values: vec![128, 256],
             },
+            // 1: the depth loop stays rolled (smaller code, see the kernel).
+            Param {
+                name: "roll",
+                values: vec![0, 1],
+            },
         ]
     }
     fn default_config(&self, _spec: &ConvSpec) -> Config {
-        Config::new(self.name(), &[("out_w", 2), ("block", 256)])
+        Config::new(self.name(), &[("out_w", 2), ("block", 256), ("roll", 0)])
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         check_config(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "channels_last_dwconv<{}, {}, {}, {kd}, {kh}, {kw}>",
+            "channels_last_dwconv<{}, {}, {}, {kd}, {kh}, {kw}, {}>",
             cuda_type(spec.dtype()),
             vec_width(spec),
-            config.get("out_w").unwrap_or(2)
+            config.get("out_w").unwrap_or(2),
+            config.get("roll").unwrap_or(0)
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, sms: u32) -> Result<Launch> {
