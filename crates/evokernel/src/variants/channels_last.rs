@@ -62,7 +62,8 @@ impl Variant for ChannelsLast {
         ]
     }
     fn default_config(&self, _spec: &ConvSpec) -> Config {
-        Config::new(self.name(), &[("out_w", 2), ("block", 256), ("roll", 0)])
+        // roll=1: 4% faster on the seed in NDHWC, the same where KD = 1 (docs/perf.md).
+        Config::new(self.name(), &[("out_w", 2), ("block", 256), ("roll", 1)])
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         check_config(self, spec, config)?;
