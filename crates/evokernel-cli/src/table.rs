@@ -345,13 +345,14 @@ pub fn profile(report: &ProfileReport) -> String {
             num(k.median_ms, 3)
         );
         out += &format!(
-            "  resources  {} regs/thread · {} B static + {} B dynamic shared · {} B local{} · {} threads/block\n",
+            "  resources  {} regs/thread · {} B static + {} B dynamic shared · {} B local{} · {} threads/block (at most {})\n",
             r.registers,
             thousands(r.static_shared_bytes.max(0) as u64),
             thousands(r.dynamic_shared_bytes as u64),
             r.local_bytes,
             if r.local_bytes > 0 { " (spills or a local array)" } else { "" },
-            r.threads_per_block
+            r.threads_per_block,
+            r.max_threads_per_block
         );
         let mut whatif = Vec::new();
         if let Some(n) = o.registers_for_next_block {
@@ -461,6 +462,25 @@ mod tests {
     use super::*;
     use evokernel::suite::public_suite;
     use evokernel::tune::TuneCache;
+
+    /// The recorded `evokernel profile` of the seed ladder on the H100 renders a block
+    /// with resources, occupancy, counters, stalls and a verdict for every kernel.
+    #[test]
+    fn profile_of_the_recorded_h100_ladder() {
+        let report: ProfileReport = serde_json::from_str(include_str!(
+            "../../../docs/results/h100-profile-faf7d51.json"
+        ))
+        .unwrap();
+        let text = profile(&report);
+        for v in ["naive", "smem_tile", "tensor_core", "streaming", "channels_last"] {
+            assert!(text.contains(&format!("· {v}:")), "{v}: {text}");
+        }
+        for line in ["resources", "occupancy", "counters", "stalls", "verdict", "next"] {
+            assert_eq!(text.matches(&format!("  {line} ")).count(), 6, "{line}: {text}");
+        }
+        assert!(text.contains("limited by shared memory"), "{text}");
+        assert!(text.contains("memory-bound (L1/shared)"), "{text}");
+    }
 
     /// The recorded H100 suite run (default configs) with today's dispatch decisions:
     /// the summary's arithmetic on real numbers.

@@ -179,7 +179,14 @@ pub struct Ncu {
 impl Ncu {
     /// `$EVOKERNEL_NCU`, then `ncu` on PATH, then the CUDA toolkit's usual places.
     pub fn locate() -> Result<Ncu> {
-        if let Some(p) = std::env::var_os("EVOKERNEL_NCU") {
+        Self::locate_in(std::env::var_os("EVOKERNEL_NCU"), std::env::var_os("PATH"))
+    }
+
+    fn locate_in(
+        forced: Option<std::ffi::OsString>,
+        path_var: Option<std::ffi::OsString>,
+    ) -> Result<Ncu> {
+        if let Some(p) = forced {
             let path = PathBuf::from(p);
             return if path.is_file() {
                 Ok(Ncu { path })
@@ -192,7 +199,7 @@ impl Ncu {
                 })
             };
         }
-        let on_path: Vec<PathBuf> = std::env::var_os("PATH")
+        let on_path: Vec<PathBuf> = path_var
             .map(|p| std::env::split_paths(&p).map(|d| d.join("ncu")).collect())
             .unwrap_or_default();
         on_path
@@ -370,6 +377,25 @@ mod tests {
         assert!(parse_raw_csv("a,b\n1,2\n").is_err());
         let header_only = SMEM_TILE.lines().take(4).collect::<Vec<_>>().join("\n");
         assert!(parse_raw_csv(&header_only).is_err());
+    }
+
+    #[test]
+    fn a_missing_ncu_is_a_clear_error() {
+        let err = Ncu::locate_in(Some("/nonexistent/ncu".into()), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("EVOKERNEL_NCU=/nonexistent/ncu is not a file"),
+            "{err}"
+        );
+        if !std::path::Path::new("/usr/local/cuda/bin/ncu").exists()
+            && !std::path::Path::new("/opt/nvidia/nsight-compute/ncu").exists()
+        {
+            let err = Ncu::locate_in(None, Some("/nonexistent".into()))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("--no-counters"), "{err}");
+        }
     }
 
     #[test]
