@@ -472,11 +472,28 @@ mod tests {
         ))
         .unwrap();
         let text = profile(&report);
-        for v in ["naive", "smem_tile", "tensor_core", "streaming", "channels_last"] {
+        for v in [
+            "naive",
+            "smem_tile",
+            "tensor_core",
+            "streaming",
+            "channels_last",
+        ] {
             assert!(text.contains(&format!("· {v}:")), "{v}: {text}");
         }
-        for line in ["resources", "occupancy", "counters", "stalls", "verdict", "next"] {
-            assert_eq!(text.matches(&format!("  {line} ")).count(), 6, "{line}: {text}");
+        for line in [
+            "resources",
+            "occupancy",
+            "counters",
+            "stalls",
+            "verdict",
+            "next",
+        ] {
+            assert_eq!(
+                text.matches(&format!("  {line} ")).count(),
+                6,
+                "{line}: {text}"
+            );
         }
         assert!(text.contains("limited by shared memory"), "{text}");
         assert!(text.contains("memory-bound (L1/shared)"), "{text}");

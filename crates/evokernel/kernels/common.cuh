@@ -210,30 +210,10 @@ __device__ __forceinline__ float direct_output(const ConvArgs& a, long long n, l
 // made ptxas rematerialize addresses in the hot loop.)
 template <typename T, int KD, int KH, int KW>
 __device__ void repair_plane(const ConvArgs& a, long long nc, int od, T* yout) {
-    const T* __restrict__ x = static_cast<const T*>(a.x) + nc * (long long)a.id * a.ih * a.iw;
-    const T* __restrict__ w = static_cast<const T*>(a.w) + (nc % a.c) * (KD * KH * KW);
     for (long long i = threadIdx.x; i < (long long)a.oh * a.ow; i += blockDim.x) {
         if (isfinite(to_f32(yout[i]))) continue;
         const int oh = (int)(i / a.ow), ow = (int)(i % a.ow);
-        float acc = 0.f;
-#pragma unroll 1
-        for (int kd = 0; kd < KD; ++kd) {
-            const int zd = od + kd - a.pd;
-            if (zd < 0 || zd >= a.id) continue;
-#pragma unroll 1
-            for (int kh = 0; kh < KH; ++kh) {
-                const int zh = oh + kh - a.ph;
-                if (zh < 0 || zh >= a.ih) continue;
-#pragma unroll 1
-                for (int kw = 0; kw < KW; ++kw) {
-                    const int zw = ow + kw - a.pw;
-                    if (zw < 0 || zw >= a.iw) continue;
-                    acc = fmaf(to_f32(x[((long long)zd * a.ih + zh) * a.iw + zw]),
-                               to_f32(w[(kd * KH + kh) * KW + kw]), acc);
-                }
-            }
-        }
-        yout[i] = from_f32<T>(acc);
+        yout[i] = from_f32<T>(direct_output<T, false, KD, KH, KW>(a, nc / a.c, nc % a.c, od, oh, ow));
     }
 }
 
