@@ -66,7 +66,18 @@ impl Variant for Streaming {
         ]
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
-        // Best of the hand sweep on the H100 (docs/perf.md); dchunk within the space.
+        // About four 16x8 output tiles per warp, from the exhaustive tunes on the H100
+        // (docs/perf.md, run 13): x3d's 32 and video-vae's 136 tiles are 1.24x and 1.8x
+        // faster with 8 and 16 warps than with 4; the seed's 33 lose 2-4% at 8.
+        let [_, oh, ow] = spec.output3();
+        let pw = spec.pad_before3()[2];
+        let tiles = oh.div_ceil(16) * (ow + pw.div_ceil(8) * 8 - pw).div_ceil(8);
+        let warps = match tiles / 4 {
+            0..=7 => 4,
+            8..=15 => 8,
+            _ => 16,
+        };
+        // dchunk within the space.
         let dchunk = self
             .space(spec)
             .iter()
@@ -75,7 +86,7 @@ impl Variant for Streaming {
             .unwrap_or(4);
         Config::new(
             self.name(),
-            &[("warps", 4), ("dchunk", dchunk), ("stages", 1)],
+            &[("warps", warps), ("dchunk", dchunk), ("stages", 1)],
         )
     }
     fn needs_repair(&self) -> bool {
@@ -150,6 +161,13 @@ mod tests {
         let x3d = case("x3d-3x3x3");
         assert_eq!(valid_configs(&v, &x3d).len(), 4 * 3 * 3);
         assert_eq!(v.default_config(&x3d).get("dchunk"), Some(8));
+        // About four tiles per warp: seed 33 tiles, x3d 32, video-vae 136.
+        assert_eq!(v.default_config(&x3d).get("warps"), Some(8));
+        assert_eq!(v.default_config(&case("seed-bf16")).get("warps"), Some(8));
+        assert_eq!(
+            v.default_config(&case("video-vae-causal")).get("warps"),
+            Some(16)
+        );
         assert_eq!(valid_configs(&v, &case("seed-bf16")).len(), 4 * 5 * 3);
     }
 }
