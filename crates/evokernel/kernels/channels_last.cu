@@ -6,9 +6,11 @@
 // of VEC scattered global loads. Any stride, dilation and padding; VEC is 16 bytes of
 // channels when C is a multiple of it, else 1 (scalar accesses, any C).
 // ROLL keeps the depth loop rolled: a fully unrolled 3x5x5 body of OUT_W x VEC FMAs
-// per tap overflows the instruction cache (ncu: top stall no_instruction).
-template <typename T, int VEC, int OUT_W, int KD, int KH, int KW, int ROLL>
-__global__ void __launch_bounds__(256) channels_last_dwconv(ConvArgs a) {
+// per tap overflows the instruction cache (ncu: top stall no_instruction). MINB asks
+// ptxas for registers enough for MINB resident 256-thread blocks (0: no request; 4: <= 64;
+// the profile found the rolled seed kernel occupancy-limited at 76).
+template <typename T, int VEC, int OUT_W, int KD, int KH, int KW, int ROLL, int MINB>
+__global__ void __launch_bounds__(256, MINB) channels_last_dwconv(ConvArgs a) {
     extern __shared__ __align__(16) float wsh[];
     constexpr int TAPS = KD * KH * KW;
     constexpr int CB = 64;

@@ -59,21 +59,30 @@ impl Variant for ChannelsLast {
                 name: "roll",
                 values: vec![0, 1],
             },
+            // Resident blocks the register allocation must allow (0: no constraint).
+            Param {
+                name: "minblocks",
+                values: vec![0, 4],
+            },
         ]
     }
     fn default_config(&self, _spec: &ConvSpec) -> Config {
         // roll=1: 4% faster on the seed in NDHWC, the same where KD = 1 (docs/perf.md).
-        Config::new(self.name(), &[("out_w", 2), ("block", 256), ("roll", 1)])
+        Config::new(
+            self.name(),
+            &[("out_w", 2), ("block", 256), ("roll", 1), ("minblocks", 0)],
+        )
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         check_config(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "channels_last_dwconv<{}, {}, {}, {kd}, {kh}, {kw}, {}>",
+            "channels_last_dwconv<{}, {}, {}, {kd}, {kh}, {kw}, {}, {}>",
             cuda_type(spec.dtype()),
             vec_width(spec),
             config.get("out_w").unwrap_or(2),
-            config.get("roll").unwrap_or(0)
+            config.get("roll").unwrap_or(0),
+            config.get("minblocks").unwrap_or(0)
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, sms: u32) -> Result<Launch> {
