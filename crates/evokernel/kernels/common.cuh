@@ -82,19 +82,20 @@ __device__ __forceinline__ void store_elem(__half* p, __half v) { *p = v; }
 __device__ __forceinline__ void store_elem(__nv_bfloat16* p, __nv_bfloat16 v) { *p = v; }
 
 // Copies the KD zero-padded input slices a block needs into shared memory: tile row
-// (s * hs + r), column col holds input (od + s - pd, r - ph, col - pw), or 0 outside.
+// (s * hs + r), column col holds input (zd0 + s * dstep, r - ph, col - pw), or 0
+// outside. Rows hold the whole input row (ws >= pw + iw).
 // Interior rows move as 16-byte vectors when rows are 16-byte aligned, each thread
 // issuing all its loads before its stores (several loads in flight instead of one).
 template <typename T, typename S, int KD>
-__device__ __forceinline__ void fill_slices(const T* __restrict__ xin, S* tile, int od, int hs, int ws,
-                                            const ConvArgs& a) {
+__device__ __forceinline__ void fill_slices(const T* __restrict__ xin, S* tile, int zd0, int dstep,
+                                            int hs, int ws, const ConvArgs& a) {
     constexpr int VEC = 16 / sizeof(T);
     constexpr int U = 4;
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     // Padding cells: whole rows outside the input, and the left/right margins.
     for (int row = threadIdx.x >> 5; row < KD * hs; row += warps) {
         const int s = row / hs, r = row - s * hs;
-        const int zd = od + s - a.pd, zh = r - a.ph;
+        const int zd = zd0 + s * dstep, zh = r - a.ph;
         const bool inside = zd >= 0 && zd < a.id && zh >= 0 && zh < a.ih;
         S* dst = tile + row * ws;
         for (int col = lane; col < ws; col += 32)
@@ -114,7 +115,7 @@ __device__ __forceinline__ void fill_slices(const T* __restrict__ xin, S* tile, 
             if (j >= total) continue;
             const int row = j / per_row, chunk = j - row * per_row;
             const int s = row / hs, r = row - s * hs;
-            const int zd = od + s - a.pd, zh = r - a.ph;
+            const int zd = zd0 + s * dstep, zh = r - a.ph;
             if (zd < 0 || zd >= a.id || zh < 0 || zh >= a.ih) continue;
             const long long src = ((long long)zd * a.ih + zh) * a.iw + (long long)chunk * (vec_ok ? VEC : 1);
             if (vec_ok) v[k] = __ldg(reinterpret_cast<const uint4*>(xin + src));

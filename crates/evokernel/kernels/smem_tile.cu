@@ -1,18 +1,22 @@
 // smem_tile: one block per (n, c, output depth). The KD input slices the block needs
 // are widened to f32 into shared memory once, zero padding included, so the compute
-// loop has no bounds checks; the 75 weights live in registers; each thread computes
-// OUT_W consecutive outputs of one row from a register window of OUT_W + KW - 1 inputs
-// (OUT_W a multiple of 4: the window is read as float4s).
-// Stride 1 and dilation 1 in every dim.
-template <typename T, int KD, int KH, int KW, int OUT_W>
+// loop has no bounds checks; the weights live in registers; each thread computes
+// OUT_W consecutive outputs of one row from a register window of the
+// (OUT_W - 1) * SW + (KW - 1) * DW + 1 inputs they read (OUT_W a multiple of 4: the
+// window is read as float4s). Any stride and dilation: SW, DW (along W) index the
+// window at compile time; the others are arguments.
+template <typename T, int KD, int KH, int KW, int OUT_W, int SW, int DW>
 __global__ void __launch_bounds__(256) smem_tile_dwconv(ConvArgs a) {
     extern __shared__ __align__(16) float tile[];
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ w = static_cast<const T*>(a.w);
     T* __restrict__ y = static_cast<T*>(a.y);
     const int groups_w = (a.ow + OUT_W - 1) / OUT_W;
-    const int hs = a.oh + KH - 1;
-    const int ws = ((groups_w * OUT_W + KW - 1) + 3) & ~3;
+    constexpr int SPAN = (OUT_W - 1) * SW + (KW - 1) * DW + 1;
+    constexpr int WIN4 = (SPAN + 3) / 4;
+    const int hs = (a.oh - 1) * a.sh + (KH - 1) * a.dh + 1;
+    // Mirrors shared_bytes in variants/smem_tile.rs.
+    const int ws = max(((groups_w - 1) * OUT_W * SW + 4 * WIN4 + 3) & ~3, (a.pw + a.iw + 3) & ~3);
     const long long b = blockIdx.x;
     const int od = (int)(b % a.od);
     const long long nc = b / a.od;
@@ -20,7 +24,7 @@ __global__ void __launch_bounds__(256) smem_tile_dwconv(ConvArgs a) {
     const long long plane = (long long)a.id * a.ih * a.iw;
     const T* xin = x + nc * plane;
 
-    fill_slices<T, float, KD>(xin, tile, od, hs, ws, a);
+    fill_slices<T, float, KD>(xin, tile, od * a.sd - a.pd, a.dd, hs, ws, a);
     float wr[KD * KH * KW];
 #pragma unroll
     for (int t = 0; t < KD * KH * KW; ++t) wr[t] = to_f32(w[c * (KD * KH * KW) + t]);
@@ -40,8 +44,7 @@ __global__ void __launch_bounds__(256) smem_tile_dwconv(ConvArgs a) {
                 // The window as float4s: lanes are OUT_W floats apart, so scalar reads
                 // were 8-way bank conflicts (ncu: half of all shared wavefronts); 16-byte
                 // reads are 2-way. Rows are 16-byte aligned and padded to a multiple of 4.
-                const float* row = tile + (kd * hs + oh + kh) * ws + ow0;
-                constexpr int WIN4 = (OUT_W + KW - 1 + 3) / 4;
+                const float* row = tile + (kd * hs + oh * a.sh + kh * a.dh) * ws + ow0 * SW;
                 float win[WIN4 * 4];
 #pragma unroll
                 for (int q = 0; q < WIN4; ++q) {
@@ -52,7 +55,7 @@ __global__ void __launch_bounds__(256) smem_tile_dwconv(ConvArgs a) {
                 for (int kw = 0; kw < KW; ++kw)
 #pragma unroll
                     for (int o = 0; o < OUT_W; ++o)
-                        acc[o] = fmaf(win[o + kw], wr[(kd * KH + kh) * KW + kw], acc[o]);
+                        acc[o] = fmaf(win[o * SW + kw * DW], wr[(kd * KH + kh) * KW + kw], acc[o]);
             }
         }
 #pragma unroll

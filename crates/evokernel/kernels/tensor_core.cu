@@ -22,7 +22,7 @@ __global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a) {
     const T* xin = x + nc * (long long)a.id * a.ih * a.iw;
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    fill_slices<T, T, KD>(xin, tile, od, hs, ws, a);
+    fill_slices<T, T, KD>(xin, tile, od - a.pd, 1, hs, ws, a);
 
     // Band fragments: this lane holds B[k][n] for n = lane/4, k = 2*(lane%4) + {0,1} (+8).
     unsigned bf[KD * KH][2];

@@ -116,7 +116,7 @@ mod tests {
             ("convnext-7x7", "streaming"),
             ("mobilenet-s2", "channels_last"),
             ("causal-conv1d", "smem_tile"),
-            ("odd-dilated", "naive"),
+            ("odd-dilated", "smem_tile"),
         ];
         let cache = empty_cache();
         for case in public_suite().unwrap() {

@@ -1,19 +1,28 @@
 //! `smem_tile`: a block per (n, c, output depth) with its KD input slices in shared
-//! memory as f32 (kernels/smem_tile.cu).
+//! memory as f32 (kernels/smem_tile.cu). Any stride and dilation (up to 3 along W).
 
-use super::{
-    check_config, cuda_type, unit_stride_and_dilation, Config, Launch, Param, Variant, MAX_SHARED,
-};
+use super::{check_config, cuda_type, Config, Launch, Param, Variant, MAX_SHARED};
 use crate::error::Result;
 use crate::spec::{ConvSpec, Layout};
 
 pub struct SmemTile;
 
+/// The KD slices of padded input rows the block's outputs read, as f32. Mirrors the
+/// kernel: rows span (oh - 1) * sh + (kh - 1) * dh + 1; a row holds the whole input row
+/// and every float4 window read.
 fn shared_bytes(spec: &ConvSpec, out_w: usize) -> usize {
     let [_, oh, ow] = spec.output3();
     let [kd, kh, kw] = spec.kernel3();
-    let ws = (ow.div_ceil(out_w) * out_w + kw - 1).div_ceil(4) * 4;
-    kd * (oh + kh - 1) * ws * 4
+    let [_, sh, sw] = spec.stride3();
+    let [_, dh, dw] = spec.dilation3();
+    let (pw, iw) = (spec.pad_before3()[2], spec.input3()[2]);
+    let hs = (oh - 1) * sh + (kh - 1) * dh + 1;
+    let window = ((out_w - 1) * sw + (kw - 1) * dw + 1).div_ceil(4) * 4;
+    let ws = ((ow.div_ceil(out_w) - 1) * out_w * sw + window)
+        .div_ceil(4)
+        .max((pw + iw).div_ceil(4))
+        * 4;
+    kd * hs * ws * 4
 }
 
 impl Variant for SmemTile {
@@ -27,14 +36,19 @@ impl Variant for SmemTile {
         if spec.layout() != Layout::ChannelsFirst {
             return Err("needs a channels-first layout".into());
         }
-        unit_stride_and_dilation(spec)?;
+        let (sw, dw) = (spec.stride3()[2], spec.dilation3()[2]);
+        if sw > 3 || dw > 3 {
+            return Err(format!(
+                "stride {sw} and dilation {dw} along W: at most 3 each (compiled into the kernel)"
+            ));
+        }
         if spec.taps() > 128 {
             return Err(format!(
                 "{} taps do not fit the register budget (128)",
                 spec.taps()
             ));
         }
-        let bytes = shared_bytes(spec, 8);
+        let bytes = shared_bytes(spec, 4);
         if bytes > MAX_SHARED {
             return Err(format!(
                 "the {bytes}-byte slice tile exceeds shared memory ({MAX_SHARED})"
@@ -73,9 +87,11 @@ impl Variant for SmemTile {
         check_config(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "smem_tile_dwconv<{}, {kd}, {kh}, {kw}, {}>",
+            "smem_tile_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}>",
             cuda_type(spec.dtype()),
-            config.get("out_w").unwrap_or(8)
+            config.get("out_w").unwrap_or(4),
+            spec.stride3()[2],
+            spec.dilation3()[2]
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
