@@ -504,7 +504,7 @@ mod tests {
     #[test]
     fn dispatch_summary_of_the_recorded_h100_suite() {
         let mut report: RunReport = serde_json::from_str(include_str!(
-            "../../../docs/results/h100-suite-1060b54.json"
+            "../../../docs/results/h100-suite-b922b36.json"
         ))
         .unwrap();
         let cache = TuneCache::open(&std::env::temp_dir().join("evk-table-none/tune.json"));
@@ -520,9 +520,9 @@ mod tests {
             ));
         }
         let text = dispatch_summary(&report).unwrap();
-        // Picked per case / cuDNN: 91.4, 22.7, 93.1, 5.6, 10.6, 9.3, 58.1, 10.1, 6.8, 8.1.
+        // Picked per case / cuDNN: 91.7, 26.3, 94.1, 5.6, 10.6, 9.3, 59.4, 10.2, 6.9, 7.3.
         assert!(
-            text.contains("geometric mean 17.9x over 10 cases"),
+            text.contains("geometric mean 18.1x over 10 cases"),
             "{text}"
         );
         assert!(
