@@ -162,13 +162,10 @@ pub fn dispatch_summary(report: &RunReport) -> Option<String> {
     for case in &report.cases {
         let Some(choice) = chosen(case) else { continue };
         let ms = |r: &RowReport| r.timing.map(|t| t.median_ms);
-        // The row that ran the chosen config (in a report from an older default, the
-        // chosen variant's row).
         let row = case
             .rows
             .iter()
-            .find(|r| r.config.as_deref() == Some(choice.config.as_str()))
-            .or_else(|| case.rows.iter().find(|r| r.name == choice.variant));
+            .find(|r| r.config.as_deref() == Some(choice.config.as_str()));
         let cudnn = case.rows.iter().find(|r| r.name == "cudnn").and_then(ms);
         let time = row.and_then(ms);
         let pct = time.zip(case.floor_ms).map(|(t, f)| 100.0 * f / t);

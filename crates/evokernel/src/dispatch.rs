@@ -42,6 +42,52 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
     }
 }
 
+/// Where a variant's config comes from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Source {
+    /// `--config` / `EVOKERNEL_CONFIG`.
+    Forced,
+    /// The tune cache for this device, driver and spec, with its time.
+    Tuned(f64),
+    Default,
+}
+
+impl Source {
+    pub fn label(self) -> &'static str {
+        match self {
+            Source::Forced => "forced",
+            Source::Tuned(_) => "tuned",
+            Source::Default => "default",
+        }
+    }
+}
+
+/// The config variant `v` runs `spec` with: a forced one, else the tuned one for this
+/// device and driver, else the variant's default (configs that do not check are skipped).
+pub fn config_for(
+    v: &dyn Variant,
+    spec: &ConvSpec,
+    device: &str,
+    driver: &str,
+    cache: &TuneCache,
+    forced: &[Config],
+) -> (Config, Source) {
+    if let Some(c) = forced
+        .iter()
+        .find(|c| c.variant == v.name() && check_config(v, spec, c).is_ok())
+    {
+        return (c.clone(), Source::Forced);
+    }
+    let tuned = cache
+        .get(device, driver, &spec.key(), v.name())
+        .and_then(|e| Some((e.config.parse::<Config>().ok()?, e.ms)))
+        .filter(|(c, _)| check_config(v, spec, c).is_ok());
+    match tuned {
+        Some((c, ms)) => (c, Source::Tuned(ms)),
+        None => (v.default_config(spec), Source::Default),
+    }
+}
+
 /// The variant and config for `spec` on `device` with `driver`; `Err` says why no GPU
 /// kernel can take the spec.
 pub fn choose(
@@ -52,47 +98,41 @@ pub fn choose(
     forced: &[Config],
 ) -> Result<Choice, String> {
     ConvArgs::new(spec, 0, 0, 0).map_err(|e| e.to_string())?;
-    let applicable: Vec<&'static dyn Variant> = registry()
+    let picks: Vec<(&'static dyn Variant, Config, Source)> = registry()
         .into_iter()
         .filter(|v| v.applies(spec).is_ok())
+        .map(|v| {
+            let (c, s) = config_for(v, spec, device, driver, cache, forced);
+            (v, c, s)
+        })
         .collect();
-    // A forced config for an applicable variant wins (the first one given).
-    if let Some((v, c)) = forced.iter().find_map(|c| {
-        let v = applicable.iter().find(|v| v.name() == c.variant)?;
-        check_config(*v, spec, c).ok().map(|_| (v, c))
-    }) {
-        return Ok(Choice {
-            variant: v.name().into(),
-            config: c.to_string(),
-            reason: "forced".into(),
-        });
+    let choice = |v: &dyn Variant, c: &Config, reason: String| Choice {
+        variant: v.name().into(),
+        config: c.to_string(),
+        reason,
+    };
+    if let Some((v, c, _)) = picks.iter().find(|p| p.2 == Source::Forced) {
+        return Ok(choice(*v, c, "forced".into()));
     }
-    let tuned = applicable
+    let tuned = picks
         .iter()
-        .filter_map(|v| {
-            let e = cache.get(device, driver, &spec.key(), v.name())?;
-            let c: Config = e.config.parse().ok()?;
-            check_config(*v, spec, &c).ok()?;
-            Some((v, c, e.ms))
+        .filter_map(|(v, c, s)| match s {
+            Source::Tuned(ms) => Some((v, c, *ms)),
+            _ => None,
         })
         .min_by(|a, b| a.2.total_cmp(&b.2));
     if let Some((v, c, ms)) = tuned {
-        return Ok(Choice {
-            variant: v.name().into(),
-            config: c.to_string(),
-            reason: format!("tuned: {ms:.3} ms, fastest in the tune cache for this device"),
-        });
+        return Ok(choice(
+            *v,
+            c,
+            format!("tuned: {ms:.3} ms, fastest in the tune cache for this device"),
+        ));
     }
-    let (v, (_, why)) = applicable
+    let (v, c, _) = picks
         .iter()
-        .map(|v| (*v, rank(*v, spec)))
-        .min_by_key(|(_, (r, _))| *r)
+        .min_by_key(|(v, _, _)| rank(*v, spec).0)
         .ok_or_else(|| format!("no variant applies to {spec}"))?;
-    Ok(Choice {
-        variant: v.name().into(),
-        config: v.default_config(spec).to_string(),
-        reason: format!("ranked: {why}"),
-    })
+    Ok(choice(*v, c, format!("ranked: {}", rank(*v, spec).1)))
 }
 
 #[cfg(test)]

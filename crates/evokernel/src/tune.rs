@@ -3,7 +3,7 @@
 //! It knows nothing of how a kernel works: candidates are measured by a cost function
 //! that returns a time, or `None` for a candidate that was wrong or failed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -13,29 +13,6 @@ use crate::cache::{cache_dir, write_atomic};
 use crate::error::{Error, Result};
 use crate::tensor::SplitMix64;
 use crate::variants::{Config, Param};
-
-/// Every config of a space (the cartesian product of its parameters' values).
-pub fn enumerate(variant: &str, space: &[Param]) -> Vec<Config> {
-    let mut out = vec![BTreeMap::new()];
-    for p in space {
-        out = out
-            .into_iter()
-            .flat_map(|m| {
-                p.values.iter().map(move |&v| {
-                    let mut m = m.clone();
-                    m.insert(p.name.to_string(), v);
-                    m
-                })
-            })
-            .collect();
-    }
-    out.into_iter()
-        .map(|values| Config {
-            variant: variant.to_string(),
-            values,
-        })
-        .collect()
-}
 
 /// How to search a space.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -504,6 +481,7 @@ impl TuneCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::variants::enumerate;
 
     fn space() -> Vec<Param> {
         vec![

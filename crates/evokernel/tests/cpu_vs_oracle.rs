@@ -98,8 +98,8 @@ proptest! {
         let mut xo = HostTensor::zeros(spec.dtype(), &other.input_shape());
         let [d, h, wd] = spec.input3();
         for n in 0..spec.n() { for c in 0..spec.c() { for a in 0..d { for b in 0..h { for e in 0..wd {
-            let v = x.get_f64(spec.input_index(n, c, a, b, e)) as f32;
-            set(&mut xo, other.input_index(n, c, a, b, e), v);
+            let v = x.get_f64(spec.input_index(n, c, a, b, e));
+            xo.set_f64(other.input_index(n, c, a, b, e), v);
         }}}}}
         let r = conv_reference(&spec, &x, &w).unwrap();
         let ro = conv_reference(&other, &xo, &w).unwrap();
@@ -107,15 +107,6 @@ proptest! {
         for n in 0..spec.n() { for c in 0..spec.c() { for a in 0..od { for b in 0..oh { for e in 0..ow {
             prop_assert_eq!(r[spec.output_index(n, c, a, b, e)], ro[other.output_index(n, c, a, b, e)]);
         }}}}}
-    }
-}
-
-fn set(t: &mut HostTensor, i: usize, v: f32) {
-    use evokernel::tensor::{Element, TensorData};
-    match t.data_mut() {
-        TensorData::Bf16(d) => d[i] = Element::from_f32(v),
-        TensorData::F16(d) => d[i] = Element::from_f32(v),
-        TensorData::F32(d) => d[i] = v,
     }
 }
 
@@ -136,8 +127,8 @@ fn nan_and_inf_in_the_input_propagate_like_pytorch() {
     .validate()
     .unwrap();
     let mut x = HostTensor::random_normal(DType::F32, &spec.input_shape(), 5);
-    set(&mut x, 4, f32::NAN);
-    set(&mut x, 9, f32::INFINITY);
+    x.set_f64(4, f64::NAN);
+    x.set_f64(9, f64::INFINITY);
     let w = HostTensor::random_normal(DType::F32, &spec.weight_shape(), 6);
     let mut y = HostTensor::nan(DType::F32, &spec.output_shape());
     conv_cpu(&spec, &x, &w, &mut y).unwrap();

@@ -6,9 +6,10 @@ pub mod diagnosis;
 pub mod ncu;
 pub mod occupancy;
 
+pub use crate::cuda::SmLimits;
 pub use diagnosis::{diagnose, Bound, Diagnosis};
 pub use ncu::{Counters, Ncu};
-pub use occupancy::{occupancy, Limiter, Occupancy, SmLimits};
+pub use occupancy::{occupancy, Limiter, Occupancy};
 
 use serde::{Deserialize, Serialize};
 

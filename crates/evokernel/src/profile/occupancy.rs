@@ -4,44 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cuda::KernelResources;
-
-/// What one SM offers to resident blocks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SmLimits {
-    pub max_threads: u32,
-    pub max_blocks: u32,
-    pub registers: u32,
-    /// The register file is split between this many schedulers; a warp's registers
-    /// come from one of them.
-    pub register_partitions: u32,
-    /// Registers are given to a warp in units of this many.
-    pub register_unit: u32,
-    /// Shared memory with the largest carveout.
-    pub shared_bytes: u32,
-    /// Shared memory the driver reserves per block (1 KiB since Ampere).
-    pub shared_reserved_per_block: u32,
-    /// Shared memory is given to a block in units of this many bytes.
-    pub shared_unit: u32,
-}
-
-impl SmLimits {
-    /// Compute capability 9.0 (H100, H200), as the driver reports it.
-    pub const HOPPER: SmLimits = SmLimits {
-        max_threads: 2048,
-        max_blocks: 32,
-        registers: 65536,
-        register_partitions: 4,
-        register_unit: 256,
-        shared_bytes: 233_472,
-        shared_reserved_per_block: 1024,
-        shared_unit: 128,
-    };
-
-    fn max_warps(&self) -> u32 {
-        self.max_threads / 32
-    }
-}
+use crate::cuda::{KernelResources, SmLimits};
 
 /// The resource that stops one more block from fitting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -13,11 +13,11 @@ use crate::cpu::{self, Isa};
 use crate::cuda::cudnn::CudnnRun;
 use crate::cuda::run::{DeviceProblem, KernelRun};
 use crate::cuda::{CudaDevice, GpuInfo, KernelResources};
-use crate::dispatch::{choose, Choice};
+use crate::dispatch::{choose, config_for, Choice};
 use crate::error::{Error, Result};
 use crate::spec::ConvSpec;
 use crate::tune::TuneCache;
-use crate::variants::{registry, Config, Variant};
+use crate::variants::{registry, Config};
 use crate::verify::{check, oracle, Verdict};
 
 /// What a report says about the machine it ran on.
@@ -311,7 +311,14 @@ impl Session {
                         skipped.push((v.name().to_string(), reason));
                         continue;
                     }
-                    let (config, source) = choose_config(dev, &tune_cache, opts, v, spec);
+                    let (config, source) = config_for(
+                        v,
+                        spec,
+                        &info.name,
+                        &info.driver_version,
+                        &tune_cache,
+                        &opts.configs,
+                    );
                     progress(&format!("compiling {config}"));
                     let mut run = match KernelRun::new(&dp, v, &config) {
                         Ok(run) => run,
@@ -330,7 +337,8 @@ impl Session {
                     row.config = Some(config.to_string());
                     row.resources = Some(run.resources());
                     row.note = Some(format!(
-                        "{source}; jit {ms:.0} ms{}",
+                        "{}; jit {ms:.0} ms{}",
+                        source.label(),
                         if hit { " (cached)" } else { "" }
                     ));
                     rows.push(row);
@@ -373,29 +381,6 @@ impl Session {
             Backend::Cuda(d) => d.info().l2_bytes,
         }
     }
-}
-
-/// The config a variant runs with, and where it came from: forced (`--config`,
-/// `EVOKERNEL_CONFIG`), tuned (the cache, for this device, driver and spec), or default.
-fn choose_config(
-    dev: &CudaDevice,
-    cache: &TuneCache,
-    opts: &Options,
-    v: &dyn Variant,
-    spec: &ConvSpec,
-) -> (Config, &'static str) {
-    if let Some(c) = opts.configs.iter().find(|c| c.variant == v.name()) {
-        return (c.clone(), "forced");
-    }
-    let i = dev.info();
-    if let Some(e) = cache.get(&i.name, &i.driver_version, &spec.key(), v.name()) {
-        if let Ok(c) = e.config.parse::<Config>() {
-            if crate::variants::check_config(v, spec, &c).is_ok() {
-                return (c, "tuned");
-            }
-        }
-    }
-    (v.default_config(spec), "default")
 }
 
 /// Verifies one implementation and, when it passes and timing was asked for, times it

@@ -1,6 +1,6 @@
 //! `channels_last`: NDHWC, threads over 16-byte channel vectors (kernels/channels_last.cu).
 
-use super::{check_config, cuda_type, Config, Launch, Param, Variant, MAX_SHARED};
+use super::{check_config, cuda_type, within_shared, Config, Launch, Param, Variant};
 use crate::error::Result;
 use crate::spec::{ConvSpec, Layout};
 
@@ -36,13 +36,10 @@ impl Variant for ChannelsLast {
         if spec.layout() != Layout::ChannelsLast {
             return Err("needs a channels-last layout".into());
         }
-        if weight_bytes(spec) > MAX_SHARED {
-            return Err(format!(
-                "{} taps of weights exceed shared memory",
-                spec.taps()
-            ));
-        }
-        Ok(())
+        within_shared(
+            &format!("{} taps of weights", spec.taps()),
+            weight_bytes(spec),
+        )
     }
     fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
         vec![
@@ -81,15 +78,15 @@ impl Variant for ChannelsLast {
             "channels_last_dwconv<{}, {}, {}, {kd}, {kh}, {kw}, {}, {}>",
             cuda_type(spec.dtype()),
             vec_width(spec),
-            config.get("out_w").unwrap_or(2),
-            config.get("roll").unwrap_or(0),
-            config.get("minblocks").unwrap_or(0)
+            config.param("out_w")?,
+            config.param("roll")?,
+            config.param("minblocks")?
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, sms: u32) -> Result<Launch> {
         check_config(self, spec, config)?;
-        let out_w = config.get("out_w").unwrap_or(2) as usize;
-        let block = config.get("block").unwrap_or(256) as u32;
+        let out_w = config.param("out_w")? as usize;
+        let block = config.param("block")? as u32;
         let [od, oh, ow] = spec.output3();
         let positions = (spec.n() * od * oh * ow.div_ceil(out_w)) as u64;
         let per_block = block as u64 / (BLOCK_CHANNELS / vec_width(spec)) as u64;

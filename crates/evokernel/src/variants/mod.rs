@@ -23,6 +23,16 @@ pub use tensor_core::TensorCore;
 /// Dynamic shared memory a block may opt into on sm_90 (227 KiB).
 pub(crate) const MAX_SHARED: usize = 227 * 1024;
 
+/// `Err` when `what` needs more shared memory than a block may have.
+pub(crate) fn within_shared(what: &str, bytes: usize) -> std::result::Result<(), String> {
+    if bytes > MAX_SHARED {
+        return Err(format!(
+            "{what} needs {bytes} bytes of shared memory, more than the {MAX_SHARED} a block may have"
+        ));
+    }
+    Ok(())
+}
+
 /// A named integer parameter and the values it may take.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Param {
@@ -49,6 +59,12 @@ impl Config {
 
     pub fn get(&self, name: &str) -> Option<i64> {
         self.values.get(name).copied()
+    }
+
+    /// A parameter the variant needs; an error names it when the config lacks it.
+    pub fn param(&self, name: &str) -> Result<i64> {
+        self.get(name)
+            .ok_or_else(|| Error::parse("config", &self.to_string(), format!("missing {name}")))
     }
 }
 
@@ -238,9 +254,32 @@ pub fn check_config(v: &dyn Variant, spec: &ConvSpec, config: &Config) -> Result
         .map_err(|reason| err(format!("it does not fit {spec}: {reason}")))
 }
 
+/// Every config of a space (the cartesian product of its parameters' values).
+pub fn enumerate(variant: &str, space: &[Param]) -> Vec<Config> {
+    let mut out = vec![BTreeMap::new()];
+    for p in space {
+        out = out
+            .into_iter()
+            .flat_map(|m| {
+                p.values.iter().map(move |&v| {
+                    let mut m = m.clone();
+                    m.insert(p.name.to_string(), v);
+                    m
+                })
+            })
+            .collect();
+    }
+    out.into_iter()
+        .map(|values| Config {
+            variant: variant.to_string(),
+            values,
+        })
+        .collect()
+}
+
 /// The configs of `v`'s space that fit `spec`, in enumeration order.
 pub fn valid_configs(v: &dyn Variant, spec: &ConvSpec) -> Vec<Config> {
-    crate::tune::enumerate(v.name(), &v.space(spec))
+    enumerate(v.name(), &v.space(spec))
         .into_iter()
         .filter(|c| v.fits(spec, c).is_ok())
         .collect()

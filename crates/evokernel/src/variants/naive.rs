@@ -43,8 +43,8 @@ impl Variant for Naive {
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, sms: u32) -> Result<Launch> {
         check_config(self, spec, config)?;
-        let block = config.get("block").unwrap_or(256) as u32;
-        let waves = config.get("waves").unwrap_or(16) as u32;
+        let block = config.param("block")? as u32;
+        let waves = config.param("waves")? as u32;
         let needed = (spec.output_len() as u64).div_ceil(block as u64);
         let grid = needed.min((sms.max(1) * waves) as u64).max(1) as u32;
         Ok(Launch {

@@ -1,7 +1,7 @@
 //! `smem_tile`: a block per (n, c, output depth) with its KD input slices in shared
 //! memory as f32 (kernels/smem_tile.cu). Any stride and dilation (up to 3 along W).
 
-use super::{check_config, cuda_type, Config, Launch, Param, Variant, MAX_SHARED};
+use super::{check_config, cuda_type, within_shared, Config, Launch, Param, Variant};
 use crate::error::Result;
 use crate::spec::{ConvSpec, Layout};
 
@@ -48,13 +48,7 @@ impl Variant for SmemTile {
                 spec.taps()
             ));
         }
-        let bytes = shared_bytes(spec, 4);
-        if bytes > MAX_SHARED {
-            return Err(format!(
-                "the {bytes}-byte slice tile exceeds shared memory ({MAX_SHARED})"
-            ));
-        }
-        Ok(())
+        within_shared("the slice tile", shared_bytes(spec, 4))
     }
     fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
         vec![
@@ -74,14 +68,8 @@ impl Variant for SmemTile {
         Config::new(self.name(), &[("out_w", 4), ("block", 128)])
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
-        let out_w = config.get("out_w").unwrap_or(8) as usize;
-        let bytes = shared_bytes(spec, out_w);
-        if bytes > MAX_SHARED {
-            return Err(format!(
-                "out_w={out_w} needs a {bytes}-byte tile, more than {MAX_SHARED} bytes of shared memory"
-            ));
-        }
-        Ok(())
+        let out_w = config.param("out_w").map_err(|e| e.to_string())? as usize;
+        within_shared(&format!("out_w={out_w}"), shared_bytes(spec, out_w))
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         check_config(self, spec, config)?;
@@ -89,18 +77,18 @@ impl Variant for SmemTile {
         Ok(format!(
             "smem_tile_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}>",
             cuda_type(spec.dtype()),
-            config.get("out_w").unwrap_or(4),
+            config.param("out_w")?,
             spec.stride3()[2],
             spec.dilation3()[2]
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
         check_config(self, spec, config)?;
-        let out_w = config.get("out_w").unwrap_or(8) as usize;
+        let out_w = config.param("out_w")? as usize;
         let blocks = spec.n() * spec.c() * spec.output3()[0];
         Ok(Launch {
             grid: (blocks as u32, 1, 1),
-            block: (config.get("block").unwrap_or(256) as u32, 1, 1),
+            block: (config.param("block")? as u32, 1, 1),
             shared_bytes: shared_bytes(spec, out_w) as u32,
         })
     }

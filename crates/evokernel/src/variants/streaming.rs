@@ -2,7 +2,7 @@
 //! input slices fetched by 16-byte cp.async ahead of use (kernels/streaming.cu).
 
 use super::tensor_core::{row_stride, tensor_core_applies};
-use super::{check_config, cuda_type, Config, Launch, Param, Variant, MAX_SHARED};
+use super::{check_config, cuda_type, within_shared, Config, Launch, Param, Variant};
 use crate::error::Result;
 use crate::spec::ConvSpec;
 
@@ -33,13 +33,7 @@ impl Variant for Streaming {
                 "needs an input width that is a multiple of 8 (16-byte async copies)".into(),
             );
         }
-        let bytes = shared_bytes(spec, 1);
-        if bytes > MAX_SHARED {
-            return Err(format!(
-                "the {bytes}-byte slice ring exceeds shared memory ({MAX_SHARED})"
-            ));
-        }
-        Ok(())
+        within_shared("the slice ring", shared_bytes(spec, 1))
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         // Chunks at least as deep as the output are one block per (n, c): keep the first.
@@ -93,14 +87,11 @@ impl Variant for Streaming {
         true
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
-        let stages = config.get("stages").unwrap_or(1) as usize;
-        let bytes = shared_bytes(spec, stages);
-        if bytes > MAX_SHARED {
-            return Err(format!(
-                "stages={stages} needs a {bytes}-byte slice ring, more than {MAX_SHARED} bytes of shared memory"
-            ));
-        }
-        Ok(())
+        let stages = config.param("stages").map_err(|e| e.to_string())? as usize;
+        within_shared(
+            &format!("a slice ring of stages={stages}"),
+            shared_bytes(spec, stages),
+        )
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         check_config(self, spec, config)?;
@@ -108,16 +99,16 @@ impl Variant for Streaming {
         Ok(format!(
             "streaming_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}>",
             cuda_type(spec.dtype()),
-            config.get("warps").unwrap_or(4),
-            config.get("dchunk").unwrap_or(8),
-            config.get("stages").unwrap_or(1)
+            config.param("warps")?,
+            config.param("dchunk")?,
+            config.param("stages")?
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
         check_config(self, spec, config)?;
-        let warps = config.get("warps").unwrap_or(4) as u32;
-        let dchunk = config.get("dchunk").unwrap_or(8) as usize;
-        let stages = config.get("stages").unwrap_or(1) as usize;
+        let warps = config.param("warps")? as u32;
+        let dchunk = config.param("dchunk")? as usize;
+        let stages = config.param("stages")? as usize;
         let blocks = spec.n() * spec.c() * spec.output3()[0].div_ceil(dchunk);
         Ok(Launch {
             grid: (blocks as u32, 1, 1),

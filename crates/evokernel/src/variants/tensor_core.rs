@@ -2,7 +2,8 @@
 //! channel, N = 8 outputs along W, K = 16 inputs along W (kernels/tensor_core.cu).
 
 use super::{
-    check_config, cuda_type, unit_stride_and_dilation, Config, Launch, Param, Variant, MAX_SHARED,
+    check_config, cuda_type, unit_stride_and_dilation, within_shared, Config, Launch, Param,
+    Variant,
 };
 use crate::error::Result;
 use crate::spec::{ConvSpec, DType, Layout};
@@ -52,13 +53,7 @@ impl Variant for TensorCore {
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
         tensor_core_applies(spec)?;
-        let bytes = shared_bytes(spec);
-        if bytes > MAX_SHARED {
-            return Err(format!(
-                "the {bytes}-byte slice tile exceeds shared memory ({MAX_SHARED})"
-            ));
-        }
-        Ok(())
+        within_shared("the slice tile", shared_bytes(spec))
     }
     fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
         vec![Param {
@@ -78,12 +73,12 @@ impl Variant for TensorCore {
         Ok(format!(
             "tensor_core_dwconv<{}, {kd}, {kh}, {kw}, {}>",
             cuda_type(spec.dtype()),
-            config.get("warps").unwrap_or(4)
+            config.param("warps")?
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
         check_config(self, spec, config)?;
-        let warps = config.get("warps").unwrap_or(4) as u32;
+        let warps = config.param("warps")? as u32;
         Ok(Launch {
             grid: ((spec.n() * spec.c() * spec.output3()[0]) as u32, 1, 1),
             block: (warps * 32, 1, 1),
