@@ -15,7 +15,7 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
     devices) step devices .gpu/evokernel devices --json "$out/devices.json" ;;
     run) step run .gpu/evokernel run --json "$out/run.json" ;;
     torch) step torch python3 scripts/torch_baseline.py ;;
-    memcheck) LIMIT=400 step memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel verify --suite public --only naive --only channels_last --only smem_tile --only tensor_core --only streaming ;;
+    memcheck) LIMIT=400 step memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel verify --suite public --only naive --only channels_last --only smem_tile --only tensor_core --only streaming --only streaming_cl ;;
     suite) LIMIT=400 step suite .gpu/evokernel bench --suite public --json "$out/suite.json" ;;
     tunefma)
       # The FMA variants' spaces, exhaustively, on the cases they win.
@@ -24,7 +24,14 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       for c in seed-f32 causal-conv1d; do LIMIT=200 step "tune-st-$c" .gpu/evokernel tune --suite public --case "$c" --only smem_tile --search exhaustive --retune --json "$out/tune-st-$c.json"; done
       cat "$out"/tune-cl-*.log "$out"/tune-st-*.log | grep -E "channels_last|smem_tile" > "$out/tune-summary.log"
       export EVOKERNEL_CACHE_DIR=/tmp/evk-cache ;;
-    profile) LIMIT=400 step profile .gpu/evokernel profile --json "$out/profile.json" --out "$out/profile-plots" ;;
+    sweep)
+      # Forced configs of one variant on some cases: SWEEP_CASES, SWEEP_VARIANT and
+      # SWEEP_CONFIGS (space-separated k=v,k=v lists).
+      for c in $SWEEP_CASES; do for k in $SWEEP_CONFIGS; do
+        LIMIT=60 step "sweep-$c-$k" .gpu/evokernel bench --suite public --case "$c" --only "$SWEEP_VARIANT" --config "$SWEEP_VARIANT:$k" --iters 20
+        printf '%-18s %-40s %s\n' "$c" "$k" "$(grep -E "┆ *$SWEEP_VARIANT:" "$out/sweep-$c-$k.log" | head -1 | awk -F'┆' '{print $3, $6, $11}' | tr -s ' ')" >> "$out/sweep.txt"
+      done; done ;;
+    profile) LIMIT=400 step profile .gpu/evokernel profile ${PROFILE_ARGS:-} --json "$out/profile.json" --out "$out/profile-plots" ;;
     tune)
       # Evolutionary vs exhaustive on the streaming space, then a second process that
       # must reuse the cache, then a run that must pick the tuned configs up.
@@ -40,13 +47,14 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       tail -12 "$out/tune-again.log" >> "$out/tune-summary.log"; tail -14 "$out/run-tuned.log" >> "$out/tune-summary.log"
       export EVOKERNEL_CACHE_DIR=/tmp/evk-cache ;;
     racecheck) LIMIT=400 step racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 4 --kernel 3x5x5 --padding 0,2,2 --only smem_tile --only tensor_core --only streaming
-      LIMIT=200 step racecheck_cl compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 128 --kernel 3x5x5 --padding 0,2,2 --layout channels-last --only channels_last ;;
+      LIMIT=200 step racecheck_cl compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 128 --kernel 3x5x5 --padding 0,2,2 --layout channels-last --only channels_last --only streaming_cl ;;
   esac
 done
 cat "$out/smi.txt"
 grep -E "test result|FAILED|panicked|^== " "$out/tests.log" 2>/dev/null | head -30
 for f in memcheck racecheck racecheck_cl; do [ -f "$out/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$out/$f.log" | head -5; done
 for f in devices torch run suite; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
+[ -f "$out/sweep.txt" ] && cat "$out/sweep.txt"
 [ -f "$out/tune-summary.log" ] && cut -c1-230 "$out/tune-summary.log"
 [ -f "$out/profile.log" ] && grep -vE "^[│┌└╞├]" "$out/profile.log" | grep -E "^seed|verdict|next|occupancy|counters" | cut -c1-260 | tail -40
 cat "$out/summary.txt"

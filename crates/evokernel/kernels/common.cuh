@@ -266,9 +266,60 @@ __device__ __forceinline__ void band_fragments(const T* __restrict__ wc, int lan
     }
 }
 
+// Two 8x8 b16 matrices (rows 0-7 and 8-15 from lanes 0-15's addresses): one 16x8 half
+// of an A fragment.
+__device__ __forceinline__ void ldmatrix_x2(unsigned addr, unsigned* af) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(af[0]), "=r"(af[1])
+                 : "r"(addr));
+}
+
 // Four 8x8 b16 matrices from shared memory: one 16x16 A fragment of m16n8k16.
 __device__ __forceinline__ void ldmatrix_x4(unsigned addr, unsigned* af) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(af[0]), "=r"(af[1]), "=r"(af[2]), "=r"(af[3])
                  : "r"(addr));
+}
+
+// One warp's run of n <= SEG 8-wide output tiles j0.. in one 16-row band, into acc.
+// The 16-wide input window of tile j is the window of tile j-1 shifted by 8 columns, so
+// its left half is already in registers: each tile loads one new 16x8 piece per kernel
+// row (ldmatrix.x2) instead of a whole 16x16 fragment, halving the shared-memory reads
+// per output. Kernel rows go outside, tiles inside: SEG accumulators stay live, the
+// window half only for one row (the other order kept KD*KH halves live: 127 registers).
+// row_addr(q): shared address of column 0 of this lane's row (lane % 16) of kernel row q.
+template <typename T, int Q, int SEG, typename RowAddr>
+__device__ __forceinline__ void band_run(RowAddr row_addr, int j0, int n, const unsigned (*bf)[2],
+                                         float (*acc)[4]) {
+    constexpr unsigned PIECE = 8 * sizeof(T);  // bytes of 8 columns
+#pragma unroll
+    for (int j = 0; j < SEG; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    if constexpr (SEG == 1) {
+        // Nothing to reuse: one x4 load (lanes 16-31 address the right half) beats two
+        // x2 loads (measured 8-15% on the suite, docs/perf.md run 25).
+        if (n < 1) return;
+        const unsigned half = ((threadIdx.x >> 4) & 1) * PIECE;
+#pragma unroll
+        for (int q = 0; q < Q; ++q) {
+            unsigned af[4];
+            ldmatrix_x4(row_addr(q) + j0 * PIECE + half, af);
+            Mma<T>::run(acc[0], af, bf[q]);
+        }
+        return;
+    }
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+        const unsigned base = row_addr(q) + j0 * PIECE;
+        unsigned af[4];
+        ldmatrix_x2(base, af);
+#pragma unroll
+        for (int j = 0; j < SEG; ++j) {
+            if (j < n) {
+                ldmatrix_x2(base + (j + 1) * PIECE, af + 2);
+                Mma<T>::run(acc[j], af, bf[q]);
+                af[0] = af[2];
+                af[1] = af[3];
+            }
+        }
+    }
 }

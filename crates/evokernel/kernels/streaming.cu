@@ -7,6 +7,7 @@
 // 8-wide output tiles start at w0 = 8j - S with S = P - pw (the first may begin left of
 // column 0; those outputs are masked). Rows and columns of padding are zeroed once and
 // never written again; depth padding is zeroed when its slice comes round.
+// Warps sweep runs of SEG tiles along a 16-row band (band_run: half the ldmatrix reads).
 // Stride 1, dilation 1, KW <= 9, input width a multiple of 8; T is bf16 or f16.
 
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
@@ -16,7 +17,7 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-template <typename T, int KD, int KH, int KW, int WARPS, int DCHUNK, int STAGES>
+template <typename T, int KD, int KH, int KW, int WARPS, int DCHUNK, int STAGES, int SEG>
 __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* ring = reinterpret_cast<T*>(smem_raw);
@@ -72,32 +73,60 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
     band_fragments<T, KD * KH, KW>(w + c * (KD * KH * KW), lane, bf);
 
     for (int k = 0; k < KD + STAGES - 1; ++k) fetch(d0 + k);
-    const int mat = lane >> 3;
-    const int arow = (lane & 7) + ((mat & 1) << 3);
-    const int acol = (mat >> 1) << 3;
     float probe = 0.f;
     for (int od = d0; od < d1; ++od) {
         fetch(od + KD + STAGES - 1);
         cp_async_wait<STAGES>();  // slices up to od + KD - 1 have landed
         __syncthreads();
         T* yout = y + (nc * a.od + od) * (long long)a.oh * a.ow;
-        for (int t = warp; t < mt * nt; t += WARPS) {
-            const int h0 = (t / nt) * 16, tcol = (t % nt) * 8, w0 = tcol - S;
-            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if constexpr (SEG == 1) {
+            // One tile at a time, one x4 fragment per kernel row: the code of b922b36,
+            // kept verbatim since band_run's SEG == 1 path measured 8% slower on the
+            // seed (docs/perf.md, run 26).
+            const int mat = lane >> 3;
+            const int arow = (lane & 7) + ((mat & 1) << 3);
+            const int acol = (mat >> 1) << 3;
+            for (int t = warp; t < mt * nt; t += WARPS) {
+                const int h0 = (t / nt) * 16, tcol = (t % nt) * 8, w0 = tcol - S;
+                float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-            for (int kd = 0; kd < KD; ++kd) {
-                const int buf = (od + kd) % NBUF;
+                for (int kd = 0; kd < KD; ++kd) {
+                    const int buf = (od + kd) % NBUF;
 #pragma unroll
-                for (int kh = 0; kh < KH; ++kh) {
-                    const unsigned addr = ring_base +
-                        (unsigned)((buf * slice + (h0 + arow + kh) * ws + tcol + acol) * (int)sizeof(T));
-                    unsigned af[4];
-                    ldmatrix_x4(addr, af);
-                    Mma<T>::run(acc, af, bf[kd * KH + kh]);
+                    for (int kh = 0; kh < KH; ++kh) {
+                        const unsigned addr = ring_base +
+                            (unsigned)((buf * slice + (h0 + arow + kh) * ws + tcol + acol) * (int)sizeof(T));
+                        unsigned af[4];
+                        ldmatrix_x4(addr, af);
+                        Mma<T>::run(acc, af, bf[kd * KH + kh]);
+                    }
+                }
+                probe_fragment(probe, acc);
+                store_c_fragment(yout, acc, h0, w0, lane, a);
+            }
+        } else {
+            // Runs of up to SEG tiles along one band; a longer run reuses more window halves
+            // (tile reads (SEG + 1) / (2 SEG) of full fragments) but splits work more coarsely.
+            const int runs = (nt + SEG - 1) / SEG;
+            for (int u = warp; u < mt * runs; u += WARPS) {
+                const int h0 = (u / runs) * 16, j0 = (u % runs) * SEG, n = min(SEG, nt - j0);
+                const unsigned row0 = ring_base + (unsigned)((h0 + (lane & 15)) * ws * (int)sizeof(T));
+                const unsigned row_bytes = ws * sizeof(T), slice_bytes = slice * sizeof(T);
+                float acc[SEG][4];
+                band_run<T, KD * KH, SEG>(
+                    [&](int q) {
+                        const int kd = q / KH, kh = q % KH;
+                        return row0 + ((od + kd) % NBUF) * slice_bytes + kh * row_bytes;
+                    },
+                    j0, n, bf, acc);
+#pragma unroll
+                for (int j = 0; j < SEG; ++j) {
+                    if (j < n) {
+                        probe_fragment(probe, acc[j]);
+                        store_c_fragment(yout, acc[j], h0, 8 * (j0 + j) - S, lane, a);
+                    }
                 }
             }
-            probe_fragment(probe, acc);
-            store_c_fragment(yout, acc, h0, w0, lane, a);
         }
         __syncthreads();
     }

@@ -68,8 +68,9 @@ pub fn repair_specialization(spec: &ConvSpec) -> (&'static str, &'static str, St
         "repair",
         include_str!("../../kernels/repair.cu"),
         format!(
-            "repair_dwconv<{}, {kd}, {kh}, {kw}>",
-            crate::variants::cuda_type(spec.dtype())
+            "repair_dwconv<{}, {}, {kd}, {kh}, {kw}>",
+            crate::variants::cuda_type(spec.dtype()),
+            spec.layout() == crate::spec::Layout::ChannelsLast
         ),
     )
 }

@@ -12,12 +12,14 @@ mod channels_last;
 mod naive;
 mod smem_tile;
 mod streaming;
+mod streaming_cl;
 mod tensor_core;
 
 pub use channels_last::ChannelsLast;
 pub use naive::Naive;
 pub use smem_tile::SmemTile;
 pub use streaming::Streaming;
+pub use streaming_cl::StreamingCl;
 pub use tensor_core::TensorCore;
 
 /// Dynamic shared memory a block may opt into on sm_90 (227 KiB).
@@ -148,7 +150,14 @@ pub trait Variant: Sync {
 
 /// Every registered variant, in ladder order.
 pub fn registry() -> Vec<&'static dyn Variant> {
-    vec![&Naive, &ChannelsLast, &SmemTile, &TensorCore, &Streaming]
+    vec![
+        &Naive,
+        &ChannelsLast,
+        &SmemTile,
+        &TensorCore,
+        &Streaming,
+        &StreamingCl,
+    ]
 }
 
 pub fn find(name: &str) -> Result<&'static dyn Variant> {

@@ -8,6 +8,18 @@ use crate::spec::ConvSpec;
 
 pub struct Streaming;
 
+/// Run lengths (tiles a warp sweeps along a band). Longer runs read less but hold
+/// more accumulators: on the H100 (docs/perf.md, run 24) runs of 2-4 gained up to 8%
+/// where registers did not cost a block, runs of 8+ lost up to 2x; 16 never won.
+const SEGS: [i64; 4] = [1, 2, 4, 8];
+
+/// 16-row bands and 8-wide tile columns of one output slice (with the kernel's shift).
+fn tile_grid(spec: &ConvSpec) -> (usize, usize) {
+    let [_, oh, ow] = spec.output3();
+    let pw = spec.pad_before3()[2];
+    (oh.div_ceil(16), (ow + pw.div_ceil(8) * 8 - pw).div_ceil(8))
+}
+
 /// The ring of KD + `stages` padded slices. Mirrors the kernel: input column 0 at tile
 /// column `pw` rounded up to 8, output tiles shifted left by that rounding.
 fn shared_bytes(spec: &ConvSpec, stages: usize) -> usize {
@@ -57,15 +69,19 @@ impl Variant for Streaming {
                 name: "stages",
                 values: vec![1, 2, 3],
             },
+            // Output tiles a warp sweeps along one band, reusing window halves.
+            Param {
+                name: "seg",
+                values: SEGS.to_vec(),
+            },
         ]
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
         // About four 16x8 output tiles per warp, from the exhaustive tunes on the H100
         // (docs/perf.md, run 13): x3d's 32 and video-vae's 136 tiles are 1.24x and 1.8x
         // faster with 8 and 16 warps than with 4; the seed's 33 lose 2-4% at 8.
-        let [_, oh, ow] = spec.output3();
-        let pw = spec.pad_before3()[2];
-        let tiles = oh.div_ceil(16) * (ow + pw.div_ceil(8) * 8 - pw).div_ceil(8);
+        let (mt, nt) = tile_grid(spec);
+        let tiles = mt * nt;
         let warps = match tiles / 4 {
             0..=7 => 4,
             8..=15 => 8,
@@ -80,7 +96,12 @@ impl Variant for Streaming {
             .unwrap_or(4);
         Config::new(
             self.name(),
-            &[("warps", warps), ("dchunk", dchunk), ("stages", 1)],
+            &[
+                ("warps", warps),
+                ("dchunk", dchunk),
+                ("stages", 1),
+                ("seg", 1),
+            ],
         )
     }
     fn needs_repair(&self) -> bool {
@@ -97,11 +118,12 @@ impl Variant for Streaming {
         check_config(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "streaming_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}>",
+            "streaming_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             config.param("warps")?,
             config.param("dchunk")?,
-            config.param("stages")?
+            config.param("stages")?,
+            config.param("seg")?
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
@@ -140,17 +162,20 @@ mod tests {
         // exceeds shared memory.
         let conv1d = case("causal-conv1d");
         let all = valid_configs(&v, &conv1d);
-        assert_eq!(all.len(), 4 * 2);
+        assert_eq!(all.len(), 4 * 2 * SEGS.len());
         assert!(all
             .iter()
             .all(|c| c.get("stages") != Some(3) && c.get("dchunk") == Some(4)));
-        let cfg = Config::new("streaming", &[("warps", 4), ("dchunk", 4), ("stages", 3)]);
+        let cfg = Config::new(
+            "streaming",
+            &[("warps", 4), ("dchunk", 4), ("stages", 3), ("seg", 4)],
+        );
         let err = v.specialization(&conv1d, &cfg).unwrap_err().to_string();
         assert!(err.contains("shared memory"), "{err}");
         assert!(all.contains(&v.default_config(&conv1d)));
         // x3d: 16 output depths, chunks 4, 8, 16.
         let x3d = case("x3d-3x3x3");
-        assert_eq!(valid_configs(&v, &x3d).len(), 4 * 3 * 3);
+        assert_eq!(valid_configs(&v, &x3d).len(), 4 * 3 * 3 * SEGS.len());
         assert_eq!(v.default_config(&x3d).get("dchunk"), Some(8));
         // About four tiles per warp: seed 33 tiles, x3d 32, video-vae 136.
         assert_eq!(v.default_config(&x3d).get("warps"), Some(8));
@@ -159,6 +184,9 @@ mod tests {
             v.default_config(&case("video-vae-causal")).get("warps"),
             Some(16)
         );
-        assert_eq!(valid_configs(&v, &case("seed-bf16")).len(), 4 * 5 * 3);
+        assert_eq!(
+            valid_configs(&v, &case("seed-bf16")).len(),
+            4 * 5 * 3 * SEGS.len()
+        );
     }
 }

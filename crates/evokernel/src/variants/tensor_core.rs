@@ -28,11 +28,16 @@ fn shared_bytes(spec: &ConvSpec) -> usize {
 
 /// What the banded-Toeplitz formulation needs, whatever the tiling around it.
 pub(super) fn tensor_core_applies(spec: &ConvSpec) -> std::result::Result<(), String> {
-    if !matches!(spec.dtype(), DType::Bf16 | DType::F16) {
-        return Err("tensor cores here take bf16 or f16".into());
-    }
     if spec.layout() != Layout::ChannelsFirst {
         return Err("needs a channels-first layout".into());
+    }
+    banded_applies(spec)
+}
+
+/// The banded formulation in any layout: dtype, unit steps, kernel width.
+pub(super) fn banded_applies(spec: &ConvSpec) -> std::result::Result<(), String> {
+    if !matches!(spec.dtype(), DType::Bf16 | DType::F16) {
+        return Err("tensor cores here take bf16 or f16".into());
     }
     unit_stride_and_dilation(spec)?;
     let kw = spec.kernel3()[2];

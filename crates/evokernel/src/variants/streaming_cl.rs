@@ -1,0 +1,183 @@
+//! `streaming_cl`: the streaming tensor-core kernel on channels-last data, transposing
+//! 8-channel pixel vectors into a channel-major slice ring in shared memory and back
+//! (kernels/streaming_cl.cu).
+
+use super::tensor_core::{banded_applies, row_stride};
+use super::{check_config, cuda_type, within_shared, Config, Launch, Param, Variant};
+use crate::error::Result;
+use crate::spec::{ConvSpec, Layout};
+
+pub struct StreamingCl;
+
+/// Channels a block owns: one 16-byte vector of bf16/f16 per pixel (`CG` in the kernel).
+const CHANNELS: usize = 8;
+/// Most tiles one warp runs along its band: its accumulators live in registers.
+const MAX_RUN: usize = 16;
+
+/// 8-wide tile columns of a band (with the kernel's left shift).
+fn tile_columns(spec: &ConvSpec) -> usize {
+    let ow = spec.output3()[2];
+    let pw = spec.pad_before3()[2];
+    (ow + pw.div_ceil(8) * 8 - pw).div_ceil(8)
+}
+
+/// A ring of KD + 1 slices of 8 channels x (16 + KH - 1) rows, and two output stages
+/// of 8 channels x 16 rows.
+fn shared_bytes(spec: &ConvSpec) -> usize {
+    let [kd, kh, _] = spec.kernel3();
+    let ws = row_stride(tile_columns(spec));
+    ((kd + 1) * (16 + kh - 1) + 2 * 16) * CHANNELS * ws * 2
+}
+
+/// Tiles per warp with `wpc` warps per channel.
+fn run_length(spec: &ConvSpec, wpc: usize) -> usize {
+    tile_columns(spec).div_ceil(wpc)
+}
+
+impl Variant for StreamingCl {
+    fn name(&self) -> &'static str {
+        "streaming_cl"
+    }
+    fn source(&self) -> &'static str {
+        include_str!("../../kernels/streaming_cl.cu")
+    }
+    fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
+        if spec.layout() != Layout::ChannelsLast {
+            return Err("needs a channels-last layout".into());
+        }
+        banded_applies(spec)?;
+        if !spec.c().is_multiple_of(CHANNELS) {
+            return Err(format!(
+                "needs channels in multiples of {CHANNELS} (one 16-byte vector per pixel)"
+            ));
+        }
+        if run_length(spec, 4) > MAX_RUN {
+            return Err(format!(
+                "output rows over {} tiles need more than 4 warps of {MAX_RUN} tiles per channel",
+                4 * MAX_RUN
+            ));
+        }
+        within_shared("the slice ring", shared_bytes(spec))
+    }
+    fn space(&self, spec: &ConvSpec) -> Vec<Param> {
+        let od = spec.output3()[0] as i64;
+        let mut dchunk: Vec<i64> = vec![4, 8, 16, 32];
+        if let Some(i) = dchunk.iter().position(|&d| d >= od) {
+            dchunk.truncate(i + 1);
+        }
+        vec![
+            // Warps per channel, splitting its band's tiles.
+            Param {
+                name: "wpc",
+                values: vec![1, 2, 4],
+            },
+            Param {
+                name: "dchunk",
+                values: dchunk,
+            },
+        ]
+    }
+    fn default_config(&self, spec: &ConvSpec) -> Config {
+        // The most warps that still have a tile each, and 16 output depths a block: on the
+        // H100 the NDHWC seed ran 0.72 ms at wpc=1, dchunk=8 and 0.64 at wpc=4,
+        // dchunk=16 (docs/perf.md, run 25).
+        let nt = tile_columns(spec);
+        let wpc = [4i64, 2, 1]
+            .into_iter()
+            .find(|&w| w as usize <= nt && run_length(spec, w as usize) <= MAX_RUN)
+            .unwrap_or(1);
+        let dchunk = self
+            .space(spec)
+            .iter()
+            .find(|p| p.name == "dchunk")
+            .and_then(|p| p.values.iter().copied().filter(|&d| d <= 16).max())
+            .unwrap_or(4);
+        Config::new(self.name(), &[("wpc", wpc), ("dchunk", dchunk)])
+    }
+    fn needs_repair(&self) -> bool {
+        true
+    }
+    fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
+        let wpc = config.param("wpc").map_err(|e| e.to_string())? as usize;
+        let run = run_length(spec, wpc);
+        if run > MAX_RUN {
+            return Err(format!(
+                "wpc={wpc} leaves runs of {run} tiles, over the {MAX_RUN} kept in registers"
+            ));
+        }
+        Ok(())
+    }
+    fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
+        check_config(self, spec, config)?;
+        let [kd, kh, kw] = spec.kernel3();
+        let wpc = config.param("wpc")?;
+        Ok(format!(
+            "streaming_cl_dwconv<{}, {kd}, {kh}, {kw}, {wpc}, {}, {}>",
+            cuda_type(spec.dtype()),
+            run_length(spec, wpc as usize),
+            config.param("dchunk")?
+        ))
+    }
+    fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
+        check_config(self, spec, config)?;
+        let wpc = config.param("wpc")? as u32;
+        let dchunk = config.param("dchunk")? as usize;
+        let [od, oh, _] = spec.output3();
+        let blocks = spec.n() * oh.div_ceil(16) * od.div_ceil(dchunk) * (spec.c() / CHANNELS);
+        Ok(Launch {
+            grid: (blocks as u32, 1, 1),
+            block: (CHANNELS as u32 * wpc * 32, 1, 1),
+            shared_bytes: shared_bytes(spec) as u32,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::ConvParams;
+    use crate::suite::public_suite;
+    use crate::variants::valid_configs;
+
+    #[test]
+    fn takes_the_channels_last_seed_and_refuses_what_it_cannot_do() {
+        let suite = public_suite().unwrap();
+        let spec = |name: &str| suite.iter().find(|c| c.name == name).unwrap().spec.clone();
+        let v = StreamingCl;
+        let seed = spec("seed-bf16-ndhwc");
+        v.applies(&seed).unwrap();
+        // 11 tile columns: four warps per channel, runs of 3.
+        assert_eq!(v.default_config(&seed).get("wpc"), Some(4));
+        assert_eq!(run_length(&seed, 4), 3);
+        // (4 slices x 20 rows + 2 stages x 16 rows) x 8 channels x 104 columns x 2 bytes.
+        assert_eq!(shared_bytes(&seed), 186_368);
+        assert_eq!(valid_configs(&v, &seed).len(), 3 * 4);
+        assert!(v
+            .applies(&spec("seed-bf16"))
+            .unwrap_err()
+            .contains("channels-last"));
+        assert!(v
+            .applies(&spec("mobilenet-s2"))
+            .unwrap_err()
+            .contains("stride"));
+        let cl = |c: i64, input: Vec<i64>, kernel: Vec<i64>, padding: Vec<[i64; 2]>| {
+            ConvParams {
+                c,
+                input,
+                kernel,
+                padding,
+                stride: vec![1],
+                dilation: vec![1],
+                layout: Layout::ChannelsLast,
+                ..ConvParams::seed()
+            }
+            .validate()
+            .unwrap()
+        };
+        let odd_c = cl(12, vec![8, 16, 16], vec![3, 3, 3], vec![[1, 1]; 3]);
+        assert!(v.applies(&odd_c).unwrap_err().contains("multiples of 8"));
+        // 2048-wide rows: 257 tiles, more than 4 warps of 16.
+        let wide = cl(8, vec![2048], vec![4], vec![[3, 0]]);
+        assert!(v.applies(&wide).unwrap_err().contains("4 warps"));
+    }
+}
