@@ -63,12 +63,25 @@ impl Variant for ChannelsLast {
             },
         ]
     }
-    fn default_config(&self, _spec: &ConvSpec) -> Config {
+    fn default_config(&self, spec: &ConvSpec) -> Config {
         // roll=1: 4% faster on the seed in NDHWC, the same where KD = 1; minblocks=4:
         // 1.16x on the seed in NDHWC (occupancy 37.5% -> 50%) (docs/perf.md, run 21).
+        // Strided along W, neighbouring outputs share few inputs, so one output per
+        // thread and smaller blocks: mobilenet-s2's exhaustive tune (run 21) found
+        // out_w=1, block=128 11% faster than out_w=2, block=256.
+        let (out_w, block) = if spec.stride3()[2] > 1 {
+            (1, 128)
+        } else {
+            (2, 256)
+        };
         Config::new(
             self.name(),
-            &[("out_w", 2), ("block", 256), ("roll", 1), ("minblocks", 4)],
+            &[
+                ("out_w", out_w),
+                ("block", block),
+                ("roll", 1),
+                ("minblocks", 4),
+            ],
         )
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {

@@ -10,8 +10,8 @@ pub struct Streaming;
 
 /// Run lengths (tiles a warp sweeps along a band). Longer runs read less but hold
 /// more accumulators: on the H100 (docs/perf.md, run 24) runs of 2-4 gained up to 8%
-/// where registers did not cost a block, runs of 8+ lost up to 2x; 16 never won.
-const SEGS: [i64; 4] = [1, 2, 4, 8];
+/// where registers did not cost a block, runs of 8+ lost up to 2x and never won.
+const SEGS: [i64; 3] = [1, 2, 4];
 
 /// 16-row bands and 8-wide tile columns of one output slice (with the kernel's shift).
 fn tile_grid(spec: &ConvSpec) -> (usize, usize) {
