@@ -8,8 +8,10 @@
 // Outputs go back the same way: accumulators are staged channel-major, then leave as one
 // 16-byte vector per pixel. Every fill writes every cell (zeros outside the input).
 // Warps: WPC per channel, each a run of up to SEG tiles of the band (nt <= WPC * SEG).
+// OSTAGES output stages: 2 let a depth's write-out overlap the next depth's tiles; 1
+// (wide rows, where two do not fit in shared memory) costs a barrier.
 // Stride 1, dilation 1, KW <= 9, C a multiple of 8; T is bf16 or f16.
-template <typename T, int KD, int KH, int KW, int WPC, int SEG, int DCHUNK>
+template <typename T, int KD, int KH, int KW, int WPC, int SEG, int DCHUNK, int OSTAGES>
 __global__ void __launch_bounds__(8 * WPC * 32) streaming_cl_dwconv(ConvArgs a) {
     constexpr int CG = 8;  // channels of one 16-byte vector
     constexpr int U = 2;   // fill pixel pairs in flight per thread (4: spills at 1024 threads)
@@ -83,13 +85,13 @@ __global__ void __launch_bounds__(8 * WPC * 32) streaming_cl_dwconv(ConvArgs a) 
     const unsigned row_bytes = ws * sizeof(T), slice_bytes = slice * sizeof(T);
     const unsigned row0 = (unsigned)__cvta_generic_to_shared(ring) +
                           (unsigned)((ch * plane + (lane & 15) * ws) * (int)sizeof(T));
-    // Outputs are staged channel-major ([channel][16 rows][ws]) in two buffers after the
+    // Outputs are staged channel-major ([channel][16 rows][ws]) in OSTAGES buffers after the
     // ring and leave one depth later, two neighbouring columns per thread (4-byte reads
     // from an even column; output column = stage column - S).
     T* stages = ring + NBUF * slice;
     const int sp = 16 * ws;  // one channel of a stage
     auto write_out = [&](int od) {
-        const T* stage = stages + (od & 1) * CG * sp;
+        const T* stage = stages + (od % OSTAGES) * CG * sp;
         const int rows = min(16, a.oh - h0);
         const int c_lo = S & ~1, pairs = (S + a.ow - c_lo + 1) / 2;
         for (int p = threadIdx.x; p < rows * pairs; p += blockDim.x) {
@@ -127,7 +129,10 @@ __global__ void __launch_bounds__(8 * WPC * 32) streaming_cl_dwconv(ConvArgs a) 
                 return row0 + ((od + kd) % NBUF) * slice_bytes + kh * row_bytes;
             },
             j0, nrun, bf, acc);
-        T* stage = stages + (od & 1) * CG * sp + ch * sp;
+        // One stage (when two do not fit): every thread's write-out of the previous
+        // depth must be done before this depth's outputs overwrite it.
+        if constexpr (OSTAGES == 1) __syncthreads();
+        T* stage = stages + (od % OSTAGES) * CG * sp + ch * sp;
 #pragma unroll
         for (int j = 0; j < SEG; ++j) {
             if (j >= nrun) continue;

@@ -21,12 +21,21 @@ fn tile_columns(spec: &ConvSpec) -> usize {
     (ow + pw.div_ceil(8) * 8 - pw).div_ceil(8)
 }
 
-/// A ring of KD + 1 slices of 8 channels x (16 + KH - 1) rows, and two output stages
-/// of 8 channels x 16 rows.
-fn shared_bytes(spec: &ConvSpec) -> usize {
+/// A ring of KD + 1 slices of 8 channels x (16 + KH - 1) rows and `ostages` output
+/// stages of 8 channels x 16 rows.
+fn shared_bytes(spec: &ConvSpec, ostages: usize) -> usize {
     let [kd, kh, _] = spec.kernel3();
     let ws = row_stride(tile_columns(spec));
-    ((kd + 1) * (16 + kh - 1) + 2 * 16) * CHANNELS * ws * 2
+    ((kd + 1) * (16 + kh - 1) + ostages * 16) * CHANNELS * ws * 2
+}
+
+/// Two output stages (write-out overlaps the next depth) where they fit, else one.
+fn output_stages(spec: &ConvSpec) -> usize {
+    if within_shared("", shared_bytes(spec, 2)).is_ok() {
+        2
+    } else {
+        1
+    }
 }
 
 /// Tiles per warp with `wpc` warps per channel.
@@ -57,7 +66,7 @@ impl Variant for StreamingCl {
                 4 * MAX_RUN
             ));
         }
-        within_shared("the slice ring", shared_bytes(spec))
+        within_shared("the slice ring and one output stage", shared_bytes(spec, 1))
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         let od = spec.output3()[0] as i64;
@@ -113,10 +122,11 @@ impl Variant for StreamingCl {
         let [kd, kh, kw] = spec.kernel3();
         let wpc = config.param("wpc")?;
         Ok(format!(
-            "streaming_cl_dwconv<{}, {kd}, {kh}, {kw}, {wpc}, {}, {}>",
+            "streaming_cl_dwconv<{}, {kd}, {kh}, {kw}, {wpc}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             run_length(spec, wpc as usize),
-            config.param("dchunk")?
+            config.param("dchunk")?,
+            output_stages(spec)
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
@@ -128,7 +138,7 @@ impl Variant for StreamingCl {
         Ok(Launch {
             grid: (blocks as u32, 1, 1),
             block: (CHANNELS as u32 * wpc * 32, 1, 1),
-            shared_bytes: shared_bytes(spec) as u32,
+            shared_bytes: shared_bytes(spec, output_stages(spec)) as u32,
         })
     }
 }
@@ -151,7 +161,8 @@ mod tests {
         assert_eq!(v.default_config(&seed).get("wpc"), Some(4));
         assert_eq!(run_length(&seed, 4), 3);
         // (4 slices x 20 rows + 2 stages x 16 rows) x 8 channels x 104 columns x 2 bytes.
-        assert_eq!(shared_bytes(&seed), 186_368);
+        assert_eq!(shared_bytes(&seed, 2), 186_368);
+        assert_eq!(output_stages(&seed), 2);
         assert_eq!(valid_configs(&v, &seed).len(), 4 * 4);
         assert!(v
             .applies(&spec("seed-bf16"))
@@ -175,6 +186,16 @@ mod tests {
             .validate()
             .unwrap()
         };
+        // video-vae's 128-wide rows: two stages need 252,928 bytes, one fits.
+        let vae = cl(
+            128,
+            vec![33, 128, 128],
+            vec![3, 3, 3],
+            vec![[2, 0], [1, 1], [1, 1]],
+        );
+        assert_eq!(shared_bytes(&vae, 2), 252_928);
+        assert_eq!(output_stages(&vae), 1);
+        v.applies(&vae).unwrap();
         let odd_c = cl(12, vec![8, 16, 16], vec![3, 3, 3], vec![[1, 1]; 3]);
         assert!(v.applies(&odd_c).unwrap_err().contains("multiples of 8"));
         // 2048-wide rows: 257 tiles, more than 4 warps of 16.
