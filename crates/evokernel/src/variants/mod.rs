@@ -35,6 +35,28 @@ pub(crate) fn within_shared(what: &str, bytes: usize) -> std::result::Result<(),
     Ok(())
 }
 
+/// Output-depth chunk sizes (how many output depths one block slides over) from
+/// `sizes`: a chunk at least as deep as the output already gives one block per plane
+/// stack, so only the first such size is kept.
+pub(crate) fn depth_chunks(spec: &ConvSpec, sizes: &[i64]) -> Vec<i64> {
+    let od = spec.output3()[0] as i64;
+    match sizes.iter().position(|&d| d >= od) {
+        Some(i) => sizes[..=i].to_vec(),
+        None => sizes.to_vec(),
+    }
+}
+
+/// The largest of `chunks` not over `cap`, or the smallest when all are.
+pub(crate) fn depth_chunk_at_most(chunks: &[i64], cap: i64) -> i64 {
+    let smallest = chunks.iter().copied().min().unwrap_or(1);
+    chunks
+        .iter()
+        .copied()
+        .filter(|&d| d <= cap)
+        .max()
+        .unwrap_or(smallest)
+}
+
 /// A named integer parameter and the values it may take.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Param {

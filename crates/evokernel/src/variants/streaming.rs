@@ -2,11 +2,17 @@
 //! input slices fetched by 16-byte cp.async ahead of use (kernels/streaming.cu).
 
 use super::tensor_core::{row_stride, tensor_core_applies};
-use super::{check_config, cuda_type, within_shared, Config, Launch, Param, Variant};
+use super::{
+    check_config, cuda_type, depth_chunk_at_most, depth_chunks, within_shared, Config, Launch,
+    Param, Variant,
+};
 use crate::error::Result;
 use crate::spec::ConvSpec;
 
 pub struct Streaming;
+
+/// Output depths a block may slide over.
+const DCHUNKS: [i64; 5] = [4, 8, 16, 32, 64];
 
 /// Run lengths (tiles a warp sweeps along a band). Longer runs read less but hold
 /// more accumulators: on the H100 (docs/perf.md, run 24) runs of 2-4 gained up to 8%
@@ -48,12 +54,7 @@ impl Variant for Streaming {
         within_shared("the slice ring", shared_bytes(spec, 1))
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
-        // Chunks at least as deep as the output are one block per (n, c): keep the first.
-        let od = spec.output3()[0] as i64;
-        let mut dchunk: Vec<i64> = vec![4, 8, 16, 32, 64];
-        if let Some(i) = dchunk.iter().position(|&d| d >= od) {
-            dchunk.truncate(i + 1);
-        }
+        let dchunk = depth_chunks(spec, &DCHUNKS);
         vec![
             Param {
                 name: "warps",
@@ -87,13 +88,7 @@ impl Variant for Streaming {
             8..=15 => 8,
             _ => 16,
         };
-        // dchunk within the space.
-        let dchunk = self
-            .space(spec)
-            .iter()
-            .find(|p| p.name == "dchunk")
-            .and_then(|p| p.values.iter().copied().filter(|&d| d <= 8).max())
-            .unwrap_or(4);
+        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DCHUNKS), 8);
         Config::new(
             self.name(),
             &[

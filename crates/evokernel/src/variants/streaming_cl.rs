@@ -3,11 +3,17 @@
 //! (kernels/streaming_cl.cu).
 
 use super::tensor_core::{banded_applies, row_stride};
-use super::{check_config, cuda_type, within_shared, Config, Launch, Param, Variant};
+use super::{
+    check_config, cuda_type, depth_chunk_at_most, depth_chunks, within_shared, Config, Launch,
+    Param, Variant,
+};
 use crate::error::Result;
 use crate::spec::{ConvSpec, Layout};
 
 pub struct StreamingCl;
+
+/// Output depths a block may slide over.
+const DCHUNKS: [i64; 4] = [4, 8, 16, 32];
 
 /// Channels a block owns: one 16-byte vector of bf16/f16 per pixel (`CG` in the kernel).
 const CHANNELS: usize = 8;
@@ -69,11 +75,7 @@ impl Variant for StreamingCl {
         within_shared("the slice ring and one output stage", shared_bytes(spec, 1))
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
-        let od = spec.output3()[0] as i64;
-        let mut dchunk: Vec<i64> = vec![4, 8, 16, 32];
-        if let Some(i) = dchunk.iter().position(|&d| d >= od) {
-            dchunk.truncate(i + 1);
-        }
+        let dchunk = depth_chunks(spec, &DCHUNKS);
         vec![
             // Warps per channel, splitting its band's tiles (3: 24 warps at 80 registers
             // instead of 32 at 64; measured the same on the seed, run 30).
@@ -96,12 +98,7 @@ impl Variant for StreamingCl {
             .into_iter()
             .find(|&w| w as usize <= nt && run_length(spec, w as usize) <= MAX_RUN)
             .unwrap_or(1);
-        let dchunk = self
-            .space(spec)
-            .iter()
-            .find(|p| p.name == "dchunk")
-            .and_then(|p| p.values.iter().copied().filter(|&d| d <= 32).max())
-            .unwrap_or(4);
+        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DCHUNKS), 32);
         Config::new(self.name(), &[("wpc", wpc), ("dchunk", dchunk)])
     }
     fn needs_repair(&self) -> bool {
