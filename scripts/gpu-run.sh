@@ -16,7 +16,8 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
     run) step run .gpu/evokernel run --json "$out/run.json" ;;
     torch) step torch python3 scripts/torch_baseline.py ;;
     memcheck) LIMIT=400 step memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel verify --suite public --only naive --only channels_last --only smem_tile --only tensor_core --only streaming --only streaming_cl ;;
-    suite) LIMIT=400 step suite .gpu/evokernel bench --suite public --json "$out/suite.json" ;;
+    suite) LIMIT=400 step suite .gpu/evokernel bench --suite public --json "$out/suite.json"
+      LIMIT=300 step suite_cl .gpu/evokernel bench --suite channels-last --json "$out/suite-cl.json" ;;
     tunefma)
       # The FMA variants' spaces, exhaustively, on the cases they win.
       export EVOKERNEL_CACHE_DIR=/tmp/evk-tune-cache
@@ -53,7 +54,7 @@ done
 cat "$out/smi.txt"
 grep -E "test result|FAILED|panicked|^== " "$out/tests.log" 2>/dev/null | head -30
 for f in memcheck racecheck racecheck_cl; do [ -f "$out/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$out/$f.log" | head -5; done
-for f in devices torch run suite; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
+for f in devices torch run suite suite_cl; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
 [ -f "$out/sweep.txt" ] && cat "$out/sweep.txt"
 [ -f "$out/tune-summary.log" ] && cut -c1-230 "$out/tune-summary.log"
 [ -f "$out/profile.log" ] && grep -vE "^[│┌└╞├]" "$out/profile.log" | grep -E "^seed|verdict|next|occupancy|counters" | cut -c1-260 | tail -40

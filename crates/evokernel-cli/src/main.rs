@@ -161,7 +161,7 @@ struct Common {
 
 #[derive(Args)]
 struct ProblemArgs {
-    /// Suite file of cases (the format of suite/public.json); replaces the spec flags
+    /// Suite file of cases (the format of suite/public.json; `public` and `channels-last` name the embedded suites); replaces the spec flags
     #[arg(long, value_name = "FILE", conflicts_with_all = ["input", "kernel"])]
     suite: Option<PathBuf>,
     /// Only the suite cases with this name (repeatable)

@@ -177,12 +177,7 @@ mod tests {
             ("seed-f16-ndhwc", "streaming_cl"),
             ("causal-conv1d-nwc", "channels_last"),
         ];
-        // Embedded: the GPU machine runs this binary away from the source tree.
-        let cl_suite = crate::suite::parse_suite(
-            include_str!("../../../suite/channels-last.json"),
-            std::path::Path::new("suite/channels-last.json"),
-        )
-        .unwrap();
+        let cl_suite = crate::suite::channels_last_suite().unwrap();
         let cache = empty_cache();
         for case in public_suite().unwrap().into_iter().chain(cl_suite) {
             let want = winners

@@ -49,11 +49,28 @@ pub fn public_suite() -> Result<Vec<SuiteCase>> {
     parse_suite(PUBLIC_SUITE, Path::new("<embedded public suite>"))
 }
 
+/// Channels-last shapes beyond the seed (`suite/channels-last.json`), embedded too.
+pub const CHANNELS_LAST_SUITE: &str = include_str!("../../../suite/channels-last.json");
+
+/// The embedded channels-last suite's cases.
+pub fn channels_last_suite() -> Result<Vec<SuiteCase>> {
+    parse_suite(
+        CHANNELS_LAST_SUITE,
+        Path::new("<embedded channels-last suite>"),
+    )
+}
+
 /// Reads and validates every case of a suite file; the first bad case is an error
-/// naming the case and the field. The name `public` means the embedded public suite.
+/// naming the case and the field. The names `public` and `channels-last` mean the
+/// embedded suites (unless a file of that name exists).
 pub fn load_suite(path: &Path) -> Result<Vec<SuiteCase>> {
-    if path == Path::new("public") && !path.exists() {
-        return public_suite();
+    if !path.exists() {
+        if path == Path::new("public") {
+            return public_suite();
+        }
+        if path == Path::new("channels-last") {
+            return channels_last_suite();
+        }
     }
     let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
         action: "cannot read suite file",

@@ -1,12 +1,13 @@
 //! GPU tests: run on the H100 machine (../shared/tools/gpu-stage, then
-//! .gpu/run-tests.sh). Every variant against the oracle on every public-suite case it
-//! applies to and on random small specs; cuDNN checked like any variant.
+//! .gpu/run-tests.sh). Every variant against the oracle on every case of the public and
+//! channels-last suites it applies to and on random small specs; cuDNN checked like any
+//! variant.
 
 use evokernel::backend::{ConvRun, Problem};
 use evokernel::cuda::cudnn::CudnnRun;
 use evokernel::cuda::run::{DeviceProblem, KernelRun};
 use evokernel::cuda::{list_devices, CudaDevice};
-use evokernel::suite::public_suite;
+use evokernel::suite::{channels_last_suite, public_suite};
 use evokernel::tensor::SplitMix64;
 use evokernel::variants::registry;
 use evokernel::verify::{check, oracle};
@@ -78,9 +79,13 @@ fn devices_are_listed() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn every_variant_passes_the_public_suite() {
+fn every_variant_passes_the_public_and_channels_last_suites() {
     let dev = CudaDevice::open(0).unwrap();
-    for case in public_suite().unwrap() {
+    for case in public_suite()
+        .unwrap()
+        .into_iter()
+        .chain(channels_last_suite().unwrap())
+    {
         verify_all(&dev, &case.name, &case.spec, 11, true, false);
         verify_all(&dev, &case.name, &case.spec, 12, false, true);
     }

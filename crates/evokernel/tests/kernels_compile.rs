@@ -1,5 +1,5 @@
-//! Every registered variant, with its default config on every public-suite case it
-//! applies to, and the calibration kernels must compile for sm_90 with NVRTC. Runs on
+//! Every registered variant, with its default config on every case of the public and
+//! channels-last suites it applies to, and the calibration kernels must compile for sm_90 with NVRTC. Runs on
 //! CI with no GPU (NVRTC from PyPI, scripts/install-nvrtc.sh); a kernel that does not
 //! compile fails CI.
 
@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use evokernel::cuda::calibrate;
 use evokernel::cuda::jit::Jit;
 use evokernel::cuda::run::repair_specialization;
-use evokernel::suite::public_suite;
+use evokernel::suite::{channels_last_suite, public_suite};
 use evokernel::variants::registry;
 use evokernel::{ConvParams, DType, Layout};
 
@@ -18,10 +18,12 @@ fn every_variant_compiles_for_sm90() {
         .unwrap_or_else(|e| panic!("{e}\n(run scripts/install-nvrtc.sh, or use ./scripts/test.sh)"))
         .without_cache();
     let mut work: BTreeSet<(&str, &str, String)> = BTreeSet::new();
-    // The public suite, plus channel counts that are not a multiple of 8 (scalar paths).
+    // Both suites (channels-last has one-output-stage streaming_cl), plus channel counts
+    // that are not a multiple of 8 (scalar paths).
     let mut specs: Vec<_> = public_suite()
         .unwrap()
         .into_iter()
+        .chain(channels_last_suite().unwrap())
         .map(|c| c.spec)
         .collect();
     for (c, dtype) in [(7, DType::Bf16), (3, DType::F32)] {
