@@ -295,8 +295,10 @@ __device__ __forceinline__ void band_run(RowAddr row_addr, int j0, int n, const 
 #pragma unroll
     for (int j = 0; j < SEG; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     if constexpr (SEG == 1) {
-        // Nothing to reuse: one x4 load (lanes 16-31 address the right half) beats two
-        // x2 loads (measured 8-15% on the suite, docs/perf.md run 25).
+        // Nothing to reuse: one x4 load per kernel row (lanes 16-31 address the right
+        // half); two x2 loads measured 8-15% slower (docs/perf.md, run 25). streaming.cu
+        // keeps its own older seg=1 loop, 8% faster again on the seed (run 26); this
+        // path serves streaming_cl's one-tile runs.
         if (n < 1) return;
         const unsigned half = ((threadIdx.x >> 4) & 1) * PIECE;
 #pragma unroll

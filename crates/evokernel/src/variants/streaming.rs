@@ -1,7 +1,7 @@
 //! `streaming`: tensor-core blocks sliding along output depth with a ring of KD + stages
 //! input slices fetched by 16-byte cp.async ahead of use (kernels/streaming.cu).
 
-use super::tensor_core::{row_stride, tensor_core_applies};
+use super::tensor_core::{row_stride, shifted_tile_columns, tensor_core_applies};
 use super::{
     check_config, cuda_type, depth_chunk_at_most, depth_chunks, within_shared, Config, Launch,
     Param, Variant,
@@ -19,22 +19,12 @@ const DCHUNKS: [i64; 5] = [4, 8, 16, 32, 64];
 /// where registers did not cost a block, runs of 8+ lost up to 2x and never won.
 const SEGS: [i64; 3] = [1, 2, 4];
 
-/// 16-row bands and 8-wide tile columns of one output slice (with the kernel's shift).
-fn tile_grid(spec: &ConvSpec) -> (usize, usize) {
-    let [_, oh, ow] = spec.output3();
-    let pw = spec.pad_before3()[2];
-    (oh.div_ceil(16), (ow + pw.div_ceil(8) * 8 - pw).div_ceil(8))
-}
-
-/// The ring of KD + `stages` padded slices. Mirrors the kernel: input column 0 at tile
-/// column `pw` rounded up to 8, output tiles shifted left by that rounding.
+/// The ring of KD + `stages` padded slices of whole output-height bands.
 fn shared_bytes(spec: &ConvSpec, stages: usize) -> usize {
-    let [_, oh, ow] = spec.output3();
+    let oh = spec.output3()[1];
     let [kd, kh, _] = spec.kernel3();
-    let pw = spec.pad_before3()[2];
-    let shift = pw.div_ceil(8) * 8 - pw;
     let hs = oh.div_ceil(16) * 16 + kh - 1;
-    (kd + stages) * hs * row_stride((ow + shift).div_ceil(8)) * 2
+    (kd + stages) * hs * row_stride(shifted_tile_columns(spec)) * 2
 }
 
 impl Variant for Streaming {
@@ -81,8 +71,7 @@ impl Variant for Streaming {
         // About four 16x8 output tiles per warp, from the exhaustive tunes on the H100
         // (docs/perf.md, run 13): x3d's 32 and video-vae's 136 tiles are 1.24x and 1.8x
         // faster with 8 and 16 warps than with 4; the seed's 33 lose 2-4% at 8.
-        let (mt, nt) = tile_grid(spec);
-        let tiles = mt * nt;
+        let tiles = spec.output3()[1].div_ceil(16) * shifted_tile_columns(spec);
         let warps = match tiles / 4 {
             0..=7 => 4,
             8..=15 => 8,

@@ -2,10 +2,10 @@
 //! 8-channel pixel vectors into a channel-major slice ring in shared memory and back
 //! (kernels/streaming_cl.cu).
 
-use super::tensor_core::{banded_applies, row_stride};
+use super::tensor_core::{banded_applies, row_stride, shifted_tile_columns};
 use super::{
     check_config, cuda_type, depth_chunk_at_most, depth_chunks, within_shared, Config, Launch,
-    Param, Variant,
+    Param, Variant, MAX_SHARED,
 };
 use crate::error::Result;
 use crate::spec::{ConvSpec, Layout};
@@ -20,24 +20,17 @@ const CHANNELS: usize = 8;
 /// Most tiles one warp runs along its band: its accumulators live in registers.
 const MAX_RUN: usize = 16;
 
-/// 8-wide tile columns of a band (with the kernel's left shift).
-fn tile_columns(spec: &ConvSpec) -> usize {
-    let ow = spec.output3()[2];
-    let pw = spec.pad_before3()[2];
-    (ow + pw.div_ceil(8) * 8 - pw).div_ceil(8)
-}
-
 /// A ring of KD + 1 slices of 8 channels x (16 + KH - 1) rows and `ostages` output
 /// stages of 8 channels x 16 rows.
 fn shared_bytes(spec: &ConvSpec, ostages: usize) -> usize {
     let [kd, kh, _] = spec.kernel3();
-    let ws = row_stride(tile_columns(spec));
+    let ws = row_stride(shifted_tile_columns(spec));
     ((kd + 1) * (16 + kh - 1) + ostages * 16) * CHANNELS * ws * 2
 }
 
 /// Two output stages (write-out overlaps the next depth) where they fit, else one.
 fn output_stages(spec: &ConvSpec) -> usize {
-    if within_shared("", shared_bytes(spec, 2)).is_ok() {
+    if shared_bytes(spec, 2) <= MAX_SHARED {
         2
     } else {
         1
@@ -46,7 +39,7 @@ fn output_stages(spec: &ConvSpec) -> usize {
 
 /// Tiles per warp with `wpc` warps per channel.
 fn run_length(spec: &ConvSpec, wpc: usize) -> usize {
-    tile_columns(spec).div_ceil(wpc)
+    shifted_tile_columns(spec).div_ceil(wpc)
 }
 
 impl Variant for StreamingCl {
@@ -93,7 +86,7 @@ impl Variant for StreamingCl {
         // The most warps that still have a tile each, and up to 32 output depths a block:
         // on the H100 the NDHWC seed ran 0.72 ms at wpc=1, dchunk=8, 0.66 at wpc=4,
         // dchunk=16 and 0.64 at wpc=4, dchunk=32 (docs/perf.md, runs 25-30).
-        let nt = tile_columns(spec);
+        let nt = shifted_tile_columns(spec);
         let wpc = [4i64, 2, 1]
             .into_iter()
             .find(|&w| w as usize <= nt && run_length(spec, w as usize) <= MAX_RUN)
