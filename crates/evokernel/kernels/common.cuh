@@ -172,30 +172,39 @@ __host__ __device__ constexpr int tc_row_stride(int nt) {
 
 // Output (n, c, od, oh, ow) summed tap by tap over in-bounds inputs only, straight from
 // global memory: the naive kernel's body, and the exact answer the tensor-core kernels
-// fall back to (see store_c_fragment).
+// fall back to (see store_c_fragment). Branch-free: every tap loads a clamped (always
+// valid) address and a select drops the out-of-bounds ones, so all the loads of an
+// output are independent and in flight together; skipping, not adding 0 * w, keeps
+// an Inf weight over padding from making NaN (the oracle's rule).
 template <typename T, bool CHANNELS_LAST, int KD, int KH, int KW>
 __device__ __forceinline__ float direct_output(const ConvArgs& a, long long n, long long c, int od,
                                                int oh, int ow) {
     const T* __restrict__ x = static_cast<const T*>(a.x);
-    const T* __restrict__ w = static_cast<const T*>(a.w);
+    const T* __restrict__ wc = static_cast<const T*>(a.w) + c * (KD * KH * KW);
     const long long in_spatial = (long long)a.id * a.ih * a.iw;
+    // Elements between neighbours along W, and the first element of (n, c).
+    const long long step = CHANNELS_LAST ? a.c : 1;
+    const T* __restrict__ xb = CHANNELS_LAST ? x + n * in_spatial * a.c + c : x + (n * a.c + c) * in_spatial;
     float acc = 0.f;
 #pragma unroll
     for (int kd = 0; kd < KD; ++kd) {
         const int zd = od * a.sd + kd * a.dd - a.pd;
-        if (zd < 0 || zd >= a.id) continue;
+        const bool okd = zd >= 0 && zd < a.id;
+        const int zdc = min(max(zd, 0), a.id - 1);
 #pragma unroll
         for (int kh = 0; kh < KH; ++kh) {
             const int zh = oh * a.sh + kh * a.dh - a.ph;
-            if (zh < 0 || zh >= a.ih) continue;
+            const bool okh = okd && zh >= 0 && zh < a.ih;
+            const int zhc = min(max(zh, 0), a.ih - 1);
+            const T* __restrict__ row = xb + ((long long)zdc * a.ih + zhc) * a.iw * step;
 #pragma unroll
             for (int kw = 0; kw < KW; ++kw) {
                 const int zw = ow * a.sw + kw * a.dw - a.pw;
-                if (zw < 0 || zw >= a.iw) continue;
-                const long long pos = ((long long)zd * a.ih + zh) * a.iw + zw;
-                const long long xi = CHANNELS_LAST ? (n * in_spatial + pos) * a.c + c
-                                                   : (n * a.c + c) * in_spatial + pos;
-                acc = fmaf(to_f32(x[xi]), to_f32(w[((c * KD + kd) * KH + kh) * KW + kw]), acc);
+                const bool ok = okh && zw >= 0 && zw < a.iw;
+                const int zwc = min(max(zw, 0), a.iw - 1);
+                const float v = to_f32(row[zwc * step]);
+                const float wt = to_f32(wc[(kd * KH + kh) * KW + kw]);
+                acc = ok ? fmaf(v, wt, acc) : acc;
             }
         }
     }
@@ -265,6 +274,14 @@ __device__ __forceinline__ void band_fragments(const T* __restrict__ wc, int lan
         bf[q][1] = pack2(e[2], e[3]);
     }
 }
+
+// 16-byte global -> shared copies through L2 only (no L1 allocation), in commit groups.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Two 8x8 b16 matrices (rows 0-7 and 8-15 from lanes 0-15's addresses): one 16x8 half
 // of an A fragment.

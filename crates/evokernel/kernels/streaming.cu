@@ -10,13 +10,6 @@
 // Warps sweep runs of SEG tiles along a 16-row band (band_run: half the ldmatrix reads).
 // Stride 1, dilation 1, KW <= 9, input width a multiple of 8; T is bf16 or f16.
 
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
 template <typename T, int KD, int KH, int KW, int WARPS, int DCHUNK, int STAGES, int SEG>
 __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::spec::{ConvSpec, DType, Layout};
 
 mod channels_last;
+mod depth_reuse;
 mod naive;
 mod smem_tile;
 mod streaming;
@@ -16,6 +17,7 @@ mod streaming_cl;
 mod tensor_core;
 
 pub use channels_last::ChannelsLast;
+pub use depth_reuse::DepthReuse;
 pub use naive::Naive;
 pub use smem_tile::SmemTile;
 pub use streaming::Streaming;
@@ -179,6 +181,7 @@ pub fn registry() -> Vec<&'static dyn Variant> {
         &TensorCore,
         &Streaming,
         &StreamingCl,
+        &DepthReuse,
     ]
 }
 

@@ -1,0 +1,190 @@
+//! `depth_reuse`: streaming's tensor-core formulation with each A fragment feeding all KD
+//! output depths it reaches (one tile per warp, KD rotating accumulators), so a block
+//! reads each input slice's fragments once instead of KD times (kernels/depth_reuse.cu).
+
+use super::tensor_core::{row_stride, shifted_tile_columns, tensor_core_applies};
+use super::{
+    check_config, cuda_type, depth_chunk_at_most, depth_chunks, Config, Launch, Param, Variant,
+};
+use crate::error::Result;
+use crate::spec::ConvSpec;
+
+pub struct DepthReuse;
+
+/// Output depths a block may slide over; each block reads KD - 1 slices more than it
+/// has depths, so longer chunks waste less.
+const DCHUNKS: [i64; 5] = [4, 8, 16, 32, 64];
+
+/// Most warps a block may have (1024 threads), one tile each.
+const MAX_WARPS: i64 = 32;
+
+/// 16-row bands and 8-wide tile columns of the output plane.
+fn tile_grid(spec: &ConvSpec) -> (usize, usize) {
+    (spec.output3()[1].div_ceil(16), shifted_tile_columns(spec))
+}
+
+/// Two slices (one consumed, one in flight) of a region of `bands` x `cols` tiles.
+fn shared_bytes(spec: &ConvSpec, bands: usize, cols: usize) -> usize {
+    let kh = spec.kernel3()[1];
+    2 * (bands * 16 + kh - 1) * row_stride(cols) * 2
+}
+
+/// Depth chunks of `dchunk` or fewer output depths, balanced (33 depths in chunks of
+/// 16 are three of 11, not 16, 16 and 1); mirrors depth_reuse.cu.
+fn depth_chunk_count(spec: &ConvSpec, dchunk: usize) -> usize {
+    spec.output3()[0].div_ceil(dchunk)
+}
+
+impl Variant for DepthReuse {
+    fn name(&self) -> &'static str {
+        "depth_reuse"
+    }
+    fn source(&self) -> &'static str {
+        include_str!("../../kernels/depth_reuse.cu")
+    }
+    fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
+        tensor_core_applies(spec)?;
+        if !spec.input3()[2].is_multiple_of(8) {
+            return Err(
+                "needs an input width that is a multiple of 8 (16-byte async copies)".into(),
+            );
+        }
+        let (mt, nt) = tile_grid(spec);
+        let blocks = (spec.n() * spec.c()) as u64 * spec.output3()[0] as u64 * (mt * nt) as u64;
+        if blocks > i32::MAX as u64 {
+            return Err(format!(
+                "{blocks} blocks (one per channel, depth and tile at worst) exceed one launch's grid"
+            ));
+        }
+        Ok(())
+    }
+    fn space(&self, spec: &ConvSpec) -> Vec<Param> {
+        let (mt, nt) = tile_grid(spec);
+        let mut cols: Vec<i64> = [1, 2, 4, 8, 16, nt, nt.div_ceil(2), nt.div_ceil(3)]
+            .into_iter()
+            .map(|c| c as i64)
+            .filter(|&c| c >= 1 && c <= (nt as i64).min(MAX_WARPS))
+            .collect();
+        cols.sort_unstable();
+        cols.dedup();
+        let bands: Vec<i64> = [1i64, 2, 4]
+            .into_iter()
+            .filter(|&b| b == 1 || b <= mt as i64)
+            .collect();
+        vec![
+            // 16-row bands of a block's region.
+            Param {
+                name: "bands",
+                values: bands,
+            },
+            // 8-wide tile columns of a block's region (one warp per tile).
+            Param {
+                name: "cols",
+                values: cols,
+            },
+            Param {
+                name: "dchunk",
+                values: depth_chunks(spec, &DCHUNKS),
+            },
+        ]
+    }
+    fn default_config(&self, spec: &ConvSpec) -> Config {
+        // A whole row of tiles per block where it has at most 16, else the fewest
+        // equal regions of at most 16: the seed's 11 columns in one, video-vae's 17 in 2 of 9.
+        let (_, nt) = tile_grid(spec);
+        let cols = nt.div_ceil(nt.div_ceil(16)) as i64;
+        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DCHUNKS), 16);
+        Config::new(
+            self.name(),
+            &[("bands", 1), ("cols", cols), ("dchunk", dchunk)],
+        )
+    }
+    fn needs_repair(&self) -> bool {
+        true
+    }
+    fn fits(&self, _spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
+        let warps = config.param("bands").map_err(|e| e.to_string())?
+            * config.param("cols").map_err(|e| e.to_string())?;
+        if warps > MAX_WARPS {
+            return Err(format!(
+                "bands x cols = {warps} warps, more than a block's {MAX_WARPS}"
+            ));
+        }
+        Ok(())
+    }
+    fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
+        check_config(self, spec, config)?;
+        let [kd, kh, kw] = spec.kernel3();
+        Ok(format!(
+            "depth_reuse_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}>",
+            cuda_type(spec.dtype()),
+            config.param("bands")?,
+            config.param("cols")?,
+            config.param("dchunk")?
+        ))
+    }
+    fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
+        check_config(self, spec, config)?;
+        let bands = config.param("bands")? as usize;
+        let cols = config.param("cols")? as usize;
+        let dchunk = config.param("dchunk")? as usize;
+        let (mt, nt) = tile_grid(spec);
+        let regions = mt.div_ceil(bands) * nt.div_ceil(cols);
+        let blocks = spec.n() * spec.c() * depth_chunk_count(spec, dchunk) * regions;
+        Ok(Launch {
+            grid: (blocks as u32, 1, 1),
+            block: ((bands * cols * 32) as u32, 1, 1),
+            shared_bytes: shared_bytes(spec, bands, cols) as u32,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::suite::public_suite;
+    use crate::variants::valid_configs;
+
+    fn case(name: &str) -> ConvSpec {
+        public_suite()
+            .unwrap()
+            .into_iter()
+            .find(|c| c.name == name)
+            .unwrap()
+            .spec
+    }
+
+    #[test]
+    fn regions_cover_the_plane_with_at_most_a_block_of_warps() {
+        let v = DepthReuse;
+        // Seed: 3 bands x 11 tile columns; one region is a whole band row.
+        let seed = case("seed-bf16");
+        assert_eq!(tile_grid(&seed), (3, 11));
+        let d = v.default_config(&seed);
+        assert_eq!(
+            (d.get("bands"), d.get("cols"), d.get("dchunk")),
+            (Some(1), Some(11), Some(16))
+        );
+        let l = v.launch(&seed, &d, 132).unwrap();
+        assert_eq!(l.block.0, 11 * 32);
+        assert_eq!(l.grid.0 as usize, 512 * 4 * 3);
+        // Video-vae: 17 tile columns split into two regions of 9.
+        let vae = case("video-vae-causal");
+        assert_eq!(v.default_config(&vae).get("cols"), Some(9));
+        // Every valid config has at most 32 warps; the too-big products are pruned.
+        assert!(valid_configs(&v, &seed).contains(&d));
+        let all = valid_configs(&v, &vae);
+        assert!(all
+            .iter()
+            .all(|c| c.get("bands").unwrap() * c.get("cols").unwrap() <= 32));
+        assert!(all.len() < enumerate_len(&v, &vae));
+        // 1-D rows have one band; strided specs do not apply.
+        assert_eq!(v.space(&case("causal-conv1d"))[0].values, vec![1]);
+        assert!(v.applies(&case("odd-dilated")).is_err());
+        assert!(v.applies(&case("seed-f32")).is_err());
+    }
+
+    fn enumerate_len(v: &DepthReuse, spec: &ConvSpec) -> usize {
+        v.space(spec).iter().map(|p| p.values.len()).product()
+    }
+}
