@@ -7,18 +7,20 @@
 // feed KD accumulators, and after slice z the depth z - KD + 1 is complete and leaves.
 // (Run 8 tried the rotation with ~5 tiles per warp: 60 accumulators, 154 registers.)
 // A block owns (n, c, a chunk of DCHUNK output depths, a region of BANDS x COLS tiles);
-// its ring is two slices of just that region (one consumed, one in flight by cp.async).
+// its ring holds STAGES + 1 slices of just that region: one consumed, STAGES in flight
+// by cp.async (one step of 5-15 MMAs per warp is much shorter than an L2 round trip).
 // Tiling as in streaming.cu: input column 0 at tile column P = pw rounded up to 8, tiles
 // starting at 8j - S, S = P - pw. Stride 1, dilation 1, KW <= 9, input width a multiple
 // of 8; T is bf16 or f16.
 
-template <typename T, int KD, int KH, int KW, int BANDS, int COLS, int DCHUNK>
+template <typename T, int KD, int KH, int KW, int BANDS, int COLS, int DCHUNK, int STAGES>
 __global__ void __launch_bounds__(BANDS * COLS * 32, (BANDS * COLS <= 16) ? 2 : 1) depth_reuse_dwconv(ConvArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int HS = BANDS * 16 + KH - 1;  // slice rows: the region's bands and their halo
     constexpr int PIECES = COLS + 1;         // 16-byte pieces per slice row (8 halo columns)
     constexpr int WS = tc_row_stride(COLS);
     constexpr int SLICE_BYTES = HS * WS * (int)sizeof(T);
+    constexpr int NBUF = STAGES + 1;
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ w = static_cast<const T*>(a.w);
     T* __restrict__ y = static_cast<T*>(a.y);
@@ -40,14 +42,14 @@ __global__ void __launch_bounds__(BANDS * COLS * 32, (BANDS * COLS <= 16) ? 2 : 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned ring = (unsigned)__cvta_generic_to_shared(smem_raw);
 
-    // Step s reads padded depth d0 + s (input depth d0 + s - pd) into buffer s & 1;
+    // Step s reads padded depth d0 + s (input depth d0 + s - pd) into buffer s % NBUF;
     // past the last step it commits an empty group, so every step commits one.
     const int steps = d1 - d0 + KD - 1;
-    auto fetch = [&](int s) {
+    auto fetch = [&](int s, int buffer) {
         if (s < steps) {
             const int zd = d0 + s - a.pd;
             const bool depth_inside = zd >= 0 && zd < a.id;
-            const unsigned buf = ring + (unsigned)((s & 1) * SLICE_BYTES);
+            const unsigned buf = ring + (unsigned)(buffer * SLICE_BYTES);
             for (int j = threadIdx.x; j < HS * PIECES; j += blockDim.x) {
                 const int r = j / PIECES, k = j - r * PIECES;
                 const int gh = band0 * 16 + r - a.ph;  // input row
@@ -79,7 +81,9 @@ __global__ void __launch_bounds__(BANDS * COLS * 32, (BANDS * COLS <= 16) ? 2 : 
 #pragma unroll
     for (int q = 0; q < KD; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
     float probe = 0.f;
-    fetch(0);
+#pragma unroll
+    for (int k = 0; k < STAGES; ++k) fetch(k, k);
+    int cur = 0;  // buffer of slice s
     // Steps come KD at a time so that each output depth's accumulator index is a
     // compile-time constant: at step s = sb + u, depth d0 + s - kd sits in slot (u - kd) mod KD.
     for (int sb = 0; sb < steps; sb += KD) {
@@ -87,11 +91,14 @@ __global__ void __launch_bounds__(BANDS * COLS * 32, (BANDS * COLS <= 16) ? 2 : 
         for (int u = 0; u < KD; ++u) {
             const int s = sb + u;
             if (s >= steps) break;
-            fetch(s + 1);
-            cp_async_wait<1>();  // slice s has landed
+            cp_async_wait<STAGES - 1>();  // slice s has landed
+            // Slice s is visible to all, and every warp is done with slice s - 1, whose
+            // buffer ((s + STAGES) % NBUF) is refilled now.
             __syncthreads();
+            const int prev = cur == 0 ? NBUF - 1 : cur - 1;
+            fetch(s + STAGES, prev);
             if (has_tile) {
-                const unsigned base = lane_addr + (unsigned)((s & 1) * SLICE_BYTES);
+                const unsigned base = lane_addr + (unsigned)(cur * SLICE_BYTES);
 #pragma unroll
                 for (int kh = 0; kh < KH; ++kh) {
                     unsigned af[4];
@@ -109,7 +116,7 @@ __global__ void __launch_bounds__(BANDS * COLS * 32, (BANDS * COLS <= 16) ? 2 : 
                     done[0] = done[1] = done[2] = done[3] = 0.f;
                 }
             }
-            __syncthreads();  // buffer s & 1 is refilled at step s + 1
+            cur = cur == NBUF - 1 ? 0 : cur + 1;
         }
     }
     cp_async_wait<0>();

@@ -4,7 +4,8 @@
 
 use super::tensor_core::{row_stride, shifted_tile_columns, tensor_core_applies};
 use super::{
-    check_config, cuda_type, depth_chunk_at_most, depth_chunks, Config, Launch, Param, Variant,
+    check_config, cuda_type, depth_chunk_at_most, depth_chunks, within_shared, Config, Launch,
+    Param, Variant,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
@@ -23,10 +24,13 @@ fn tile_grid(spec: &ConvSpec) -> (usize, usize) {
     (spec.output3()[1].div_ceil(16), shifted_tile_columns(spec))
 }
 
-/// Two slices (one consumed, one in flight) of a region of `bands` x `cols` tiles.
-fn shared_bytes(spec: &ConvSpec, bands: usize, cols: usize) -> usize {
+/// Slices fetched ahead of the one being consumed.
+const STAGES: [i64; 4] = [1, 2, 4, 6];
+
+/// The ring: `stages` + 1 slices of a region of `bands` x `cols` tiles.
+fn shared_bytes(spec: &ConvSpec, bands: usize, cols: usize, stages: usize) -> usize {
     let kh = spec.kernel3()[1];
-    2 * (bands * 16 + kh - 1) * row_stride(cols) * 2
+    (stages + 1) * (bands * 16 + kh - 1) * row_stride(cols) * 2
 }
 
 /// Depth chunks of `dchunk` or fewer output depths, balanced (33 depths in chunks of
@@ -86,6 +90,11 @@ impl Variant for DepthReuse {
                 name: "dchunk",
                 values: depth_chunks(spec, &DCHUNKS),
             },
+            // Slices in flight ahead of the one the MMAs read.
+            Param {
+                name: "stages",
+                values: STAGES.to_vec(),
+            },
         ]
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
@@ -96,31 +105,41 @@ impl Variant for DepthReuse {
         let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DCHUNKS), 16);
         Config::new(
             self.name(),
-            &[("bands", 1), ("cols", cols), ("dchunk", dchunk)],
+            &[
+                ("bands", 1),
+                ("cols", cols),
+                ("dchunk", dchunk),
+                ("stages", 4),
+            ],
         )
     }
     fn needs_repair(&self) -> bool {
         true
     }
-    fn fits(&self, _spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
-        let warps = config.param("bands").map_err(|e| e.to_string())?
-            * config.param("cols").map_err(|e| e.to_string())?;
-        if warps > MAX_WARPS {
+    fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
+        let param = |name| config.param(name).map_err(|e| e.to_string());
+        let (bands, cols, stages) = (param("bands")?, param("cols")?, param("stages")?);
+        if bands * cols > MAX_WARPS {
             return Err(format!(
-                "bands x cols = {warps} warps, more than a block's {MAX_WARPS}"
+                "bands x cols = {} warps, more than a block's {MAX_WARPS}",
+                bands * cols
             ));
         }
-        Ok(())
+        within_shared(
+            &format!("a ring of {} slices", stages + 1),
+            shared_bytes(spec, bands as usize, cols as usize, stages as usize),
+        )
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         check_config(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "depth_reuse_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}>",
+            "depth_reuse_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             config.param("bands")?,
             config.param("cols")?,
-            config.param("dchunk")?
+            config.param("dchunk")?,
+            config.param("stages")?
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
@@ -128,13 +147,14 @@ impl Variant for DepthReuse {
         let bands = config.param("bands")? as usize;
         let cols = config.param("cols")? as usize;
         let dchunk = config.param("dchunk")? as usize;
+        let stages = config.param("stages")? as usize;
         let (mt, nt) = tile_grid(spec);
         let regions = mt.div_ceil(bands) * nt.div_ceil(cols);
         let blocks = spec.n() * spec.c() * depth_chunk_count(spec, dchunk) * regions;
         Ok(Launch {
             grid: (blocks as u32, 1, 1),
             block: ((bands * cols * 32) as u32, 1, 1),
-            shared_bytes: shared_bytes(spec, bands, cols) as u32,
+            shared_bytes: shared_bytes(spec, bands, cols, stages) as u32,
         })
     }
 }
