@@ -24,6 +24,17 @@ fn tile_grid(spec: &ConvSpec) -> (usize, usize) {
     (spec.output3()[1].div_ceil(16), shifted_tile_columns(spec))
 }
 
+/// Tiles one warp owns (independent MMA chains per warp).
+const TILES: [i64; 2] = [1, 2];
+
+/// Blocks per SM the register allocation is capped for (`__launch_bounds__`).
+const MIN_BLOCKS: [i64; 4] = [1, 2, 3, 4];
+
+/// Warps of a block: one per `tiles` tiles of its region.
+fn block_warps(bands: i64, cols: i64, tiles: i64) -> i64 {
+    (bands * cols + tiles - 1) / tiles
+}
+
 /// Slices fetched ahead of the one being consumed.
 const STAGES: [i64; 4] = [1, 2, 4, 6];
 
@@ -95,6 +106,14 @@ impl Variant for DepthReuse {
                 name: "stages",
                 values: STAGES.to_vec(),
             },
+            Param {
+                name: "tiles",
+                values: TILES.to_vec(),
+            },
+            Param {
+                name: "minblocks",
+                values: MIN_BLOCKS.to_vec(),
+            },
         ]
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
@@ -110,6 +129,8 @@ impl Variant for DepthReuse {
                 ("cols", cols),
                 ("dchunk", dchunk),
                 ("stages", 4),
+                ("tiles", 1),
+                ("minblocks", 2),
             ],
         )
     }
@@ -119,10 +140,10 @@ impl Variant for DepthReuse {
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
         let param = |name| config.param(name).map_err(|e| e.to_string());
         let (bands, cols, stages) = (param("bands")?, param("cols")?, param("stages")?);
-        if bands * cols > MAX_WARPS {
+        let warps = block_warps(bands, cols, param("tiles")?);
+        if warps > MAX_WARPS {
             return Err(format!(
-                "bands x cols = {} warps, more than a block's {MAX_WARPS}",
-                bands * cols
+                "bands x cols / tiles = {warps} warps, more than a block's {MAX_WARPS}"
             ));
         }
         within_shared(
@@ -134,12 +155,14 @@ impl Variant for DepthReuse {
         check_config(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "depth_reuse_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}>",
+            "depth_reuse_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             config.param("bands")?,
             config.param("cols")?,
             config.param("dchunk")?,
-            config.param("stages")?
+            config.param("stages")?,
+            config.param("tiles")?,
+            config.param("minblocks")?
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
@@ -153,7 +176,11 @@ impl Variant for DepthReuse {
         let blocks = spec.n() * spec.c() * depth_chunk_count(spec, dchunk) * regions;
         Ok(Launch {
             grid: (blocks as u32, 1, 1),
-            block: ((bands * cols * 32) as u32, 1, 1),
+            block: (
+                (block_warps(bands as i64, cols as i64, config.param("tiles")?) * 32) as u32,
+                1,
+                1,
+            ),
             shared_bytes: shared_bytes(spec, bands, cols, stages) as u32,
         })
     }
@@ -194,9 +221,11 @@ mod tests {
         // Every valid config has at most 32 warps; the too-big products are pruned.
         assert!(valid_configs(&v, &seed).contains(&d));
         let all = valid_configs(&v, &vae);
-        assert!(all
-            .iter()
-            .all(|c| c.get("bands").unwrap() * c.get("cols").unwrap() <= 32));
+        assert!(all.iter().all(|c| block_warps(
+            c.get("bands").unwrap(),
+            c.get("cols").unwrap(),
+            c.get("tiles").unwrap()
+        ) <= 32));
         assert!(all.len() < enumerate_len(&v, &vae));
         // 1-D rows have one band; strided specs do not apply.
         assert_eq!(v.space(&case("causal-conv1d"))[0].values, vec![1]);
