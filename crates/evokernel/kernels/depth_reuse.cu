@@ -6,8 +6,8 @@
 // rotating accumulators for it, so a block walks its slices once: slice z's fragments
 // feed KD accumulators, and after slice z the depth z - KD + 1 is complete and leaves.
 // (Run 8 tried the rotation with ~5 tiles per warp: 60 accumulators, 154 registers.)
-// A warp may own TPW tiles (more independent MMA chains per warp: the kernel waits on MMA
-// latency, docs/perf.md run 35); MINB is the blocks per SM the registers are capped for.
+// MINB is the blocks per SM the registers are capped for. (Two tiles per warp, for more
+// independent MMA chains, measured 1.1-1.3x slower: docs/perf.md, run 37.)
 // A block owns (n, c, a chunk of DCHUNK output depths, a region of BANDS x COLS tiles);
 // its ring holds STAGES + 1 slices of just that region: one consumed, STAGES in flight
 // by cp.async (one step of 5-15 MMAs per warp is much shorter than an L2 round trip).
@@ -15,8 +15,8 @@
 // starting at 8j - S, S = P - pw. Stride 1, dilation 1, KW <= 9, input width a multiple
 // of 8; T is bf16 or f16.
 
-template <typename T, int KD, int KH, int KW, int BANDS, int COLS, int DCHUNK, int STAGES, int TPW, int MINB>
-__global__ void __launch_bounds__((BANDS * COLS + TPW - 1) / TPW * 32, MINB) depth_reuse_dwconv(ConvArgs a) {
+template <typename T, int KD, int KH, int KW, int BANDS, int COLS, int DCHUNK, int STAGES, int MINB>
+__global__ void __launch_bounds__(BANDS * COLS * 32, MINB) depth_reuse_dwconv(ConvArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int HS = BANDS * 16 + KH - 1;  // slice rows: the region's bands and their halo
     constexpr int PIECES = COLS + 1;         // 16-byte pieces per slice row (8 halo columns)
@@ -70,27 +70,18 @@ __global__ void __launch_bounds__((BANDS * COLS + TPW - 1) / TPW * 32, MINB) dep
     unsigned bf[KD * KH][2];
     band_fragments<T, KD * KH, KW>(w + c * (KD * KH * KW), lane, bf);
 
-    // This warp's tiles: region tile q = TPW * warp + t sits in band q / COLS, column q % COLS.
+    // This warp's tile: band tb, column tj of the region.
+    const int tb = warp / COLS, tj = warp - tb * COLS;
+    const bool has_tile = band0 + tb < mt && col0 + tj < nt;
+    const int h0 = (band0 + tb) * 16, w0 = (col0 + tj) * 8 - S;
     const int mat = lane >> 3;
     const int arow = (lane & 7) + ((mat & 1) << 3), acol = (mat >> 1) << 3;
-    bool has_tile[TPW];
-    int h0[TPW], w0[TPW];
-    unsigned lane_addr[TPW];
-#pragma unroll
-    for (int t = 0; t < TPW; ++t) {
-        const int q = TPW * warp + t, tb = q / COLS, tj = q - tb * COLS;
-        has_tile[t] = q < BANDS * COLS && band0 + tb < mt && col0 + tj < nt;
-        h0[t] = (band0 + tb) * 16;
-        w0[t] = (col0 + tj) * 8 - S;
-        lane_addr[t] = ring + (unsigned)(((tb * 16 + arow) * WS + tj * 8 + acol) * (int)sizeof(T));
-    }
+    const unsigned lane_addr = ring + (unsigned)(((tb * 16 + arow) * WS + tj * 8 + acol) * (int)sizeof(T));
     const long long plane = (long long)a.oh * a.ow;
 
-    float acc[TPW][KD][4];
+    float acc[KD][4];
 #pragma unroll
-    for (int t = 0; t < TPW; ++t)
-#pragma unroll
-        for (int q = 0; q < KD; ++q) acc[t][q][0] = acc[t][q][1] = acc[t][q][2] = acc[t][q][3] = 0.f;
+    for (int q = 0; q < KD; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
     float probe = 0.f;
 #pragma unroll
     for (int k = 0; k < STAGES; ++k) fetch(k, k);
@@ -108,36 +99,23 @@ __global__ void __launch_bounds__((BANDS * COLS + TPW - 1) / TPW * 32, MINB) dep
             __syncthreads();
             const int prev = cur == 0 ? NBUF - 1 : cur - 1;
             fetch(s + STAGES, prev);
-            if (has_tile[0]) {  // a warp's later tiles exist only if its first does
-                const unsigned buf = (unsigned)(cur * SLICE_BYTES);
+            if (has_tile) {
+                const unsigned base = lane_addr + (unsigned)(cur * SLICE_BYTES);
 #pragma unroll
                 for (int kh = 0; kh < KH; ++kh) {
-                    unsigned af[TPW][4];
-#pragma unroll
-                    for (int t = 0; t < TPW; ++t)
-                        if (t == 0 || has_tile[t])
-                            ldmatrix_x4(lane_addr[t] + buf + (unsigned)(kh * WS * (int)sizeof(T)), af[t]);
+                    unsigned af[4];
+                    ldmatrix_x4(base + (unsigned)(kh * WS * (int)sizeof(T)), af);
 #pragma unroll
                     for (int kd = 0; kd < KD; ++kd) {
-                        if (s - kd >= 0 && s - kd < d1 - d0) {
-#pragma unroll
-                            for (int t = 0; t < TPW; ++t)
-                                if (t == 0 || has_tile[t])
-                                    Mma<T>::run(acc[t][(u - kd + KD) % KD], af[t], bf[kd * KH + kh]);
-                        }
+                        if (s - kd >= 0 && s - kd < d1 - d0)
+                            Mma<T>::run(acc[(u - kd + KD) % KD], af, bf[kd * KH + kh]);
                     }
                 }
                 if (s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
-                    T* yout = y + (nc * a.od + d0 + s - (KD - 1)) * plane;
-#pragma unroll
-                    for (int t = 0; t < TPW; ++t) {
-                        float* done = acc[t][(u + 1) % KD];
-                        if (t == 0 || has_tile[t]) {
-                            probe_fragment(probe, done);
-                            store_c_fragment(yout, done, h0[t], w0[t], lane, a);
-                        }
-                        done[0] = done[1] = done[2] = done[3] = 0.f;
-                    }
+                    float* done = acc[(u + 1) % KD];
+                    probe_fragment(probe, done);
+                    store_c_fragment(y + (nc * a.od + d0 + s - (KD - 1)) * plane, done, h0, w0, lane, a);
+                    done[0] = done[1] = done[2] = done[3] = 0.f;
                 }
             }
             cur = cur == NBUF - 1 ? 0 : cur + 1;

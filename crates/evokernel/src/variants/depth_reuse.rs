@@ -24,16 +24,8 @@ fn tile_grid(spec: &ConvSpec) -> (usize, usize) {
     (spec.output3()[1].div_ceil(16), shifted_tile_columns(spec))
 }
 
-/// Tiles one warp owns (independent MMA chains per warp).
-const TILES: [i64; 2] = [1, 2];
-
 /// Blocks per SM the register allocation is capped for (`__launch_bounds__`).
 const MIN_BLOCKS: [i64; 4] = [1, 2, 3, 4];
-
-/// Warps of a block: one per `tiles` tiles of its region.
-fn block_warps(bands: i64, cols: i64, tiles: i64) -> i64 {
-    (bands * cols + tiles - 1) / tiles
-}
 
 /// Slices fetched ahead of the one being consumed.
 const STAGES: [i64; 4] = [1, 2, 4, 6];
@@ -107,30 +99,37 @@ impl Variant for DepthReuse {
                 values: STAGES.to_vec(),
             },
             Param {
-                name: "tiles",
-                values: TILES.to_vec(),
-            },
-            Param {
                 name: "minblocks",
                 values: MIN_BLOCKS.to_vec(),
             },
         ]
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
-        // A whole row of tiles per block where it has at most 16, else the fewest
-        // equal regions of at most 16: the seed's 11 columns in one, video-vae's 17 in 2 of 9.
-        let (_, nt) = tile_grid(spec);
-        let cols = nt.div_ceil(nt.div_ceil(16)) as i64;
-        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DCHUNKS), 16);
+        // From the H100 sweeps (docs/perf.md, runs 34-37). Columns: a whole row of tiles
+        // per block where it has at most 16, else the fewest equal regions of at most 16
+        // (the seed's 11 columns in one, video-vae's 17 in two of 9). Two bands where they
+        // divide the plane's bands (x3d 0.166 -> 0.149 ms, video-vae 0.267 -> 0.254; on the
+        // seed's 3 bands half of the second region's warps would idle). Depth chunks as long
+        // as offered: a chunk pays KD - 1 extra slices and a pipeline start (seed: 0.412 ms
+        // with 16, 0.336 with 64). Four slices in flight (1.1x over one); registers capped
+        // for two blocks per SM where a block has at most 16 warps (three spill: 1.3x slower).
+        let (mt, nt) = tile_grid(spec);
+        let cols = nt.div_ceil(nt.div_ceil(16));
+        let bands = if mt.is_multiple_of(2) && 2 * cols <= 32 {
+            2
+        } else {
+            1
+        };
+        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DCHUNKS), 64);
+        let minblocks = if bands * cols <= 16 { 2 } else { 1 };
         Config::new(
             self.name(),
             &[
-                ("bands", 1),
-                ("cols", cols),
+                ("bands", bands as i64),
+                ("cols", cols as i64),
                 ("dchunk", dchunk),
                 ("stages", 4),
-                ("tiles", 1),
-                ("minblocks", 2),
+                ("minblocks", minblocks),
             ],
         )
     }
@@ -140,10 +139,10 @@ impl Variant for DepthReuse {
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
         let param = |name| config.param(name).map_err(|e| e.to_string());
         let (bands, cols, stages) = (param("bands")?, param("cols")?, param("stages")?);
-        let warps = block_warps(bands, cols, param("tiles")?);
-        if warps > MAX_WARPS {
+        if bands * cols > MAX_WARPS {
             return Err(format!(
-                "bands x cols / tiles = {warps} warps, more than a block's {MAX_WARPS}"
+                "bands x cols = {} warps (one per tile), more than a block's {MAX_WARPS}",
+                bands * cols
             ));
         }
         within_shared(
@@ -155,13 +154,12 @@ impl Variant for DepthReuse {
         check_config(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "depth_reuse_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}>",
+            "depth_reuse_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             config.param("bands")?,
             config.param("cols")?,
             config.param("dchunk")?,
             config.param("stages")?,
-            config.param("tiles")?,
             config.param("minblocks")?
         ))
     }
@@ -176,11 +174,7 @@ impl Variant for DepthReuse {
         let blocks = spec.n() * spec.c() * depth_chunk_count(spec, dchunk) * regions;
         Ok(Launch {
             grid: (blocks as u32, 1, 1),
-            block: (
-                (block_warps(bands as i64, cols as i64, config.param("tiles")?) * 32) as u32,
-                1,
-                1,
-            ),
+            block: ((bands * cols * 32) as u32, 1, 1),
             shared_bytes: shared_bytes(spec, bands, cols, stages) as u32,
         })
     }
@@ -209,23 +203,31 @@ mod tests {
         assert_eq!(tile_grid(&seed), (3, 11));
         let d = v.default_config(&seed);
         assert_eq!(
-            (d.get("bands"), d.get("cols"), d.get("dchunk")),
-            (Some(1), Some(11), Some(16))
+            (
+                d.get("bands"),
+                d.get("cols"),
+                d.get("dchunk"),
+                d.get("minblocks")
+            ),
+            (Some(1), Some(11), Some(64), Some(2))
         );
         let l = v.launch(&seed, &d, 132).unwrap();
         assert_eq!(l.block.0, 11 * 32);
-        assert_eq!(l.grid.0 as usize, 512 * 4 * 3);
+        assert_eq!(l.grid.0 as usize, 512 * 3);
         // Video-vae: 17 tile columns split into two regions of 9.
         let vae = case("video-vae-causal");
-        assert_eq!(v.default_config(&vae).get("cols"), Some(9));
+        let d = v.default_config(&vae);
+        assert_eq!(
+            (d.get("bands"), d.get("cols"), d.get("minblocks")),
+            (Some(2), Some(9), Some(1))
+        );
+        assert_eq!(v.default_config(&case("x3d-3x3x3")).get("bands"), Some(2));
         // Every valid config has at most 32 warps; the too-big products are pruned.
-        assert!(valid_configs(&v, &seed).contains(&d));
+        assert!(valid_configs(&v, &vae).contains(&d));
         let all = valid_configs(&v, &vae);
-        assert!(all.iter().all(|c| block_warps(
-            c.get("bands").unwrap(),
-            c.get("cols").unwrap(),
-            c.get("tiles").unwrap()
-        ) <= 32));
+        assert!(all
+            .iter()
+            .all(|c| c.get("bands").unwrap() * c.get("cols").unwrap() <= 32));
         assert!(all.len() < enumerate_len(&v, &vae));
         // 1-D rows have one band; strided specs do not apply.
         assert_eq!(v.space(&case("causal-conv1d"))[0].values, vec![1]);
