@@ -10,7 +10,6 @@ use crate::spec::{ConvSpec, DType, Layout};
 
 mod channels_last;
 mod depth_reuse;
-mod direct;
 mod naive;
 mod smem_tile;
 mod streaming;
@@ -19,7 +18,6 @@ mod tensor_core;
 
 pub use channels_last::ChannelsLast;
 pub use depth_reuse::DepthReuse;
-pub use direct::Direct;
 pub use naive::Naive;
 pub use smem_tile::SmemTile;
 pub use streaming::Streaming;
@@ -178,7 +176,6 @@ pub trait Variant: Sync {
 pub fn registry() -> Vec<&'static dyn Variant> {
     vec![
         &Naive,
-        &Direct,
         &ChannelsLast,
         &SmemTile,
         &TensorCore,
