@@ -10,6 +10,7 @@ use crate::spec::{ConvSpec, DType, Layout};
 
 mod channels_last;
 mod depth_reuse;
+mod depth_reuse_cl;
 mod naive;
 mod smem_tile;
 mod streaming;
@@ -18,6 +19,7 @@ mod tensor_core;
 
 pub use channels_last::ChannelsLast;
 pub use depth_reuse::DepthReuse;
+pub use depth_reuse_cl::DepthReuseCl;
 pub use naive::Naive;
 pub use smem_tile::SmemTile;
 pub use streaming::Streaming;
@@ -182,6 +184,7 @@ pub fn registry() -> Vec<&'static dyn Variant> {
         &Streaming,
         &StreamingCl,
         &DepthReuse,
+        &DepthReuseCl,
     ]
 }
 

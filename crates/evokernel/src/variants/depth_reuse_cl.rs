@@ -1,0 +1,154 @@
+//! `depth_reuse_cl`: depth_reuse's rotation (each input slice feeds all KD output depths
+//! it reaches) on channels-last data, transposing 8-channel pixel vectors into a
+//! channel-major ring and back as streaming_cl does (kernels/depth_reuse_cl.cu).
+
+use super::tensor_core::{banded_applies, row_stride, shifted_tile_columns};
+use super::{
+    check_config, cuda_type, depth_chunk_at_most, depth_chunks, within_shared, Config, Launch,
+    Param, Variant,
+};
+use crate::error::Result;
+use crate::spec::{ConvSpec, Layout};
+
+pub struct DepthReuseCl;
+
+/// Channels a block owns: one 16-byte vector of bf16/f16 per pixel (`CG` in the kernel).
+const CHANNELS: usize = 8;
+
+/// Output depths a block may slide over.
+const DCHUNKS: [i64; 5] = [4, 8, 16, 32, 64];
+
+/// Two channel-major slices of 8 channels x (16 + KH - 1) rows x a region of `cols`
+/// tiles, and two output stages of 8 channels x 16 rows (mirrors the kernel's constants).
+fn shared_bytes(spec: &ConvSpec, cols: usize) -> usize {
+    let kh = spec.kernel3()[1];
+    let ring = 2 * CHANNELS * (16 + kh - 1) * row_stride(cols);
+    let stages = 2 * CHANNELS * 16 * (cols * 8 + 2);
+    (ring + stages) * 2
+}
+
+impl Variant for DepthReuseCl {
+    fn name(&self) -> &'static str {
+        "depth_reuse_cl"
+    }
+    fn source(&self) -> &'static str {
+        include_str!("../../kernels/depth_reuse_cl.cu")
+    }
+    fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
+        if spec.layout() != Layout::ChannelsLast {
+            return Err("needs a channels-last layout".into());
+        }
+        banded_applies(spec)?;
+        if !spec.c().is_multiple_of(CHANNELS) {
+            return Err(format!(
+                "needs channels in multiples of {CHANNELS} (one 16-byte vector per pixel)"
+            ));
+        }
+        let [od, oh, _] = spec.output3();
+        let blocks = spec.n() as u64
+            * oh.div_ceil(16) as u64
+            * od as u64
+            * shifted_tile_columns(spec) as u64
+            * (spec.c() / CHANNELS) as u64;
+        if blocks > i32::MAX as u64 {
+            return Err(format!(
+                "{blocks} blocks (one per band, depth, tile and channel group at worst) exceed one launch's grid"
+            ));
+        }
+        Ok(())
+    }
+    fn space(&self, spec: &ConvSpec) -> Vec<Param> {
+        let nt = shifted_tile_columns(spec) as i64;
+        let cols: Vec<i64> = [1i64, 2, 4]
+            .into_iter()
+            .filter(|&c| c == 1 || c <= nt)
+            .collect();
+        vec![
+            // 8-wide tile columns of a block's region: 8 x cols warps, one per (channel, tile).
+            Param {
+                name: "cols",
+                values: cols,
+            },
+            Param {
+                name: "dchunk",
+                values: depth_chunks(spec, &DCHUNKS),
+            },
+            // Blocks per SM the registers are capped for (`__launch_bounds__`).
+            Param {
+                name: "minblocks",
+                values: vec![1, 2, 3, 4],
+            },
+        ]
+    }
+    fn default_config(&self, spec: &ConvSpec) -> Config {
+        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DCHUNKS), 64);
+        Config::new(
+            self.name(),
+            &[("cols", 2), ("dchunk", dchunk), ("minblocks", 2)],
+        )
+    }
+    fn needs_repair(&self) -> bool {
+        true
+    }
+    fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
+        let cols = config.param("cols").map_err(|e| e.to_string())? as usize;
+        within_shared("the slice ring and output stages", shared_bytes(spec, cols))
+    }
+    fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
+        check_config(self, spec, config)?;
+        let [kd, kh, kw] = spec.kernel3();
+        Ok(format!(
+            "depth_reuse_cl_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}>",
+            cuda_type(spec.dtype()),
+            config.param("cols")?,
+            config.param("dchunk")?,
+            config.param("minblocks")?
+        ))
+    }
+    fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
+        check_config(self, spec, config)?;
+        let cols = config.param("cols")? as usize;
+        let dchunk = config.param("dchunk")? as usize;
+        let [od, oh, _] = spec.output3();
+        let blocks = spec.n()
+            * oh.div_ceil(16)
+            * od.div_ceil(dchunk)
+            * shifted_tile_columns(spec).div_ceil(cols)
+            * (spec.c() / CHANNELS);
+        Ok(Launch {
+            grid: (blocks as u32, 1, 1),
+            block: ((CHANNELS * cols * 32) as u32, 1, 1),
+            shared_bytes: shared_bytes(spec, cols) as u32,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::suite::public_suite;
+
+    #[test]
+    fn seed_ndhwc_geometry() {
+        let spec = public_suite()
+            .unwrap()
+            .into_iter()
+            .find(|c| c.name == "seed-bf16-ndhwc")
+            .unwrap()
+            .spec;
+        let v = DepthReuseCl;
+        assert!(v.applies(&spec).is_ok());
+        let d = v.default_config(&spec);
+        let l = v.launch(&spec, &d, 132).unwrap();
+        // 3 bands x 1 depth chunk x 6 regions of 2 of the 11 tile columns x 64 groups.
+        assert_eq!(l.grid.0, 3 * 6 * 64);
+        assert_eq!(l.block.0, 8 * 2 * 32);
+        // Ring 2 x 8 x 20 x 24 + stages 2 x 8 x 16 x 18 elements of 2 bytes.
+        assert_eq!(
+            l.shared_bytes as usize,
+            (2 * 8 * 20 * 24 + 2 * 8 * 16 * 18) * 2
+        );
+        let cf = public_suite().unwrap().remove(0).spec;
+        assert!(v.applies(&cf).is_err());
+    }
+}
