@@ -24,7 +24,6 @@ pub use naive::Naive;
 pub use smem_tile::SmemTile;
 pub use streaming::Streaming;
 pub use streaming_cl::StreamingCl;
-pub(crate) use tensor_core::shifted_tile_columns;
 pub use tensor_core::TensorCore;
 
 /// Dynamic shared memory a block may opt into on sm_90 (227 KiB).

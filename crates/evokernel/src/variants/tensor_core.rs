@@ -22,7 +22,7 @@ pub(super) fn row_stride(nt: usize) -> usize {
 /// 8-wide tile columns of an output row in the streaming kernels' tiling (common to
 /// streaming.cu and streaming_cl.cu): input column 0 sits at tile column `pw` rounded up
 /// to 8, so the output tiles start that rounding left of column 0.
-pub(crate) fn shifted_tile_columns(spec: &ConvSpec) -> usize {
+pub(super) fn shifted_tile_columns(spec: &ConvSpec) -> usize {
     let ow = spec.output3()[2];
     let pw = spec.pad_before3()[2];
     (ow + pw.div_ceil(8) * 8 - pw).div_ceil(8)
