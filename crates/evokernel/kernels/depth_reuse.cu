@@ -6,9 +6,6 @@
 // rotating accumulators for it, so a block walks its slices once: slice z's fragments
 // feed KD accumulators, and after slice z the depth z - KD + 1 is complete and leaves.
 // (Run 8 tried the rotation with ~5 tiles per warp: 60 accumulators, 154 registers.)
-// CHAINS accumulators per output depth (kernel rows alternate between them, summed when
-// the depth leaves) shorten each MMA dependency chain: ncu has the kernel waiting on
-// fixed-latency dependencies (docs/perf.md, run 36).
 // MINB is the blocks per SM the registers are capped for. (Two tiles per warp, for more
 // independent MMA chains, measured 1.1-1.3x slower: docs/perf.md, run 37.)
 // A block owns (n, c, a chunk of DCHUNK output depths, a region of BANDS x COLS tiles);
@@ -18,7 +15,7 @@
 // starting at 8j - S, S = P - pw. Stride 1, dilation 1, KW <= 9, input width a multiple
 // of 8; T is bf16 or f16.
 
-template <typename T, int KD, int KH, int KW, int BANDS, int COLS, int DCHUNK, int STAGES, int CHAINS, int MINB>
+template <typename T, int KD, int KH, int KW, int BANDS, int COLS, int DCHUNK, int STAGES, int MINB>
 __global__ void __launch_bounds__(BANDS * COLS * 32, MINB) depth_reuse_dwconv(ConvArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int HS = BANDS * 16 + KH - 1;  // slice rows: the region's bands and their halo
@@ -82,11 +79,9 @@ __global__ void __launch_bounds__(BANDS * COLS * 32, MINB) depth_reuse_dwconv(Co
     const unsigned lane_addr = ring + (unsigned)(((tb * 16 + arow) * WS + tj * 8 + acol) * (int)sizeof(T));
     const long long plane = (long long)a.oh * a.ow;
 
-    float acc[KD][CHAINS][4];
+    float acc[KD][4];
 #pragma unroll
-    for (int q = 0; q < KD; ++q)
-#pragma unroll
-        for (int h = 0; h < CHAINS; ++h) acc[q][h][0] = acc[q][h][1] = acc[q][h][2] = acc[q][h][3] = 0.f;
+    for (int q = 0; q < KD; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
     float probe = 0.f;
 #pragma unroll
     for (int k = 0; k < STAGES; ++k) fetch(k, k);
@@ -113,18 +108,11 @@ __global__ void __launch_bounds__(BANDS * COLS * 32, MINB) depth_reuse_dwconv(Co
 #pragma unroll
                     for (int kd = 0; kd < KD; ++kd) {
                         if (s - kd >= 0 && s - kd < d1 - d0)
-                            Mma<T>::run(acc[(u - kd + KD) % KD][kh % CHAINS], af, bf[kd * KH + kh]);
+                            Mma<T>::run(acc[(u - kd + KD) % KD], af, bf[kd * KH + kh]);
                     }
                 }
                 if (s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
-                    float* done = acc[(u + 1) % KD][0];
-#pragma unroll
-                    for (int h = 1; h < CHAINS; ++h)
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            done[i] += acc[(u + 1) % KD][h][i];
-                            acc[(u + 1) % KD][h][i] = 0.f;
-                        }
+                    float* done = acc[(u + 1) % KD];
                     probe_fragment(probe, done);
                     store_c_fragment(y + (nc * a.od + d0 + s - (KD - 1)) * plane, done, h0, w0, lane, a);
                     done[0] = done[1] = done[2] = done[3] = 0.f;

@@ -98,11 +98,6 @@ impl Variant for DepthReuse {
                 name: "stages",
                 values: STAGES.to_vec(),
             },
-            // Accumulators per output depth (MMA dependency chains).
-            Param {
-                name: "chains",
-                values: vec![1, 2],
-            },
             Param {
                 name: "minblocks",
                 values: MIN_BLOCKS.to_vec(),
@@ -134,7 +129,6 @@ impl Variant for DepthReuse {
                 ("cols", cols as i64),
                 ("dchunk", dchunk),
                 ("stages", 4),
-                ("chains", 1),
                 ("minblocks", minblocks),
             ],
         )
@@ -160,13 +154,12 @@ impl Variant for DepthReuse {
         check_config(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "depth_reuse_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}>",
+            "depth_reuse_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             config.param("bands")?,
             config.param("cols")?,
             config.param("dchunk")?,
             config.param("stages")?,
-            config.param("chains")?,
             config.param("minblocks")?
         ))
     }
