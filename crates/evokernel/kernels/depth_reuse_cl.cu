@@ -20,7 +20,10 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
     constexpr int PAIRS = HS * PIX / 2;      // pixel pairs a fill moves
     constexpr int THREADS = CG * COLS * 32;
     constexpr int U = (PAIRS + THREADS - 1) / THREADS;  // pairs per thread
-    constexpr int SW = COLS * 8 + 2;         // stage row stride (even: 4-byte pair reads)
+    // Stage row stride: a warp stores 8 rows x 4 words of its tile, so rows must land on
+    // distinct 4-bank groups (8 elements for one column; 8 more otherwise). ncu measured
+    // 24% of shared wavefronts as conflicts with COLS * 8 + 2 (docs/perf.md, run 42).
+    constexpr int SW = COLS == 1 ? 8 : COLS * 8 + 8;
     constexpr int SP = 16 * SW;              // one channel of a stage
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* ring = reinterpret_cast<T*>(smem_raw);

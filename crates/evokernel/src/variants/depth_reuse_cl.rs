@@ -23,7 +23,8 @@ const DCHUNKS: [i64; 5] = [4, 8, 16, 32, 64];
 fn shared_bytes(spec: &ConvSpec, cols: usize) -> usize {
     let kh = spec.kernel3()[1];
     let ring = 2 * CHANNELS * (16 + kh - 1) * row_stride(cols);
-    let stages = 2 * CHANNELS * 16 * (cols * 8 + 2);
+    let stage_row = if cols == 1 { 8 } else { cols * 8 + 8 };
+    let stages = 2 * CHANNELS * 16 * stage_row;
     (ring + stages) * 2
 }
 
@@ -150,10 +151,10 @@ mod tests {
         // 3 bands x 1 depth chunk x 11 tile columns x 64 channel groups.
         assert_eq!(l.grid.0, 3 * 11 * 64);
         assert_eq!(l.block.0, 8 * 32);
-        // Ring 2 x 8 x 20 x 24 + stages 2 x 8 x 16 x 10 elements of 2 bytes.
+        // Ring 2 x 8 x 20 x 24 + stages 2 x 8 x 16 x 8 elements of 2 bytes.
         assert_eq!(
             l.shared_bytes as usize,
-            (2 * 8 * 20 * 24 + 2 * 8 * 16 * 10) * 2
+            (2 * 8 * 20 * 24 + 2 * 8 * 16 * 8) * 2
         );
         // Every default is in its own space, 1-D rows (one tile column region) included.
         for case in public_suite().unwrap() {
