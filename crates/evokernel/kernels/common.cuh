@@ -298,6 +298,24 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned addr, unsigned* af) {
                  : "r"(addr));
 }
 
+// One slice's tensor-core work in the depth-rotation kernels (depth_reuse.cu,
+// depth_reuse_cl.cu): the A fragment of each kernel row kh (at base + kh * row_bytes)
+// feeds every output depth the slice reaches. At step s (slice s of the chunk), with u =
+// s mod KD known at compile time after unrolling, depth s - kd sits in accumulator
+// (u - kd) mod KD; depths outside [0, depths) belong to other chunks and are skipped.
+template <typename T, int KD, int KH>
+__device__ __forceinline__ void rotate_slice(unsigned base, unsigned row_bytes, int s, int u, int depths,
+                                             const unsigned (*bf)[2], float (*acc)[4]) {
+#pragma unroll
+    for (int kh = 0; kh < KH; ++kh) {
+        unsigned af[4];
+        ldmatrix_x4(base + kh * row_bytes, af);
+#pragma unroll
+        for (int kd = 0; kd < KD; ++kd)
+            if (s - kd >= 0 && s - kd < depths) Mma<T>::run(acc[(u - kd + KD) % KD], af, bf[kd * KH + kh]);
+    }
+}
+
 // One warp's run of n <= SEG 8-wide output tiles j0.. in one 16-row band, into acc.
 // The 16-wide input window of tile j is the window of tile j-1 shifted by 8 columns, so
 // its left half is already in registers: each tile loads one new 16x8 piece per kernel

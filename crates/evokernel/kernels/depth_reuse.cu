@@ -100,17 +100,7 @@ __global__ void __launch_bounds__(BANDS * COLS * 32, MINB) depth_reuse_dwconv(Co
             const int prev = cur == 0 ? NBUF - 1 : cur - 1;
             fetch(s + STAGES, prev);
             if (has_tile) {
-                const unsigned base = lane_addr + (unsigned)(cur * SLICE_BYTES);
-#pragma unroll
-                for (int kh = 0; kh < KH; ++kh) {
-                    unsigned af[4];
-                    ldmatrix_x4(base + (unsigned)(kh * WS * (int)sizeof(T)), af);
-#pragma unroll
-                    for (int kd = 0; kd < KD; ++kd) {
-                        if (s - kd >= 0 && s - kd < d1 - d0)
-                            Mma<T>::run(acc[(u - kd + KD) % KD], af, bf[kd * KH + kh]);
-                    }
-                }
+                rotate_slice<T, KD, KH>(lane_addr + (unsigned)(cur * SLICE_BYTES), WS * sizeof(T), s, u, d1 - d0, bf, acc);
                 if (s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
                     float* done = acc[(u + 1) % KD];
                     probe_fragment(probe, done);

@@ -141,17 +141,7 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
             if (s + 1 < steps) load(s + 1);
             const bool finishes = s >= KD - 1;  // depth d0 + s - KD + 1 has had all its slices
             if (has_tile) {
-                const unsigned base = lane_addr + (unsigned)(cur * SLICE * (int)sizeof(T));
-#pragma unroll
-                for (int kh = 0; kh < KH; ++kh) {
-                    unsigned af[4];
-                    ldmatrix_x4(base + (unsigned)(kh * WS * (int)sizeof(T)), af);
-#pragma unroll
-                    for (int kd = 0; kd < KD; ++kd) {
-                        if (s - kd >= 0 && s - kd < d1 - d0)
-                            Mma<T>::run(acc[(u - kd + KD) % KD], af, bf[kd * KH + kh]);
-                    }
-                }
+                rotate_slice<T, KD, KH>(lane_addr + (unsigned)(cur * SLICE * (int)sizeof(T)), WS * sizeof(T), s, u, d1 - d0, bf, acc);
                 if (finishes) {
                     float* done = acc[(u + 1) % KD];
                     probe_fragment(probe, done);

@@ -60,6 +60,17 @@ pub fn channels_last_suite() -> Result<Vec<SuiteCase>> {
     )
 }
 
+/// The spec of the public-suite case `name` (tests).
+#[cfg(test)]
+pub(crate) fn public_case(name: &str) -> ConvSpec {
+    public_suite()
+        .unwrap()
+        .into_iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no public case {name}"))
+        .spec
+}
+
 /// Reads and validates every case of a suite file; the first bad case is an error
 /// naming the case and the field. The names `public` and `channels-last` mean the
 /// embedded suites (unless a file of that name exists).

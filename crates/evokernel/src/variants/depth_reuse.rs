@@ -183,16 +183,11 @@ impl Variant for DepthReuse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::suite::public_suite;
+    use crate::suite::public_case;
     use crate::variants::valid_configs;
 
     fn case(name: &str) -> ConvSpec {
-        public_suite()
-            .unwrap()
-            .into_iter()
-            .find(|c| c.name == name)
-            .unwrap()
-            .spec
+        public_case(name)
     }
 
     #[test]

@@ -2,13 +2,14 @@
 //! it reaches) on channels-last data, transposing 8-channel pixel vectors into a
 //! channel-major ring and back as streaming_cl does (kernels/depth_reuse_cl.cu).
 
-use super::tensor_core::{banded_applies, row_stride, shifted_tile_columns};
+use super::streaming_cl::pixel_vector_applies;
+use super::tensor_core::{row_stride, shifted_tile_columns};
 use super::{
     check_config, cuda_type, depth_chunk_at_most, depth_chunks, within_shared, Config, Launch,
     Param, Variant,
 };
 use crate::error::Result;
-use crate::spec::{ConvSpec, Layout};
+use crate::spec::ConvSpec;
 
 pub struct DepthReuseCl;
 
@@ -36,15 +37,7 @@ impl Variant for DepthReuseCl {
         include_str!("../../kernels/depth_reuse_cl.cu")
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
-        if spec.layout() != Layout::ChannelsLast {
-            return Err("needs a channels-last layout".into());
-        }
-        banded_applies(spec)?;
-        if !spec.c().is_multiple_of(CHANNELS) {
-            return Err(format!(
-                "needs channels in multiples of {CHANNELS} (one 16-byte vector per pixel)"
-            ));
-        }
+        pixel_vector_applies(spec)?;
         let [od, oh, _] = spec.output3();
         let blocks = spec.n() as u64
             * oh.div_ceil(16) as u64
@@ -133,16 +126,11 @@ impl Variant for DepthReuseCl {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::suite::public_suite;
+    use crate::suite::{public_case, public_suite};
 
     #[test]
     fn seed_ndhwc_geometry() {
-        let spec = public_suite()
-            .unwrap()
-            .into_iter()
-            .find(|c| c.name == "seed-bf16-ndhwc")
-            .unwrap()
-            .spec;
+        let spec = public_case("seed-bf16-ndhwc");
         let v = DepthReuseCl;
         assert!(v.applies(&spec).is_ok());
         let d = v.default_config(&spec);

@@ -42,6 +42,21 @@ fn run_length(spec: &ConvSpec, wpc: usize) -> usize {
     shifted_tile_columns(spec).div_ceil(wpc)
 }
 
+/// What the channels-last banded kernels (streaming_cl, depth_reuse_cl) need: the banded
+/// formulation on channels-last data moved as 8-channel, 16-byte pixel vectors.
+pub(super) fn pixel_vector_applies(spec: &ConvSpec) -> std::result::Result<(), String> {
+    if spec.layout() != Layout::ChannelsLast {
+        return Err("needs a channels-last layout".into());
+    }
+    banded_applies(spec)?;
+    if !spec.c().is_multiple_of(CHANNELS) {
+        return Err(format!(
+            "needs channels in multiples of {CHANNELS} (one 16-byte vector per pixel)"
+        ));
+    }
+    Ok(())
+}
+
 impl Variant for StreamingCl {
     fn name(&self) -> &'static str {
         "streaming_cl"
@@ -50,15 +65,7 @@ impl Variant for StreamingCl {
         include_str!("../../kernels/streaming_cl.cu")
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
-        if spec.layout() != Layout::ChannelsLast {
-            return Err("needs a channels-last layout".into());
-        }
-        banded_applies(spec)?;
-        if !spec.c().is_multiple_of(CHANNELS) {
-            return Err(format!(
-                "needs channels in multiples of {CHANNELS} (one 16-byte vector per pixel)"
-            ));
-        }
+        pixel_vector_applies(spec)?;
         if run_length(spec, 4) > MAX_RUN {
             return Err(format!(
                 "output rows over {} tiles need more than 4 warps of {MAX_RUN} tiles per channel",
