@@ -60,6 +60,7 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
             (9, "tensor cores on short rows or one depth")
         }
         "naive" => (10, "the general kernel (no faster variant applies)"),
+        "row_reuse" => (10, "outputs down a column sharing input rows"),
         // Strided/dilated tiles lost to naive on odd-dilated (0.086 vs 0.061 ms, run 23).
         "smem_tile" => (11, "shared-memory tiles"),
         _ => (7, "unranked variant"),

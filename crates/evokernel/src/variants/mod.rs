@@ -12,6 +12,7 @@ mod channels_last;
 mod depth_reuse;
 mod depth_reuse_cl;
 mod naive;
+mod row_reuse;
 mod smem_tile;
 mod streaming;
 mod streaming_cl;
@@ -21,6 +22,7 @@ pub use channels_last::ChannelsLast;
 pub use depth_reuse::DepthReuse;
 pub use depth_reuse_cl::DepthReuseCl;
 pub use naive::Naive;
+pub use row_reuse::RowReuse;
 pub use smem_tile::SmemTile;
 pub use streaming::Streaming;
 pub use streaming_cl::StreamingCl;
@@ -178,6 +180,7 @@ pub trait Variant: Sync {
 pub fn registry() -> Vec<&'static dyn Variant> {
     vec![
         &Naive,
+        &RowReuse,
         &ChannelsLast,
         &SmemTile,
         &TensorCore,
