@@ -146,6 +146,20 @@ pub struct Launch {
     pub shared_bytes: u32,
 }
 
+/// A grid-stride kernel's launch: `threads` work items in blocks of `block`, at most
+/// `waves` blocks per SM (naive, row_reuse).
+pub(crate) fn grid_stride_launch(threads: u64, block: u64, waves: u64, sms: u32) -> Launch {
+    let grid = threads
+        .div_ceil(block)
+        .min(sms.max(1) as u64 * waves)
+        .max(1) as u32;
+    Launch {
+        grid: (grid, 1, 1),
+        block: (block as u32, 1, 1),
+        shared_bytes: 0,
+    }
+}
+
 /// One algorithm for depthwise convolution on the GPU.
 pub trait Variant: Sync {
     fn name(&self) -> &'static str;

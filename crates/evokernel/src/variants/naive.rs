@@ -1,6 +1,8 @@
 //! `naive`: one thread per output element (kernels/naive.cu). Applies to every spec.
 
-use super::{channels_last, check_config, cuda_type, Config, Launch, Param, Variant};
+use super::{
+    channels_last, check_config, cuda_type, grid_stride_launch, Config, Launch, Param, Variant,
+};
 use crate::error::Result;
 use crate::spec::ConvSpec;
 
@@ -43,14 +45,13 @@ impl Variant for Naive {
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, sms: u32) -> Result<Launch> {
         check_config(self, spec, config)?;
-        let block = config.param("block")? as u32;
-        let waves = config.param("waves")? as u32;
-        let needed = (spec.output_len() as u64).div_ceil(block as u64);
-        let grid = needed.min((sms.max(1) * waves) as u64).max(1) as u32;
-        Ok(Launch {
-            grid: (grid, 1, 1),
-            block: (block, 1, 1),
-            shared_bytes: 0,
-        })
+        let block = config.param("block")? as u64;
+        let waves = config.param("waves")? as u64;
+        Ok(grid_stride_launch(
+            spec.output_len() as u64,
+            block,
+            waves,
+            sms,
+        ))
     }
 }

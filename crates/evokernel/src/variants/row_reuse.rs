@@ -1,7 +1,9 @@
 //! `row_reuse`: any spec, `out_h` outputs down one column per thread, loads shared where
 //! output rows and kernel rows land on the same input row (kernels/row_reuse.cu).
 
-use super::{channels_last, check_config, cuda_type, Config, Launch, Param, Variant};
+use super::{
+    channels_last, check_config, cuda_type, grid_stride_launch, Config, Launch, Param, Variant,
+};
 use crate::error::Result;
 use crate::spec::ConvSpec;
 
@@ -68,15 +70,7 @@ impl Variant for RowReuse {
         let [_, oh, ow] = spec.output3();
         let columns = (spec.output_len() / (oh * ow).max(1)) as u64;
         let threads = columns * oh.div_ceil(out_h) as u64 * ow as u64;
-        let grid = threads
-            .div_ceil(block)
-            .min(sms.max(1) as u64 * waves)
-            .max(1) as u32;
-        Ok(Launch {
-            grid: (grid, 1, 1),
-            block: (block as u32, 1, 1),
-            shared_bytes: 0,
-        })
+        Ok(grid_stride_launch(threads, block, waves, sms))
     }
 }
 
