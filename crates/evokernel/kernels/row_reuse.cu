@@ -41,7 +41,8 @@ __global__ void __launch_bounds__(256) row_reuse_dwconv(ConvArgs a) {
 #pragma unroll
         for (int kd = 0; kd < KD; ++kd) {
             const int zd = od * a.sd + kd * a.dd - a.pd;
-            if (zd < 0 || zd >= a.id) continue;
+            const bool okd = zd >= 0 && zd < a.id;
+            const int zdc = min(max(zd, 0), a.id - 1);
             float wt[KH][KW];
 #pragma unroll
             for (int kh = 0; kh < KH; ++kh)
@@ -56,9 +57,13 @@ __global__ void __launch_bounds__(256) row_reuse_dwconv(ConvArgs a) {
 #pragma unroll
                     for (int kh = 0; kh < KH; ++kh) used |= j * SH + kh * DH == rr;
                 if (!used) continue;
+                // Clamped, always-valid rows and a select instead of a branch: all of a
+                // thread's loads can be in flight at once (with branches, each row's
+                // loads waited for the previous row's: latency-bound).
                 const int zh = oh0 * SH + rr - a.ph;
-                if (zh < 0 || zh >= a.ih) continue;
-                const T* __restrict__ row = xb + ((long long)zd * a.ih + zh) * a.iw * step;
+                const bool okr = okd && zh >= 0 && zh < a.ih;
+                const int zhc = min(max(zh, 0), a.ih - 1);
+                const T* __restrict__ row = xb + ((long long)zdc * a.ih + zhc) * a.iw * step;
                 float v[KW];
 #pragma unroll
                 for (int kw = 0; kw < KW; ++kw) v[kw] = to_f32(row[zw[kw] * step]);
@@ -69,7 +74,7 @@ __global__ void __launch_bounds__(256) row_reuse_dwconv(ConvArgs a) {
                         if (j * SH + kh * DH == rr) {
 #pragma unroll
                             for (int kw = 0; kw < KW; ++kw)
-                                acc[j] = okw[kw] ? fmaf(v[kw], wt[kh][kw], acc[j]) : acc[j];
+                                acc[j] = okr && okw[kw] ? fmaf(v[kw], wt[kh][kw], acc[j]) : acc[j];
                         }
             }
         }
