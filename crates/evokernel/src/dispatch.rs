@@ -59,10 +59,10 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
         "tensor_core" | "streaming" | "depth_reuse" | "depth_reuse_cl" => {
             (9, "tensor cores on short rows or one depth")
         }
-        // Faster than naive where there are output rows to share (runs 44-45): odd-dilated
-        // 0.035 vs 0.057 ms, mobilenet-s2 0.159 vs 0.226, seed-f32 2.67 vs 5.2, x3d 0.50
+        // Faster than naive where there are output rows to share (runs 44-46): odd-dilated
+        // 0.030 vs 0.058 ms, mobilenet-s2 0.127 vs 0.226, seed-f32 3.08 vs 5.2, x3d 0.395
         // vs 0.93; with one row (1-D) about even: causal-conv1d 0.334 vs 0.343, its NWC
-        // twin 0.407 vs 0.372.
+        // twin 0.407 vs 0.372 (run 45).
         "row_reuse" if oh >= 2 => (10, "outputs down a column sharing input rows"),
         "naive" => (11, "the general kernel (no faster variant applies)"),
         "row_reuse" => (12, "outputs down a column (one output row: nothing shared)"),
