@@ -4,8 +4,8 @@
 
 use super::tensor_core::{row_stride, shifted_tile_columns, tensor_core_applies};
 use super::{
-    check_config, cuda_type, depth_chunk_at_most, depth_chunks, within_shared, Config, Launch,
-    Param, Variant,
+    check_config, cuda_type, depth_chunk_at_most, depth_chunks, grid_x, within_grid, within_shared,
+    Config, Launch, Param, Variant,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
@@ -58,12 +58,8 @@ impl Variant for DepthReuse {
         }
         let (mt, nt) = tile_grid(spec);
         let blocks = (spec.n() * spec.c()) as u64 * spec.output3()[0] as u64 * (mt * nt) as u64;
-        if blocks > i32::MAX as u64 {
-            return Err(format!(
-                "{blocks} blocks (one per channel, depth and tile at worst) exceed one launch's grid"
-            ));
-        }
-        Ok(())
+        // The most blocks any config launches (one tile per block at worst).
+        within_grid(blocks)
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         let (mt, nt) = tile_grid(spec);
@@ -173,7 +169,7 @@ impl Variant for DepthReuse {
         let regions = mt.div_ceil(bands) * nt.div_ceil(cols);
         let blocks = spec.n() * spec.c() * depth_chunk_count(spec, dchunk) * regions;
         Ok(Launch {
-            grid: (blocks as u32, 1, 1),
+            grid: (grid_x(self, spec, blocks)?, 1, 1),
             block: ((bands * cols * 32) as u32, 1, 1),
             shared_bytes: shared_bytes(spec, bands, cols, stages) as u32,
         })

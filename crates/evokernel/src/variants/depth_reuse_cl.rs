@@ -5,8 +5,8 @@
 use super::streaming_cl::pixel_vector_applies;
 use super::tensor_core::{row_stride, shifted_tile_columns};
 use super::{
-    check_config, cuda_type, depth_chunk_at_most, depth_chunks, within_shared, Config, Launch,
-    Param, Variant,
+    check_config, cuda_type, depth_chunk_at_most, depth_chunks, grid_x, within_grid, within_shared,
+    Config, Launch, Param, Variant,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
@@ -44,12 +44,8 @@ impl Variant for DepthReuseCl {
             * od as u64
             * shifted_tile_columns(spec) as u64
             * (spec.c() / CHANNELS) as u64;
-        if blocks > i32::MAX as u64 {
-            return Err(format!(
-                "{blocks} blocks (one per band, depth, tile and channel group at worst) exceed one launch's grid"
-            ));
-        }
-        Ok(())
+        // The most blocks any config launches (one tile column per block at worst).
+        within_grid(blocks)
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         let nt = shifted_tile_columns(spec) as i64;
@@ -116,7 +112,7 @@ impl Variant for DepthReuseCl {
             * shifted_tile_columns(spec).div_ceil(cols)
             * (spec.c() / CHANNELS);
         Ok(Launch {
-            grid: (blocks as u32, 1, 1),
+            grid: (grid_x(self, spec, blocks)?, 1, 1),
             block: ((CHANNELS * cols * 32) as u32, 1, 1),
             shared_bytes: shared_bytes(spec, cols) as u32,
         })

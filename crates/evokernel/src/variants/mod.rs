@@ -146,6 +146,31 @@ pub struct Launch {
     pub shared_bytes: u32,
 }
 
+/// Most blocks one launch's x dimension takes (2^31 - 1 on every CUDA GPU).
+const MAX_GRID_X: u64 = i32::MAX as u64;
+
+/// `Err` when `blocks` (the fewest blocks any config of a variant launches for a spec)
+/// exceed one launch's grid: `applies` refuses the spec and dispatch takes another
+/// variant (naive and row_reuse stride over any size).
+pub(crate) fn within_grid(blocks: u64) -> std::result::Result<(), String> {
+    if blocks > MAX_GRID_X {
+        return Err(format!(
+            "{blocks} blocks exceed one launch's grid ({MAX_GRID_X})"
+        ));
+    }
+    Ok(())
+}
+
+/// The grid x dimension for `blocks` blocks of `v`; an error, never a wrapped grid.
+pub(crate) fn grid_x(v: &dyn Variant, spec: &ConvSpec, blocks: usize) -> Result<u32> {
+    within_grid(blocks as u64).map_err(|reason| Error::NotApplicable {
+        variant: v.name().into(),
+        spec: spec.to_string(),
+        reason,
+    })?;
+    Ok(blocks as u32)
+}
+
 /// A grid-stride kernel's launch: `threads` work items in blocks of `block`, at most
 /// `waves` blocks per SM (naive, row_reuse).
 pub(crate) fn grid_stride_launch(threads: u64, block: u64, waves: u64, sms: u32) -> Launch {
@@ -342,6 +367,44 @@ pub fn valid_configs(v: &dyn Variant, spec: &ConvSpec) -> Vec<Config> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::ConvParams;
+
+    /// 2^32 (n, c) planes: every per-plane kernel would need more blocks than one launch
+    /// takes. They refuse the spec (dispatch goes to a grid-stride kernel) and a forced
+    /// launch is an error, never a grid wrapped modulo 2^32.
+    #[test]
+    fn grids_past_one_launch_are_refused_not_wrapped() {
+        let mut p = ConvParams::seed();
+        p.n = 1 << 16;
+        p.c = 1 << 16;
+        p.input = vec![1, 8, 8];
+        p.kernel = vec![3, 3, 3];
+        p.padding = vec![[1, 1]; 3];
+        let spec = p.validate().unwrap();
+        for name in ["tensor_core", "smem_tile", "streaming", "depth_reuse"] {
+            let why = find(name).unwrap().applies(&spec).unwrap_err();
+            assert!(why.contains("grid"), "{name}: {why}");
+        }
+        let v = find("smem_tile").unwrap();
+        let err = v
+            .launch(&spec, &v.default_config(&spec), 132)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("exceed one launch's grid"), "{err}");
+        // Channels-last kernels take 8 channels per block: 2^34 planes for 2^31 blocks.
+        p.layout = Layout::ChannelsLast;
+        p.c = 1 << 18;
+        let cl = p.validate().unwrap();
+        for name in ["streaming_cl", "depth_reuse_cl"] {
+            assert!(find(name).unwrap().applies(&cl).is_err(), "{name}");
+        }
+        for name in ["naive", "row_reuse"] {
+            let v = find(name).unwrap();
+            assert!(v.applies(&spec).is_ok());
+            let l = v.launch(&spec, &v.default_config(&spec), 132).unwrap();
+            assert!(l.grid.0 <= 132 * 32, "{name}: grid-stride grids stay small");
+        }
+    }
 
     #[test]
     fn config_round_trips() {

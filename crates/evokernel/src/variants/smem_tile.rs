@@ -1,7 +1,9 @@
 //! `smem_tile`: a block per (n, c, output depth) with its KD input slices in shared
 //! memory as f32 (kernels/smem_tile.cu). Any stride and dilation (up to 3 along W).
 
-use super::{check_config, cuda_type, within_shared, Config, Launch, Param, Variant};
+use super::{
+    check_config, cuda_type, grid_x, within_grid, within_shared, Config, Launch, Param, Variant,
+};
 use crate::error::Result;
 use crate::spec::{ConvSpec, Layout};
 
@@ -48,7 +50,9 @@ impl Variant for SmemTile {
                 spec.taps()
             ));
         }
-        within_shared("the slice tile", shared_bytes(spec, 4))
+        within_shared("the slice tile", shared_bytes(spec, 4))?;
+        // One block per (n, c, output depth).
+        within_grid((spec.n() * spec.c() * spec.output3()[0]) as u64)
     }
     fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
         vec![
@@ -87,7 +91,7 @@ impl Variant for SmemTile {
         let out_w = config.param("out_w")? as usize;
         let blocks = spec.n() * spec.c() * spec.output3()[0];
         Ok(Launch {
-            grid: (blocks as u32, 1, 1),
+            grid: (grid_x(self, spec, blocks)?, 1, 1),
             block: (config.param("block")? as u32, 1, 1),
             shared_bytes: shared_bytes(spec, out_w) as u32,
         })

@@ -3,8 +3,8 @@
 
 use super::tensor_core::{row_stride, shifted_tile_columns, tensor_core_applies};
 use super::{
-    check_config, cuda_type, depth_chunk_at_most, depth_chunks, within_shared, Config, Launch,
-    Param, Variant,
+    check_config, cuda_type, depth_chunk_at_most, depth_chunks, grid_x, within_grid, within_shared,
+    Config, Launch, Param, Variant,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
@@ -41,7 +41,10 @@ impl Variant for Streaming {
                 "needs an input width that is a multiple of 8 (16-byte async copies)".into(),
             );
         }
-        within_shared("the slice ring", shared_bytes(spec, 1))
+        within_shared("the slice ring", shared_bytes(spec, 1))?;
+        // The default config's grid (longer depth chunks launch fewer blocks).
+        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DCHUNKS), 8) as usize;
+        within_grid((spec.n() * spec.c() * spec.output3()[0].div_ceil(dchunk)) as u64)
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         let dchunk = depth_chunks(spec, &DCHUNKS);
@@ -117,7 +120,7 @@ impl Variant for Streaming {
         let stages = config.param("stages")? as usize;
         let blocks = spec.n() * spec.c() * spec.output3()[0].div_ceil(dchunk);
         Ok(Launch {
-            grid: (blocks as u32, 1, 1),
+            grid: (grid_x(self, spec, blocks)?, 1, 1),
             block: (warps * 32, 1, 1),
             shared_bytes: shared_bytes(spec, stages) as u32,
         })

@@ -4,8 +4,8 @@
 
 use super::tensor_core::{banded_applies, row_stride, shifted_tile_columns};
 use super::{
-    check_config, cuda_type, depth_chunk_at_most, depth_chunks, within_shared, Config, Launch,
-    Param, Variant, MAX_SHARED,
+    check_config, cuda_type, depth_chunk_at_most, depth_chunks, grid_x, within_grid, within_shared,
+    Config, Launch, Param, Variant, MAX_SHARED,
 };
 use crate::error::Result;
 use crate::spec::{ConvSpec, Layout};
@@ -72,7 +72,13 @@ impl Variant for StreamingCl {
                 4 * MAX_RUN
             ));
         }
-        within_shared("the slice ring and one output stage", shared_bytes(spec, 1))
+        within_shared("the slice ring and one output stage", shared_bytes(spec, 1))?;
+        // The default config's grid (longer depth chunks launch fewer blocks).
+        let dchunk = self.default_config(spec).get("dchunk").unwrap_or(1) as usize;
+        let [od, oh, _] = spec.output3();
+        within_grid(
+            (spec.n() * oh.div_ceil(16) * od.div_ceil(dchunk) * (spec.c() / CHANNELS)) as u64,
+        )
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         let dchunk = depth_chunks(spec, &DCHUNKS);
@@ -133,7 +139,7 @@ impl Variant for StreamingCl {
         let [od, oh, _] = spec.output3();
         let blocks = spec.n() * oh.div_ceil(16) * od.div_ceil(dchunk) * (spec.c() / CHANNELS);
         Ok(Launch {
-            grid: (blocks as u32, 1, 1),
+            grid: (grid_x(self, spec, blocks)?, 1, 1),
             block: (CHANNELS as u32 * wpc * 32, 1, 1),
             shared_bytes: shared_bytes(spec, output_stages(spec)) as u32,
         })

@@ -2,8 +2,8 @@
 //! channel, N = 8 outputs along W, K = 16 inputs along W (kernels/tensor_core.cu).
 
 use super::{
-    check_config, cuda_type, unit_stride_and_dilation, within_shared, Config, Launch, Param,
-    Variant,
+    check_config, cuda_type, grid_x, unit_stride_and_dilation, within_grid, within_shared, Config,
+    Launch, Param, Variant,
 };
 use crate::error::Result;
 use crate::spec::{ConvSpec, DType, Layout};
@@ -67,6 +67,7 @@ impl Variant for TensorCore {
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
         tensor_core_applies(spec)?;
+        within_grid((spec.n() * spec.c() * spec.output3()[0]) as u64)?;
         within_shared("the slice tile", shared_bytes(spec))
     }
     fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
@@ -94,7 +95,11 @@ impl Variant for TensorCore {
         check_config(self, spec, config)?;
         let warps = config.param("warps")? as u32;
         Ok(Launch {
-            grid: ((spec.n() * spec.c() * spec.output3()[0]) as u32, 1, 1),
+            grid: (
+                grid_x(self, spec, spec.n() * spec.c() * spec.output3()[0])?,
+                1,
+                1,
+            ),
             block: (warps * 32, 1, 1),
             shared_bytes: shared_bytes(spec) as u32,
         })
