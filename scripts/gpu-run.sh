@@ -34,17 +34,20 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       done; done ;;
     profile) LIMIT=400 step profile .gpu/evokernel profile ${PROFILE_ARGS:-} --json "$out/profile.json" --out "$out/profile-plots" ;;
     tune)
-      # Evolutionary vs exhaustive on the streaming space, then a second process that
-      # must reuse the cache, then a run that must pick the tuned configs up.
+      # Evolutionary vs exhaustive on one variant's space (TUNE_VARIANT, default the
+      # channels-first tensor-core pick; exhaustive only where TUNE_EXHAUSTIVE=1: the
+      # depth_reuse space has up to ~1900 configs), then a second process that must
+      # reuse the cache, then a run that must pick the tuned configs up.
       export EVOKERNEL_CACHE_DIR=/tmp/evk-tune-cache
+      tv=${TUNE_VARIANT:-depth_reuse}
       for c in ${TUNE_CASES:-seed-bf16 x3d-3x3x3 video-vae-causal seed-f16}; do
-        LIMIT=200 step "tune-evo-$c" .gpu/evokernel tune --suite public --case "$c" --only streaming --search evolutionary --retune --json "$out/tune-evo-$c.json"
-        LIMIT=200 step "tune-exh-$c" .gpu/evokernel tune --suite public --case "$c" --only streaming --search exhaustive --retune --json "$out/tune-exh-$c.json"
+        LIMIT=200 step "tune-evo-$c" .gpu/evokernel tune --suite public --case "$c" --only "$tv" --search evolutionary --retune --json "$out/tune-evo-$c.json"
+        [ "${TUNE_EXHAUSTIVE:-0}" = 1 ] && LIMIT=200 step "tune-exh-$c" .gpu/evokernel tune --suite public --case "$c" --only "$tv" --search exhaustive --retune --json "$out/tune-exh-$c.json"
       done
       LIMIT=200 step tune-all .gpu/evokernel tune --suite public --case seed-bf16
       LIMIT=200 step tune-again .gpu/evokernel tune --suite public --case seed-bf16
       LIMIT=200 step run-tuned .gpu/evokernel run
-      cat "$out"/tune-evo-*.log "$out"/tune-exh-*.log | grep -E "streaming" > "$out/tune-summary.log"
+      cat "$out"/tune-evo-*.log "$out"/tune-exh-*.log 2>/dev/null | grep -E "$tv" > "$out/tune-summary.log"
       tail -12 "$out/tune-again.log" >> "$out/tune-summary.log"; tail -14 "$out/run-tuned.log" >> "$out/tune-summary.log"
       export EVOKERNEL_CACHE_DIR=/tmp/evk-cache ;;
     racecheck) LIMIT=400 step racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 4 --kernel 3x5x5 --padding 0,2,2 --only smem_tile --only tensor_core --only streaming --only depth_reuse
