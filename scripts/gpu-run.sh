@@ -27,11 +27,10 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       export EVOKERNEL_CACHE_DIR=/tmp/evk-cache ;;
     sweep)
       # Forced configs of one variant on some cases: SWEEP_CASES, SWEEP_VARIANT and
-      # SWEEP_CONFIGS (space-separated k=v,k=v lists).
-      for c in $SWEEP_CASES; do for k in $SWEEP_CONFIGS; do
-        LIMIT=60 step "sweep-$c-$k" .gpu/evokernel bench --suite public --case "$c" --only "$SWEEP_VARIANT" --config "$SWEEP_VARIANT:$k" --iters 20
-        printf '%-18s %-40s %s\n' "$c" "$k" "$(grep -E "┆ *$SWEEP_VARIANT:" "$out/sweep-$c-$k.log" | head -1 | awk -F'┆' '{print $3, $6, $11}' | tr -s ' ')" >> "$out/sweep.txt"
-      done; done ;;
+      # SWEEP_CONFIGS (space-separated k=v,k=v lists), through scripts/gpu-sweep.sh.
+      for c in $SWEEP_CASES; do for k in $SWEEP_CONFIGS; do echo "$c $k"; done; done > "$out/sweep-list.txt"
+      LIMIT=600 step sweep bash scripts/gpu-sweep.sh "$SWEEP_VARIANT" "$out/sweep-list.txt"
+      cp "$out/sweep.log" "$out/sweep.txt" ;;
     profile) LIMIT=400 step profile .gpu/evokernel profile ${PROFILE_ARGS:-} --json "$out/profile.json" --out "$out/profile-plots" ;;
     tune)
       # Evolutionary vs exhaustive on one variant's space (TUNE_VARIANT, default the

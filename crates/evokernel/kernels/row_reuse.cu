@@ -6,10 +6,8 @@
 // time, so the sharing is resolved when the loops unroll: with SH = DH (odd-dilated's 2
 // and 2) OUT_H outputs of KH rows read KH + OUT_H - 1 rows, not OUT_H x KH. naive reloads
 // every tap of every output and is instruction-bound (docs/perf.md, run 35).
-// MINB: blocks of 256 per SM the registers are capped for (the branch-free rows keep many
-// loads in flight and take ~100 registers uncapped: 2 blocks).
-template <typename T, bool CHANNELS_LAST, int KD, int KH, int KW, int SH, int DH, int OUT_H, int MINB>
-__global__ void __launch_bounds__(256, MINB) row_reuse_dwconv(ConvArgs a) {
+template <typename T, bool CHANNELS_LAST, int KD, int KH, int KW, int SH, int DH, int OUT_H>
+__global__ void __launch_bounds__(256) row_reuse_dwconv(ConvArgs a) {
     constexpr int RSPAN = (OUT_H - 1) * SH + (KH - 1) * DH + 1;  // input rows a thread spans
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ w = static_cast<const T*>(a.w);

@@ -4,8 +4,8 @@
 
 use super::tensor_core::{row_stride, shifted_tile_columns, tensor_core_applies};
 use super::{
-    check_config, cuda_type, depth_chunk_at_most, depth_chunks, grid_x, within_grid, within_shared,
-    Config, Launch, Param, Variant,
+    check_config, cuda_type, default_launches, depth_chunk_at_most, depth_chunks, grid_x,
+    within_shared, Config, Launch, Param, Variant,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
@@ -56,10 +56,7 @@ impl Variant for DepthReuse {
                 "needs an input width that is a multiple of 8 (16-byte async copies)".into(),
             );
         }
-        let (mt, nt) = tile_grid(spec);
-        let blocks = (spec.n() * spec.c()) as u64 * spec.output3()[0] as u64 * (mt * nt) as u64;
-        // The most blocks any config launches (one tile per block at worst).
-        within_grid(blocks)
+        default_launches(self, spec)
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         let (mt, nt) = tile_grid(spec);

@@ -5,8 +5,8 @@
 use super::streaming_cl::pixel_vector_applies;
 use super::tensor_core::{row_stride, shifted_tile_columns};
 use super::{
-    check_config, cuda_type, depth_chunk_at_most, depth_chunks, grid_x, within_grid, within_shared,
-    Config, Launch, Param, Variant,
+    check_config, cuda_type, default_launches, depth_chunk_at_most, depth_chunks, grid_x,
+    within_shared, Config, Launch, Param, Variant,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
@@ -38,14 +38,7 @@ impl Variant for DepthReuseCl {
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
         pixel_vector_applies(spec)?;
-        let [od, oh, _] = spec.output3();
-        let blocks = spec.n() as u64
-            * oh.div_ceil(16) as u64
-            * od as u64
-            * shifted_tile_columns(spec) as u64
-            * (spec.c() / CHANNELS) as u64;
-        // The most blocks any config launches (one tile column per block at worst).
-        within_grid(blocks)
+        default_launches(self, spec)
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         let nt = shifted_tile_columns(spec) as i64;

@@ -149,26 +149,31 @@ pub struct Launch {
 /// Most blocks one launch's x dimension takes (2^31 - 1 on every CUDA GPU).
 const MAX_GRID_X: u64 = i32::MAX as u64;
 
-/// `Err` when `blocks` (the fewest blocks any config of a variant launches for a spec)
-/// exceed one launch's grid: `applies` refuses the spec and dispatch takes another
-/// variant (naive and row_reuse stride over any size).
-pub(crate) fn within_grid(blocks: u64) -> std::result::Result<(), String> {
-    if blocks > MAX_GRID_X {
-        return Err(format!(
-            "{blocks} blocks exceed one launch's grid ({MAX_GRID_X})"
-        ));
-    }
-    Ok(())
-}
-
 /// The grid x dimension for `blocks` blocks of `v`; an error, never a wrapped grid.
 pub(crate) fn grid_x(v: &dyn Variant, spec: &ConvSpec, blocks: usize) -> Result<u32> {
-    within_grid(blocks as u64).map_err(|reason| Error::NotApplicable {
-        variant: v.name().into(),
-        spec: spec.to_string(),
-        reason,
-    })?;
+    if blocks as u64 > MAX_GRID_X {
+        return Err(Error::NotApplicable {
+            variant: v.name().into(),
+            spec: spec.to_string(),
+            reason: format!("{blocks} blocks exceed one launch's grid ({MAX_GRID_X})"),
+        });
+    }
     Ok(blocks as u32)
+}
+
+/// `Err` when `v`'s default config cannot launch `spec` (e.g. more blocks than one
+/// launch's grid). Per-plane variants end `applies` with it, so the grid rule lives in
+/// their `launch` alone and dispatch takes another variant (naive and row_reuse stride
+/// over any size).
+pub(crate) fn default_launches(
+    v: &dyn Variant,
+    spec: &ConvSpec,
+) -> std::result::Result<(), String> {
+    match v.launch(spec, &v.default_config(spec), 1) {
+        Ok(_) => Ok(()),
+        Err(Error::NotApplicable { reason, .. }) => Err(reason),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// A grid-stride kernel's launch: `threads` work items in blocks of `block`, at most

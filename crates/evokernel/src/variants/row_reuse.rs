@@ -45,35 +45,21 @@ impl Variant for RowReuse {
                 name: "out_h",
                 values: vec![2, 4, 8],
             },
-            // Blocks of 256 threads per SM the registers are capped for (1: uncapped).
-            Param {
-                name: "minblocks",
-                values: vec![1, 2, 3, 4],
-            },
         ]
     }
     fn default_config(&self, _spec: &ConvSpec) -> Config {
-        Config::new(
-            "row_reuse",
-            &[
-                ("block", 256),
-                ("waves", 16),
-                ("out_h", 4),
-                ("minblocks", 1),
-            ],
-        )
+        Config::new("row_reuse", &[("block", 256), ("waves", 16), ("out_h", 4)])
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         check_config(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "row_reuse_dwconv<{}, {}, {kd}, {kh}, {kw}, {}, {}, {}, {}>",
+            "row_reuse_dwconv<{}, {}, {kd}, {kh}, {kw}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             channels_last(spec),
             spec.stride3()[1],
             spec.dilation3()[1],
-            config.param("out_h")?,
-            config.param("minblocks")?
+            config.param("out_h")?
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, sms: u32) -> Result<Launch> {
@@ -96,15 +82,7 @@ mod tests {
     #[test]
     fn one_thread_per_out_h_outputs_down_a_column() {
         let odd = public_case("odd-dilated");
-        let cfg = Config::new(
-            "row_reuse",
-            &[
-                ("block", 128),
-                ("waves", 32),
-                ("out_h", 4),
-                ("minblocks", 1),
-            ],
-        );
+        let cfg = Config::new("row_reuse", &[("block", 128), ("waves", 32), ("out_h", 4)]);
         let l = RowReuse.launch(&odd, &cfg, 132).unwrap();
         // 2 x 77 x 9 planes of 17 x 47 outputs: 5 groups of 4 rows per column.
         let threads: u32 = 2 * 77 * 9 * 5 * 47;
@@ -113,6 +91,6 @@ mod tests {
         assert!(RowReuse
             .specialization(&odd, &cfg)
             .unwrap()
-            .ends_with(", 3, 7, 3, 2, 2, 4, 1>"));
+            .ends_with(", 3, 7, 3, 2, 2, 4>"));
     }
 }

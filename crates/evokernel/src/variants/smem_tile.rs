@@ -2,7 +2,8 @@
 //! memory as f32 (kernels/smem_tile.cu). Any stride and dilation (up to 3 along W).
 
 use super::{
-    check_config, cuda_type, grid_x, within_grid, within_shared, Config, Launch, Param, Variant,
+    check_config, cuda_type, default_launches, grid_x, within_shared, Config, Launch, Param,
+    Variant,
 };
 use crate::error::Result;
 use crate::spec::{ConvSpec, Layout};
@@ -51,8 +52,7 @@ impl Variant for SmemTile {
             ));
         }
         within_shared("the slice tile", shared_bytes(spec, 4))?;
-        // One block per (n, c, output depth).
-        within_grid((spec.n() * spec.c() * spec.output3()[0]) as u64)
+        default_launches(self, spec)
     }
     fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
         vec![

@@ -3,8 +3,8 @@
 
 use super::tensor_core::{row_stride, shifted_tile_columns, tensor_core_applies};
 use super::{
-    check_config, cuda_type, depth_chunk_at_most, depth_chunks, grid_x, within_grid, within_shared,
-    Config, Launch, Param, Variant,
+    check_config, cuda_type, default_launches, depth_chunk_at_most, depth_chunks, grid_x,
+    within_shared, Config, Launch, Param, Variant,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
@@ -42,9 +42,7 @@ impl Variant for Streaming {
             );
         }
         within_shared("the slice ring", shared_bytes(spec, 1))?;
-        // The default config's grid (longer depth chunks launch fewer blocks).
-        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DCHUNKS), 8) as usize;
-        within_grid((spec.n() * spec.c() * spec.output3()[0].div_ceil(dchunk)) as u64)
+        default_launches(self, spec)
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         let dchunk = depth_chunks(spec, &DCHUNKS);

@@ -4,8 +4,8 @@
 
 use super::tensor_core::{banded_applies, row_stride, shifted_tile_columns};
 use super::{
-    check_config, cuda_type, depth_chunk_at_most, depth_chunks, grid_x, within_grid, within_shared,
-    Config, Launch, Param, Variant, MAX_SHARED,
+    check_config, cuda_type, default_launches, depth_chunk_at_most, depth_chunks, grid_x,
+    within_shared, Config, Launch, Param, Variant, MAX_SHARED,
 };
 use crate::error::Result;
 use crate::spec::{ConvSpec, Layout};
@@ -73,12 +73,7 @@ impl Variant for StreamingCl {
             ));
         }
         within_shared("the slice ring and one output stage", shared_bytes(spec, 1))?;
-        // The default config's grid (longer depth chunks launch fewer blocks).
-        let dchunk = self.default_config(spec).get("dchunk").unwrap_or(1) as usize;
-        let [od, oh, _] = spec.output3();
-        within_grid(
-            (spec.n() * oh.div_ceil(16) * od.div_ceil(dchunk) * (spec.c() / CHANNELS)) as u64,
-        )
+        default_launches(self, spec)
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         let dchunk = depth_chunks(spec, &DCHUNKS);

@@ -2,8 +2,8 @@
 //! channel, N = 8 outputs along W, K = 16 inputs along W (kernels/tensor_core.cu).
 
 use super::{
-    check_config, cuda_type, grid_x, unit_stride_and_dilation, within_grid, within_shared, Config,
-    Launch, Param, Variant,
+    check_config, cuda_type, default_launches, grid_x, unit_stride_and_dilation, within_shared,
+    Config, Launch, Param, Variant,
 };
 use crate::error::Result;
 use crate::spec::{ConvSpec, DType, Layout};
@@ -67,8 +67,8 @@ impl Variant for TensorCore {
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
         tensor_core_applies(spec)?;
-        within_grid((spec.n() * spec.c() * spec.output3()[0]) as u64)?;
-        within_shared("the slice tile", shared_bytes(spec))
+        within_shared("the slice tile", shared_bytes(spec))?;
+        default_launches(self, spec)
     }
     fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
         vec![Param {
