@@ -75,6 +75,24 @@ template <typename T> struct Vec16<T, 1> {
     static __device__ __forceinline__ void store(T* p, const float* f) { p[0] = from_f32<T>(f[0]); }
 };
 
+// One 16-byte chunk of shared memory (16 / sizeof(T) elements) as floats; p 16-byte aligned.
+__device__ __forceinline__ void shared_chunk_to_f32(const float* p, float* f) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+}
+__device__ __forceinline__ void shared_chunk_to_f32(const __nv_bfloat16* p, float* f) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { const float2 t = __bfloat1622float2(h[i]); f[2 * i] = t.x; f[2 * i + 1] = t.y; }
+}
+__device__ __forceinline__ void shared_chunk_to_f32(const __half* p, float* f) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { const float2 t = __half22float2(h[i]); f[2 * i] = t.x; f[2 * i + 1] = t.y; }
+}
+
 __device__ __forceinline__ void store_elem(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_elem(float* p, __half v) { *p = __half2float(v); }
 __device__ __forceinline__ void store_elem(float* p, __nv_bfloat16 v) { *p = __bfloat162float(v); }

@@ -11,6 +11,7 @@ use crate::spec::{ConvSpec, DType, Layout};
 mod channels_last;
 mod depth_reuse;
 mod depth_reuse_cl;
+mod depth_reuse_fma;
 mod naive;
 mod row_reuse;
 mod smem_tile;
@@ -21,6 +22,7 @@ mod tensor_core;
 pub use channels_last::ChannelsLast;
 pub use depth_reuse::DepthReuse;
 pub use depth_reuse_cl::DepthReuseCl;
+pub use depth_reuse_fma::DepthReuseFma;
 pub use naive::Naive;
 pub use row_reuse::RowReuse;
 pub use smem_tile::SmemTile;
@@ -232,6 +234,7 @@ pub fn registry() -> Vec<&'static dyn Variant> {
         &StreamingCl,
         &DepthReuse,
         &DepthReuseCl,
+        &DepthReuseFma,
     ]
 }
 

@@ -1,0 +1,142 @@
+// depth_reuse_fma: depth_reuse's rotation on the FMA pipes, for f32 (exact: every
+// product is an FFMA in f32, as in smem_tile) and for any dtype where tensor-core tiles
+// do not fit. Input slice z reaches output depths z - kd, kd < KD, so each thread keeps
+// KD rotating rows of OUT_W accumulators and every slice is read from shared memory
+// once, not KD times (smem_tile reads KD slices per output depth: the seed's f32 took
+// 1.50 ms, 20% of its floor, docs/perf.md).
+// A block owns (n, c, a chunk of DCHUNK output depths, a region of TY output rows x
+// TX * OUT_W output columns); thread (tx, ty) owns OUT_W consecutive outputs of one row.
+// Slices arrive by 16-byte cp.async into a ring of STAGES + 1 slices of the region.
+// Slice column 0 holds input column g0 = (region's first output column) * SW - pw - S,
+// a multiple of the vector E (S = (-pw) mod E), so every copy is aligned; a thread's
+// window starts at column tx * OUT_W * SW (a multiple of E) and its taps at + S.
+// The weights stay in registers (KD * KH * KW of them). Depth steps are unit; H stride
+// and dilation are arguments, W's (SW, DW) compiled in; the input width is a multiple of E.
+template <typename T, int KD, int KH, int KW, int OUT_W, int SW, int DW, int S, int TX, int TY,
+          int DCHUNK, int STAGES, int MINB>
+__global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs a) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    constexpr int E = 16 / (int)sizeof(T);                 // elements per 16-byte chunk
+    constexpr int SPAN = (OUT_W - 1) * SW + (KW - 1) * DW + 1;
+    constexpr int NCH = (S + SPAN + E - 1) / E;             // chunks per thread window
+    constexpr int STEP = OUT_W * SW;                        // columns between windows
+    static_assert(STEP % E == 0, "windows must start on 16-byte chunks");
+    constexpr int FILL_CH = (TX - 1) * STEP / E + NCH;      // chunks a slice row holds
+    // Row stride in chunks: 4 words past a multiple of 32 banks, so the two rows a warp
+    // may straddle fall in different banks. Mirrored by slice_row_chunks in the descriptor.
+    constexpr int ROW_CH = FILL_CH + ((12 - FILL_CH % 8) % 8);
+    constexpr int WS = ROW_CH * E;
+    constexpr int NBUF = STAGES + 1;
+    const int hs = (TY - 1) * a.sh + (KH - 1) * a.dh + 1;  // slice rows
+    const int slice_elems = hs * WS;
+    const T* __restrict__ x = static_cast<const T*>(a.x);
+    const T* __restrict__ w = static_cast<const T*>(a.w);
+    T* __restrict__ y = static_cast<T*>(a.y);
+    T* ring = reinterpret_cast<T*>(smem_raw);
+
+    const int col_groups = (a.ow + OUT_W - 1) / OUT_W;
+    const int col_regions = (col_groups + TX - 1) / TX;
+    const int regions = ((a.oh + TY - 1) / TY) * col_regions;
+    const int chunks = (a.od + DCHUNK - 1) / DCHUNK;
+    const long long b = blockIdx.x;
+    const int region = (int)(b % regions);
+    const int per_chunk = (a.od + chunks - 1) / chunks;  // balanced, as in depth_reuse.cu
+    const int d0 = (int)((b / regions) % chunks) * per_chunk;
+    const int d1 = min(d0 + per_chunk, a.od);
+    const long long nc = b / ((long long)regions * chunks);
+    const long long c = nc % a.c;
+    const int oh0 = (region / col_regions) * TY, ow0 = (region % col_regions) * TX * OUT_W;
+    const int gh0 = oh0 * a.sh - a.ph;
+    const int g0 = ow0 * SW - a.pw - S;
+    const T* xin = x + nc * (long long)a.id * a.ih * a.iw;
+    const unsigned ring_addr = (unsigned)__cvta_generic_to_shared(smem_raw);
+
+    // Step s reads padded depth d0 + s into buffer s % NBUF; every step commits a group.
+    const int steps = d1 - d0 + KD - 1;
+    auto fetch = [&](int s, int buffer) {
+        if (s < steps) {
+            const int zd = d0 + s - a.pd;
+            const bool depth_inside = zd >= 0 && zd < a.id;
+            const unsigned buf = ring_addr + (unsigned)(buffer * slice_elems * (int)sizeof(T));
+            for (int j = threadIdx.x; j < hs * FILL_CH; j += TX * TY) {
+                const int r = j / FILL_CH, k = j - r * FILL_CH;
+                const int gh = gh0 + r, gw = g0 + k * E;
+                const unsigned dst = buf + (unsigned)((r * WS + k * E) * (int)sizeof(T));
+                if (depth_inside && gh >= 0 && gh < a.ih && gw >= 0 && gw < a.iw) {
+                    cp_async16(dst, xin + ((long long)zd * a.ih + gh) * a.iw + gw);
+                } else {
+                    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u));
+                }
+            }
+        }
+        cp_async_commit();
+    };
+
+    float wr[KD * KH * KW];
+#pragma unroll
+    for (int t = 0; t < KD * KH * KW; ++t) wr[t] = to_f32(w[c * (KD * KH * KW) + t]);
+
+    const int tx = threadIdx.x % TX, ty = threadIdx.x / TX;
+    const int oh = oh0 + ty, ow = ow0 + tx * OUT_W;
+    const bool active = oh < a.oh && ow < a.ow;
+    const int win_off = ty * a.sh * WS + tx * STEP;
+    const long long plane = (long long)a.oh * a.ow;
+    T* yrow = y + (nc * a.od + d0) * plane + (long long)oh * a.ow + ow;
+    const bool full_vector = ow + OUT_W <= a.ow && (a.ow % E) == 0 && (OUT_W % E) == 0;
+
+    float acc[KD][OUT_W];
+#pragma unroll
+    for (int q = 0; q < KD; ++q)
+#pragma unroll
+        for (int o = 0; o < OUT_W; ++o) acc[q][o] = 0.f;
+#pragma unroll
+    for (int k = 0; k < STAGES; ++k) fetch(k, k);
+    int cur = 0;
+    for (int sb = 0; sb < steps; sb += KD) {
+#pragma unroll
+        for (int u = 0; u < KD; ++u) {
+            const int s = sb + u;
+            if (s >= steps) break;
+            cp_async_wait<STAGES - 1>();
+            __syncthreads();  // slice s visible; every thread done with slice s - 1's buffer
+            fetch(s + STAGES, cur == 0 ? NBUF - 1 : cur - 1);
+            if (active) {
+                const T* slice = ring + cur * slice_elems + win_off;
+#pragma unroll
+                for (int kh = 0; kh < KH; ++kh) {
+                    const T* row = slice + kh * a.dh * WS;
+                    float win[NCH * E];
+#pragma unroll
+                    for (int q = 0; q < NCH; ++q) shared_chunk_to_f32(row + q * E, win + q * E);
+#pragma unroll
+                    for (int kd = 0; kd < KD; ++kd) {
+                        if (s - kd < 0 || s - kd >= d1 - d0) continue;  // another chunk's depth
+                        float* dst = acc[(u - kd + KD) % KD];
+#pragma unroll
+                        for (int kw = 0; kw < KW; ++kw) {
+                            const float wv = wr[(kd * KH + kh) * KW + kw];
+#pragma unroll
+                            for (int o = 0; o < OUT_W; ++o) dst[o] = fmaf(win[S + o * SW + kw * DW], wv, dst[o]);
+                        }
+                    }
+                }
+                if (s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
+                    float* done = acc[(u + 1) % KD];
+                    T* out = yrow + (long long)(s - (KD - 1)) * plane;
+                    if (full_vector) {
+#pragma unroll
+                        for (int q = 0; q < OUT_W / E; ++q) Vec16<T, E>::store(out + q * E, done + q * E);
+                    } else {
+#pragma unroll
+                        for (int o = 0; o < OUT_W; ++o)
+                            if (ow + o < a.ow) out[o] = from_f32<T>(done[o]);
+                    }
+#pragma unroll
+                    for (int o = 0; o < OUT_W; ++o) done[o] = 0.f;
+                }
+            }
+            cur = cur == NBUF - 1 ? 0 : cur + 1;
+        }
+    }
+    cp_async_wait<0>();
+}

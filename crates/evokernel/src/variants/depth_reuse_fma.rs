@@ -1,0 +1,276 @@
+//! `depth_reuse_fma`: depth_reuse's rotation on the FMA pipes (kernels/depth_reuse_fma.cu).
+//! Each thread keeps KD rotating rows of `out_w` accumulators, so each input slice is
+//! read from shared memory once for every output depth it reaches. Exact in f32 (FFMA),
+//! and any dtype where the tensor-core tiles do not fit.
+
+use super::{
+    channels_last, check_config, cuda_type, default_launches, depth_chunk_at_most, depth_chunks,
+    grid_x, within_shared, Config, Launch, Param, Variant,
+};
+use crate::error::Result;
+use crate::spec::ConvSpec;
+
+pub struct DepthReuseFma;
+
+const DCHUNKS: [i64; 5] = [4, 8, 16, 32, 64];
+const STAGES: [i64; 3] = [1, 2, 4];
+const MIN_BLOCKS: [i64; 4] = [1, 2, 3, 4];
+/// Weights live in registers, next to KD * out_w accumulators.
+const MAX_TAPS: usize = 128;
+const MAX_THREADS: i64 = 1024;
+
+/// Elements per 16-byte chunk (the cp.async and shared-read unit).
+fn chunk_elems(spec: &ConvSpec) -> usize {
+    16 / spec.dtype().size_bytes()
+}
+
+/// The kernel's S: how far the first tap sits past an aligned chunk, (-pw) mod E.
+fn lead(spec: &ConvSpec) -> usize {
+    let e = chunk_elems(spec);
+    (e - spec.pad_before3()[2] % e) % e
+}
+
+/// Chunks per slice row: the windows of `tx` threads, padded so that the row stride is
+/// 4 words past a multiple of 32 banks. Mirrors FILL_CH / ROW_CH in the kernel.
+fn slice_row_chunks(spec: &ConvSpec, out_w: usize, tx: usize) -> usize {
+    let e = chunk_elems(spec);
+    let (sw, dw, kw) = (spec.stride3()[2], spec.dilation3()[2], spec.kernel3()[2]);
+    let span = (out_w - 1) * sw + (kw - 1) * dw + 1;
+    let window = (lead(spec) + span).div_ceil(e);
+    let fill = (tx - 1) * out_w * sw / e + window;
+    fill + (12 - fill % 8) % 8
+}
+
+/// The ring: `stages` + 1 slices of `ty` output rows' input rows.
+fn shared_bytes(spec: &ConvSpec, out_w: usize, tx: usize, ty: usize, stages: usize) -> usize {
+    let (kh, sh, dh) = (spec.kernel3()[1], spec.stride3()[1], spec.dilation3()[1]);
+    let rows = (ty - 1) * sh + (kh - 1) * dh + 1;
+    (stages + 1) * rows * slice_row_chunks(spec, out_w, tx) * 16
+}
+
+/// Output columns in groups of `out_w` (one thread's run).
+fn column_groups(spec: &ConvSpec, out_w: usize) -> usize {
+    spec.output3()[2].div_ceil(out_w)
+}
+
+/// Widths of `out_w` the kernel can take: windows must start on 16-byte chunks.
+fn out_widths(spec: &ConvSpec) -> Vec<i64> {
+    let (e, sw) = (chunk_elems(spec), spec.stride3()[2]);
+    [4i64, 8]
+        .into_iter()
+        .filter(|&w| (w as usize * sw).is_multiple_of(e))
+        .collect()
+}
+
+/// Divisions of `n` into near-equal parts of at most `cap`, plus powers of two: the
+/// sizes worth trying for one side of a block.
+fn side_sizes(n: usize, cap: usize) -> Vec<i64> {
+    let mut v: Vec<i64> = (1..=4)
+        .map(|k| n.div_ceil(k))
+        .chain([1, 2, 4, 8, 16, 32])
+        .filter(|&s| s >= 1 && s <= cap)
+        .map(|s| s as i64)
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+impl Variant for DepthReuseFma {
+    fn name(&self) -> &'static str {
+        "depth_reuse_fma"
+    }
+    fn source(&self) -> &'static str {
+        include_str!("../../kernels/depth_reuse_fma.cu")
+    }
+    fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
+        if channels_last(spec) {
+            return Err("needs a channels-first layout".into());
+        }
+        if spec.stride3()[0] != 1 || spec.dilation3()[0] != 1 {
+            return Err("needs stride 1 and dilation 1 along depth (the rotation)".into());
+        }
+        let (sw, dw) = (spec.stride3()[2], spec.dilation3()[2]);
+        if sw > 3 || dw > 3 {
+            return Err(format!(
+                "stride {sw} and dilation {dw} along W: at most 3 each (compiled into the kernel)"
+            ));
+        }
+        if spec.taps() > MAX_TAPS {
+            return Err(format!(
+                "{} taps do not fit the register budget ({MAX_TAPS})",
+                spec.taps()
+            ));
+        }
+        let e = chunk_elems(spec);
+        if !spec.input3()[2].is_multiple_of(e) {
+            return Err(format!(
+                "needs an input width that is a multiple of {e} (16-byte async copies)"
+            ));
+        }
+        if out_widths(spec).is_empty() {
+            return Err(
+                "no output run of 4 or 8 starts on a 16-byte chunk at this W stride".into(),
+            );
+        }
+        let d = self.default_config(spec);
+        self.fits(spec, &d)?;
+        default_launches(self, spec)
+    }
+    fn space(&self, spec: &ConvSpec) -> Vec<Param> {
+        let [_, oh, _] = spec.output3();
+        let widths = out_widths(spec);
+        let narrowest = widths.first().copied().unwrap_or(4) as usize;
+        vec![
+            // Consecutive outputs of one row per thread.
+            Param {
+                name: "out_w",
+                values: widths,
+            },
+            // Threads along W (each out_w columns) and along H (one row each).
+            Param {
+                name: "tx",
+                values: side_sizes(column_groups(spec, narrowest), 64),
+            },
+            Param {
+                name: "ty",
+                values: side_sizes(oh, 64),
+            },
+            Param {
+                name: "dchunk",
+                values: depth_chunks(spec, &DCHUNKS),
+            },
+            // Slices in flight ahead of the one being read.
+            Param {
+                name: "stages",
+                values: STAGES.to_vec(),
+            },
+            Param {
+                name: "minblocks",
+                values: MIN_BLOCKS.to_vec(),
+            },
+        ]
+    }
+    fn default_config(&self, spec: &ConvSpec) -> Config {
+        // A block spans whole rows where a row has at most 32 thread runs, and about 256
+        // threads in near-equal bands (seed: 20 x 12 of 4 outputs). Not yet tuned on a GPU.
+        let [_, oh, _] = spec.output3();
+        let out_w = out_widths(spec).first().copied().unwrap_or(4);
+        let groups = column_groups(spec, out_w as usize);
+        let tx = groups.div_ceil(groups.div_ceil(32));
+        let ty_cap = (256 / tx).max(1);
+        let ty = oh.div_ceil(oh.div_ceil(ty_cap));
+        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DCHUNKS), 64);
+        Config::new(
+            self.name(),
+            &[
+                ("out_w", out_w),
+                ("tx", tx as i64),
+                ("ty", ty as i64),
+                ("dchunk", dchunk),
+                ("stages", 2),
+                ("minblocks", if tx * ty <= 256 { 2 } else { 1 }),
+            ],
+        )
+    }
+    fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
+        let param = |name| {
+            config
+                .param(name)
+                .map(|v| v as usize)
+                .map_err(|e| e.to_string())
+        };
+        let (out_w, tx, ty, stages) = (
+            param("out_w")?,
+            param("tx")?,
+            param("ty")?,
+            param("stages")?,
+        );
+        if (tx * ty) as i64 > MAX_THREADS {
+            return Err(format!(
+                "tx x ty = {} threads, more than a block's {MAX_THREADS}",
+                tx * ty
+            ));
+        }
+        within_shared(
+            &format!("a ring of {} slices", stages + 1),
+            shared_bytes(spec, out_w, tx, ty, stages),
+        )
+    }
+    fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
+        check_config(self, spec, config)?;
+        let [kd, kh, kw] = spec.kernel3();
+        Ok(format!(
+            "depth_reuse_fma_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
+            cuda_type(spec.dtype()),
+            config.param("out_w")?,
+            spec.stride3()[2],
+            spec.dilation3()[2],
+            lead(spec),
+            config.param("tx")?,
+            config.param("ty")?,
+            config.param("dchunk")?,
+            config.param("stages")?,
+            config.param("minblocks")?
+        ))
+    }
+    fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
+        check_config(self, spec, config)?;
+        let p = |name| config.param(name).map(|v| v as usize);
+        let (out_w, tx, ty, dchunk, stages) =
+            (p("out_w")?, p("tx")?, p("ty")?, p("dchunk")?, p("stages")?);
+        let [od, oh, _] = spec.output3();
+        let regions = oh.div_ceil(ty) * column_groups(spec, out_w).div_ceil(tx);
+        let blocks = spec.n() * spec.c() * od.div_ceil(dchunk) * regions;
+        Ok(Launch {
+            grid: (grid_x(self, spec, blocks)?, 1, 1),
+            block: ((tx * ty) as u32, 1, 1),
+            shared_bytes: shared_bytes(spec, out_w, tx, ty, stages) as u32,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::suite::public_case;
+    use crate::variants::valid_configs;
+
+    #[test]
+    fn the_seed_in_f32_gets_whole_rows_in_four_bands() {
+        let v = DepthReuseFma;
+        let seed = public_case("seed-f32");
+        v.applies(&seed).unwrap();
+        assert_eq!(lead(&seed), 2, "pw = 2: taps start 2 past a float4");
+        let d = v.default_config(&seed);
+        assert_eq!(
+            (d.get("out_w"), d.get("tx"), d.get("ty"), d.get("dchunk")),
+            (Some(4), Some(20), Some(12), Some(64))
+        );
+        // 20 windows of 3 float4s, 4 apart: 22 chunks, padded to 28 (28 mod 8 = 4).
+        assert_eq!(slice_row_chunks(&seed, 4, 20), 28);
+        let l = v.launch(&seed, &d, 132).unwrap();
+        assert_eq!(l.block.0, 240);
+        assert_eq!(l.grid.0 as usize, 512 * 4);
+        assert_eq!(l.shared_bytes as usize, 3 * 16 * 28 * 16);
+        assert!(valid_configs(&v, &seed).contains(&d));
+    }
+
+    #[test]
+    fn two_byte_types_take_runs_of_eight_and_strided_depth_is_refused() {
+        let v = DepthReuseFma;
+        let bf16 = public_case("seed-bf16");
+        assert_eq!(v.space(&bf16)[0].values, vec![8]);
+        assert_eq!(v.default_config(&bf16).get("out_w"), Some(8));
+        v.applies(&bf16).unwrap();
+        // odd-dilated: W 47 is not a multiple of 8 halves.
+        assert!(v.applies(&public_case("odd-dilated")).is_err());
+        assert!(v.applies(&public_case("seed-bf16-ndhwc")).is_err());
+        let mut p = crate::spec::ConvParams::seed();
+        p.stride = vec![2, 1, 1];
+        assert!(v
+            .applies(&p.validate().unwrap())
+            .unwrap_err()
+            .contains("depth"));
+    }
+}
