@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cuda::ConvArgs;
-use crate::spec::ConvSpec;
+use crate::spec::{ConvSpec, DType};
 use crate::tune::TuneCache;
 use crate::variants::{check_config, registry, Config, Variant};
 
@@ -33,42 +33,56 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
     // 0.335 vs streaming 0.463 ms, video-vae 0.254 vs 0.342, x3d 0.149 vs 0.164; with one
     // depth (convnext) it is 2x slower, each block starting a pipeline for one slice.
     let deep = spec.kernel3()[0] >= 2 && od >= 8;
+    // The same rotation on FMA pipes costs taps per output, where the tensor-core tiles
+    // cost one MMA per kernel row whatever its width: with rows of 3 taps it wins (x3d
+    // 0.116 vs depth_reuse 0.150 ms, video-vae 0.145 vs 0.262), with 5 it loses (seed
+    // 0.524 vs 0.344); f32 has no tensor-core path (seed-f32 0.531 vs smem_tile 1.49).
+    // Run 48, docs/perf.md.
+    let fma_rows = spec.kernel3()[2] <= 3 || spec.dtype() == DType::F32;
     match v.name() {
-        "depth_reuse" if rows_fill_tiles && deep => (
+        "depth_reuse_fma" if deep && fma_rows => (
             0,
+            "FMA rotation, each slice feeding every output depth (short kernel rows or f32)",
+        ),
+        "depth_reuse" if rows_fill_tiles && deep => (
+            1,
             "tensor cores, each slice feeding every output depth it reaches",
         ),
-        "streaming" if rows_fill_tiles => (1, "tensor cores, 16-byte async copies"),
-        "tensor_core" if rows_fill_tiles => (2, "tensor cores"),
-        "smem_tile" if unit_steps => (5, "shared-memory tiles (few output rows for tensor cores)"),
+        "streaming" if rows_fill_tiles => (2, "tensor cores, 16-byte async copies"),
+        "depth_reuse_fma" if deep => (3, "FMA rotation, each slice feeding every output depth"),
+        "tensor_core" if rows_fill_tiles => (4, "tensor cores"),
         // Channels-last rotation, same-run A/B against streaming_cl (docs/perf.md, run 41):
         // video-vae 0.336 vs 0.456 ms, x3d 0.217 vs 0.233, the seed a tie (0.661 vs 0.658,
         // f16 0.673 vs 0.678); with one depth slower (convnext 0.214 vs 0.175).
         "depth_reuse_cl" if rows_fill_tiles && deep => (
-            3,
+            5,
             "tensor cores on channels-last data, each slice feeding every output depth",
         ),
         // The transposes into and out of shared memory pay off with many taps per
         // output: 27 (x3d) 1.2x, 49 (convnext) 1.5x, 75 (seed) 2.6x faster than
         // channels_last; with 9 (3x3 2-D) 1.6x slower (docs/perf.md, run 32).
         "streaming_cl" if rows_fill_tiles && spec.taps() >= 27 => {
-            (4, "tensor cores on channels-last data (many taps)")
+            (6, "tensor cores on channels-last data (many taps)")
         }
-        "streaming_cl" => (8, "tensor cores on channels-last data (few taps)"),
-        "channels_last" => (6, "channels-last kernel"),
+        "smem_tile" if unit_steps => (7, "shared-memory tiles (few output rows for tensor cores)"),
+        // Without depths to rotate through, a tiled FMA kernel like smem_tile: even on
+        // convnext (0.155 vs 0.152 ms), behind on causal-conv1d (0.087 vs 0.074).
+        "depth_reuse_fma" => (8, "FMA tiles through a slice ring"),
+        "channels_last" => (9, "channels-last kernel"),
+        "streaming_cl" => (11, "tensor cores on channels-last data (few taps)"),
         "tensor_core" | "streaming" | "depth_reuse" | "depth_reuse_cl" => {
-            (9, "tensor cores on short rows or one depth")
+            (12, "tensor cores on short rows or one depth")
         }
         // Faster than naive where there are output rows to share (runs 44-46): odd-dilated
         // 0.030 vs 0.058 ms, mobilenet-s2 0.127 vs 0.226, seed-f32 3.08 vs 5.2, x3d 0.395
         // vs 0.93; with one row (1-D) about even: causal-conv1d 0.334 vs 0.343, its NWC
         // twin 0.407 vs 0.372 (run 45).
-        "row_reuse" if oh >= 2 => (10, "outputs down a column sharing input rows"),
-        "naive" => (11, "the general kernel (no faster variant applies)"),
-        "row_reuse" => (12, "outputs down a column (one output row: nothing shared)"),
+        "row_reuse" if oh >= 2 => (13, "outputs down a column sharing input rows"),
+        "naive" => (14, "the general kernel (no faster variant applies)"),
+        "row_reuse" => (15, "outputs down a column (one output row: nothing shared)"),
         // Strided/dilated tiles lost to naive on odd-dilated (0.086 vs 0.061 ms, run 23).
-        "smem_tile" => (13, "shared-memory tiles"),
-        _ => (7, "unranked variant"),
+        "smem_tile" => (16, "shared-memory tiles"),
+        _ => (10, "unranked variant"),
     }
 }
 
@@ -176,7 +190,7 @@ mod tests {
     }
 
     /// The ranking picks the variant that was fastest with default configs on the H100
-    /// for every public-suite case (docs/perf.md, runs 19, 29 and 34-38) and every case of
+    /// for every public-suite case (docs/perf.md, runs 19, 29, 34-38 and 48) and every case of
     /// the channels-last suite (runs 32-33 and 41; the seeds' NDHWC twins are a tie
     /// between depth_reuse_cl and streaming_cl).
     #[test]
@@ -185,9 +199,9 @@ mod tests {
             ("seed-bf16", "depth_reuse"),
             ("seed-bf16-ndhwc", "depth_reuse_cl"),
             ("seed-f16", "depth_reuse"),
-            ("seed-f32", "smem_tile"),
-            ("x3d-3x3x3", "depth_reuse"),
-            ("video-vae-causal", "depth_reuse"),
+            ("seed-f32", "depth_reuse_fma"),
+            ("x3d-3x3x3", "depth_reuse_fma"),
+            ("video-vae-causal", "depth_reuse_fma"),
             ("convnext-7x7", "streaming"),
             ("mobilenet-s2", "channels_last"),
             ("causal-conv1d", "smem_tile"),
