@@ -15,7 +15,7 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
     devices) step devices .gpu/evokernel devices --json "$out/devices.json" ;;
     run) step run .gpu/evokernel run --json "$out/run.json" ;;
     torch) step torch python3 scripts/torch_baseline.py ;;
-    memcheck) LIMIT=400 step memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel verify --suite public --only naive --only channels_last --only smem_tile --only tensor_core --only streaming --only streaming_cl --only depth_reuse --only depth_reuse_fma ;;
+    memcheck) LIMIT=400 step memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel verify --suite public --only naive --only channels_last --only smem_tile --only tensor_core --only streaming --only streaming_cl --only depth_reuse --only depth_reuse_fma --only depth_reuse_fma_cl ;;
     suite) LIMIT=400 step suite .gpu/evokernel bench --suite public --json "$out/suite.json"
       LIMIT=300 step suite_cl .gpu/evokernel bench --suite channels-last --json "$out/suite-cl.json" ;;
     tunefma)
@@ -50,7 +50,7 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       tail -12 "$out/tune-again.log" >> "$out/tune-summary.log"; tail -14 "$out/run-tuned.log" >> "$out/tune-summary.log"
       export EVOKERNEL_CACHE_DIR=/tmp/evk-cache ;;
     racecheck) LIMIT=400 step racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 4 --kernel 3x5x5 --padding 0,2,2 --only smem_tile --only tensor_core --only streaming --only depth_reuse --only depth_reuse_fma
-      LIMIT=200 step racecheck_cl compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 128 --kernel 3x5x5 --padding 0,2,2 --layout channels-last --only channels_last --only streaming_cl ;;
+      LIMIT=200 step racecheck_cl compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 128 --kernel 3x5x5 --padding 0,2,2 --layout channels-last --only channels_last --only streaming_cl --only depth_reuse_fma_cl ;;
   esac
 done
 cat "$out/smi.txt"

@@ -154,7 +154,7 @@ struct Common {
     /// Also draw the ladder and roofline plots (PNG and SVG) into DIR
     #[arg(long, value_name = "DIR")]
     plot: Option<PathBuf>,
-    /// Run only these implementations (repeatable): naive, row_reuse, channels_last, smem_tile, tensor_core, streaming, streaming_cl, depth_reuse, depth_reuse_cl, depth_reuse_fma, cudnn
+    /// Run only these implementations (repeatable): naive, row_reuse, channels_last, smem_tile, tensor_core, streaming, streaming_cl, depth_reuse, depth_reuse_cl, depth_reuse_fma, depth_reuse_fma_cl, cudnn
     #[arg(long = "only", value_name = "NAME")]
     only: Vec<String>,
 }

@@ -2,10 +2,10 @@
 //! SASS without a GPU (scripts/sass.sh runs cuobjdump on it).
 //!
 //! Usage: cargo run --release --example cubin -- CASE VARIANT[:k=v,..] OUT.cubin
-//! (CASE is a public-suite case name; without `:k=v` the variant's default config).
+//! (CASE is a case of the public or channels-last suite; without `:k=v` the variant's default config).
 
 use evokernel::cuda::jit::Jit;
-use evokernel::suite::public_suite;
+use evokernel::suite::{channels_last_suite, public_suite};
 use evokernel::variants::{registry, Config};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -15,8 +15,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let spec = public_suite()?
         .into_iter()
+        .chain(channels_last_suite()?)
         .find(|c| &c.name == case)
-        .ok_or_else(|| format!("no public-suite case '{case}'"))?
+        .ok_or_else(|| format!("no case '{case}' in the public or channels-last suite"))?
         .spec;
     let name = config.split(':').next().unwrap_or_default();
     let v = registry()

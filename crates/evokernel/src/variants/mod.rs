@@ -12,6 +12,7 @@ mod channels_last;
 mod depth_reuse;
 mod depth_reuse_cl;
 mod depth_reuse_fma;
+mod depth_reuse_fma_cl;
 mod naive;
 mod row_reuse;
 mod smem_tile;
@@ -23,6 +24,7 @@ pub use channels_last::ChannelsLast;
 pub use depth_reuse::DepthReuse;
 pub use depth_reuse_cl::DepthReuseCl;
 pub use depth_reuse_fma::DepthReuseFma;
+pub use depth_reuse_fma_cl::DepthReuseFmaCl;
 pub use naive::Naive;
 pub use row_reuse::RowReuse;
 pub use smem_tile::SmemTile;
@@ -235,6 +237,7 @@ pub fn registry() -> Vec<&'static dyn Variant> {
         &DepthReuse,
         &DepthReuseCl,
         &DepthReuseFma,
+        &DepthReuseFmaCl,
     ]
 }
 

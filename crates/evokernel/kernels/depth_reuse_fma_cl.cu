@@ -1,0 +1,195 @@
+// depth_reuse_fma_cl: depth_reuse_fma's rotation on channels-last data, with no
+// transposes: channels are contiguous in memory and in shared memory, so lanes split
+// the channels and a pixel's CV channels are one shared load for a lane.
+// A block owns (n, a group of CB = LANES * CV channels, a chunk of DCHUNK output depths,
+// a region of TY output rows x TX runs of OUT_W outputs along W). Thread t takes channel
+// vector t % LANES, row (t / LANES) % TY and run t / (LANES * TY): a warp's lanes read
+// neighbouring channels of one or a few rows, never of two runs of one row (those sit
+// OUT_W pixels apart, the same banks). Slices arrive by 16-byte cp.async (E channels of
+// one pixel each) into a ring of STAGES + 1 slices laid out [row][pixel][CB channels];
+// rows are padded so the few rows a warp reads fall in different banks. KD rotating rows
+// of OUT_W x CV accumulators per thread; the weights of the thread's CV channels stay in
+// registers. Unit depth steps; H stride and dilation are arguments, W's compiled in;
+// the channel count is a multiple of E (16-byte pixel vectors).
+template <typename T, int CV>
+__device__ __forceinline__ void channels_to_f32(const T* p, float* f) {
+    if constexpr (CV == 1) {
+        f[0] = to_f32(*p);
+    } else if constexpr (sizeof(T) == 4) {  // float, CV 2 or 4
+        if constexpr (CV == 2) {
+            const float2 v = *reinterpret_cast<const float2*>(p);
+            f[0] = v.x; f[1] = v.y;
+        } else {
+            const float4 v = *reinterpret_cast<const float4*>(p);
+            f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+        }
+    } else {  // bf16 / f16, CV 2 or 4: one 4- or 8-byte load
+        unsigned u[CV / 2];
+        if constexpr (CV == 2) {
+            u[0] = *reinterpret_cast<const unsigned*>(p);
+        } else {
+            const uint2 v = *reinterpret_cast<const uint2*>(p);
+            u[0] = v.x; u[1] = v.y;
+        }
+#pragma unroll
+        for (int i = 0; i < CV; ++i) f[i] = to_f32(reinterpret_cast<const T*>(u)[i]);
+    }
+}
+
+template <typename T, int CV>
+__device__ __forceinline__ void channels_from_f32(T* p, const float* f) {
+    if constexpr (CV == 1) {
+        *p = from_f32<T>(f[0]);
+    } else if constexpr (sizeof(T) == 4) {
+        if constexpr (CV == 2) *reinterpret_cast<float2*>(p) = make_float2(f[0], f[1]);
+        else *reinterpret_cast<float4*>(p) = make_float4(f[0], f[1], f[2], f[3]);
+    } else {
+        T h[CV];
+#pragma unroll
+        for (int i = 0; i < CV; ++i) h[i] = from_f32<T>(f[i]);
+        if constexpr (CV == 2) *reinterpret_cast<unsigned*>(p) = *reinterpret_cast<const unsigned*>(h);
+        else *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(h);
+    }
+}
+
+template <typename T, int KD, int KH, int KW, int OUT_W, int SW, int DW, int CV, int LANES, int TX, int TY,
+          int DCHUNK, int STAGES, int MINB>
+__global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwconv(ConvArgs a) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    constexpr int E = 16 / (int)sizeof(T);  // channels per 16-byte chunk
+    constexpr int CB = LANES * CV;          // channels per block
+    static_assert(CB % E == 0, "a block's channels are whole chunks");
+    constexpr int CPP = CB / E;             // chunks per pixel
+    constexpr int SPAN = (OUT_W - 1) * SW + (KW - 1) * DW + 1;
+    constexpr int WS = (TX * OUT_W - 1) * SW + (KW - 1) * DW + 1;  // pixels per slice row
+    // Row stride in chunks, padded so that consecutive rows start one warp-row segment
+    // (LANES * CV channels) apart in the banks. Mirrors row_chunks in the descriptor.
+    constexpr int SEG = (CB * (int)sizeof(T)) % 128 / 16;
+    constexpr int RAW = WS * CPP;
+    constexpr int ROW_CH = SEG == 0 ? RAW : RAW + ((SEG - RAW % 8) % 8 + 8) % 8;
+    constexpr int NBUF = STAGES + 1;
+    const int hs = (TY - 1) * a.sh + (KH - 1) * a.dh + 1;
+    const int slice_elems = hs * ROW_CH * E;
+    const T* __restrict__ x = static_cast<const T*>(a.x);
+    const T* __restrict__ w = static_cast<const T*>(a.w);
+    T* __restrict__ y = static_cast<T*>(a.y);
+    T* ring = reinterpret_cast<T*>(smem_raw);
+
+    const int runs = (a.ow + OUT_W - 1) / OUT_W;
+    const int col_regions = (runs + TX - 1) / TX;
+    const int regions = ((a.oh + TY - 1) / TY) * col_regions;
+    const int chunks = (a.od + DCHUNK - 1) / DCHUNK;
+    const int groups = (int)((a.c + CB - 1) / CB);
+    const long long b = blockIdx.x;
+    const int region = (int)(b % regions);
+    const int per_chunk = (a.od + chunks - 1) / chunks;  // balanced, as in depth_reuse.cu
+    const int d0 = (int)((b / regions) % chunks) * per_chunk;
+    const int d1 = min(d0 + per_chunk, a.od);
+    const long long rest = b / ((long long)regions * chunks);
+    const int cg = (int)(rest % groups);
+    const long long n = rest / groups;
+    const int c0 = cg * CB;
+    const int oh0 = (region / col_regions) * TY, ow0 = (region % col_regions) * TX * OUT_W;
+    const int gh0 = oh0 * a.sh - a.ph, gw0 = ow0 * SW - a.pw;
+    const T* xin = x + n * (long long)a.id * a.ih * a.iw * a.c;
+    const unsigned ring_addr = (unsigned)__cvta_generic_to_shared(smem_raw);
+
+    const int steps = d1 - d0 + KD - 1;
+    auto fetch = [&](int s, int buffer) {
+        if (s < steps) {
+            const int zd = d0 + s - a.pd;
+            const bool depth_inside = zd >= 0 && zd < a.id;
+            const unsigned buf = ring_addr + (unsigned)(buffer * slice_elems * (int)sizeof(T));
+            for (int j = threadIdx.x; j < hs * WS * CPP; j += LANES * TX * TY) {
+                const int k = j % CPP, px = j / CPP;
+                const int r = px / WS, col = px - r * WS;
+                const int gh = gh0 + r, gw = gw0 + col, ch = c0 + k * E;
+                const unsigned dst = buf + (unsigned)(((r * ROW_CH) + col * CPP + k) * 16);
+                if (depth_inside && gh >= 0 && gh < a.ih && gw >= 0 && gw < a.iw && ch < a.c) {
+                    cp_async16(dst, xin + (((long long)zd * a.ih + gh) * a.iw + gw) * a.c + ch);
+                } else {
+                    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u));
+                }
+            }
+        }
+        cp_async_commit();
+    };
+
+    const int lane_c = threadIdx.x % LANES;
+    const int ty = (threadIdx.x / LANES) % TY, tx = threadIdx.x / (LANES * TY);
+    const int c = c0 + lane_c * CV;
+    const int oh = oh0 + ty, ow = ow0 + tx * OUT_W;
+    const bool active = oh < a.oh && ow < a.ow && c < a.c;
+
+    float wr[KD * KH * KW][CV];
+#pragma unroll
+    for (int t = 0; t < KD * KH * KW; ++t)
+#pragma unroll
+        for (int v = 0; v < CV; ++v) wr[t][v] = active ? to_f32(w[(long long)(c + v) * (KD * KH * KW) + t]) : 0.f;
+
+    const int win_off = ty * a.sh * ROW_CH * E + tx * OUT_W * SW * CB + lane_c * CV;
+    const long long pixel_plane = (long long)a.oh * a.ow;
+    T* ypix = y + ((n * a.od + d0) * pixel_plane + (long long)oh * a.ow + ow) * a.c + c;
+
+    float acc[KD][OUT_W][CV];
+#pragma unroll
+    for (int q = 0; q < KD; ++q)
+#pragma unroll
+        for (int o = 0; o < OUT_W; ++o)
+#pragma unroll
+            for (int v = 0; v < CV; ++v) acc[q][o][v] = 0.f;
+#pragma unroll
+    for (int k = 0; k < STAGES; ++k) fetch(k, k);
+    int cur = 0;
+    for (int sb = 0; sb < steps; sb += KD) {
+#pragma unroll
+        for (int u = 0; u < KD; ++u) {
+            const int s = sb + u;
+            if (s >= steps) break;
+            cp_async_wait<STAGES - 1>();
+            __syncthreads();  // slice s visible; every thread done with slice s - 1's buffer
+            fetch(s + STAGES, cur == 0 ? NBUF - 1 : cur - 1);
+            if (active) {
+                const T* slice = ring + cur * slice_elems + win_off;
+#pragma unroll
+                for (int kh = 0; kh < KH; ++kh) {
+                    const T* row = slice + kh * a.dh * ROW_CH * E;
+                    float win[SPAN][CV];
+#pragma unroll
+                    for (int p = 0; p < SPAN; ++p) channels_to_f32<T, CV>(row + p * CB, win[p]);
+#pragma unroll
+                    for (int kd = 0; kd < KD; ++kd) {
+                        if (s - kd < 0 || s - kd >= d1 - d0) continue;  // another chunk's depth
+                        auto& dst = acc[(u - kd + KD) % KD];
+#pragma unroll
+                        for (int kw = 0; kw < KW; ++kw) {
+                            const float* wv = wr[(kd * KH + kh) * KW + kw];
+#pragma unroll
+                            for (int o = 0; o < OUT_W; ++o)
+#pragma unroll
+                                for (int v = 0; v < CV; ++v)
+                                    dst[o][v] = fmaf(win[o * SW + kw * DW][v], wv[v], dst[o][v]);
+                        }
+                    }
+                }
+                if (s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
+                    auto& done = acc[(u + 1) % KD];
+                    T* out = ypix + (long long)(s - (KD - 1)) * pixel_plane * a.c;
+                    // The pixel stride through an opaque move: otherwise the compiler keeps
+                    // OUT_W 64-bit output pointers live across the loop (spills on the seed).
+                    int cstride;
+                    asm volatile("mov.b32 %0, %1;" : "=r"(cstride) : "r"((int)a.c));
+#pragma unroll
+                    for (int o = 0; o < OUT_W; ++o)
+                        if (ow + o < a.ow) channels_from_f32<T, CV>(out + o * cstride, done[o]);
+#pragma unroll
+                    for (int o = 0; o < OUT_W; ++o)
+#pragma unroll
+                        for (int v = 0; v < CV; ++v) done[o][v] = 0.f;
+                }
+            }
+            cur = cur == NBUF - 1 ? 0 : cur + 1;
+        }
+    }
+    cp_async_wait<0>();
+}
