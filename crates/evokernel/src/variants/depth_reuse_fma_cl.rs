@@ -163,15 +163,37 @@ impl Variant for DepthReuseFmaCl {
         ]
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
-        // Not yet measured: two channels per thread where the weights are few, 32
-        // channels per block (64-byte pixel pieces of bf16), ~256 threads over rows first.
-        let oh = spec.output3()[1];
-        let cv = if spec.taps() <= 32 { 2 } else { 1 };
-        let lanes = 32 / cv;
+        // From the H100 sweeps (docs/perf.md, run 49). Channels per thread by weight count
+        // (taps x cv <= 36): one with 27 taps (x3d 0.117 vs 0.121 ms with two), two to four
+        // with 9 (mobilenet-s1 0.040 with four vs 0.057 with two), four with 4 (causal
+        // conv1d 0.060 vs 0.066). 32 channels per block (64-byte pixel pieces of bf16).
+        // Eight rows of one run with 32 lanes (x3d 0.117, video-vae 0.196), 16 runs over
+        // 8 rows with fewer lanes; 1-D rows take 16 runs side by side.
+        let [_, oh, _] = spec.output3();
+        let taps = spec.taps();
+        let cv = [4usize, 2, 1]
+            .into_iter()
+            .find(|&cv| taps * cv <= 36)
+            .unwrap_or(1)
+            .min(chunk_channels(spec));
+        let lanes = (32 / cv).max(chunk_channels(spec) / cv);
+        let per_block = if lanes >= 32 { 8 } else { 16 };
+        let space = self.space(spec);
+        let pick = |name: &str, want: usize| {
+            let values = &space.iter().find(|p| p.name == name).unwrap().values;
+            values
+                .iter()
+                .copied()
+                .filter(|&v| v as usize <= want)
+                .max()
+                .unwrap_or(values[0])
+        };
+        let ty = pick("ty", oh.min(8));
         let out_w = 8;
-        let per_block = 256 / lanes;
-        let tx = runs(spec, out_w).min(if oh >= 4 { 2 } else { per_block });
-        let ty = oh.min(per_block / tx).max(1);
+        let tx = pick(
+            "tx",
+            (per_block / ty as usize).min(runs(spec, out_w)).max(1),
+        );
         let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DCHUNKS), 64);
         Config::new(
             self.name(),
@@ -179,8 +201,8 @@ impl Variant for DepthReuseFmaCl {
                 ("out_w", out_w as i64),
                 ("cv", cv as i64),
                 ("lanes", lanes as i64),
-                ("tx", tx as i64),
-                ("ty", ty as i64),
+                ("tx", tx),
+                ("ty", ty),
                 ("dchunk", dchunk),
                 ("stages", 2),
                 ("minblocks", 2),
@@ -258,37 +280,51 @@ mod tests {
     use crate::suite::{channels_last_suite, public_case};
     use crate::variants::valid_configs;
 
-    #[test]
-    fn blocks_take_32_channels_and_rows_first() {
-        let v = DepthReuseFmaCl;
-        let x3d = channels_last_suite()
+    fn cl_case(name: &str) -> ConvSpec {
+        channels_last_suite()
             .unwrap()
             .into_iter()
-            .find(|c| c.name == "x3d-ndhwc")
+            .find(|c| c.name == name)
             .unwrap()
-            .spec;
+            .spec
+    }
+
+    fn shape(spec: &ConvSpec) -> (i64, i64, i64, i64) {
+        let d = DepthReuseFmaCl.default_config(spec);
+        let g = |k| d.get(k).unwrap();
+        (g("cv"), g("lanes"), g("tx"), g("ty"))
+    }
+
+    #[test]
+    fn defaults_follow_the_weight_count_and_rows() {
+        let v = DepthReuseFmaCl;
+        let x3d = cl_case("x3d-ndhwc");
         v.applies(&x3d).unwrap();
+        assert_eq!(shape(&x3d), (1, 32, 1, 8));
+        assert_eq!(shape(&cl_case("mobilenet-s1-nhwc")), (4, 8, 2, 8));
+        assert_eq!(shape(&cl_case("causal-conv1d-nwc")), (4, 8, 16, 1));
+        assert_eq!(shape(&public_case("seed-bf16-ndhwc")), (1, 32, 1, 8));
+        for name in [
+            "x3d-ndhwc",
+            "video-vae-ndhwc",
+            "convnext-nhwc",
+            "mobilenet-s1-nhwc",
+        ] {
+            let spec = cl_case(name);
+            assert!(valid_configs(&v, &spec).contains(&v.default_config(&spec)));
+        }
         let d = v.default_config(&x3d);
-        assert_eq!(
-            (d.get("cv"), d.get("lanes"), d.get("tx"), d.get("ty")),
-            (Some(2), Some(16), Some(2), Some(8))
-        );
         let s = Shape::of(&d).unwrap();
-        // 18 pixels x 64 bytes = 72 chunks; rows 64 bytes apart mod 128: 76 (76 mod 8 = 4).
-        assert_eq!(row_chunks(&x3d, &s), 76);
+        // 10 pixels x 64 bytes = 40 chunks; rows 64 bytes apart mod 128: 44 (44 mod 8 = 4).
+        assert_eq!(row_chunks(&x3d, &s), 44);
         let l = v.launch(&x3d, &d, 132).unwrap();
         assert_eq!(l.block.0, 256);
-        // 4 batches x 6 channel groups x 1 depth chunk x (7 x 4) regions.
-        assert_eq!(l.grid.0, 4 * 6 * 28);
-        assert_eq!(l.shared_bytes as usize, 3 * 10 * 76 * 16);
-        assert!(valid_configs(&v, &x3d).contains(&d));
-        // The seed's 75 taps: one channel per thread, 32 lanes.
-        let seed = public_case("seed-bf16-ndhwc");
-        let d = v.default_config(&seed);
-        assert_eq!((d.get("cv"), d.get("lanes")), (Some(1), Some(32)));
-        v.applies(&seed).unwrap();
+        // 4 batches x 6 channel groups x 1 depth chunk x (7 x 7) regions.
+        assert_eq!(l.grid.0, 4 * 6 * 49);
+        assert_eq!(l.shared_bytes as usize, 3 * 10 * 44 * 16);
         assert!(v.applies(&public_case("seed-bf16")).is_err());
         // cv 4 with 75 taps is 300 weights per thread: pruned.
+        let seed = public_case("seed-bf16-ndhwc");
         assert!(valid_configs(&v, &seed)
             .iter()
             .all(|c| c.get("cv") != Some(4)));
