@@ -22,9 +22,11 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
     constexpr int STEP = OUT_W * SW;                        // columns between windows
     static_assert(STEP % E == 0, "windows must start on 16-byte chunks");
     constexpr int FILL_CH = (TX - 1) * STEP / E + NCH;      // chunks a slice row holds
-    // Row stride in chunks: 4 words past a multiple of 32 banks, so the two rows a warp
-    // may straddle fall in different banks. Mirrored by slice_row_chunks in the descriptor.
-    constexpr int ROW_CH = FILL_CH + ((12 - FILL_CH % 8) % 8);
+    // Row stride in chunks, = TX * STEP / E mod 8 (8 chunks: the 32 banks), so that any 8
+    // consecutive threads, whose LDS.128 go out together, sit on distinct chunks mod 8
+    // (distinct banks) wherever their row breaks: thread t starts at t * STEP / E mod 8.
+    // Mirrored by slice_row_chunks in the descriptor.
+    constexpr int ROW_CH = FILL_CH + ((TX * (STEP / E) - FILL_CH) % 8 + 8) % 8;
     constexpr int WS = ROW_CH * E;
     constexpr int NBUF = STAGES + 1;
     const int hs = (TY - 1) * a.sh + (KH - 1) * a.dh + 1;  // slice rows
@@ -51,19 +53,35 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
     const T* xin = x + nc * (long long)a.id * a.ih * a.iw;
     const unsigned ring_addr = (unsigned)__cvta_generic_to_shared(smem_raw);
 
+    // A slice's chunks are the same every step but for the depth, so the block works out
+    // once, into a table after the ring, where each chunk comes from: its offset in an
+    // input depth plane, or -1 for padding. (The per-step index math was ~45 instructions
+    // a chunk, about an eighth of a step on x3d; a table lookup is one LDS.) Registers
+    // holding per-thread offsets instead spilled on the seed.
+    int* fill_table = reinterpret_cast<int*>(smem_raw + (size_t)NBUF * slice_elems * sizeof(T));
+    const int fills = hs * FILL_CH;
+    for (int j = threadIdx.x; j < fills; j += TX * TY) {
+        const int r = j / FILL_CH, k = j - r * FILL_CH;
+        const int gh = gh0 + r, gw = g0 + k * E;
+        fill_table[j] = (gh >= 0 && gh < a.ih && gw >= 0 && gw < a.iw) ? gh * a.iw + gw : -1;
+    }
+    __syncthreads();
+    const long long depth_plane = (long long)a.ih * a.iw;
+
     // Step s reads padded depth d0 + s into buffer s % NBUF; every step commits a group.
     const int steps = d1 - d0 + KD - 1;
     auto fetch = [&](int s, int buffer) {
         if (s < steps) {
             const int zd = d0 + s - a.pd;
             const bool depth_inside = zd >= 0 && zd < a.id;
+            const T* src = xin + (depth_inside ? zd : 0) * depth_plane;
             const unsigned buf = ring_addr + (unsigned)(buffer * slice_elems * (int)sizeof(T));
-            for (int j = threadIdx.x; j < hs * FILL_CH; j += TX * TY) {
-                const int r = j / FILL_CH, k = j - r * FILL_CH;
-                const int gh = gh0 + r, gw = g0 + k * E;
-                const unsigned dst = buf + (unsigned)((r * WS + k * E) * (int)sizeof(T));
-                if (depth_inside && gh >= 0 && gh < a.ih && gw >= 0 && gw < a.iw) {
-                    cp_async16(dst, xin + ((long long)zd * a.ih + gh) * a.iw + gw);
+            for (int j = threadIdx.x; j < fills; j += TX * TY) {
+                const int off = fill_table[j];
+                const int r = j / FILL_CH;  // a multiply and shift: FILL_CH is a constant
+                const unsigned dst = buf + (unsigned)(((r * (ROW_CH - FILL_CH)) + j) * 16);
+                if (depth_inside && off >= 0) {
+                    cp_async16(dst, src + off);
                 } else {
                     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u));
                 }
@@ -110,7 +128,9 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
                     for (int q = 0; q < NCH; ++q) shared_chunk_to_f32(row + q * E, win + q * E);
 #pragma unroll
                     for (int kd = 0; kd < KD; ++kd) {
-                        if (s - kd < 0 || s - kd >= d1 - d0) continue;  // another chunk's depth
+                        // Depths before the chunk (first KD - 1 steps) would dirty slots
+                        // still to be used; those past its end are never stored.
+                        if (s - kd < 0) continue;
                         float* dst = acc[(u - kd + KD) % KD];
 #pragma unroll
                         for (int kw = 0; kw < KW; ++kw) {

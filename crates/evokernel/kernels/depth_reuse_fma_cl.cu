@@ -94,19 +94,33 @@ __global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwco
     const T* xin = x + n * (long long)a.id * a.ih * a.iw * a.c;
     const unsigned ring_addr = (unsigned)__cvta_generic_to_shared(smem_raw);
 
+    // Where each slice chunk comes from, worked out once into a table after the ring (as
+    // in depth_reuse_fma.cu): its offset in an input depth plane, or -1 for padding.
+    int* fill_table = reinterpret_cast<int*>(smem_raw + (size_t)NBUF * slice_elems * sizeof(T));
+    const int fills = hs * WS * CPP;
+    for (int j = threadIdx.x; j < fills; j += LANES * TX * TY) {
+        const int k = j % CPP, px = j / CPP;
+        const int r = px / WS, col = px - r * WS;
+        const int gh = gh0 + r, gw = gw0 + col, ch = c0 + k * E;
+        const bool inside = gh >= 0 && gh < a.ih && gw >= 0 && gw < a.iw && ch < a.c;
+        fill_table[j] = inside ? (gh * a.iw + gw) * (int)a.c + ch : -1;
+    }
+    __syncthreads();
+    const long long depth_plane = (long long)a.ih * a.iw * a.c;
+
     const int steps = d1 - d0 + KD - 1;
     auto fetch = [&](int s, int buffer) {
         if (s < steps) {
             const int zd = d0 + s - a.pd;
             const bool depth_inside = zd >= 0 && zd < a.id;
+            const T* src = xin + (depth_inside ? zd : 0) * depth_plane;
             const unsigned buf = ring_addr + (unsigned)(buffer * slice_elems * (int)sizeof(T));
-            for (int j = threadIdx.x; j < hs * WS * CPP; j += LANES * TX * TY) {
-                const int k = j % CPP, px = j / CPP;
-                const int r = px / WS, col = px - r * WS;
-                const int gh = gh0 + r, gw = gw0 + col, ch = c0 + k * E;
-                const unsigned dst = buf + (unsigned)(((r * ROW_CH) + col * CPP + k) * 16);
-                if (depth_inside && gh >= 0 && gh < a.ih && gw >= 0 && gw < a.iw && ch < a.c) {
-                    cp_async16(dst, xin + (((long long)zd * a.ih + gh) * a.iw + gw) * a.c + ch);
+            for (int j = threadIdx.x; j < fills; j += LANES * TX * TY) {
+                const int off = fill_table[j];
+                const int r = j / (WS * CPP);  // a multiply and shift: a constant divisor
+                const unsigned dst = buf + (unsigned)((r * (ROW_CH - WS * CPP) + j) * 16);
+                if (depth_inside && off >= 0) {
+                    cp_async16(dst, src + off);
                 } else {
                     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u));
                 }
@@ -159,7 +173,9 @@ __global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwco
                     for (int p = 0; p < SPAN; ++p) channels_to_f32<T, CV>(row + p * CB, win[p]);
 #pragma unroll
                     for (int kd = 0; kd < KD; ++kd) {
-                        if (s - kd < 0 || s - kd >= d1 - d0) continue;  // another chunk's depth
+                        // Depths before the chunk (first KD - 1 steps) would dirty slots
+                        // still to be used; those past its end are never stored.
+                        if (s - kd < 0) continue;
                         auto& dst = acc[(u - kd + KD) % KD];
 #pragma unroll
                         for (int kw = 0; kw < KW; ++kw) {

@@ -30,22 +30,36 @@ fn lead(spec: &ConvSpec) -> usize {
     (e - spec.pad_before3()[2] % e) % e
 }
 
-/// Chunks per slice row: the windows of `tx` threads, padded so that the row stride is
-/// 4 words past a multiple of 32 banks. Mirrors FILL_CH / ROW_CH in the kernel.
-fn slice_row_chunks(spec: &ConvSpec, out_w: usize, tx: usize) -> usize {
+/// Chunks a slice row fills: the windows of `tx` threads (FILL_CH in the kernel).
+fn slice_fill_chunks(spec: &ConvSpec, out_w: usize, tx: usize) -> usize {
     let e = chunk_elems(spec);
     let (sw, dw, kw) = (spec.stride3()[2], spec.dilation3()[2], spec.kernel3()[2]);
     let span = (out_w - 1) * sw + (kw - 1) * dw + 1;
     let window = (lead(spec) + span).div_ceil(e);
-    let fill = (tx - 1) * out_w * sw / e + window;
-    fill + (12 - fill % 8) % 8
+    (tx - 1) * out_w * sw / e + window
 }
 
-/// The ring: `stages` + 1 slices of `ty` output rows' input rows.
-fn shared_bytes(spec: &ConvSpec, out_w: usize, tx: usize, ty: usize, stages: usize) -> usize {
+/// Chunks per slice row: the filled ones padded to tx x (chunks between windows) mod 8,
+/// so any 8 consecutive threads read distinct banks wherever their row breaks. Mirrors
+/// ROW_CH in the kernel.
+fn slice_row_chunks(spec: &ConvSpec, out_w: usize, tx: usize) -> usize {
+    let step = out_w * spec.stride3()[2] / chunk_elems(spec);
+    let fill = slice_fill_chunks(spec, out_w, tx);
+    fill + (tx * step + 8 - fill % 8) % 8
+}
+
+/// Input rows of a slice: what `ty` output rows read.
+fn slice_rows(spec: &ConvSpec, ty: usize) -> usize {
     let (kh, sh, dh) = (spec.kernel3()[1], spec.stride3()[1], spec.dilation3()[1]);
-    let rows = (ty - 1) * sh + (kh - 1) * dh + 1;
-    (stages + 1) * rows * slice_row_chunks(spec, out_w, tx) * 16
+    (ty - 1) * sh + (kh - 1) * dh + 1
+}
+
+/// The ring: `stages` + 1 slices of `ty` output rows' input rows, then the table of where
+/// each slice chunk comes from (one i32 per chunk).
+fn shared_bytes(spec: &ConvSpec, out_w: usize, tx: usize, ty: usize, stages: usize) -> usize {
+    let rows = slice_rows(spec, ty);
+    let fill_table = rows * slice_fill_chunks(spec, out_w, tx) * 4;
+    (stages + 1) * rows * slice_row_chunks(spec, out_w, tx) * 16 + fill_table
 }
 
 /// Output columns in groups of `out_w` (one thread's run).
@@ -106,6 +120,12 @@ impl Variant for DepthReuseFma {
         if !spec.input3()[2].is_multiple_of(e) {
             return Err(format!(
                 "needs an input width that is a multiple of {e} (16-byte async copies)"
+            ));
+        }
+        let [_, ih, iw] = spec.input3();
+        if ih * iw > i32::MAX as usize {
+            return Err(format!(
+                "an input depth plane of {ih} x {iw} elements: the kernel's in-plane offsets are 32-bit"
             ));
         }
         if out_widths(spec).is_empty() {
@@ -258,8 +278,8 @@ mod tests {
         let l = v.launch(&seed, &d, 132).unwrap();
         assert_eq!(l.block.0, 230);
         assert_eq!(l.grid.0 as usize, 512 * 2);
-        // 3 slices of 22 + 4 rows.
-        assert_eq!(l.shared_bytes as usize, 3 * 27 * 28 * 16);
+        // 3 slices of 22 + 4 rows, then a table of 27 x 22 chunk offsets.
+        assert_eq!(l.shared_bytes as usize, 3 * 27 * 28 * 16 + 27 * 22 * 4);
         assert_eq!(d.get("minblocks"), Some(2));
         assert_eq!(
             v.default_config(&public_case("x3d-3x3x3")).get("minblocks"),

@@ -65,10 +65,15 @@ fn row_chunks(spec: &ConvSpec, s: &Shape) -> usize {
     }
 }
 
+/// The ring of `stages` + 1 slices, then the table of where each slice chunk comes from
+/// (one i32 per chunk; mirrors the kernel).
 fn shared_bytes(spec: &ConvSpec, s: &Shape) -> usize {
     let (kh, sh, dh) = (spec.kernel3()[1], spec.stride3()[1], spec.dilation3()[1]);
+    let (sw, dw, kw) = (spec.stride3()[2], spec.dilation3()[2], spec.kernel3()[2]);
     let rows = (s.ty - 1) * sh + (kh - 1) * dh + 1;
-    (s.stages + 1) * rows * row_chunks(spec, s) * 16
+    let pixels = (s.tx * s.out_w - 1) * sw + (kw - 1) * dw + 1;
+    let chunks_per_pixel = s.lanes * s.cv / chunk_channels(spec);
+    (s.stages + 1) * rows * row_chunks(spec, s) * 16 + rows * pixels * chunks_per_pixel * 4
 }
 
 fn runs(spec: &ConvSpec, out_w: usize) -> usize {
@@ -111,6 +116,13 @@ impl Variant for DepthReuseFmaCl {
             return Err(format!(
                 "{} taps do not fit the register budget ({MAX_WEIGHTS})",
                 spec.taps()
+            ));
+        }
+        let [_, ih, iw] = spec.input3();
+        if ih * iw * spec.c() > i32::MAX as usize {
+            return Err(format!(
+                "an input depth slice of {ih} x {iw} x {} elements: the kernel's in-slice offsets are 32-bit",
+                spec.c()
             ));
         }
         let e = chunk_channels(spec);
@@ -321,7 +333,8 @@ mod tests {
         assert_eq!(l.block.0, 256);
         // 4 batches x 6 channel groups x 1 depth chunk x (7 x 7) regions.
         assert_eq!(l.grid.0, 4 * 6 * 49);
-        assert_eq!(l.shared_bytes as usize, 3 * 10 * 44 * 16);
+        // The ring, then 10 rows x 10 pixels x 4 chunk offsets.
+        assert_eq!(l.shared_bytes as usize, 3 * 10 * 44 * 16 + 10 * 10 * 4 * 4);
         assert!(v.applies(&public_case("seed-bf16")).is_err());
         // cv 4 with 75 taps is 300 weights per thread: pruned.
         let seed = public_case("seed-bf16-ndhwc");
