@@ -13,7 +13,7 @@
 // The weights stay in registers (KD * KH * KW of them). Depth steps are unit; H stride
 // and dilation are arguments, W's (SW, DW) compiled in; the input width is a multiple of E.
 template <typename T, int KD, int KH, int KW, int OUT_W, int SW, int DW, int S, int TX, int TY,
-          int DCHUNK, int STAGES, int MINB>
+          int DCHUNK, int STAGES, int MINB, bool TABLE>
 __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int E = 16 / (int)sizeof(T);                 // elements per 16-byte chunk
@@ -34,7 +34,6 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ w = static_cast<const T*>(a.w);
     T* __restrict__ y = static_cast<T*>(a.y);
-    T* ring = reinterpret_cast<T*>(smem_raw);
 
     const int col_groups = (a.ow + OUT_W - 1) / OUT_W;
     const int col_regions = (col_groups + TX - 1) / TX;
@@ -51,21 +50,26 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
     const int gh0 = oh0 * a.sh - a.ph;
     const int g0 = ow0 * SW - a.pw - S;
     const T* xin = x + nc * (long long)a.id * a.ih * a.iw;
-    const unsigned ring_addr = (unsigned)__cvta_generic_to_shared(smem_raw);
-
-    // A slice's chunks are the same every step but for the depth, so the block works out
-    // once, into a table after the ring, where each chunk comes from: its offset in an
-    // input depth plane, or -1 for padding. (The per-step index math was ~45 instructions
-    // a chunk, about an eighth of a step on x3d; a table lookup is one LDS.) Registers
-    // holding per-thread offsets instead spilled on the seed.
-    int* fill_table = reinterpret_cast<int*>(smem_raw + (size_t)NBUF * slice_elems * sizeof(T));
+    // Where slice chunk j comes from: its offset in an input depth plane, or -1 for
+    // padding. It is the same every step but for the depth, so with TABLE (blocks of at
+    // least 4 steps) the block works it out once into a table at the start of shared
+    // memory and each copy costs one LDS instead of ~45 instructions of index math (seed
+    // f32 0.532 -> 0.491 ms, run 51); offsets held in registers instead spilled. The ring
+    // follows the table and holds at most as many slices as a block has steps.
     const int fills = hs * FILL_CH;
-    for (int j = threadIdx.x; j < fills; j += TX * TY) {
+    auto source_of = [&](int j) {
         const int r = j / FILL_CH, k = j - r * FILL_CH;
         const int gh = gh0 + r, gw = g0 + k * E;
-        fill_table[j] = (gh >= 0 && gh < a.ih && gw >= 0 && gw < a.iw) ? gh * a.iw + gw : -1;
+        return (gh >= 0 && gh < a.ih && gw >= 0 && gw < a.iw) ? gh * a.iw + gw : -1;
+    };
+    int* fill_table = reinterpret_cast<int*>(smem_raw);
+    const int table_bytes = TABLE ? (fills * 4 + 15) & ~15 : 0;
+    T* ring = reinterpret_cast<T*>(smem_raw + table_bytes);
+    const unsigned ring_addr = (unsigned)__cvta_generic_to_shared(smem_raw) + table_bytes;
+    if constexpr (TABLE) {
+        for (int j = threadIdx.x; j < fills; j += TX * TY) fill_table[j] = source_of(j);
+        __syncthreads();
     }
-    __syncthreads();
     const long long depth_plane = (long long)a.ih * a.iw;
 
     // Step s reads padded depth d0 + s into buffer s % NBUF; every step commits a group.
@@ -77,7 +81,7 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
             const T* src = xin + (depth_inside ? zd : 0) * depth_plane;
             const unsigned buf = ring_addr + (unsigned)(buffer * slice_elems * (int)sizeof(T));
             for (int j = threadIdx.x; j < fills; j += TX * TY) {
-                const int off = fill_table[j];
+                const int off = TABLE ? fill_table[j] : source_of(j);
                 const int r = j / FILL_CH;  // a multiply and shift: FILL_CH is a constant
                 const unsigned dst = buf + (unsigned)(((r * (ROW_CH - FILL_CH)) + j) * 16);
                 if (depth_inside && off >= 0) {

@@ -53,7 +53,7 @@ __device__ __forceinline__ void channels_from_f32(T* p, const float* f) {
 }
 
 template <typename T, int KD, int KH, int KW, int OUT_W, int SW, int DW, int CV, int LANES, int TX, int TY,
-          int DCHUNK, int STAGES, int MINB>
+          int DCHUNK, int STAGES, int MINB, bool TABLE>
 __global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwconv(ConvArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int E = 16 / (int)sizeof(T);  // channels per 16-byte chunk
@@ -73,7 +73,6 @@ __global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwco
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ w = static_cast<const T*>(a.w);
     T* __restrict__ y = static_cast<T*>(a.y);
-    T* ring = reinterpret_cast<T*>(smem_raw);
 
     const int runs = (a.ow + OUT_W - 1) / OUT_W;
     const int col_regions = (runs + TX - 1) / TX;
@@ -92,20 +91,25 @@ __global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwco
     const int oh0 = (region / col_regions) * TY, ow0 = (region % col_regions) * TX * OUT_W;
     const int gh0 = oh0 * a.sh - a.ph, gw0 = ow0 * SW - a.pw;
     const T* xin = x + n * (long long)a.id * a.ih * a.iw * a.c;
-    const unsigned ring_addr = (unsigned)__cvta_generic_to_shared(smem_raw);
-
-    // Where each slice chunk comes from, worked out once into a table after the ring (as
-    // in depth_reuse_fma.cu): its offset in an input depth plane, or -1 for padding.
-    int* fill_table = reinterpret_cast<int*>(smem_raw + (size_t)NBUF * slice_elems * sizeof(T));
+    // Where slice chunk j comes from (offset in an input depth slice, or -1), worked out
+    // once into a table before the ring when a block has at least 4 steps, as in
+    // depth_reuse_fma.cu; the ring holds at most as many slices as a block has steps.
     const int fills = hs * WS * CPP;
-    for (int j = threadIdx.x; j < fills; j += LANES * TX * TY) {
+    auto source_of = [&](int j) {
         const int k = j % CPP, px = j / CPP;
         const int r = px / WS, col = px - r * WS;
         const int gh = gh0 + r, gw = gw0 + col, ch = c0 + k * E;
         const bool inside = gh >= 0 && gh < a.ih && gw >= 0 && gw < a.iw && ch < a.c;
-        fill_table[j] = inside ? (gh * a.iw + gw) * (int)a.c + ch : -1;
+        return inside ? (gh * a.iw + gw) * (int)a.c + ch : -1;
+    };
+    int* fill_table = reinterpret_cast<int*>(smem_raw);
+    const int table_bytes = TABLE ? (fills * 4 + 15) & ~15 : 0;
+    T* ring = reinterpret_cast<T*>(smem_raw + table_bytes);
+    const unsigned ring_addr = (unsigned)__cvta_generic_to_shared(smem_raw) + table_bytes;
+    if constexpr (TABLE) {
+        for (int j = threadIdx.x; j < fills; j += LANES * TX * TY) fill_table[j] = source_of(j);
+        __syncthreads();
     }
-    __syncthreads();
     const long long depth_plane = (long long)a.ih * a.iw * a.c;
 
     const int steps = d1 - d0 + KD - 1;
@@ -116,7 +120,7 @@ __global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwco
             const T* src = xin + (depth_inside ? zd : 0) * depth_plane;
             const unsigned buf = ring_addr + (unsigned)(buffer * slice_elems * (int)sizeof(T));
             for (int j = threadIdx.x; j < fills; j += LANES * TX * TY) {
-                const int off = fill_table[j];
+                const int off = TABLE ? fill_table[j] : source_of(j);
                 const int r = j / (WS * CPP);  // a multiply and shift: a constant divisor
                 const unsigned dst = buf + (unsigned)((r * (ROW_CH - WS * CPP) + j) * 16);
                 if (depth_inside && off >= 0) {

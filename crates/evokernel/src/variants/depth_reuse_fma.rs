@@ -5,7 +5,7 @@
 
 use super::{
     channels_last, check_config, cuda_type, default_launches, depth_chunk_at_most, depth_chunks,
-    grid_x, within_shared, Config, Launch, Param, Variant,
+    fill_table_pays, grid_x, rotation_steps, within_shared, Config, Launch, Param, Variant,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
@@ -54,12 +54,41 @@ fn slice_rows(spec: &ConvSpec, ty: usize) -> usize {
     (ty - 1) * sh + (kh - 1) * dh + 1
 }
 
-/// The ring: `stages` + 1 slices of `ty` output rows' input rows, then the table of where
-/// each slice chunk comes from (one i32 per chunk).
-fn shared_bytes(spec: &ConvSpec, out_w: usize, tx: usize, ty: usize, stages: usize) -> usize {
-    let rows = slice_rows(spec, ty);
-    let fill_table = rows * slice_fill_chunks(spec, out_w, tx) * 4;
-    (stages + 1) * rows * slice_row_chunks(spec, out_w, tx) * 16 + fill_table
+/// The table of where each slice chunk comes from (one i32 per chunk, where it pays),
+/// then the ring: `stages` + 1 slices of `ty` output rows' input rows, or as many as a
+/// block has steps. Mirrors the kernel.
+fn shared_bytes(spec: &ConvSpec, config: &Shape) -> usize {
+    let rows = slice_rows(spec, config.ty);
+    let steps = rotation_steps(spec, config.dchunk);
+    let table = if fill_table_pays(steps) {
+        (rows * slice_fill_chunks(spec, config.out_w, config.tx) * 4).div_ceil(16) * 16
+    } else {
+        0
+    };
+    let slices = (config.stages + 1).min(steps);
+    table + slices * rows * slice_row_chunks(spec, config.out_w, config.tx) * 16
+}
+
+/// A config's numbers, read once.
+struct Shape {
+    out_w: usize,
+    tx: usize,
+    ty: usize,
+    dchunk: usize,
+    stages: usize,
+}
+
+impl Shape {
+    fn of(config: &Config) -> Result<Self> {
+        let p = |name| config.param(name).map(|v| v as usize);
+        Ok(Shape {
+            out_w: p("out_w")?,
+            tx: p("tx")?,
+            ty: p("ty")?,
+            dchunk: p("dchunk")?,
+            stages: p("stages")?,
+        })
+    }
 }
 
 /// Output columns in groups of `out_w` (one thread's run).
@@ -198,34 +227,23 @@ impl Variant for DepthReuseFma {
         )
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
-        let param = |name| {
-            config
-                .param(name)
-                .map(|v| v as usize)
-                .map_err(|e| e.to_string())
-        };
-        let (out_w, tx, ty, stages) = (
-            param("out_w")?,
-            param("tx")?,
-            param("ty")?,
-            param("stages")?,
-        );
-        if (tx * ty) as i64 > MAX_THREADS {
+        let shape = Shape::of(config).map_err(|e| e.to_string())?;
+        if (shape.tx * shape.ty) as i64 > MAX_THREADS {
             return Err(format!(
                 "tx x ty = {} threads, more than a block's {MAX_THREADS}",
-                tx * ty
+                shape.tx * shape.ty
             ));
         }
         within_shared(
-            &format!("a ring of {} slices", stages + 1),
-            shared_bytes(spec, out_w, tx, ty, stages),
+            &format!("a ring of {} slices", shape.stages + 1),
+            shared_bytes(spec, &shape),
         )
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         check_config(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "depth_reuse_fma_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
+            "depth_reuse_fma_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             config.param("out_w")?,
             spec.stride3()[2],
@@ -235,21 +253,20 @@ impl Variant for DepthReuseFma {
             config.param("ty")?,
             config.param("dchunk")?,
             config.param("stages")?,
-            config.param("minblocks")?
+            config.param("minblocks")?,
+            fill_table_pays(rotation_steps(spec, config.param("dchunk")? as usize))
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
         check_config(self, spec, config)?;
-        let p = |name| config.param(name).map(|v| v as usize);
-        let (out_w, tx, ty, dchunk, stages) =
-            (p("out_w")?, p("tx")?, p("ty")?, p("dchunk")?, p("stages")?);
+        let shape = Shape::of(config)?;
         let [od, oh, _] = spec.output3();
-        let regions = oh.div_ceil(ty) * column_groups(spec, out_w).div_ceil(tx);
-        let blocks = spec.n() * spec.c() * od.div_ceil(dchunk) * regions;
+        let regions = oh.div_ceil(shape.ty) * column_groups(spec, shape.out_w).div_ceil(shape.tx);
+        let blocks = spec.n() * spec.c() * od.div_ceil(shape.dchunk) * regions;
         Ok(Launch {
             grid: (grid_x(self, spec, blocks)?, 1, 1),
-            block: ((tx * ty) as u32, 1, 1),
-            shared_bytes: shared_bytes(spec, out_w, tx, ty, stages) as u32,
+            block: ((shape.tx * shape.ty) as u32, 1, 1),
+            shared_bytes: shared_bytes(spec, &shape) as u32,
         })
     }
 }
@@ -278,8 +295,19 @@ mod tests {
         let l = v.launch(&seed, &d, 132).unwrap();
         assert_eq!(l.block.0, 230);
         assert_eq!(l.grid.0 as usize, 512 * 2);
-        // 3 slices of 22 + 4 rows, then a table of 27 x 22 chunk offsets.
-        assert_eq!(l.shared_bytes as usize, 3 * 27 * 28 * 16 + 27 * 22 * 4);
+        // A table of 27 x 22 chunk offsets (to 16 bytes), then 3 slices of 22 + 4 rows.
+        assert_eq!(l.shared_bytes as usize, 2384 + 3 * 27 * 28 * 16);
+        assert!(v.specialization(&seed, &d).unwrap().ends_with(", true>"));
+        // One depth (2-D): no table, and a ring of one slice.
+        let convnext = public_case("convnext-7x7");
+        let c = v.default_config(&convnext);
+        let spec = v.specialization(&convnext, &c).unwrap();
+        assert!(spec.ends_with(", false>"), "{spec}");
+        let s = Shape::of(&c).unwrap();
+        assert_eq!(
+            shared_bytes(&convnext, &s),
+            slice_rows(&convnext, s.ty) * slice_row_chunks(&convnext, s.out_w, s.tx) * 16
+        );
         assert_eq!(d.get("minblocks"), Some(2));
         assert_eq!(
             v.default_config(&public_case("x3d-3x3x3")).get("minblocks"),

@@ -3,7 +3,7 @@
 
 use super::{
     channels_last, check_config, cuda_type, default_launches, depth_chunk_at_most, depth_chunks,
-    grid_x, within_shared, Config, Launch, Param, Variant,
+    fill_table_pays, grid_x, rotation_steps, within_shared, Config, Launch, Param, Variant,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
@@ -29,6 +29,7 @@ struct Shape {
     lanes: usize,
     tx: usize,
     ty: usize,
+    dchunk: usize,
     stages: usize,
 }
 
@@ -41,6 +42,7 @@ impl Shape {
             lanes: p("lanes")?,
             tx: p("tx")?,
             ty: p("ty")?,
+            dchunk: p("dchunk")?,
             stages: p("stages")?,
         })
     }
@@ -65,15 +67,22 @@ fn row_chunks(spec: &ConvSpec, s: &Shape) -> usize {
     }
 }
 
-/// The ring of `stages` + 1 slices, then the table of where each slice chunk comes from
-/// (one i32 per chunk; mirrors the kernel).
+/// The table of where each slice chunk comes from (one i32 per chunk, where it pays),
+/// then the ring of `stages` + 1 slices, or as many as a block has steps. Mirrors the
+/// kernel.
 fn shared_bytes(spec: &ConvSpec, s: &Shape) -> usize {
     let (kh, sh, dh) = (spec.kernel3()[1], spec.stride3()[1], spec.dilation3()[1]);
     let (sw, dw, kw) = (spec.stride3()[2], spec.dilation3()[2], spec.kernel3()[2]);
     let rows = (s.ty - 1) * sh + (kh - 1) * dh + 1;
     let pixels = (s.tx * s.out_w - 1) * sw + (kw - 1) * dw + 1;
     let chunks_per_pixel = s.lanes * s.cv / chunk_channels(spec);
-    (s.stages + 1) * rows * row_chunks(spec, s) * 16 + rows * pixels * chunks_per_pixel * 4
+    let steps = rotation_steps(spec, s.dchunk);
+    let table = if fill_table_pays(steps) {
+        (rows * pixels * chunks_per_pixel * 4).div_ceil(16) * 16
+    } else {
+        0
+    };
+    table + (s.stages + 1).min(steps) * rows * row_chunks(spec, s) * 16
 }
 
 fn runs(spec: &ConvSpec, out_w: usize) -> usize {
@@ -256,7 +265,7 @@ impl Variant for DepthReuseFmaCl {
         let [kd, kh, kw] = spec.kernel3();
         let p = |name| config.param(name);
         Ok(format!(
-            "depth_reuse_fma_cl_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
+            "depth_reuse_fma_cl_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             p("out_w")?,
             spec.stride3()[2],
@@ -267,7 +276,8 @@ impl Variant for DepthReuseFmaCl {
             p("ty")?,
             p("dchunk")?,
             p("stages")?,
-            p("minblocks")?
+            p("minblocks")?,
+            fill_table_pays(rotation_steps(spec, p("dchunk")? as usize))
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
@@ -333,8 +343,17 @@ mod tests {
         assert_eq!(l.block.0, 256);
         // 4 batches x 6 channel groups x 1 depth chunk x (7 x 7) regions.
         assert_eq!(l.grid.0, 4 * 6 * 49);
-        // The ring, then 10 rows x 10 pixels x 4 chunk offsets.
-        assert_eq!(l.shared_bytes as usize, 3 * 10 * 44 * 16 + 10 * 10 * 4 * 4);
+        // 10 rows x 10 pixels x 4 chunk offsets, then the ring.
+        assert_eq!(l.shared_bytes as usize, 10 * 10 * 4 * 4 + 3 * 10 * 44 * 16);
+        // mobilenet-s2 (2-D): no table and one slice, not three.
+        let mb = public_case("mobilenet-s2");
+        let d = v.default_config(&mb);
+        assert!(v.specialization(&mb, &d).unwrap().ends_with(", false>"));
+        let s = Shape::of(&d).unwrap();
+        assert_eq!(
+            v.launch(&mb, &d, 132).unwrap().shared_bytes as usize,
+            17 * row_chunks(&mb, &s) * 16
+        );
         assert!(v.applies(&public_case("seed-bf16")).is_err());
         // cv 4 with 75 taps is 300 weights per thread: pruned.
         let seed = public_case("seed-bf16-ndhwc");
