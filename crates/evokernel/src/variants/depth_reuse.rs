@@ -5,16 +5,12 @@
 use super::tensor_core::{row_stride, shifted_tile_columns, tensor_core_applies};
 use super::{
     check_config, cuda_type, default_launches, depth_chunk_at_most, depth_chunks, grid_x,
-    within_shared, Config, Launch, Param, Variant,
+    ring_params, within_shared, Config, Launch, Param, Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
 
 pub struct DepthReuse;
-
-/// Output depths a block may slide over; each block reads KD - 1 slices more than it
-/// has depths, so longer chunks waste less.
-const DCHUNKS: [i64; 5] = [4, 8, 16, 32, 64];
 
 /// Most warps a block may have (1024 threads), one tile each.
 const MAX_WARPS: i64 = 32;
@@ -23,9 +19,6 @@ const MAX_WARPS: i64 = 32;
 fn tile_grid(spec: &ConvSpec) -> (usize, usize) {
     (spec.output3()[1].div_ceil(16), shifted_tile_columns(spec))
 }
-
-/// Blocks per SM the register allocation is capped for (`__launch_bounds__`).
-const MIN_BLOCKS: [i64; 4] = [1, 2, 3, 4];
 
 /// Slices fetched ahead of the one being consumed.
 const STAGES: [i64; 4] = [1, 2, 4, 6];
@@ -71,7 +64,7 @@ impl Variant for DepthReuse {
             .into_iter()
             .filter(|&b| b == 1 || b <= mt as i64)
             .collect();
-        vec![
+        let mut params = vec![
             // 16-row bands of a block's region.
             Param {
                 name: "bands",
@@ -82,20 +75,9 @@ impl Variant for DepthReuse {
                 name: "cols",
                 values: cols,
             },
-            Param {
-                name: "dchunk",
-                values: depth_chunks(spec, &DCHUNKS),
-            },
-            // Slices in flight ahead of the one the MMAs read.
-            Param {
-                name: "stages",
-                values: STAGES.to_vec(),
-            },
-            Param {
-                name: "minblocks",
-                values: MIN_BLOCKS.to_vec(),
-            },
-        ]
+        ];
+        params.extend(ring_params(spec, &STAGES));
+        params
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
         // From the H100 sweeps (docs/perf.md, runs 34-37). Columns: a whole row of tiles
@@ -113,7 +95,7 @@ impl Variant for DepthReuse {
         } else {
             1
         };
-        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DCHUNKS), 64);
+        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 64);
         let minblocks = if bands * cols <= 16 { 2 } else { 1 };
         Config::new(
             self.name(),

@@ -6,7 +6,7 @@ use super::streaming_cl::pixel_vector_applies;
 use super::tensor_core::{row_stride, shifted_tile_columns};
 use super::{
     check_config, cuda_type, default_launches, depth_chunk_at_most, depth_chunks, grid_x,
-    within_shared, Config, Launch, Param, Variant,
+    within_shared, Config, Launch, Param, Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
@@ -15,9 +15,6 @@ pub struct DepthReuseCl;
 
 /// Channels a block owns: one 16-byte vector of bf16/f16 per pixel (`CG` in the kernel).
 const CHANNELS: usize = 8;
-
-/// Output depths a block may slide over.
-const DCHUNKS: [i64; 5] = [4, 8, 16, 32, 64];
 
 /// Two channel-major slices of 8 channels x (16 + KH - 1) rows x a region of `cols`
 /// tiles, and two output stages of 8 channels x 16 rows (mirrors the kernel's constants).
@@ -54,7 +51,7 @@ impl Variant for DepthReuseCl {
             },
             Param {
                 name: "dchunk",
-                values: depth_chunks(spec, &DCHUNKS),
+                values: depth_chunks(spec, &DEPTH_CHUNKS),
             },
             // Blocks per SM the registers are capped for (`__launch_bounds__`).
             Param {
@@ -70,7 +67,7 @@ impl Variant for DepthReuseCl {
         // and not with the seed's 15 (0.640 -> 0.719, spills). Depth chunks as long as offered.
         let [kd, kh, _] = spec.kernel3();
         let minblocks = if kd * kh <= 9 { 3 } else { 2 };
-        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DCHUNKS), 64);
+        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 64);
         Config::new(
             self.name(),
             &[("cols", 1), ("dchunk", dchunk), ("minblocks", minblocks)],

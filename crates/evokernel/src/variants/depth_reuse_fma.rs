@@ -4,17 +4,17 @@
 //! and any dtype where the tensor-core tiles do not fit.
 
 use super::{
-    channels_last, check_config, cuda_type, default_launches, depth_chunk_at_most, depth_chunks,
-    fill_table_pays, grid_x, rotation_steps, within_shared, Config, Launch, Param, Variant,
+    block_sides, channels_last, check_config, cuda_type, default_launches, depth_chunk_at_most,
+    depth_chunks, fill_table_pays, grid_x, ring_params, rotation_steps, within_shared, Config,
+    Launch, Param, Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
 
 pub struct DepthReuseFma;
 
-const DCHUNKS: [i64; 5] = [4, 8, 16, 32, 64];
+/// Slices in flight ahead of the one being read.
 const STAGES: [i64; 3] = [1, 2, 4];
-const MIN_BLOCKS: [i64; 4] = [1, 2, 3, 4];
 /// Weights live in registers, next to KD * out_w accumulators.
 const MAX_TAPS: usize = 128;
 const MAX_THREADS: i64 = 1024;
@@ -105,18 +105,25 @@ fn out_widths(spec: &ConvSpec) -> Vec<i64> {
         .collect()
 }
 
-/// Divisions of `n` into near-equal parts of at most `cap`, plus powers of two: the
-/// sizes worth trying for one side of a block.
-fn side_sizes(n: usize, cap: usize) -> Vec<i64> {
-    let mut v: Vec<i64> = (1..=4)
-        .map(|k| n.div_ceil(k))
-        .chain([1, 2, 4, 8, 16, 32])
-        .filter(|&s| s >= 1 && s <= cap)
-        .map(|s| s as i64)
-        .collect();
-    v.sort_unstable();
-    v.dedup();
-    v
+/// What both FMA rotation kernels need of a spec whatever its layout: unit depth steps
+/// (the rotation), W stride and dilation compiled in (at most 3), weights in registers.
+pub(super) fn fma_rotation_applies(spec: &ConvSpec) -> std::result::Result<(), String> {
+    if spec.stride3()[0] != 1 || spec.dilation3()[0] != 1 {
+        return Err("needs stride 1 and dilation 1 along depth (the rotation)".into());
+    }
+    let (sw, dw) = (spec.stride3()[2], spec.dilation3()[2]);
+    if sw > 3 || dw > 3 {
+        return Err(format!(
+            "stride {sw} and dilation {dw} along W: at most 3 each (compiled into the kernel)"
+        ));
+    }
+    if spec.taps() > MAX_TAPS {
+        return Err(format!(
+            "{} taps do not fit the register budget ({MAX_TAPS})",
+            spec.taps()
+        ));
+    }
+    Ok(())
 }
 
 impl Variant for DepthReuseFma {
@@ -130,21 +137,7 @@ impl Variant for DepthReuseFma {
         if channels_last(spec) {
             return Err("needs a channels-first layout".into());
         }
-        if spec.stride3()[0] != 1 || spec.dilation3()[0] != 1 {
-            return Err("needs stride 1 and dilation 1 along depth (the rotation)".into());
-        }
-        let (sw, dw) = (spec.stride3()[2], spec.dilation3()[2]);
-        if sw > 3 || dw > 3 {
-            return Err(format!(
-                "stride {sw} and dilation {dw} along W: at most 3 each (compiled into the kernel)"
-            ));
-        }
-        if spec.taps() > MAX_TAPS {
-            return Err(format!(
-                "{} taps do not fit the register budget ({MAX_TAPS})",
-                spec.taps()
-            ));
-        }
+        fma_rotation_applies(spec)?;
         let e = chunk_elems(spec);
         if !spec.input3()[2].is_multiple_of(e) {
             return Err(format!(
@@ -170,7 +163,7 @@ impl Variant for DepthReuseFma {
         let [_, oh, _] = spec.output3();
         let widths = out_widths(spec);
         let narrowest = widths.first().copied().unwrap_or(4) as usize;
-        vec![
+        let mut params = vec![
             // Consecutive outputs of one row per thread.
             Param {
                 name: "out_w",
@@ -179,26 +172,15 @@ impl Variant for DepthReuseFma {
             // Threads along W (each out_w columns) and along H (one row each).
             Param {
                 name: "tx",
-                values: side_sizes(column_groups(spec, narrowest), 64),
+                values: block_sides(column_groups(spec, narrowest), 64),
             },
             Param {
                 name: "ty",
-                values: side_sizes(oh, 64),
+                values: block_sides(oh, 64),
             },
-            Param {
-                name: "dchunk",
-                values: depth_chunks(spec, &DCHUNKS),
-            },
-            // Slices in flight ahead of the one being read.
-            Param {
-                name: "stages",
-                values: STAGES.to_vec(),
-            },
-            Param {
-                name: "minblocks",
-                values: MIN_BLOCKS.to_vec(),
-            },
-        ]
+        ];
+        params.extend(ring_params(spec, &STAGES));
+        params
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
         // From the H100 sweeps (docs/perf.md, run 48). Runs of 8 outputs (seed-f32 0.531
@@ -212,7 +194,7 @@ impl Variant for DepthReuseFma {
         let tx = groups.div_ceil(groups.div_ceil(32));
         let ty_cap = (256 / tx).max(1);
         let ty = oh.div_ceil(oh.div_ceil(ty_cap));
-        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DCHUNKS), 64);
+        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 64);
         let minblocks = if spec.taps() <= 32 { 3 } else { 2 };
         Config::new(
             self.name(),

@@ -1,18 +1,19 @@
 //! `depth_reuse_fma_cl`: depth_reuse_fma's rotation on channels-last data, lanes over
 //! channels and no transposes (kernels/depth_reuse_fma_cl.cu).
 
+use super::depth_reuse_fma::fma_rotation_applies;
 use super::{
-    channels_last, check_config, cuda_type, default_launches, depth_chunk_at_most, depth_chunks,
-    fill_table_pays, grid_x, rotation_steps, within_shared, Config, Launch, Param, Variant,
+    block_sides, channels_last, check_config, cuda_type, default_launches, depth_chunk_at_most,
+    depth_chunks, fill_table_pays, grid_x, ring_params, rotation_steps, within_shared, Config,
+    Launch, Param, Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
 
 pub struct DepthReuseFmaCl;
 
-const DCHUNKS: [i64; 5] = [4, 8, 16, 32, 64];
+/// Slices in flight ahead of the one being read.
 const STAGES: [i64; 3] = [1, 2, 4];
-const MIN_BLOCKS: [i64; 4] = [1, 2, 3, 4];
 /// Weights of a thread's channels live in registers: taps x cv of them at most.
 const MAX_WEIGHTS: usize = 128;
 const MAX_THREADS: usize = 1024;
@@ -89,18 +90,6 @@ fn runs(spec: &ConvSpec, out_w: usize) -> usize {
     spec.output3()[2].div_ceil(out_w)
 }
 
-fn side_sizes(n: usize, cap: usize) -> Vec<i64> {
-    let mut v: Vec<i64> = (1..=4)
-        .map(|k| n.div_ceil(k))
-        .chain([1, 2, 4, 8, 16])
-        .filter(|&s| s >= 1 && s <= cap)
-        .map(|s| s as i64)
-        .collect();
-    v.sort_unstable();
-    v.dedup();
-    v
-}
-
 impl Variant for DepthReuseFmaCl {
     fn name(&self) -> &'static str {
         "depth_reuse_fma_cl"
@@ -112,21 +101,7 @@ impl Variant for DepthReuseFmaCl {
         if !channels_last(spec) {
             return Err("needs a channels-last layout".into());
         }
-        if spec.stride3()[0] != 1 || spec.dilation3()[0] != 1 {
-            return Err("needs stride 1 and dilation 1 along depth (the rotation)".into());
-        }
-        let (sw, dw) = (spec.stride3()[2], spec.dilation3()[2]);
-        if sw > 3 || dw > 3 {
-            return Err(format!(
-                "stride {sw} and dilation {dw} along W: at most 3 each (compiled into the kernel)"
-            ));
-        }
-        if spec.taps() > MAX_WEIGHTS {
-            return Err(format!(
-                "{} taps do not fit the register budget ({MAX_WEIGHTS})",
-                spec.taps()
-            ));
-        }
+        fma_rotation_applies(spec)?;
         let [_, ih, iw] = spec.input3();
         if ih * iw * spec.c() > i32::MAX as usize {
             return Err(format!(
@@ -145,7 +120,7 @@ impl Variant for DepthReuseFmaCl {
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         let oh = spec.output3()[1];
-        vec![
+        let mut params = vec![
             // Consecutive outputs along W per thread.
             Param {
                 name: "out_w",
@@ -163,25 +138,15 @@ impl Variant for DepthReuseFmaCl {
             // Runs along W and rows along H per block.
             Param {
                 name: "tx",
-                values: side_sizes(runs(spec, 4), 16),
+                values: block_sides(runs(spec, 4), 16),
             },
             Param {
                 name: "ty",
-                values: side_sizes(oh, 32),
+                values: block_sides(oh, 32),
             },
-            Param {
-                name: "dchunk",
-                values: depth_chunks(spec, &DCHUNKS),
-            },
-            Param {
-                name: "stages",
-                values: STAGES.to_vec(),
-            },
-            Param {
-                name: "minblocks",
-                values: MIN_BLOCKS.to_vec(),
-            },
-        ]
+        ];
+        params.extend(ring_params(spec, &STAGES));
+        params
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
         // From the H100 sweeps (docs/perf.md, run 49). Channels per thread by weight count
@@ -215,7 +180,7 @@ impl Variant for DepthReuseFmaCl {
             "tx",
             (per_block / ty as usize).min(runs(spec, out_w)).max(1),
         );
-        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DCHUNKS), 64);
+        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 64);
         Config::new(
             self.name(),
             &[

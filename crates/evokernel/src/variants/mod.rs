@@ -45,6 +45,44 @@ pub(crate) fn within_shared(what: &str, bytes: usize) -> std::result::Result<(),
     Ok(())
 }
 
+/// Output-depth chunk sizes the depth-sliding kernels offer; a block reads KD - 1 slices
+/// more than it has depths, so longer chunks waste less.
+pub(crate) const DEPTH_CHUNKS: [i64; 5] = [4, 8, 16, 32, 64];
+
+/// The parameters every depth-rotation kernel with a cp.async ring shares: output depths
+/// per block, slices in flight ahead of the one being read (`stages`), and the blocks per
+/// SM its registers are capped for (`__launch_bounds__`).
+pub(crate) fn ring_params(spec: &ConvSpec, stages: &[i64]) -> Vec<Param> {
+    vec![
+        Param {
+            name: "dchunk",
+            values: depth_chunks(spec, &DEPTH_CHUNKS),
+        },
+        Param {
+            name: "stages",
+            values: stages.to_vec(),
+        },
+        Param {
+            name: "minblocks",
+            values: vec![1, 2, 3, 4],
+        },
+    ]
+}
+
+/// Sizes worth trying for one side of a block over `n` rows or runs: near-equal
+/// divisions into 1-4 parts and powers of two, none over `cap`.
+pub(crate) fn block_sides(n: usize, cap: usize) -> Vec<i64> {
+    let mut v: Vec<i64> = (1..=4)
+        .map(|k| n.div_ceil(k))
+        .chain([1, 2, 4, 8, 16, 32])
+        .filter(|&s| s >= 1 && s <= cap)
+        .map(|s| s as i64)
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
 /// Output-depth chunk sizes (how many output depths one block slides over) from
 /// `sizes`: a chunk at least as deep as the output already gives one block per plane
 /// stack, so only the first such size is kept.

@@ -4,15 +4,12 @@
 use super::tensor_core::{row_stride, shifted_tile_columns, tensor_core_applies};
 use super::{
     check_config, cuda_type, default_launches, depth_chunk_at_most, depth_chunks, grid_x,
-    within_shared, Config, Launch, Param, Variant,
+    within_shared, Config, Launch, Param, Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
 
 pub struct Streaming;
-
-/// Output depths a block may slide over.
-const DCHUNKS: [i64; 5] = [4, 8, 16, 32, 64];
 
 /// Run lengths (tiles a warp sweeps along a band). Longer runs read less but hold
 /// more accumulators: on the H100 (docs/perf.md, run 24) runs of 2-4 gained up to 8%
@@ -45,7 +42,7 @@ impl Variant for Streaming {
         default_launches(self, spec)
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
-        let dchunk = depth_chunks(spec, &DCHUNKS);
+        let dchunk = depth_chunks(spec, &DEPTH_CHUNKS);
         vec![
             Param {
                 name: "warps",
@@ -78,7 +75,7 @@ impl Variant for Streaming {
             8..=15 => 8,
             _ => 16,
         };
-        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DCHUNKS), 8);
+        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 8);
         Config::new(
             self.name(),
             &[
