@@ -301,6 +301,34 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+// The slice walk of the FMA depth-rotation kernels (depth_reuse_fma.cu,
+// depth_reuse_fma_cl.cu), whose ring holds STAGES + 1 slices: fetch(s, buffer) issues
+// slice s's copies and commits one group (an empty one past the last slice); step(s, u,
+// buffer) consumes slice s. Steps come KD at a time so that u = s mod KD is a
+// compile-time constant after unrolling, and with it each output depth's accumulator
+// slot. One barrier per slice: it makes slice s visible and frees slice s - 1's buffer,
+// which is refilled right after it.
+template <int KD, int STAGES, typename Fetch, typename Step>
+__device__ __forceinline__ void walk_slices(int steps, Fetch&& fetch, Step&& step) {
+    constexpr int NBUF = STAGES + 1;
+#pragma unroll
+    for (int k = 0; k < STAGES; ++k) fetch(k, k);
+    int cur = 0;
+    for (int sb = 0; sb < steps; sb += KD) {
+#pragma unroll
+        for (int u = 0; u < KD; ++u) {
+            const int s = sb + u;
+            if (s >= steps) break;
+            cp_async_wait<STAGES - 1>();
+            __syncthreads();
+            fetch(s + STAGES, cur == 0 ? NBUF - 1 : cur - 1);
+            step(s, u, cur);
+            cur = cur == NBUF - 1 ? 0 : cur + 1;
+        }
+    }
+    cp_async_wait<0>();
+}
+
 // Two 8x8 b16 matrices (rows 0-7 and 8-15 from lanes 0-15's addresses): one 16x8 half
 // of an A fragment.
 __device__ __forceinline__ void ldmatrix_x2(unsigned addr, unsigned* af) {

@@ -111,56 +111,43 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
     for (int q = 0; q < KD; ++q)
 #pragma unroll
         for (int o = 0; o < OUT_W; ++o) acc[q][o] = 0.f;
+    walk_slices<KD, STAGES>(steps, fetch, [&](int s, int u, int cur) {
+        if (active) {
+            const T* slice = ring + cur * slice_elems + win_off;
 #pragma unroll
-    for (int k = 0; k < STAGES; ++k) fetch(k, k);
-    int cur = 0;
-    for (int sb = 0; sb < steps; sb += KD) {
+            for (int kh = 0; kh < KH; ++kh) {
+                const T* row = slice + kh * a.dh * WS;
+                float win[NCH * E];
 #pragma unroll
-        for (int u = 0; u < KD; ++u) {
-            const int s = sb + u;
-            if (s >= steps) break;
-            cp_async_wait<STAGES - 1>();
-            __syncthreads();  // slice s visible; every thread done with slice s - 1's buffer
-            fetch(s + STAGES, cur == 0 ? NBUF - 1 : cur - 1);
-            if (active) {
-                const T* slice = ring + cur * slice_elems + win_off;
+                for (int q = 0; q < NCH; ++q) shared_chunk_to_f32(row + q * E, win + q * E);
 #pragma unroll
-                for (int kh = 0; kh < KH; ++kh) {
-                    const T* row = slice + kh * a.dh * WS;
-                    float win[NCH * E];
+                for (int kd = 0; kd < KD; ++kd) {
+                    // Depths before the chunk (first KD - 1 steps) would dirty slots
+                    // still to be used; those past its end are never stored.
+                    if (s - kd < 0) continue;
+                    float* dst = acc[(u - kd + KD) % KD];
 #pragma unroll
-                    for (int q = 0; q < NCH; ++q) shared_chunk_to_f32(row + q * E, win + q * E);
+                    for (int kw = 0; kw < KW; ++kw) {
+                        const float wv = wr[(kd * KH + kh) * KW + kw];
 #pragma unroll
-                    for (int kd = 0; kd < KD; ++kd) {
-                        // Depths before the chunk (first KD - 1 steps) would dirty slots
-                        // still to be used; those past its end are never stored.
-                        if (s - kd < 0) continue;
-                        float* dst = acc[(u - kd + KD) % KD];
-#pragma unroll
-                        for (int kw = 0; kw < KW; ++kw) {
-                            const float wv = wr[(kd * KH + kh) * KW + kw];
-#pragma unroll
-                            for (int o = 0; o < OUT_W; ++o) dst[o] = fmaf(win[S + o * SW + kw * DW], wv, dst[o]);
-                        }
+                        for (int o = 0; o < OUT_W; ++o) dst[o] = fmaf(win[S + o * SW + kw * DW], wv, dst[o]);
                     }
-                }
-                if (s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
-                    float* done = acc[(u + 1) % KD];
-                    T* out = yrow + (long long)(s - (KD - 1)) * plane;
-                    if (full_vector) {
-#pragma unroll
-                        for (int q = 0; q < OUT_W / E; ++q) Vec16<T, E>::store(out + q * E, done + q * E);
-                    } else {
-#pragma unroll
-                        for (int o = 0; o < OUT_W; ++o)
-                            if (ow + o < a.ow) out[o] = from_f32<T>(done[o]);
-                    }
-#pragma unroll
-                    for (int o = 0; o < OUT_W; ++o) done[o] = 0.f;
                 }
             }
-            cur = cur == NBUF - 1 ? 0 : cur + 1;
+            if (s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
+                float* done = acc[(u + 1) % KD];
+                T* out = yrow + (long long)(s - (KD - 1)) * plane;
+                if (full_vector) {
+#pragma unroll
+                    for (int q = 0; q < OUT_W / E; ++q) Vec16<T, E>::store(out + q * E, done + q * E);
+                } else {
+#pragma unroll
+                    for (int o = 0; o < OUT_W; ++o)
+                        if (ow + o < a.ow) out[o] = from_f32<T>(done[o]);
+                }
+#pragma unroll
+                for (int o = 0; o < OUT_W; ++o) done[o] = 0.f;
+            }
         }
-    }
-    cp_async_wait<0>();
+    });
 }

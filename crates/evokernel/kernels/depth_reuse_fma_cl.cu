@@ -156,60 +156,47 @@ __global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwco
         for (int o = 0; o < OUT_W; ++o)
 #pragma unroll
             for (int v = 0; v < CV; ++v) acc[q][o][v] = 0.f;
+    walk_slices<KD, STAGES>(steps, fetch, [&](int s, int u, int cur) {
+        if (active) {
+            const T* slice = ring + cur * slice_elems + win_off;
 #pragma unroll
-    for (int k = 0; k < STAGES; ++k) fetch(k, k);
-    int cur = 0;
-    for (int sb = 0; sb < steps; sb += KD) {
+            for (int kh = 0; kh < KH; ++kh) {
+                const T* row = slice + kh * a.dh * ROW_CH * E;
+                float win[SPAN][CV];
 #pragma unroll
-        for (int u = 0; u < KD; ++u) {
-            const int s = sb + u;
-            if (s >= steps) break;
-            cp_async_wait<STAGES - 1>();
-            __syncthreads();  // slice s visible; every thread done with slice s - 1's buffer
-            fetch(s + STAGES, cur == 0 ? NBUF - 1 : cur - 1);
-            if (active) {
-                const T* slice = ring + cur * slice_elems + win_off;
+                for (int p = 0; p < SPAN; ++p) channels_to_f32<T, CV>(row + p * CB, win[p]);
 #pragma unroll
-                for (int kh = 0; kh < KH; ++kh) {
-                    const T* row = slice + kh * a.dh * ROW_CH * E;
-                    float win[SPAN][CV];
+                for (int kd = 0; kd < KD; ++kd) {
+                    // Depths before the chunk (first KD - 1 steps) would dirty slots
+                    // still to be used; those past its end are never stored.
+                    if (s - kd < 0) continue;
+                    auto& dst = acc[(u - kd + KD) % KD];
 #pragma unroll
-                    for (int p = 0; p < SPAN; ++p) channels_to_f32<T, CV>(row + p * CB, win[p]);
+                    for (int kw = 0; kw < KW; ++kw) {
+                        const float* wv = wr[(kd * KH + kh) * KW + kw];
 #pragma unroll
-                    for (int kd = 0; kd < KD; ++kd) {
-                        // Depths before the chunk (first KD - 1 steps) would dirty slots
-                        // still to be used; those past its end are never stored.
-                        if (s - kd < 0) continue;
-                        auto& dst = acc[(u - kd + KD) % KD];
+                        for (int o = 0; o < OUT_W; ++o)
 #pragma unroll
-                        for (int kw = 0; kw < KW; ++kw) {
-                            const float* wv = wr[(kd * KH + kh) * KW + kw];
-#pragma unroll
-                            for (int o = 0; o < OUT_W; ++o)
-#pragma unroll
-                                for (int v = 0; v < CV; ++v)
-                                    dst[o][v] = fmaf(win[o * SW + kw * DW][v], wv[v], dst[o][v]);
-                        }
+                            for (int v = 0; v < CV; ++v)
+                                dst[o][v] = fmaf(win[o * SW + kw * DW][v], wv[v], dst[o][v]);
                     }
                 }
-                if (s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
-                    auto& done = acc[(u + 1) % KD];
-                    T* out = ypix + (long long)(s - (KD - 1)) * pixel_plane * a.c;
-                    // The pixel stride through an opaque move: otherwise the compiler keeps
-                    // OUT_W 64-bit output pointers live across the loop (spills on the seed).
-                    int cstride;
-                    asm volatile("mov.b32 %0, %1;" : "=r"(cstride) : "r"((int)a.c));
-#pragma unroll
-                    for (int o = 0; o < OUT_W; ++o)
-                        if (ow + o < a.ow) channels_from_f32<T, CV>(out + o * cstride, done[o]);
-#pragma unroll
-                    for (int o = 0; o < OUT_W; ++o)
-#pragma unroll
-                        for (int v = 0; v < CV; ++v) done[o][v] = 0.f;
-                }
             }
-            cur = cur == NBUF - 1 ? 0 : cur + 1;
+            if (s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
+                auto& done = acc[(u + 1) % KD];
+                T* out = ypix + (long long)(s - (KD - 1)) * pixel_plane * a.c;
+                // The pixel stride through an opaque move: otherwise the compiler keeps
+                // OUT_W 64-bit output pointers live across the loop (spills on the seed).
+                int cstride;
+                asm volatile("mov.b32 %0, %1;" : "=r"(cstride) : "r"((int)a.c));
+#pragma unroll
+                for (int o = 0; o < OUT_W; ++o)
+                    if (ow + o < a.ow) channels_from_f32<T, CV>(out + o * cstride, done[o]);
+#pragma unroll
+                for (int o = 0; o < OUT_W; ++o)
+#pragma unroll
+                    for (int v = 0; v < CV; ++v) done[o][v] = 0.f;
+            }
         }
-    }
-    cp_async_wait<0>();
+    });
 }
