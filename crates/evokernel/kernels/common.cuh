@@ -301,8 +301,8 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-// The slice walk of the FMA depth-rotation kernels (depth_reuse_fma.cu,
-// depth_reuse_fma_cl.cu), whose ring holds STAGES + 1 slices: fetch(s, buffer) issues
+// The slice walk of the depth-rotation kernels with a ring of STAGES + 1 slices
+// (depth_reuse.cu, depth_reuse_fma.cu, depth_reuse_fma_cl.cu): fetch(s, buffer) issues
 // slice s's copies and commits one group (an empty one past the last slice); step(s, u,
 // buffer) consumes slice s. Steps come KD at a time so that u = s mod KD is a
 // compile-time constant after unrolling, and with it each output depth's accumulator

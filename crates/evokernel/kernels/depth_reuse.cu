@@ -83,34 +83,17 @@ __global__ void __launch_bounds__(BANDS * COLS * 32, MINB) depth_reuse_dwconv(Co
 #pragma unroll
     for (int q = 0; q < KD; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
     float probe = 0.f;
-#pragma unroll
-    for (int k = 0; k < STAGES; ++k) fetch(k, k);
-    int cur = 0;  // buffer of slice s
-    // Steps come KD at a time so that each output depth's accumulator index is a
-    // compile-time constant: at step s = sb + u, depth d0 + s - kd sits in slot (u - kd) mod KD.
-    for (int sb = 0; sb < steps; sb += KD) {
-#pragma unroll
-        for (int u = 0; u < KD; ++u) {
-            const int s = sb + u;
-            if (s >= steps) break;
-            cp_async_wait<STAGES - 1>();  // slice s has landed
-            // Slice s is visible to all, and every warp is done with slice s - 1, whose
-            // buffer ((s + STAGES) % NBUF) is refilled now.
-            __syncthreads();
-            const int prev = cur == 0 ? NBUF - 1 : cur - 1;
-            fetch(s + STAGES, prev);
-            if (has_tile) {
-                rotate_slice<T, KD, KH>(lane_addr + (unsigned)(cur * SLICE_BYTES), WS * sizeof(T), s, u, d1 - d0, bf, acc);
-                if (s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
-                    float* done = acc[(u + 1) % KD];
-                    probe_fragment(probe, done);
-                    store_c_fragment(y + (nc * a.od + d0 + s - (KD - 1)) * plane, done, h0, w0, lane, a);
-                    done[0] = done[1] = done[2] = done[3] = 0.f;
-                }
+    // At step s, depth d0 + s - kd sits in accumulator slot (u - kd) mod KD (walk_slices).
+    walk_slices<KD, STAGES>(steps, fetch, [&](int s, int u, int cur) {
+        if (has_tile) {
+            rotate_slice<T, KD, KH>(lane_addr + (unsigned)(cur * SLICE_BYTES), WS * sizeof(T), s, u, d1 - d0, bf, acc);
+            if (s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
+                float* done = acc[(u + 1) % KD];
+                probe_fragment(probe, done);
+                store_c_fragment(y + (nc * a.od + d0 + s - (KD - 1)) * plane, done, h0, w0, lane, a);
+                done[0] = done[1] = done[2] = done[3] = 0.f;
             }
-            cur = cur == NBUF - 1 ? 0 : cur + 1;
         }
-    }
-    cp_async_wait<0>();
+    });
     if (!isfinite(probe) && a.flag) *a.flag = a.epoch;
 }
