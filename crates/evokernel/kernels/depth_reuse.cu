@@ -22,7 +22,6 @@ __global__ void __launch_bounds__(BANDS * COLS * 32, MINB) depth_reuse_dwconv(Co
     constexpr int PIECES = COLS + 1;         // 16-byte pieces per slice row (8 halo columns)
     constexpr int WS = tc_row_stride(COLS);
     constexpr int SLICE_BYTES = HS * WS * (int)sizeof(T);
-    constexpr int NBUF = STAGES + 1;
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ w = static_cast<const T*>(a.w);
     T* __restrict__ y = static_cast<T*>(a.y);
@@ -44,7 +43,7 @@ __global__ void __launch_bounds__(BANDS * COLS * 32, MINB) depth_reuse_dwconv(Co
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned ring = (unsigned)__cvta_generic_to_shared(smem_raw);
 
-    // Step s reads padded depth d0 + s (input depth d0 + s - pd) into buffer s % NBUF;
+    // Step s reads padded depth d0 + s (input depth d0 + s - pd) into buffer s mod (STAGES + 1);
     // past the last step it commits an empty group, so every step commits one.
     const int steps = d1 - d0 + KD - 1;
     auto fetch = [&](int s, int buffer) {

@@ -28,7 +28,6 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
     // Mirrored by slice_row_chunks in the descriptor.
     constexpr int ROW_CH = FILL_CH + ((TX * (STEP / E) - FILL_CH) % 8 + 8) % 8;
     constexpr int WS = ROW_CH * E;
-    constexpr int NBUF = STAGES + 1;
     const int hs = (TY - 1) * a.sh + (KH - 1) * a.dh + 1;  // slice rows
     const int slice_elems = hs * WS;
     const T* __restrict__ x = static_cast<const T*>(a.x);
@@ -72,7 +71,7 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
     }
     const long long depth_plane = (long long)a.ih * a.iw;
 
-    // Step s reads padded depth d0 + s into buffer s % NBUF; every step commits a group.
+    // Step s reads padded depth d0 + s into buffer s mod (STAGES + 1); every step commits a group.
     const int steps = d1 - d0 + KD - 1;
     auto fetch = [&](int s, int buffer) {
         if (s < steps) {

@@ -67,7 +67,6 @@ __global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwco
     constexpr int SEG = (CB * (int)sizeof(T)) % 128 / 16;
     constexpr int RAW = WS * CPP;
     constexpr int ROW_CH = SEG == 0 ? RAW : RAW + ((SEG - RAW % 8) % 8 + 8) % 8;
-    constexpr int NBUF = STAGES + 1;
     const int hs = (TY - 1) * a.sh + (KH - 1) * a.dh + 1;
     const int slice_elems = hs * ROW_CH * E;
     const T* __restrict__ x = static_cast<const T*>(a.x);
