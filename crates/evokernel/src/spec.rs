@@ -30,6 +30,11 @@ impl DType {
         }
     }
 
+    /// Elements in one 16-byte vector (the unit of vector loads and cp.async copies).
+    pub fn per_16_bytes(self) -> usize {
+        16 / self.size_bytes()
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             DType::Bf16 => "bf16",

@@ -17,7 +17,7 @@ fn weight_bytes(spec: &ConvSpec) -> usize {
 /// Channels per thread: a 16-byte vector when C is a multiple of it (aligned vector
 /// accesses), else one.
 fn vec_width(spec: &ConvSpec) -> usize {
-    let v = 16 / spec.dtype().size_bytes();
+    let v = spec.dtype().per_16_bytes();
     if spec.c().is_multiple_of(v) {
         v
     } else {

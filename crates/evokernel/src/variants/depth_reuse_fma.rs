@@ -5,8 +5,8 @@
 
 use super::{
     block_sides, channels_last, check_config, cuda_type, default_launches, depth_chunk_at_most,
-    depth_chunks, fill_table_pays, grid_x, ring_params, rotation_steps, within_shared, Config,
-    Launch, Param, Variant, DEPTH_CHUNKS,
+    depth_chunks, fill_table, fma_ring_bytes, grid_x, input_cols, input_rows, ring_params,
+    within_shared, Config, Launch, Param, Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
@@ -15,13 +15,14 @@ pub struct DepthReuseFma;
 
 /// Slices in flight ahead of the one being read.
 const STAGES: [i64; 3] = [1, 2, 4];
-/// Weights live in registers, next to KD * out_w accumulators.
-const MAX_TAPS: usize = 128;
-const MAX_THREADS: i64 = 1024;
+/// Weights a thread keeps in registers (both FMA rotation kernels), next to its
+/// KD x out_w accumulators.
+pub(super) const MAX_WEIGHTS: usize = 128;
+pub(super) const MAX_THREADS: usize = 1024;
 
 /// Elements per 16-byte chunk (the cp.async and shared-read unit).
 fn chunk_elems(spec: &ConvSpec) -> usize {
-    16 / spec.dtype().size_bytes()
+    spec.dtype().per_16_bytes()
 }
 
 /// The kernel's S: how far the first tap sits past an aligned chunk, (-pw) mod E.
@@ -33,10 +34,8 @@ fn lead(spec: &ConvSpec) -> usize {
 /// Chunks a slice row fills: the windows of `tx` threads (FILL_CH in the kernel).
 fn slice_fill_chunks(spec: &ConvSpec, out_w: usize, tx: usize) -> usize {
     let e = chunk_elems(spec);
-    let (sw, dw, kw) = (spec.stride3()[2], spec.dilation3()[2], spec.kernel3()[2]);
-    let span = (out_w - 1) * sw + (kw - 1) * dw + 1;
-    let window = (lead(spec) + span).div_ceil(e);
-    (tx - 1) * out_w * sw / e + window
+    let window = (lead(spec) + input_cols(spec, out_w)).div_ceil(e);
+    (tx - 1) * out_w * spec.stride3()[2] / e + window
 }
 
 /// Chunks per slice row: the filled ones padded to tx x (chunks between windows) mod 8,
@@ -48,25 +47,16 @@ fn slice_row_chunks(spec: &ConvSpec, out_w: usize, tx: usize) -> usize {
     fill + (tx * step + 8 - fill % 8) % 8
 }
 
-/// Input rows of a slice: what `ty` output rows read.
-fn slice_rows(spec: &ConvSpec, ty: usize) -> usize {
-    let (kh, sh, dh) = (spec.kernel3()[1], spec.stride3()[1], spec.dilation3()[1]);
-    (ty - 1) * sh + (kh - 1) * dh + 1
-}
-
-/// The table of where each slice chunk comes from (one i32 per chunk, where it pays),
-/// then the ring: `stages` + 1 slices of `ty` output rows' input rows, or as many as a
-/// block has steps. Mirrors the kernel.
+/// The chunk table and the ring of slices of `ty` output rows' input rows.
 fn shared_bytes(spec: &ConvSpec, config: &Shape) -> usize {
-    let rows = slice_rows(spec, config.ty);
-    let steps = rotation_steps(spec, config.dchunk);
-    let table = if fill_table_pays(steps) {
-        (rows * slice_fill_chunks(spec, config.out_w, config.tx) * 4).div_ceil(16) * 16
-    } else {
-        0
-    };
-    let slices = (config.stages + 1).min(steps);
-    table + slices * rows * slice_row_chunks(spec, config.out_w, config.tx) * 16
+    let rows = input_rows(spec, config.ty);
+    fma_ring_bytes(
+        spec,
+        config.dchunk,
+        config.stages,
+        rows * slice_fill_chunks(spec, config.out_w, config.tx),
+        rows * slice_row_chunks(spec, config.out_w, config.tx) * 16,
+    )
 }
 
 /// A config's numbers, read once.
@@ -117,9 +107,9 @@ pub(super) fn fma_rotation_applies(spec: &ConvSpec) -> std::result::Result<(), S
             "stride {sw} and dilation {dw} along W: at most 3 each (compiled into the kernel)"
         ));
     }
-    if spec.taps() > MAX_TAPS {
+    if spec.taps() > MAX_WEIGHTS {
         return Err(format!(
-            "{} taps do not fit the register budget ({MAX_TAPS})",
+            "{} taps do not fit the register budget ({MAX_WEIGHTS})",
             spec.taps()
         ));
     }
@@ -155,8 +145,6 @@ impl Variant for DepthReuseFma {
                 "no output run of 4 or 8 starts on a 16-byte chunk at this W stride".into(),
             );
         }
-        let d = self.default_config(spec);
-        self.fits(spec, &d)?;
         default_launches(self, spec)
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
@@ -210,7 +198,7 @@ impl Variant for DepthReuseFma {
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
         let shape = Shape::of(config).map_err(|e| e.to_string())?;
-        if (shape.tx * shape.ty) as i64 > MAX_THREADS {
+        if shape.tx * shape.ty > MAX_THREADS {
             return Err(format!(
                 "tx x ty = {} threads, more than a block's {MAX_THREADS}",
                 shape.tx * shape.ty
@@ -236,7 +224,7 @@ impl Variant for DepthReuseFma {
             config.param("dchunk")?,
             config.param("stages")?,
             config.param("minblocks")?,
-            fill_table_pays(rotation_steps(spec, config.param("dchunk")? as usize))
+            fill_table(spec, config.param("dchunk")? as usize)
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
@@ -288,7 +276,7 @@ mod tests {
         let s = Shape::of(&c).unwrap();
         assert_eq!(
             shared_bytes(&convnext, &s),
-            slice_rows(&convnext, s.ty) * slice_row_chunks(&convnext, s.out_w, s.tx) * 16
+            input_rows(&convnext, s.ty) * slice_row_chunks(&convnext, s.out_w, s.tx) * 16
         );
         assert_eq!(d.get("minblocks"), Some(2));
         assert_eq!(

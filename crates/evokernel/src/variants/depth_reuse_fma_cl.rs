@@ -1,11 +1,11 @@
 //! `depth_reuse_fma_cl`: depth_reuse_fma's rotation on channels-last data, lanes over
 //! channels and no transposes (kernels/depth_reuse_fma_cl.cu).
 
-use super::depth_reuse_fma::fma_rotation_applies;
+use super::depth_reuse_fma::{fma_rotation_applies, MAX_THREADS, MAX_WEIGHTS};
 use super::{
     block_sides, channels_last, check_config, cuda_type, default_launches, depth_chunk_at_most,
-    depth_chunks, fill_table_pays, grid_x, ring_params, rotation_steps, within_shared, Config,
-    Launch, Param, Variant, DEPTH_CHUNKS,
+    depth_chunks, fill_table, fma_ring_bytes, grid_x, input_cols, input_rows, ring_params,
+    within_shared, Config, Launch, Param, Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
@@ -14,13 +14,9 @@ pub struct DepthReuseFmaCl;
 
 /// Slices in flight ahead of the one being read.
 const STAGES: [i64; 3] = [1, 2, 4];
-/// Weights of a thread's channels live in registers: taps x cv of them at most.
-const MAX_WEIGHTS: usize = 128;
-const MAX_THREADS: usize = 1024;
-
 /// Channels per 16-byte chunk (one cp.async of one pixel).
 fn chunk_channels(spec: &ConvSpec) -> usize {
-    16 / spec.dtype().size_bytes()
+    spec.dtype().per_16_bytes()
 }
 
 /// A config's shape, read once.
@@ -50,17 +46,22 @@ impl Shape {
     fn threads(&self) -> usize {
         self.lanes * self.tx * self.ty
     }
+    /// Pixels of a slice row: the region's runs and their halo (WS in the kernel).
+    fn pixels(&self, spec: &ConvSpec) -> usize {
+        input_cols(spec, self.tx * self.out_w)
+    }
+    /// 16-byte chunks of one pixel's block channels (CPP in the kernel).
+    fn chunks_per_pixel(&self, spec: &ConvSpec) -> usize {
+        self.lanes * self.cv / chunk_channels(spec)
+    }
 }
 
 /// 16-byte chunks per slice row: the region's pixels (with halo) x the block's
 /// channels, padded so rows start one warp-row segment apart in the banks. Mirrors
 /// ROW_CH in the kernel.
 fn row_chunks(spec: &ConvSpec, s: &Shape) -> usize {
-    let (sw, dw, kw) = (spec.stride3()[2], spec.dilation3()[2], spec.kernel3()[2]);
-    let ws = (s.tx * s.out_w - 1) * sw + (kw - 1) * dw + 1;
-    let block_bytes = s.lanes * s.cv * spec.dtype().size_bytes();
-    let raw = ws * block_bytes / 16;
-    let seg = block_bytes % 128 / 16;
+    let raw = s.pixels(spec) * s.chunks_per_pixel(spec);
+    let seg = s.chunks_per_pixel(spec) % 8;
     if seg == 0 {
         raw
     } else {
@@ -68,22 +69,16 @@ fn row_chunks(spec: &ConvSpec, s: &Shape) -> usize {
     }
 }
 
-/// The table of where each slice chunk comes from (one i32 per chunk, where it pays),
-/// then the ring of `stages` + 1 slices, or as many as a block has steps. Mirrors the
-/// kernel.
+/// The chunk table and the ring of slices of `ty` output rows' input rows.
 fn shared_bytes(spec: &ConvSpec, s: &Shape) -> usize {
-    let (kh, sh, dh) = (spec.kernel3()[1], spec.stride3()[1], spec.dilation3()[1]);
-    let (sw, dw, kw) = (spec.stride3()[2], spec.dilation3()[2], spec.kernel3()[2]);
-    let rows = (s.ty - 1) * sh + (kh - 1) * dh + 1;
-    let pixels = (s.tx * s.out_w - 1) * sw + (kw - 1) * dw + 1;
-    let chunks_per_pixel = s.lanes * s.cv / chunk_channels(spec);
-    let steps = rotation_steps(spec, s.dchunk);
-    let table = if fill_table_pays(steps) {
-        (rows * pixels * chunks_per_pixel * 4).div_ceil(16) * 16
-    } else {
-        0
-    };
-    table + (s.stages + 1).min(steps) * rows * row_chunks(spec, s) * 16
+    let rows = input_rows(spec, s.ty);
+    fma_ring_bytes(
+        spec,
+        s.dchunk,
+        s.stages,
+        rows * s.pixels(spec) * s.chunks_per_pixel(spec),
+        rows * row_chunks(spec, s) * 16,
+    )
 }
 
 fn runs(spec: &ConvSpec, out_w: usize) -> usize {
@@ -115,7 +110,6 @@ impl Variant for DepthReuseFmaCl {
                 "needs a channel count that is a multiple of {e} (16-byte pixel vectors)"
             ));
         }
-        self.fits(spec, &self.default_config(spec))?;
         default_launches(self, spec)
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
@@ -242,7 +236,7 @@ impl Variant for DepthReuseFmaCl {
             p("dchunk")?,
             p("stages")?,
             p("minblocks")?,
-            fill_table_pays(rotation_steps(spec, p("dchunk")? as usize))
+            fill_table(spec, p("dchunk")? as usize)
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {

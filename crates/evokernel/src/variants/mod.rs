@@ -102,11 +102,41 @@ pub(crate) fn rotation_steps(spec: &ConvSpec, dchunk: usize) -> usize {
     od.div_ceil(chunks) + spec.kernel3()[0] - 1
 }
 
-/// Whether a depth-rotation FMA kernel keeps a table of its slice chunks' sources (the
+/// Whether an FMA rotation kernel keeps a table of its slice chunks' sources (the
 /// `TABLE` template argument): it pays from 4 steps a block; with one (2-D, 1-D) it is
 /// pure setup and shared memory (mobilenet-s2 0.085 -> 0.138 ms, run 51).
-pub(crate) fn fill_table_pays(steps: usize) -> bool {
-    steps >= 4
+pub(crate) fn fill_table(spec: &ConvSpec, dchunk: usize) -> bool {
+    rotation_steps(spec, dchunk) >= 4
+}
+
+/// Shared memory of an FMA rotation kernel: the i32 table of where each of a slice's
+/// `chunks` 16-byte chunks comes from (where it pays), then a ring of `stages` + 1
+/// slices of `slice_bytes`, or as many as a block has steps. Mirrors both kernels.
+pub(crate) fn fma_ring_bytes(
+    spec: &ConvSpec,
+    dchunk: usize,
+    stages: usize,
+    chunks: usize,
+    slice_bytes: usize,
+) -> usize {
+    let table = if fill_table(spec, dchunk) {
+        (chunks * 4).div_ceil(16) * 16
+    } else {
+        0
+    };
+    table + (stages + 1).min(rotation_steps(spec, dchunk)) * slice_bytes
+}
+
+/// Input rows that `rows` consecutive output rows read.
+pub(crate) fn input_rows(spec: &ConvSpec, rows: usize) -> usize {
+    let (kh, sh, dh) = (spec.kernel3()[1], spec.stride3()[1], spec.dilation3()[1]);
+    (rows - 1) * sh + (kh - 1) * dh + 1
+}
+
+/// Input columns that `cols` consecutive outputs of a row read.
+pub(crate) fn input_cols(spec: &ConvSpec, cols: usize) -> usize {
+    let (kw, sw, dw) = (spec.kernel3()[2], spec.stride3()[2], spec.dilation3()[2]);
+    (cols - 1) * sw + (kw - 1) * dw + 1
 }
 
 /// The largest of `chunks` not over `cap`, or the smallest when all are.

@@ -2,8 +2,8 @@
 //! memory as f32 (kernels/smem_tile.cu). Any stride and dilation (up to 3 along W).
 
 use super::{
-    check_config, cuda_type, default_launches, grid_x, within_shared, Config, Launch, Param,
-    Variant,
+    check_config, cuda_type, default_launches, grid_x, input_cols, input_rows, within_shared,
+    Config, Launch, Param, Variant,
 };
 use crate::error::Result;
 use crate::spec::{ConvSpec, Layout};
@@ -15,12 +15,11 @@ pub struct SmemTile;
 /// and every float4 window read.
 fn shared_bytes(spec: &ConvSpec, out_w: usize) -> usize {
     let [_, oh, ow] = spec.output3();
-    let [kd, kh, kw] = spec.kernel3();
-    let [_, sh, sw] = spec.stride3();
-    let [_, dh, dw] = spec.dilation3();
+    let kd = spec.kernel3()[0];
+    let sw = spec.stride3()[2];
     let (pw, iw) = (spec.pad_before3()[2], spec.input3()[2]);
-    let hs = (oh - 1) * sh + (kh - 1) * dh + 1;
-    let window = ((out_w - 1) * sw + (kw - 1) * dw + 1).div_ceil(4) * 4;
+    let hs = input_rows(spec, oh);
+    let window = input_cols(spec, out_w).div_ceil(4) * 4;
     let ws = ((ow.div_ceil(out_w) - 1) * out_w * sw + window)
         .div_ceil(4)
         .max((pw + iw).div_ceil(4))
