@@ -29,12 +29,21 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 
 // VEC consecutive elements (16 bytes) to floats and back; p must be 16-byte aligned.
 template <typename T, int VEC> struct Vec16;
+// Eight 16-bit floats packed in 16 bytes, as floats (global and shared loads alike).
+__device__ __forceinline__ void unpack8(const uint4& u, __nv_bfloat16, float* f) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { const float2 t = __bfloat1622float2(h[i]); f[2 * i] = t.x; f[2 * i + 1] = t.y; }
+}
+__device__ __forceinline__ void unpack8(const uint4& u, __half, float* f) {
+    const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { const float2 t = __half22float2(h[i]); f[2 * i] = t.x; f[2 * i + 1] = t.y; }
+}
+
 template <> struct Vec16<__nv_bfloat16, 8> {
     static __device__ __forceinline__ void load(const __nv_bfloat16* p, float* f) {
-        uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) { float2 t = __bfloat1622float2(h[i]); f[2 * i] = t.x; f[2 * i + 1] = t.y; }
+        unpack8(__ldg(reinterpret_cast<const uint4*>(p)), __nv_bfloat16(), f);
     }
     static __device__ __forceinline__ void store(__nv_bfloat16* p, const float* f) {
         uint4 u;
@@ -46,10 +55,7 @@ template <> struct Vec16<__nv_bfloat16, 8> {
 };
 template <> struct Vec16<__half, 8> {
     static __device__ __forceinline__ void load(const __half* p, float* f) {
-        uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
-        const __half2* h = reinterpret_cast<const __half2*>(&u);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) { float2 t = __half22float2(h[i]); f[2 * i] = t.x; f[2 * i + 1] = t.y; }
+        unpack8(__ldg(reinterpret_cast<const uint4*>(p)), __half(), f);
     }
     static __device__ __forceinline__ void store(__half* p, const float* f) {
         uint4 u;
@@ -80,17 +86,9 @@ __device__ __forceinline__ void shared_chunk_to_f32(const float* p, float* f) {
     const float4 v = *reinterpret_cast<const float4*>(p);
     f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
 }
-__device__ __forceinline__ void shared_chunk_to_f32(const __nv_bfloat16* p, float* f) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) { const float2 t = __bfloat1622float2(h[i]); f[2 * i] = t.x; f[2 * i + 1] = t.y; }
-}
-__device__ __forceinline__ void shared_chunk_to_f32(const __half* p, float* f) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const __half2* h = reinterpret_cast<const __half2*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) { const float2 t = __half22float2(h[i]); f[2 * i] = t.x; f[2 * i + 1] = t.y; }
+template <typename H>
+__device__ __forceinline__ void shared_chunk_to_f32(const H* p, float* f) {
+    unpack8(*reinterpret_cast<const uint4*>(p), H(), f);
 }
 
 __device__ __forceinline__ void store_elem(float* p, float v) { *p = v; }
