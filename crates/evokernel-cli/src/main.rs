@@ -15,7 +15,7 @@ use evokernel::session::{CaseReport, Options, RunReport, Session, TuneEvent, Tun
 use evokernel::spec::{parse_dims, parse_padding};
 use evokernel::suite::load_suite;
 use evokernel::variants::{check_only, forced_configs, registry};
-use evokernel::{ConvParams, ConvSpec, DType, Error, Layout};
+use evokernel::{ConvParams, ConvSpec, DType, Epilogue, Error, Layout};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
@@ -154,6 +154,15 @@ struct Common {
     /// Also draw the ladder and roofline plots (PNG and SVG) into DIR
     #[arg(long, value_name = "DIR")]
     plot: Option<PathBuf>,
+    /// Fuse a per-channel bias (a random [C] tensor) into the convolution's epilogue
+    #[arg(long)]
+    bias: bool,
+    /// Fuse an activation after the bias: none, relu, silu or gelu-tanh
+    #[arg(long, default_value = "none", value_name = "ACT")]
+    activation: String,
+    /// Fuse a residual add (a random tensor of the output's shape) after the activation
+    #[arg(long)]
+    residual: bool,
     /// Run only these implementations (repeatable): naive, row_reuse, channels_last, smem_tile, tensor_core, streaming, streaming_cl, depth_reuse, depth_reuse_cl, depth_reuse_fma, depth_reuse_fma_cl, cudnn
     #[arg(long = "only", value_name = "NAME")]
     only: Vec<String>,
@@ -599,6 +608,11 @@ fn options(common: &Common, time: bool, iters: usize) -> Result<Options, Error> 
         protocol: Protocol::default().with_launches(iters),
         configs: forced_configs(&common.config)?,
         only: common.only.clone(),
+        epilogue: Epilogue {
+            bias: common.bias,
+            activation: common.activation.parse()?,
+            residual: common.residual,
+        },
     })
 }
 

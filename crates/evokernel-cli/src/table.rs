@@ -118,13 +118,14 @@ pub fn render(report: &RunReport) -> String {
         for (name, why) in &case.skipped {
             out.push_str(&format!("\n{}: {name} not run: {why}", case.name));
         }
-        match &case.dispatch {
-            Some(Ok(c)) => out.push_str(&format!(
+        if let Some(c) = &case.dispatch {
+            out.push_str(&format!(
                 "\n{}: auto picks {} ({})",
                 case.name, c.config, c.reason
-            )),
-            Some(Err(e)) => out.push_str(&format!("\n{}: no GPU kernel takes it: {e}", case.name)),
-            None => {}
+            ));
+        }
+        if let Some(e) = &case.dispatch_error {
+            out.push_str(&format!("\n{}: no GPU kernel takes it: {e}", case.name));
         }
     }
     if report.cases.len() > 1 {
@@ -137,7 +138,7 @@ pub fn render(report: &RunReport) -> String {
 }
 
 fn chosen(case: &CaseReport) -> Option<&Choice> {
-    case.dispatch.as_ref().and_then(|d| d.as_ref().ok())
+    case.dispatch.as_ref()
 }
 
 /// One row per case: what dispatch picks, its time against the floor and cuDNN, and

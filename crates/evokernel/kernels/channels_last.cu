@@ -9,7 +9,7 @@
 // per tap overflows the instruction cache (ncu: top stall no_instruction). MINB asks
 // ptxas for registers enough for MINB resident 256-thread blocks (0: no request; 4: <= 64;
 // the profile found the rolled seed kernel occupancy-limited at 76).
-template <typename T, int VEC, int OUT_W, int KD, int KH, int KW, int ROLL, int MINB>
+template <typename T, int VEC, int OUT_W, int KD, int KH, int KW, int ROLL, int MINB, int EPI>
 __global__ void __launch_bounds__(256, MINB) channels_last_dwconv(ConvArgs a) {
     extern __shared__ __align__(16) float wsh[];
     constexpr int TAPS = KD * KH * KW;
@@ -89,9 +89,13 @@ __global__ void __launch_bounds__(256, MINB) channels_last_dwconv(ConvArgs a) {
                 }
             }
         }
-        T* out = y + (((n * a.od + od) * a.oh + oh) * (long long)a.ow + ow0) * a.c + c0;
+        const long long at = (((n * a.od + od) * a.oh + oh) * (long long)a.ow + ow0) * a.c + c0;
+        T* out = y + at;
 #pragma unroll
         for (int o = 0; o < OUT_W; ++o)
-            if (ow0 + o < a.ow) Vec16<T, VEC>::store(out + (long long)o * a.c, acc[o]);
+            if (ow0 + o < a.ow) {
+                epilogue_n<T, EPI, VEC, 1>(a, acc[o], c0, at + (long long)o * a.c);
+                Vec16<T, VEC>::store(out + (long long)o * a.c, acc[o]);
+            }
     }
 }

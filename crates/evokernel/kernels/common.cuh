@@ -16,6 +16,8 @@ struct ConvArgs {
     int pd, ph, pw;  // padding before (padding after is implied by the output size)
     unsigned* flag;  // tensor-core kernels write `epoch` here when an output is not finite
     unsigned epoch;  // this launch's number (see repair.cu)
+    const void* bias;      // [C] per-channel bias of the fused epilogue, or null
+    const void* residual;  // a tensor of the output's shape and layout, or null
 };
 
 __device__ __forceinline__ float to_f32(float v) { return v; }
@@ -26,6 +28,42 @@ template <typename T> __device__ __forceinline__ T from_f32(float v);
 template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// The fused epilogue (src/epilogue.rs), the last template argument EPI of every kernel:
+// bits 0-1 the activation (0 none, 1 ReLU, 2 SiLU, 3 GELU tanh), bit 2 a per-channel
+// bias, bit 3 a residual tensor of the output's shape added after the activation. f32
+// math before the one rounding to T; EPI = 0 compiles to the plain store.
+template <int ACT>
+__device__ __forceinline__ float activate(float v) {
+    if constexpr (ACT == 1) {
+        return v < 0.f ? 0.f : v;  // NaN stays NaN, as in PyTorch
+    } else if constexpr (ACT == 2) {
+        return v / (1.f + __expf(-v));
+    } else if constexpr (ACT == 3) {
+        return 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+    } else {
+        return v;
+    }
+}
+
+// Output i (flat index in the output's layout) of channel c.
+template <typename T, int EPI>
+__device__ __forceinline__ float epilogue(const ConvArgs& a, float v, long long c, long long i) {
+    if constexpr ((EPI & 4) != 0) v += to_f32(__ldg(static_cast<const T*>(a.bias) + c));
+    v = activate<EPI & 3>(v);
+    if constexpr ((EPI & 8) != 0) v += to_f32(__ldg(static_cast<const T*>(a.residual) + i));
+    return v;
+}
+
+// N consecutive outputs from flat index i: of one channel c (CSTEP 0, channels-first
+// rows) or of channels c, c + 1, ... (CSTEP 1, channels-last pixels).
+template <typename T, int EPI, int N, int CSTEP>
+__device__ __forceinline__ void epilogue_n(const ConvArgs& a, float* f, long long c, long long i) {
+    if constexpr (EPI != 0) {
+#pragma unroll
+        for (int k = 0; k < N; ++k) f[k] = epilogue<T, EPI>(a, f[k], c + k * CSTEP, i + k);
+    }
+}
 
 // VEC consecutive elements (16 bytes) to floats and back; p must be 16-byte aligned.
 template <typename T, int VEC> struct Vec16;
@@ -234,32 +272,65 @@ __device__ __forceinline__ float direct_output(const ConvArgs& a, long long n, l
 // flagged launch: that propagates like PyTorch, and a finite output cannot have been
 // contaminated. (Repairing inside the kernel cost streaming 15%: the tail's registers
 // made ptxas rematerialize addresses in the hot loop.)
-template <typename T, int KD, int KH, int KW>
-__device__ void repair_plane(const ConvArgs& a, long long nc, int od, T* yout) {
+// The plane starts at flat index `plane` of y.
+template <typename T, int KD, int KH, int KW, int EPI>
+__device__ void repair_plane(const ConvArgs& a, long long nc, int od, T* y, long long plane) {
+    T* yout = y + plane;
     for (long long i = threadIdx.x; i < (long long)a.oh * a.ow; i += blockDim.x) {
         if (isfinite(to_f32(yout[i]))) continue;
         const int oh = (int)(i / a.ow), ow = (int)(i % a.ow);
-        yout[i] = from_f32<T>(direct_output<T, false, KD, KH, KW>(a, nc / a.c, nc % a.c, od, oh, ow));
+        const float v = direct_output<T, false, KD, KH, KW>(a, nc / a.c, nc % a.c, od, oh, ow);
+        yout[i] = from_f32<T>(epilogue<T, EPI>(a, v, nc % a.c, plane + i));
     }
 }
 
-// Writes one m16n8 f32 accumulator fragment as T: rows h0 + lane/4 (+8), columns
-// w0 + 2*(lane%4) (+1); the two columns go as one 4-byte store when aligned.
-template <typename T>
+// Writes one m16n8 f32 accumulator fragment as T through the epilogue: rows h0 +
+// lane/4 (+8), columns w0 + 2*(lane%4) (+1) of the plane of channel c that starts at
+// flat index `plane` (yout = y + plane); the two columns go as one 4-byte store when
+// aligned.
+template <int EPI, typename T>
 __device__ __forceinline__ void store_c_fragment(T* yout, const float* acc, int h0, int w0, int lane,
-                                                 const ConvArgs& a) {
+                                                 const ConvArgs& a, long long c, long long plane) {
     const int col = w0 + (lane & 3) * 2;  // may be negative for shifted tiles
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int row = h0 + (lane >> 2) + half * 8;
         if (row >= a.oh) continue;
         T* p = yout + (long long)row * a.ow + col;
-        const T lo = from_f32<T>(acc[2 * half]), hi = from_f32<T>(acc[2 * half + 1]);
+        float v[2] = {acc[2 * half], acc[2 * half + 1]};
+        if constexpr (EPI != 0) {
+            // Columns past the row's ends are never stored; clamp their residual reads.
+            const long long at = plane + (long long)row * a.ow;
+            v[0] = epilogue<T, EPI>(a, v[0], c, at + min(max(col, 0), a.ow - 1));
+            v[1] = epilogue<T, EPI>(a, v[1], c, at + min(max(col + 1, 0), a.ow - 1));
+        }
+        const T lo = from_f32<T>(v[0]), hi = from_f32<T>(v[1]);
         if (col >= 0 && col + 1 < a.ow && (reinterpret_cast<unsigned long long>(p) & 3) == 0) {
             *reinterpret_cast<unsigned*>(p) = pack2(lo, hi);
         } else {
             if (col >= 0 && col < a.ow) p[0] = lo;
             if (col + 1 >= 0 && col + 1 < a.ow) p[1] = hi;
+        }
+    }
+}
+
+// The epilogue of one m16n8 accumulator fragment of channel-last output (channel c,
+// output depth od of image n) before it is staged: rows r0 + lane/4 (+8), columns col,
+// col + 1 (col = 8j + 2*(lane%4) - S, possibly outside the row: those are never written,
+// so their residual reads are clamped in bounds).
+template <typename T, int EPI>
+__device__ __forceinline__ void epilogue_fragment_cl(const ConvArgs& a, float* acc, long long c, long long n,
+                                                     int od, int r0, int col, int lane) {
+    if constexpr (EPI != 0) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = min(r0 + (lane >> 2) + half * 8, a.oh - 1);
+            const long long pix = ((n * a.od + od) * a.oh + row) * (long long)a.ow;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int cc = min(max(col + i, 0), a.ow - 1);
+                acc[2 * half + i] = epilogue<T, EPI>(a, acc[2 * half + i], c, (pix + cc) * a.c + c);
+            }
         }
     }
 }

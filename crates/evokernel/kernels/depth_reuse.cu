@@ -15,7 +15,7 @@
 // starting at 8j - S, S = P - pw. Stride 1, dilation 1, KW <= 9, input width a multiple
 // of 8; T is bf16 or f16.
 
-template <typename T, int KD, int KH, int KW, int BANDS, int COLS, int DCHUNK, int STAGES, int MINB>
+template <typename T, int KD, int KH, int KW, int BANDS, int COLS, int DCHUNK, int STAGES, int MINB, int EPI>
 __global__ void __launch_bounds__(BANDS * COLS * 32, MINB) depth_reuse_dwconv(ConvArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int HS = BANDS * 16 + KH - 1;  // slice rows: the region's bands and their halo
@@ -89,7 +89,8 @@ __global__ void __launch_bounds__(BANDS * COLS * 32, MINB) depth_reuse_dwconv(Co
             if (s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
                 float* done = acc[(u + 1) % KD];
                 probe_fragment(probe, done);
-                store_c_fragment(y + (nc * a.od + d0 + s - (KD - 1)) * plane, done, h0, w0, lane, a);
+                const long long plane_out = (nc * a.od + d0 + s - (KD - 1)) * plane;
+                store_c_fragment<EPI>(y + plane_out, done, h0, w0, lane, a, c, plane_out);
                 done[0] = done[1] = done[2] = done[3] = 0.f;
             }
         }

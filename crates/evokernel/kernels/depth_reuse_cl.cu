@@ -9,7 +9,7 @@
 // A finished depth is staged channel-major (two stages) and leaves after the step's one
 // barrier as 16-byte pixel vectors. Every fill writes every cell (zeros outside).
 // Stride 1, dilation 1, KW <= 9, C a multiple of 8; T is bf16 or f16.
-template <typename T, int KD, int KH, int KW, int COLS, int DCHUNK, int MINB>
+template <typename T, int KD, int KH, int KW, int COLS, int DCHUNK, int MINB, int EPI>
 __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(ConvArgs a) {
     constexpr int CG = 8;                    // channels of one 16-byte vector
     constexpr int HS = 16 + KH - 1;          // slice rows
@@ -145,6 +145,8 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
                 if (finishes) {
                     float* done = acc[(u + 1) % KD];
                     probe_fragment(probe, done);
+                    epilogue_fragment_cl<T, EPI>(a, done, c0 + ch, n, d0 + s - (KD - 1), h0,
+                                                 8 * (col0 + tj) + 2 * (lane & 3) - S, lane);
                     T* st = stages + (s & 1) * CG * SP + ch * SP + (lane >> 2) * SW + tj * 8 + 2 * (lane & 3);
                     *reinterpret_cast<unsigned*>(st) = pack2(from_f32<T>(done[0]), from_f32<T>(done[1]));
                     *reinterpret_cast<unsigned*>(st + 8 * SW) = pack2(from_f32<T>(done[2]), from_f32<T>(done[3]));

@@ -13,7 +13,7 @@
 // The weights stay in registers (KD * KH * KW of them). Depth steps are unit; H stride
 // and dilation are arguments, W's (SW, DW) compiled in; the input width is a multiple of E.
 template <typename T, int KD, int KH, int KW, int OUT_W, int SW, int DW, int S, int TX, int TY,
-          int DCHUNK, int STAGES, int MINB, bool TABLE>
+          int DCHUNK, int STAGES, int MINB, bool TABLE, int EPI>
 __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int E = 16 / (int)sizeof(T);                 // elements per 16-byte chunk
@@ -136,13 +136,15 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
             if (s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
                 float* done = acc[(u + 1) % KD];
                 T* out = yrow + (long long)(s - (KD - 1)) * plane;
+                const long long at = out - y;
                 if (full_vector) {
+                    epilogue_n<T, EPI, OUT_W, 0>(a, done, c, at);
 #pragma unroll
                     for (int q = 0; q < OUT_W / E; ++q) Vec16<T, E>::store(out + q * E, done + q * E);
                 } else {
 #pragma unroll
                     for (int o = 0; o < OUT_W; ++o)
-                        if (ow + o < a.ow) out[o] = from_f32<T>(done[o]);
+                        if (ow + o < a.ow) out[o] = from_f32<T>(epilogue<T, EPI>(a, done[o], c, at + o));
                 }
 #pragma unroll
                 for (int o = 0; o < OUT_W; ++o) done[o] = 0.f;

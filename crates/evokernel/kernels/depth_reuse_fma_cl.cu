@@ -53,7 +53,7 @@ __device__ __forceinline__ void channels_from_f32(T* p, const float* f) {
 }
 
 template <typename T, int KD, int KH, int KW, int OUT_W, int SW, int DW, int CV, int LANES, int TX, int TY,
-          int DCHUNK, int STAGES, int MINB, bool TABLE>
+          int DCHUNK, int STAGES, int MINB, bool TABLE, int EPI>
 __global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwconv(ConvArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int E = 16 / (int)sizeof(T);  // channels per 16-byte chunk
@@ -190,7 +190,10 @@ __global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwco
                 asm volatile("mov.b32 %0, %1;" : "=r"(cstride) : "r"((int)a.c));
 #pragma unroll
                 for (int o = 0; o < OUT_W; ++o)
-                    if (ow + o < a.ow) channels_from_f32<T, CV>(out + o * cstride, done[o]);
+                    if (ow + o < a.ow) {
+                        epilogue_n<T, EPI, CV, 1>(a, done[o], c, (out - y) + (long long)o * cstride);
+                        channels_from_f32<T, CV>(out + o * cstride, done[o]);
+                    }
 #pragma unroll
                 for (int o = 0; o < OUT_W; ++o)
 #pragma unroll

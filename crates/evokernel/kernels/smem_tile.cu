@@ -5,7 +5,7 @@
 // (OUT_W - 1) * SW + (KW - 1) * DW + 1 inputs they read (OUT_W a multiple of 4: the
 // window is read as float4s). Any stride and dilation: SW, DW (along W) index the
 // window at compile time; the others are arguments.
-template <typename T, int KD, int KH, int KW, int OUT_W, int SW, int DW>
+template <typename T, int KD, int KH, int KW, int OUT_W, int SW, int DW, int EPI>
 __global__ void __launch_bounds__(256) smem_tile_dwconv(ConvArgs a) {
     extern __shared__ __align__(16) float tile[];
     const T* __restrict__ x = static_cast<const T*>(a.x);
@@ -30,7 +30,8 @@ __global__ void __launch_bounds__(256) smem_tile_dwconv(ConvArgs a) {
     for (int t = 0; t < KD * KH * KW; ++t) wr[t] = to_f32(w[c * (KD * KH * KW) + t]);
     __syncthreads();
 
-    T* yout = y + (nc * a.od + od) * (long long)a.oh * a.ow;
+    const long long plane_out = (nc * a.od + od) * (long long)a.oh * a.ow;
+    T* yout = y + plane_out;
     for (int t = threadIdx.x; t < a.oh * groups_w; t += blockDim.x) {
         const int oh = t / groups_w;
         const int ow0 = (t - oh * groups_w) * OUT_W;
@@ -60,6 +61,9 @@ __global__ void __launch_bounds__(256) smem_tile_dwconv(ConvArgs a) {
         }
 #pragma unroll
         for (int o = 0; o < OUT_W; ++o)
-            if (ow0 + o < a.ow) yout[(long long)oh * a.ow + ow0 + o] = from_f32<T>(acc[o]);
+            if (ow0 + o < a.ow) {
+                const long long at = (long long)oh * a.ow + ow0 + o;
+                yout[at] = from_f32<T>(epilogue<T, EPI>(a, acc[o], c, plane_out + at));
+            }
     }
 }

@@ -10,7 +10,7 @@
 // Warps sweep runs of SEG tiles along a 16-row band (band_run: half the ldmatrix reads).
 // Stride 1, dilation 1, KW <= 9, input width a multiple of 8; T is bf16 or f16.
 
-template <typename T, int KD, int KH, int KW, int WARPS, int DCHUNK, int STAGES, int SEG>
+template <typename T, int KD, int KH, int KW, int WARPS, int DCHUNK, int STAGES, int SEG, int EPI>
 __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* ring = reinterpret_cast<T*>(smem_raw);
@@ -71,7 +71,8 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
         fetch(od + KD + STAGES - 1);
         cp_async_wait<STAGES>();  // slices up to od + KD - 1 have landed
         __syncthreads();
-        T* yout = y + (nc * a.od + od) * (long long)a.oh * a.ow;
+        const long long plane_out = (nc * a.od + od) * (long long)a.oh * a.ow;
+        T* yout = y + plane_out;
         if constexpr (SEG == 1) {
             // One tile at a time, one x4 fragment per kernel row: the code of b922b36,
             // kept verbatim since band_run's SEG == 1 path measured 8% slower on the
@@ -95,7 +96,7 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
                     }
                 }
                 probe_fragment(probe, acc);
-                store_c_fragment(yout, acc, h0, w0, lane, a);
+                store_c_fragment<EPI>(yout, acc, h0, w0, lane, a, c, plane_out);
             }
         } else {
             // Runs of up to SEG tiles along one band; a longer run reuses more window halves
@@ -116,7 +117,7 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
                 for (int j = 0; j < SEG; ++j) {
                     if (j < n) {
                         probe_fragment(probe, acc[j]);
-                        store_c_fragment(yout, acc[j], h0, 8 * (j0 + j) - S, lane, a);
+                        store_c_fragment<EPI>(yout, acc[j], h0, 8 * (j0 + j) - S, lane, a, c, plane_out);
                     }
                 }
             }

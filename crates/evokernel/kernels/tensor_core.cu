@@ -5,7 +5,7 @@
 // input slices go to shared memory as T (zero padding included), A comes from there by
 // ldmatrix, and the KD*KH band fragments are built once per block in registers.
 // Stride 1, dilation 1, KW <= 9; T is bf16 or f16.
-template <typename T, int KD, int KH, int KW, int WARPS>
+template <typename T, int KD, int KH, int KW, int WARPS, int EPI>
 __global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* tile = reinterpret_cast<T*>(smem_raw);
@@ -34,7 +34,8 @@ __global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a) {
     const int arow = (lane & 7) + ((mat & 1) << 3);
     const int acol = (mat >> 1) << 3;
     const unsigned tile_base = (unsigned)__cvta_generic_to_shared(tile);
-    T* yout = y + (nc * a.od + od) * (long long)a.oh * a.ow;
+    const long long plane_out = (nc * a.od + od) * (long long)a.oh * a.ow;
+    T* yout = y + plane_out;
     float probe = 0.f;
     for (int t = warp; t < mt * nt; t += WARPS) {
         const int h0 = (t / nt) * 16, w0 = (t % nt) * 8;
@@ -51,7 +52,7 @@ __global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a) {
             }
         }
         probe_fragment(probe, acc);
-        store_c_fragment(yout, acc, h0, w0, lane, a);
+        store_c_fragment<EPI>(yout, acc, h0, w0, lane, a, c, plane_out);
     }
     if (!isfinite(probe) && a.flag) *a.flag = a.epoch;
 }

@@ -5,7 +5,8 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use crate::cpu::{conv_cpu, Isa};
+use crate::engine::{ConvProblem, Plan};
+use crate::epilogue::Epilogue;
 use crate::error::{Error, Result};
 use crate::spec::ConvSpec;
 use crate::tensor::HostTensor;
@@ -33,19 +34,30 @@ impl FromStr for BackendChoice {
 }
 
 /// The inputs of one problem: `sets` input tensors (rotated while timing so that a
-/// small problem is not measured out of cache) and the weight. Set 0 is the one
-/// verified against the oracle.
+/// small problem is not measured out of cache), the weight, and the epilogue's bias
+/// and residuals (one per set). Set 0 is the one verified against the oracle.
 #[derive(Clone, Debug)]
-pub struct Problem {
+pub struct ProblemData {
     pub spec: ConvSpec,
+    pub epilogue: Epilogue,
     pub seed: u64,
     pub inputs: Vec<HostTensor>,
     pub weight: HostTensor,
+    pub bias: Option<HostTensor>,
+    /// One per input set when the epilogue adds a residual, else empty.
+    pub residuals: Vec<HostTensor>,
 }
 
-impl Problem {
-    /// Fresh standard-normal inputs and weights, quantized to the spec's dtype.
+impl ProblemData {
+    /// Fresh standard-normal inputs and weights for the plain convolution.
     pub fn random(spec: &ConvSpec, seed: u64, sets: usize) -> Self {
+        Self::random_fused(&ConvProblem::new(spec.clone()), seed, sets)
+    }
+
+    /// The problem with what its epilogue needs; the bias and residuals are normal too.
+    pub fn random_fused(problem: &ConvProblem, seed: u64, sets: usize) -> Self {
+        let spec = &problem.spec;
+        let epilogue = problem.epilogue;
         let inputs = (0..sets.max(1))
             .map(|i| {
                 HostTensor::random_normal(
@@ -60,12 +72,41 @@ impl Problem {
             &spec.weight_shape(),
             seed ^ 0x5eed_0f3e_1647_5100,
         );
-        Problem {
+        let bias = epilogue
+            .bias
+            .then(|| HostTensor::random_normal(spec.dtype(), &[spec.c()], seed ^ 0xb1a5));
+        let residuals = if epilogue.residual {
+            (0..sets.max(1))
+                .map(|i| {
+                    HostTensor::random_normal(
+                        spec.dtype(),
+                        &spec.output_shape(),
+                        (seed ^ 0x7e51_d0a1).wrapping_add(i as u64),
+                    )
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        ProblemData {
             spec: spec.clone(),
+            epilogue,
             seed,
             inputs,
             weight,
+            bias,
+            residuals,
         }
+    }
+
+    /// The problem this data is for.
+    pub fn problem(&self) -> ConvProblem {
+        ConvProblem::new(self.spec.clone()).with_epilogue(self.epilogue)
+    }
+
+    /// The residual of input set `set`, when the epilogue has one.
+    pub fn residual(&self, set: usize) -> Option<&HostTensor> {
+        self.residuals.get(set)
     }
 
     pub fn sets(&self) -> usize {
@@ -88,8 +129,8 @@ impl Problem {
 
 /// Input sets to rotate among: enough that input + output of all sets exceed twice the
 /// cache, so each launch reads from memory as it would in a network (MEASURE.md).
-pub fn rotation_sets(spec: &ConvSpec, cache_bytes: u64) -> usize {
-    let working = spec.min_bytes().max(1);
+pub fn rotation_sets(problem: &ConvProblem, cache_bytes: u64) -> usize {
+    let working = problem.min_bytes().max(1);
     if working >= 2 * cache_bytes {
         1
     } else {
@@ -110,32 +151,39 @@ pub trait ConvRun {
     fn output(&mut self, set: usize) -> Result<HostTensor>;
 }
 
-/// The CPU backend's implementation.
+/// A CPU engine's plan on a problem's host data.
 pub struct CpuRun<'a> {
-    problem: &'a Problem,
+    problem: &'a ProblemData,
+    plan: std::sync::Arc<Plan>,
     outputs: Vec<HostTensor>,
 }
 
 impl<'a> CpuRun<'a> {
-    pub fn new(problem: &'a Problem) -> Self {
+    pub fn new(problem: &'a ProblemData, plan: std::sync::Arc<Plan>) -> Self {
         let spec = &problem.spec;
         let outputs = (0..problem.sets())
             .map(|_| HostTensor::nan(spec.dtype(), &spec.output_shape()))
             .collect();
-        CpuRun { problem, outputs }
+        CpuRun {
+            problem,
+            plan,
+            outputs,
+        }
     }
 }
 
 impl ConvRun for CpuRun<'_> {
     fn name(&self) -> String {
-        format!("cpu-{}", Isa::detect().name())
+        self.plan.instance_name()
     }
     fn launch(&mut self, set: usize) -> Result<f64> {
+        let p = self.problem;
         let t = std::time::Instant::now();
-        conv_cpu(
-            &self.problem.spec,
-            &self.problem.inputs[set],
-            &self.problem.weight,
+        self.plan.run_host_into(
+            &p.inputs[set],
+            &p.weight,
+            p.bias.as_ref(),
+            p.residual(set),
             &mut self.outputs[set],
         )?;
         Ok(t.elapsed().as_secs_f64() * 1e3)

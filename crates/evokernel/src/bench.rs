@@ -5,8 +5,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::backend::ConvRun;
+use crate::engine::ConvProblem;
 use crate::error::Result;
-use crate::spec::ConvSpec;
 
 /// How long to warm up and how much to time.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
@@ -142,10 +142,10 @@ pub struct Ceilings {
 impl Ceilings {
     /// The floor of a case: max(bytes / copy bandwidth, flops / compute rate), in ms.
     /// Compute is counted at the fastest unit that can do it.
-    pub fn floor_ms(&self, spec: &ConvSpec) -> f64 {
-        let mem = spec.min_bytes() as f64 / (self.copy_gbps * 1e6);
+    pub fn floor_ms(&self, problem: &ConvProblem) -> f64 {
+        let mem = problem.min_bytes() as f64 / (self.copy_gbps * 1e6);
         let rate = self.tensor_gflops.unwrap_or(0.0).max(self.fma_gflops);
-        let compute = spec.flops() as f64 / (rate * 1e6);
+        let compute = problem.flops() as f64 / (rate * 1e6);
         mem.max(compute)
     }
 }
@@ -159,10 +159,10 @@ pub struct Throughput {
     pub pct_of_floor: f64,
 }
 
-pub fn throughput(spec: &ConvSpec, ms: f64, floor_ms: f64) -> Throughput {
+pub fn throughput(problem: &ConvProblem, ms: f64, floor_ms: f64) -> Throughput {
     Throughput {
-        gflops: spec.flops() as f64 / (ms * 1e6),
-        gbps: spec.min_bytes() as f64 / (ms * 1e6),
+        gflops: problem.flops() as f64 / (ms * 1e6),
+        gbps: problem.min_bytes() as f64 / (ms * 1e6),
         pct_of_floor: 100.0 * floor_ms / ms,
     }
 }
@@ -242,11 +242,11 @@ mod tests {
             tensor_gflops: None,
         };
         // 442 MB at 2.97 TB/s = 0.149 ms; 16.3 GFLOP at 51 TFLOP/s = 0.32 ms
-        assert!((c.floor_ms(&spec) - 0.3198).abs() < 1e-3);
+        assert!((c.floor_ms(&spec.clone().into()) - 0.3198).abs() < 1e-3);
         let c = Ceilings {
             tensor_gflops: Some(800_000.0),
             ..c
         };
-        assert!((c.floor_ms(&spec) - 0.1490).abs() < 1e-3);
+        assert!((c.floor_ms(&spec.clone().into()) - 0.1490).abs() < 1e-3);
     }
 }

@@ -10,6 +10,7 @@
 use rayon::prelude::*;
 
 use crate::bench::Ceilings;
+use crate::epilogue::{Activation, Epilogue};
 use crate::error::{Error, Result};
 use crate::spec::{ConvSpec, Layout};
 use crate::tensor::{Element, HostTensor, TensorData};
@@ -72,7 +73,99 @@ pub fn conv_cpu(
     weight: &HostTensor,
     output: &mut HostTensor,
 ) -> Result<()> {
-    conv_cpu_with(Isa::detect(), spec, input, weight, output)
+    conv_cpu_with(
+        Isa::detect(),
+        spec,
+        &FusedEpilogue::none(),
+        input,
+        weight,
+        output,
+    )
+}
+
+/// As [`conv_cpu`], with a fused epilogue (bias, activation, residual) applied to each
+/// output row in f32 before it is rounded.
+pub fn conv_cpu_fused(
+    spec: &ConvSpec,
+    epilogue: &FusedEpilogue,
+    input: &HostTensor,
+    weight: &HostTensor,
+    output: &mut HostTensor,
+) -> Result<()> {
+    conv_cpu_with(Isa::detect(), spec, epilogue, input, weight, output)
+}
+
+/// An epilogue with its operands, widened to f32 once for the CPU's row loops.
+#[derive(Clone, Debug, Default)]
+pub struct FusedEpilogue {
+    activation: Activation,
+    bias: Option<Vec<f32>>,
+    residual: Option<Vec<f32>>,
+}
+
+impl FusedEpilogue {
+    pub fn none() -> Self {
+        FusedEpilogue::default()
+    }
+
+    /// Checks the operands against what `epilogue` needs for `spec` and widens them.
+    pub fn new(
+        spec: &ConvSpec,
+        epilogue: &Epilogue,
+        bias: Option<&HostTensor>,
+        residual: Option<&HostTensor>,
+    ) -> Result<Self> {
+        let bias =
+            crate::epilogue::check_operand("bias", epilogue.bias, bias, spec.dtype(), spec.c())?;
+        let residual = crate::epilogue::check_operand(
+            "residual",
+            epilogue.residual,
+            residual,
+            spec.dtype(),
+            spec.output_len(),
+        )?;
+        let widen = |t: &HostTensor| (0..t.len()).map(|i| t.get_f64(i) as f32).collect();
+        Ok(FusedEpilogue {
+            activation: epilogue.activation,
+            bias: bias.map(widen),
+            residual: residual.map(widen),
+        })
+    }
+
+    fn is_none(&self) -> bool {
+        self.activation == Activation::None && self.bias.is_none() && self.residual.is_none()
+    }
+
+    /// A channels-first row: every output of channel `c`, the first at flat index `at`.
+    fn apply_row(&self, row: &mut [f32], c: usize, at: usize) {
+        if self.is_none() {
+            return;
+        }
+        let b = self.bias.as_ref().map_or(0.0, |b| b[c]);
+        let act = self.activation;
+        match &self.residual {
+            Some(r) => {
+                let n = row.len();
+                for (v, r) in row.iter_mut().zip(&r[at..at + n]) {
+                    *v = act.apply_f32(*v + b) + r;
+                }
+            }
+            None => row.iter_mut().for_each(|v| *v = act.apply_f32(*v + b)),
+        }
+    }
+
+    /// A channels-last pixel: channels 0.. of one position, the first at flat index `at`.
+    fn apply_pixel(&self, px: &mut [f32], at: usize) {
+        if self.is_none() {
+            return;
+        }
+        let act = self.activation;
+        for (ch, v) in px.iter_mut().enumerate() {
+            let b = self.bias.as_ref().map_or(0.0, |b| b[ch]);
+            let r = self.residual.as_ref().map_or(0.0, |r| r[at + ch]);
+            *v = act.apply_f32(*v + b) + r;
+        }
+    }
 }
 
 /// As [`conv_cpu`], with the hot loops of a chosen instruction set (for tests and
@@ -80,6 +173,7 @@ pub fn conv_cpu(
 pub fn conv_cpu_with(
     isa: Isa,
     spec: &ConvSpec,
+    epi: &FusedEpilogue,
     input: &HostTensor,
     weight: &HostTensor,
     output: &mut HostTensor,
@@ -101,18 +195,25 @@ pub fn conv_cpu_with(
         .map(|i| weight.get_f64(i) as f32)
         .collect();
     match (input.data(), output.data_mut()) {
-        (TensorData::Bf16(x), TensorData::Bf16(y)) => run(spec, isa, x, &w, y),
-        (TensorData::F16(x), TensorData::F16(y)) => run(spec, isa, x, &w, y),
-        (TensorData::F32(x), TensorData::F32(y)) => run(spec, isa, x, &w, y),
+        (TensorData::Bf16(x), TensorData::Bf16(y)) => run(spec, isa, epi, x, &w, y),
+        (TensorData::F16(x), TensorData::F16(y)) => run(spec, isa, epi, x, &w, y),
+        (TensorData::F32(x), TensorData::F32(y)) => run(spec, isa, epi, x, &w, y),
         _ => unreachable!("dtypes were checked against the spec above"),
     }
     Ok(())
 }
 
-fn run<T: Element>(spec: &ConvSpec, isa: Isa, x: &[T], w: &[f32], y: &mut [T]) {
+fn run<T: Element>(
+    spec: &ConvSpec,
+    isa: Isa,
+    epi: &FusedEpilogue,
+    x: &[T],
+    w: &[f32],
+    y: &mut [T],
+) {
     match spec.layout() {
-        Layout::ChannelsFirst => channels_first(spec, isa, x, w, y),
-        Layout::ChannelsLast => channels_last(spec, isa, x, w, y),
+        Layout::ChannelsFirst => channels_first(spec, isa, epi, x, w, y),
+        Layout::ChannelsLast => channels_last(spec, isa, epi, x, w, y),
     }
 }
 
@@ -179,7 +280,14 @@ impl PaddedPlane {
     }
 }
 
-fn channels_first<T: Element>(spec: &ConvSpec, isa: Isa, x: &[T], w: &[f32], y: &mut [T]) {
+fn channels_first<T: Element>(
+    spec: &ConvSpec,
+    isa: Isa,
+    epi: &FusedEpilogue,
+    x: &[T],
+    w: &[f32],
+    y: &mut [T],
+) {
     let plane_in = spec.input3().iter().product::<usize>();
     let [od, oh, ow] = spec.output3();
     let plane_out = od * oh * ow;
@@ -194,19 +302,34 @@ fn channels_first<T: Element>(spec: &ConvSpec, isa: Isa, x: &[T], w: &[f32], y: 
             let c = p % spec.c();
             geo.fill(spec, &x[p * plane_in..][..plane_in], buf);
             let wc = &w[c * taps..][..taps];
+            let rows = |d: usize, o: &mut [T], row: &mut Vec<f32>| {
+                let at = OutRows {
+                    epi,
+                    c,
+                    at: p * plane_out + d * oh * ow,
+                };
+                cf_rows(isa, spec, &geo, buf, wc, d, o, row, at)
+            };
             if split_rows {
                 out.par_chunks_mut(oh * ow)
                     .enumerate()
-                    .for_each_init(Vec::new, |row, (d, o)| {
-                        cf_rows(isa, spec, &geo, buf, wc, d, o, row)
-                    });
+                    .for_each_init(Vec::new, |row, (d, o)| rows(d, o, row));
             } else {
                 for (d, o) in out.chunks_mut(oh * ow).enumerate() {
-                    cf_rows(isa, spec, &geo, buf, wc, d, o, row);
+                    rows(d, o, row);
                 }
             }
         },
     );
+}
+
+/// Where a channels-first output depth's rows go through the epilogue: channel `c`,
+/// its first output at flat index `at`.
+#[derive(Clone, Copy)]
+struct OutRows<'a> {
+    epi: &'a FusedEpilogue,
+    c: usize,
+    at: usize,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -219,21 +342,23 @@ fn cf_rows<T: Element>(
     od: usize,
     out: &mut [T],
     row: &mut Vec<f32>,
+    at: OutRows,
 ) {
     let ow = spec.output3()[2];
     row.resize(ow.div_ceil(isa.lanes()) * isa.lanes(), 0.0);
     // SAFETY: each wrapper is called only when `Isa::detect` found its features.
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { cf_rows_avx512(spec, geo, src, w, od, out, row) },
+        Isa::Avx512 => unsafe { cf_rows_avx512(spec, geo, src, w, od, out, row, at) },
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { cf_rows_avx2(spec, geo, src, w, od, out, row) },
-        _ => cf_rows_body::<T, 8, false>(spec, geo, src, w, od, out, row),
+        Isa::Avx2 => unsafe { cf_rows_avx2(spec, geo, src, w, od, out, row, at) },
+        _ => cf_rows_body::<T, 8, false>(spec, geo, src, w, od, out, row, at),
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn cf_rows_avx512<T: Element>(
     spec: &ConvSpec,
     geo: &PaddedPlane,
@@ -242,12 +367,14 @@ unsafe fn cf_rows_avx512<T: Element>(
     od: usize,
     out: &mut [T],
     row: &mut [f32],
+    at: OutRows,
 ) {
-    cf_rows_body::<T, 16, true>(spec, geo, src, w, od, out, row)
+    cf_rows_body::<T, 16, true>(spec, geo, src, w, od, out, row, at)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn cf_rows_avx2<T: Element>(
     spec: &ConvSpec,
     geo: &PaddedPlane,
@@ -256,12 +383,14 @@ unsafe fn cf_rows_avx2<T: Element>(
     od: usize,
     out: &mut [T],
     row: &mut [f32],
+    at: OutRows,
 ) {
-    cf_rows_body::<T, 8, true>(spec, geo, src, w, od, out, row)
+    cf_rows_body::<T, 8, true>(spec, geo, src, w, od, out, row, at)
 }
 
 /// All output rows of output depth `od` of one plane.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn cf_rows_body<T: Element, const L: usize, const FMA: bool>(
     spec: &ConvSpec,
     geo: &PaddedPlane,
@@ -270,6 +399,7 @@ fn cf_rows_body<T: Element, const L: usize, const FMA: bool>(
     od: usize,
     out: &mut [T],
     row: &mut [f32],
+    at: OutRows,
 ) {
     let [_, oh, ow] = spec.output3();
     let [sd, sh, sw] = spec.stride3();
@@ -296,6 +426,7 @@ fn cf_rows_body<T: Element, const L: usize, const FMA: bool>(
             block!(1 2 3 4 5 6 7 8);
             b += vectors * L;
         }
+        at.epi.apply_row(&mut row[..ow], at.c, at.at + h * ow);
         T::store_f32_slice(&row[..ow], &mut out[h * ow..][..ow]);
     }
 }
@@ -386,7 +517,14 @@ fn valid_taps(
     (lo.min(hi), hi)
 }
 
-fn channels_last<T: Element>(spec: &ConvSpec, isa: Isa, x: &[T], w: &[f32], y: &mut [T]) {
+fn channels_last<T: Element>(
+    spec: &ConvSpec,
+    isa: Isa,
+    epi: &FusedEpilogue,
+    x: &[T],
+    w: &[f32],
+    y: &mut [T],
+) {
     let c = spec.c();
     let taps = spec.taps();
     // Weights tap-major so a block of channels reads one contiguous run per tap.
@@ -401,14 +539,15 @@ fn channels_last<T: Element>(spec: &ConvSpec, isa: Isa, x: &[T], w: &[f32], y: &
         .enumerate()
         .for_each_init(Vec::new, |acc, (r, out)| {
             let (n, d, h) = (r / (od * oh), (r / oh) % od, r % oh);
+            let epi_at = (epi, r * ow * c);
             acc.resize(c, 0.0);
             // SAFETY: each wrapper is called only when `Isa::detect` found its features.
             match isa {
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => unsafe { cl_row_avx512(spec, x, &wt, n, d, h, out, acc) },
+                Isa::Avx512 => unsafe { cl_row_avx512(spec, x, &wt, (n, d, h), out, acc, epi_at) },
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => unsafe { cl_row_avx2(spec, x, &wt, n, d, h, out, acc) },
-                _ => cl_row_body::<T, false>(spec, x, &wt, n, d, h, out, acc),
+                Isa::Avx2 => unsafe { cl_row_avx2(spec, x, &wt, (n, d, h), out, acc, epi_at) },
+                _ => cl_row_body::<T, false>(spec, x, &wt, (n, d, h), out, acc, epi_at),
             }
         });
 }
@@ -420,13 +559,12 @@ unsafe fn cl_row_avx512<T: Element>(
     spec: &ConvSpec,
     x: &[T],
     wt: &[f32],
-    n: usize,
-    d: usize,
-    h: usize,
+    ndh: (usize, usize, usize),
     out: &mut [T],
     acc: &mut [f32],
+    epi_at: (&FusedEpilogue, usize),
 ) {
-    cl_row_body::<T, true>(spec, x, wt, n, d, h, out, acc)
+    cl_row_body::<T, true>(spec, x, wt, ndh, out, acc, epi_at)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -436,13 +574,12 @@ unsafe fn cl_row_avx2<T: Element>(
     spec: &ConvSpec,
     x: &[T],
     wt: &[f32],
-    n: usize,
-    d: usize,
-    h: usize,
+    ndh: (usize, usize, usize),
     out: &mut [T],
     acc: &mut [f32],
+    epi_at: (&FusedEpilogue, usize),
 ) {
-    cl_row_body::<T, true>(spec, x, wt, n, d, h, out, acc)
+    cl_row_body::<T, true>(spec, x, wt, ndh, out, acc, epi_at)
 }
 
 /// Channel block held in registers: 64 f32 (4 AVX-512 or 8 AVX2 vectors).
@@ -455,11 +592,10 @@ fn cl_row_body<T: Element, const FMA: bool>(
     spec: &ConvSpec,
     x: &[T],
     wt: &[f32],
-    n: usize,
-    d: usize,
-    h: usize,
+    (n, d, h): (usize, usize, usize),
     out: &mut [T],
     acc: &mut [f32],
+    (epi, at): (&FusedEpilogue, usize),
 ) {
     let c = spec.c();
     let [id, ih, iw] = spec.input3();
@@ -500,6 +636,7 @@ fn cl_row_body<T: Element, const FMA: bool>(
             acc[cb..cb + len].copy_from_slice(&a[..len]);
             cb += len;
         }
+        epi.apply_pixel(acc, at + o * c);
         T::store_f32_slice(acc, &mut out[o * c..][..c]);
     }
 }
@@ -648,7 +785,7 @@ mod tests {
                     let x = HostTensor::random_normal(DType::F32, &spec.input_shape(), 3);
                     let w = HostTensor::random_normal(DType::F32, &spec.weight_shape(), 4);
                     let mut y = HostTensor::nan(DType::F32, &spec.output_shape());
-                    conv_cpu_with(isa, &spec, &x, &w, &mut y).unwrap();
+                    conv_cpu_with(isa, &spec, &FusedEpilogue::none(), &x, &w, &mut y).unwrap();
                     let r = conv_reference(&spec, &x, &w).unwrap();
                     let c = compare(&y, &r).unwrap();
                     assert!(c.passes(DType::F32), "{isa:?} {spec}: {c:?}");

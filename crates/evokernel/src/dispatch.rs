@@ -7,9 +7,10 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cuda::ConvArgs;
+use crate::engine::ConvProblem;
 use crate::spec::{ConvSpec, DType};
-use crate::tune::TuneCache;
-use crate::variants::{check_config, registry, Config, Variant};
+use crate::tune::{TuneCache, TuneTarget};
+use crate::variants::{check_config, kernel_hash, registry, Config, Variant};
 
 /// The dispatcher's answer and why.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -115,24 +116,27 @@ impl Source {
     }
 }
 
-/// The config variant `v` runs `spec` with: a forced one, else the tuned one for this
-/// device and driver, else the variant's default (configs that do not check are skipped).
+/// The config variant `v` runs `problem` with: a forced one, else the tuned one for this
+/// device and driver (tuned with this epilogue, else for the plain convolution), else
+/// the variant's default (configs that do not check are skipped).
 pub fn config_for(
     v: &dyn Variant,
-    spec: &ConvSpec,
-    device: &str,
-    driver: &str,
+    problem: &ConvProblem,
+    target: &TuneTarget,
     cache: &TuneCache,
     forced: &[Config],
 ) -> (Config, Source) {
+    let spec = &problem.spec;
     if let Some(c) = forced
         .iter()
         .find(|c| c.variant == v.name() && check_config(v, spec, c).is_ok())
     {
         return (c.clone(), Source::Forced);
     }
+    let hash = kernel_hash(v, &target.nvrtc);
     let tuned = cache
-        .get(device, driver, &spec.key(), v.name())
+        .get_current(target, &problem.key(), v.name(), &hash)
+        .or_else(|| cache.get_current(target, &spec.key(), v.name(), &hash))
         .and_then(|e| Some((e.config.parse::<Config>().ok()?, e.ms)))
         .filter(|(c, _)| check_config(v, spec, c).is_ok());
     match tuned {
@@ -144,18 +148,18 @@ pub fn config_for(
 /// The variant and config for `spec` on `device` with `driver`; `Err` says why no GPU
 /// kernel can take the spec.
 pub fn choose(
-    spec: &ConvSpec,
-    device: &str,
-    driver: &str,
+    problem: &ConvProblem,
+    target: &TuneTarget,
     cache: &TuneCache,
     forced: &[Config],
 ) -> Result<Choice, String> {
+    let spec = &problem.spec;
     ConvArgs::new(spec, 0, 0, 0).map_err(|e| e.to_string())?;
     let picks: Vec<(&'static dyn Variant, Config, Source)> = registry()
         .into_iter()
         .filter(|v| v.applies(spec).is_ok())
         .map(|v| {
-            let (c, s) = config_for(v, spec, device, driver, cache, forced);
+            let (c, s) = config_for(v, problem, target, cache, forced);
             (v, c, s)
         })
         .collect();
@@ -193,6 +197,10 @@ mod tests {
     use super::*;
     use crate::suite::public_suite;
     use crate::tune::CacheEntry;
+
+    fn h100() -> TuneTarget {
+        TuneTarget::new("H100", "13.0", "13.0")
+    }
 
     fn empty_cache() -> TuneCache {
         TuneCache::open(&std::env::temp_dir().join("evk-dispatch-none/tune.json"))
@@ -232,7 +240,7 @@ mod tests {
                 .find(|w| w.0 == case.name)
                 .unwrap()
                 .1;
-            let c = choose(&case.spec, "H100", "13.0", &cache, &[]).unwrap();
+            let c = choose(&case.spec.clone().into(), &h100(), &cache, &[]).unwrap();
             assert_eq!(c.variant, want, "{}: {}", case.name, c.reason);
             assert!(c.reason.starts_with("ranked"));
         }
@@ -256,19 +264,32 @@ mod tests {
                     config: config.into(),
                     ms,
                     date_utc: "2026-11-22".into(),
+                    kernel_hash: kernel_hash(crate::variants::find(variant).unwrap(), "13.0"),
+                    trials: Vec::new(),
                 })
                 .unwrap();
         }
-        let c = choose(&spec, "H100", "13.0", &cache, &[]).unwrap();
+        let c = choose(&spec.clone().into(), &h100(), &cache, &[]).unwrap();
         assert_eq!(c.config, "smem_tile:block=128,out_w=4");
         assert!(c.reason.starts_with("tuned"));
+        // The same entries under another NVRTC (so another kernel hash) are stale.
+        let other_nvrtc = TuneTarget::new("H100", "13.0", "12.8");
+        let c = choose(&spec.clone().into(), &other_nvrtc, &cache, &[]).unwrap();
+        assert!(c.reason.starts_with("ranked"), "{}", c.reason);
         // Another device's results do not count.
         assert_eq!(
-            choose(&spec, "H200", "13.0", &cache, &[]).unwrap().variant,
+            choose(
+                &spec.clone().into(),
+                &TuneTarget::new("H200", "13.0", "13.0"),
+                &cache,
+                &[]
+            )
+            .unwrap()
+            .variant,
             "depth_reuse"
         );
         let forced: Config = "naive:block=128,waves=8".parse().unwrap();
-        let c = choose(&spec, "H100", "13.0", &cache, &[forced]).unwrap();
+        let c = choose(&spec.clone().into(), &h100(), &cache, &[forced]).unwrap();
         assert_eq!((c.variant.as_str(), c.reason.as_str()), ("naive", "forced"));
         std::fs::remove_dir_all(dir).ok();
     }
@@ -292,6 +313,6 @@ mod tests {
         let err = params(3_000_000_000).validate().unwrap_err().to_string();
         assert!(err.contains("2147483647"), "{err}");
         let big = params(i32::MAX as i64).validate().unwrap();
-        assert!(choose(&big, "H100", "13.0", &empty_cache(), &[]).is_ok());
+        assert!(choose(&big.clone().into(), &h100(), &empty_cache(), &[]).is_ok());
     }
 }

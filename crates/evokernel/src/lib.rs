@@ -9,6 +9,8 @@ pub mod cache;
 pub mod cpu;
 pub mod cuda;
 pub mod dispatch;
+pub mod engine;
+pub mod epilogue;
 pub mod error;
 pub mod profile;
 pub mod reference;
@@ -20,6 +22,8 @@ pub mod tune;
 pub mod variants;
 pub mod verify;
 
+pub use engine::{ConvProblem, Engine, Plan};
+pub use epilogue::{Activation, Epilogue};
 pub use error::{Error, Result};
 pub use spec::{ConvParams, ConvSpec, DType, Layout};
 pub use tensor::{compare, Comparison, HostTensor};

@@ -304,17 +304,50 @@ fn mutate(c: &Config, space: &[Param], rng: &mut SplitMix64) -> Config {
 
 const FORMAT: u32 = 1;
 
-/// One remembered best config.
+/// What tuned numbers hold for: a device, its driver and the NVRTC that compiled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TuneTarget {
+    pub device: String,
+    pub driver: String,
+    pub nvrtc: String,
+}
+
+impl TuneTarget {
+    pub fn new(device: &str, driver: &str, nvrtc: &str) -> Self {
+        TuneTarget {
+            device: device.into(),
+            driver: driver.into(),
+            nvrtc: nvrtc.into(),
+        }
+    }
+}
+
+/// One timed candidate of a tuning run, kept with the winner.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TrialRecord {
+    pub config: String,
+    /// Median milliseconds, or none when the candidate failed or was wrong.
+    pub ms: Option<f64>,
+}
+
+/// One remembered best config, with every trial of the run that found it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct CacheEntry {
     pub device: String,
     pub driver: String,
-    /// `ConvSpec::key()`, which includes the dtype and layout.
+    /// `ConvProblem::key()`: the spec's key (dtype and layout included) and epilogue.
     pub spec_key: String,
     pub variant: String,
     pub config: String,
     pub ms: f64,
     pub date_utc: String,
+    /// `variants::kernel_hash`: the kernel source, the common header and the NVRTC
+    /// version it was tuned with. An entry whose hash differs from today's is stale and
+    /// ignored (entries written before it was recorded have none).
+    #[serde(default)]
+    pub kernel_hash: String,
+    #[serde(default)]
+    pub trials: Vec<TrialRecord>,
 }
 
 impl CacheEntry {
@@ -444,6 +477,7 @@ impl TuneCache {
         &self.entries
     }
 
+    /// The entry for a slot, stale or not.
     pub fn get(
         &self,
         device: &str,
@@ -454,6 +488,19 @@ impl TuneCache {
         self.entries
             .iter()
             .find(|e| e.slot() == (device, driver, spec_key, variant))
+    }
+
+    /// The entry for `variant` on `target`, only if it was tuned on the kernel source
+    /// and NVRTC of today (`kernel_hash`).
+    pub fn get_current(
+        &self,
+        target: &TuneTarget,
+        spec_key: &str,
+        variant: &str,
+        kernel_hash: &str,
+    ) -> Option<&CacheEntry> {
+        self.get(&target.device, &target.driver, spec_key, variant)
+            .filter(|e| e.kernel_hash == kernel_hash)
     }
 
     /// Records an entry and writes the file: under the lock, re-reads what others wrote
@@ -684,6 +731,8 @@ mod tests {
             config: cfg.into(),
             ms,
             date_utc: "2026-11-22".into(),
+            kernel_hash: String::new(),
+            trials: Vec::new(),
         };
         let mut c = TuneCache::open(&path);
         assert!(c.warning.is_none() && c.entries().is_empty());
@@ -715,6 +764,8 @@ mod tests {
             config: "v:".into(),
             ms: 1.0,
             date_utc: "x".into(),
+            kernel_hash: String::new(),
+            trials: Vec::new(),
         })
         .unwrap();
         assert!(TuneCache::open(&path).warning.is_none());
@@ -745,6 +796,8 @@ mod tests {
                             config: "v:".into(),
                             ms: 1.0,
                             date_utc: "x".into(),
+                            kernel_hash: String::new(),
+                            trials: Vec::new(),
                         })
                         .unwrap();
                     }

@@ -3,14 +3,23 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{ConvRun, Problem};
+use crate::backend::{ConvRun, ProblemData};
+use crate::epilogue::epilogue_reference;
 use crate::error::Result;
 use crate::reference::conv_reference;
 use crate::tensor::{compare, Comparison};
 
 /// The oracle's output for set 0 of a problem.
-pub fn oracle(problem: &Problem) -> Result<Vec<f64>> {
-    conv_reference(&problem.spec, &problem.inputs[0], &problem.weight)
+pub fn oracle(problem: &ProblemData) -> Result<Vec<f64>> {
+    let mut y = conv_reference(&problem.spec, &problem.inputs[0], &problem.weight)?;
+    epilogue_reference(
+        &problem.spec,
+        &problem.epilogue,
+        &mut y,
+        problem.bias.as_ref(),
+        problem.residual(0),
+    )?;
+    Ok(y)
 }
 
 /// The result of one check.
@@ -23,7 +32,7 @@ pub struct Verdict {
 }
 
 /// Poisons, launches once on set 0, and compares with the oracle.
-pub fn check(run: &mut dyn ConvRun, problem: &Problem, reference: &[f64]) -> Result<Verdict> {
+pub fn check(run: &mut dyn ConvRun, problem: &ProblemData, reference: &[f64]) -> Result<Verdict> {
     run.poison(0)?;
     run.launch(0)?;
     let y = run.output(0)?;

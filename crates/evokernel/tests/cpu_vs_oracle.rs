@@ -1,10 +1,12 @@
 //! Property tests: random valid specs over every dimension of the spec space, CPU
 //! backend against the f64 oracle under MEASURE.md's gates.
 
-use evokernel::backend::Problem;
+use evokernel::backend::ProblemData;
 use evokernel::cpu::conv_cpu;
 use evokernel::reference::conv_reference;
 use evokernel::tensor::compare;
+use evokernel::verify::oracle;
+use evokernel::{Activation, ConvProblem, Engine, Epilogue};
 use evokernel::{ConvParams, ConvSpec, DType, HostTensor, Layout};
 use proptest::prelude::*;
 
@@ -76,7 +78,7 @@ proptest! {
 
     #[test]
     fn cpu_propagates_nan_and_inf_like_the_oracle(spec in spec(), seed in any::<u64>()) {
-        let mut p = Problem::random(&spec, seed, 1);
+        let mut p = ProblemData::random(&spec, seed, 1);
         p.inject_non_finite(seed);
         let mut y = HostTensor::nan(spec.dtype(), &spec.output_shape());
         conv_cpu(&spec, &p.inputs[0], &p.weight, &mut y).unwrap();
@@ -84,6 +86,29 @@ proptest! {
         // (With strides, a poisoned input may feed no output at all.)
         let c = compare(&y, &r).unwrap();
         prop_assert!(c.passes(spec.dtype()), "{} seed {}: {:?}", spec, seed, c);
+    }
+
+    /// Every epilogue (bias, each activation, residual) through the Engine's CPU plan,
+    /// against the oracle; NaN/Inf inputs in a third of the cases.
+    #[test]
+    fn cpu_epilogues_match_oracle(
+        spec in spec(),
+        seed in any::<u64>(),
+        bias in any::<bool>(),
+        act in 0usize..4,
+        residual in any::<bool>(),
+    ) {
+        let epilogue = Epilogue { bias, activation: Activation::ALL[act], residual };
+        let problem = ConvProblem::new(spec.clone()).with_epilogue(epilogue);
+        let mut p = ProblemData::random_fused(&problem, seed, 1);
+        if seed % 3 == 0 {
+            p.inject_non_finite(seed);
+        }
+        let plan = Engine::cpu().plan(&problem).unwrap();
+        let y = plan.run_host(&p.inputs[0], &p.weight, p.bias.as_ref(), p.residual(0)).unwrap();
+        let r = oracle(&p).unwrap();
+        let c = compare(&y, &r).unwrap();
+        prop_assert!(c.passes(spec.dtype()), "{} seed {}: {:?}", problem, seed, c);
     }
 
     #[test]
@@ -108,6 +133,49 @@ proptest! {
             prop_assert_eq!(r[spec.output_index(n, c, a, b, e)], ro[other.output_index(n, c, a, b, e)]);
         }}}}}
     }
+}
+
+/// One engine shared by threads: each plans and runs its own problem (and the shared
+/// one), and every result matches the oracle.
+#[test]
+fn two_threads_share_one_engine() {
+    let engine = std::sync::Arc::new(Engine::cpu());
+    let base = ConvParams::seed();
+    let handles: Vec<_> = (0..2)
+        .map(|t| {
+            let engine = std::sync::Arc::clone(&engine);
+            let base = base.clone();
+            let mut p = base.clone();
+            p.c = 3 + t;
+            p.input = vec![4, 7, 12];
+            std::thread::spawn(move || {
+                for spec in [p.validate().unwrap(), {
+                    let mut q = base.clone();
+                    q.c = 2;
+                    q.input = vec![3, 6, 8];
+                    q.validate().unwrap()
+                }] {
+                    let problem = ConvProblem::new(spec.clone()).with_epilogue(Epilogue {
+                        bias: true,
+                        activation: Activation::GeluTanh,
+                        residual: false,
+                    });
+                    let data = ProblemData::random_fused(&problem, 9 + t as u64, 1);
+                    let plan = engine.plan(&problem).unwrap();
+                    let y = plan
+                        .run_host(&data.inputs[0], &data.weight, data.bias.as_ref(), None)
+                        .unwrap();
+                    let c = compare(&y, &oracle(&data).unwrap()).unwrap();
+                    assert!(c.passes(spec.dtype()), "{problem}: {c:?}");
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    // Three distinct problems: two per-thread ones and the shared one, planned once.
+    assert_eq!(engine.cached_plans(), 3);
 }
 
 #[test]

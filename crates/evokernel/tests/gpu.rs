@@ -3,28 +3,54 @@
 //! channels-last suites it applies to and on random small specs; cuDNN checked like any
 //! variant.
 
-use evokernel::backend::{ConvRun, Problem};
+use evokernel::backend::{ConvRun, ProblemData};
 use evokernel::cuda::cudnn::CudnnRun;
+use evokernel::cuda::list_devices;
 use evokernel::cuda::run::{DeviceProblem, KernelRun};
-use evokernel::cuda::{list_devices, CudaDevice};
+use evokernel::engine::with_epilogue;
 use evokernel::suite::{channels_last_suite, public_suite};
 use evokernel::tensor::SplitMix64;
 use evokernel::variants::registry;
 use evokernel::verify::{check, oracle};
-use evokernel::{ConvParams, ConvSpec, DType, Layout};
+use evokernel::{
+    Activation, ConvParams, ConvProblem, ConvSpec, DType, Engine, Epilogue, HostTensor, Layout,
+};
 
 /// Every applicable variant (default config) and optionally cuDNN against the oracle;
 /// with `non_finite`, the inputs carry a NaN, a +Inf and a -Inf, which must reach
 /// exactly the outputs the oracle says (cuDNN is not held to that).
 fn verify_all(
-    dev: &CudaDevice,
+    engine: &Engine,
     name: &str,
     spec: &ConvSpec,
     seed: u64,
     with_cudnn: bool,
     non_finite: bool,
 ) -> usize {
-    let mut problem = Problem::random(spec, seed, 1);
+    verify_fused(
+        engine,
+        name,
+        spec,
+        Epilogue::NONE,
+        seed,
+        with_cudnn,
+        non_finite,
+    )
+}
+
+/// As `verify_all` with a fused epilogue (cuDNN only without one).
+fn verify_fused(
+    engine: &Engine,
+    name: &str,
+    spec: &ConvSpec,
+    epilogue: Epilogue,
+    seed: u64,
+    with_cudnn: bool,
+    non_finite: bool,
+) -> usize {
+    let dev = engine.device().unwrap().as_ref();
+    let conv = ConvProblem::new(spec.clone()).with_epilogue(epilogue);
+    let mut problem = ProblemData::random_fused(&conv, seed, 1);
     if non_finite {
         problem.inject_non_finite(seed);
     }
@@ -37,11 +63,12 @@ fn verify_all(
             continue;
         }
         let cfg = v.default_config(spec);
-        let mut run = KernelRun::new(&dp, v, &cfg).unwrap_or_else(|e| panic!("{name} {cfg}: {e}"));
+        let mut run =
+            KernelRun::new(&dp, engine, &cfg).unwrap_or_else(|e| panic!("{name} {cfg}: {e}"));
         let verdict = check(&mut run, &problem, &reference).unwrap();
         assert!(
             verdict.passed,
-            "{name} ({spec}) {cfg} seed {seed}{}: {:?}",
+            "{name} ({conv}) {cfg} seed {seed}{}: {:?}",
             if non_finite {
                 " with NaN/Inf inputs"
             } else {
@@ -51,7 +78,7 @@ fn verify_all(
         );
         checked += 1;
     }
-    if with_cudnn && !non_finite {
+    if with_cudnn && !non_finite && epilogue.is_none() {
         match CudnnRun::new(&dp) {
             Ok(mut b) => {
                 let verdict = check(&mut b, &problem, &reference).unwrap();
@@ -80,14 +107,80 @@ fn devices_are_listed() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn every_variant_passes_the_public_and_channels_last_suites() {
-    let dev = CudaDevice::open(0).unwrap();
-    for case in public_suite()
+    let engine = Engine::cuda(0).unwrap();
+    for (i, case) in public_suite()
         .unwrap()
         .into_iter()
         .chain(channels_last_suite().unwrap())
+        .enumerate()
     {
-        verify_all(&dev, &case.name, &case.spec, 11, true, false);
-        verify_all(&dev, &case.name, &case.spec, 12, false, true);
+        verify_all(&engine, &case.name, &case.spec, 11, true, false);
+        verify_all(&engine, &case.name, &case.spec, 12, false, true);
+        // One epilogue per case in turn (each runs on several cases and every variant
+        // on some), NaN/Inf inputs on every other case.
+        let all = epilogues();
+        let e = all[i % all.len()];
+        verify_fused(
+            &engine,
+            &case.name,
+            &case.spec,
+            e,
+            100 + i as u64,
+            false,
+            i % 2 == 0,
+        );
+    }
+}
+
+/// Bias + each activation, and bias + SiLU + residual, and a residual alone.
+fn epilogues() -> Vec<Epilogue> {
+    let mut v: Vec<Epilogue> = Activation::ALL
+        .into_iter()
+        .map(|activation| Epilogue {
+            bias: true,
+            activation,
+            residual: false,
+        })
+        .collect();
+    v.push(Epilogue {
+        bias: true,
+        activation: Activation::Silu,
+        residual: true,
+    });
+    v.push(Epilogue {
+        bias: false,
+        activation: Activation::None,
+        residual: true,
+    });
+    v
+}
+
+/// The seed problem through nothing but the public Engine API, plain and with every
+/// epilogue, against the oracle; a second plan call is a cache hit.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn engine_runs_the_seed_with_every_epilogue() {
+    let engine = Engine::cuda(0).unwrap();
+    let spec = ConvParams::seed().validate().unwrap();
+    let x = HostTensor::random_normal(spec.dtype(), &spec.input_shape(), 1);
+    let w = HostTensor::random_normal(spec.dtype(), &spec.weight_shape(), 2);
+    let b = HostTensor::random_normal(spec.dtype(), &[spec.c()], 3);
+    let r = HostTensor::random_normal(spec.dtype(), &spec.output_shape(), 4);
+    for e in std::iter::once(Epilogue::NONE).chain(epilogues()) {
+        let conv = ConvProblem::new(spec.clone()).with_epilogue(e);
+        let plan = engine.plan(&conv).unwrap();
+        assert!(std::sync::Arc::ptr_eq(&plan, &engine.plan(&conv).unwrap()));
+        let (bias, res) = (e.bias.then_some(&b), e.residual.then_some(&r));
+        let y = plan.run_host(&x, &w, bias, res).unwrap();
+        let mut want = evokernel::reference::conv_reference(&spec, &x, &w).unwrap();
+        evokernel::epilogue::epilogue_reference(&spec, &e, &mut want, bias, res).unwrap();
+        let c = evokernel::compare(&y, &want).unwrap();
+        assert!(
+            c.passes(spec.dtype()),
+            "{conv} via {}: {c:?}",
+            plan.instance_name()
+        );
+        eprintln!("{conv}: {} rel L2 {:.2e}", plan.instance_name(), c.rel_l2);
     }
 }
 
@@ -156,7 +249,8 @@ fn random_specs(count: usize, seed: u64) -> Vec<ConvSpec> {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn every_variant_passes_300_random_specs() {
-    let dev = CudaDevice::open(0).unwrap();
+    let engine = Engine::cuda(0).unwrap();
+    let dev = engine.device().unwrap();
     let specs = random_specs(300, 2026);
     // Compile every specialization first, on all cores.
     let work: std::collections::BTreeSet<(&str, &str, String)> = specs
@@ -165,6 +259,7 @@ fn every_variant_passes_300_random_specs() {
             registry().into_iter().filter_map(move |v| {
                 v.applies(spec).ok()?;
                 let expr = v.specialization(spec, &v.default_config(spec)).ok()?;
+                let expr = with_epilogue(&expr, &random_epilogue(spec));
                 Some((v.name(), v.source(), expr))
             })
         })
@@ -180,16 +275,33 @@ fn every_variant_passes_300_random_specs() {
     }
     let mut checked = 0;
     for (i, spec) in specs.iter().enumerate() {
-        checked += verify_all(
-            &dev,
+        checked += verify_fused(
+            &engine,
             &format!("random #{i}"),
             spec,
+            random_epilogue(spec),
             i as u64,
             i % 10 == 0,
             i % 3 == 0,
         );
     }
     eprintln!("{checked} kernel checks over 300 specs");
+}
+
+/// One spec in four runs with a fused epilogue, chosen from its shape.
+fn random_epilogue(spec: &ConvSpec) -> Epilogue {
+    let h = spec
+        .key()
+        .bytes()
+        .fold(7u64, |a, b| a.wrapping_mul(31).wrapping_add(b as u64));
+    if h % 4 != 0 {
+        return Epilogue::NONE;
+    }
+    Epilogue {
+        bias: h % 8 == 0,
+        activation: Activation::ALL[(h / 8 % 4) as usize],
+        residual: h % 3 == 0,
+    }
 }
 
 /// Runs without a GPU: the generator must reach every variant, not only naive.
@@ -211,16 +323,17 @@ fn random_specs_reach_every_variant() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn launches_are_timed_and_outputs_poisoned_first() {
-    let dev = CudaDevice::open(0).unwrap();
+    let engine = Engine::cuda(0).unwrap();
+    let dev = engine.device().unwrap();
     let spec = ConvParams::seed().validate().unwrap();
-    let problem = Problem::random(&spec, 3, 1);
-    let dp = DeviceProblem::upload(&dev, &problem).unwrap();
+    let problem = ProblemData::random(&spec, 3, 1);
+    let dp = DeviceProblem::upload(dev, &problem).unwrap();
     let v = registry()[0];
-    let mut run = KernelRun::new(&dp, v, &v.default_config(&spec)).unwrap();
+    let mut run = KernelRun::new(&dp, &engine, &v.default_config(&spec)).unwrap();
     run.poison(0).unwrap();
     let y = run.output(0).unwrap();
     assert!(y.to_f64_vec().iter().all(|v| v.is_nan()));
     let ms = run.launch(0).unwrap();
     assert!(ms > 0.0 && ms.is_finite());
-    assert!(run.resources().registers > 0);
+    assert!(run.resources().unwrap().registers > 0);
 }

@@ -8,9 +8,10 @@ use std::collections::BTreeSet;
 use evokernel::cuda::calibrate;
 use evokernel::cuda::jit::Jit;
 use evokernel::cuda::run::repair_specialization;
+use evokernel::engine::with_epilogue;
 use evokernel::suite::{channels_last_suite, public_suite};
 use evokernel::variants::registry;
-use evokernel::{ConvParams, DType, Layout};
+use evokernel::{Activation, ConvParams, DType, Epilogue, Layout};
 
 #[test]
 fn every_variant_compiles_for_sm90() {
@@ -33,6 +34,26 @@ fn every_variant_compiles_for_sm90() {
         p.layout = Layout::ChannelsLast;
         specs.push(p.validate().unwrap());
     }
+    // Each variant also with every epilogue bit set (bias, GELU, residual) and with
+    // bias + SiLU and ReLU alone, on the first spec it takes.
+    let fused = [
+        Epilogue {
+            bias: true,
+            activation: Activation::GeluTanh,
+            residual: true,
+        },
+        Epilogue {
+            bias: true,
+            activation: Activation::Silu,
+            residual: false,
+        },
+        Epilogue {
+            bias: false,
+            activation: Activation::Relu,
+            residual: false,
+        },
+    ];
+    let mut fused_done = BTreeSet::new();
     for spec in &specs {
         for v in registry() {
             if v.applies(spec).is_ok() {
@@ -43,9 +64,16 @@ fn every_variant_compiles_for_sm90() {
                     expr.starts_with(&format!("{}<", v.kernel_function())),
                     "{expr}"
                 );
-                work.insert((v.name(), v.source(), expr));
-                if v.needs_repair() {
-                    work.insert(repair_specialization(spec));
+                let mut epilogues = vec![Epilogue::NONE];
+                if fused_done.insert(v.name()) {
+                    epilogues.extend(fused);
+                }
+                for e in &epilogues {
+                    work.insert((v.name(), v.source(), with_epilogue(&expr, e)));
+                    if v.needs_repair() {
+                        let (n, s, r) = repair_specialization(spec);
+                        work.insert((n, s, with_epilogue(&r, e)));
+                    }
                 }
             }
         }
@@ -97,7 +125,10 @@ fn warm_compile_comes_from_the_cache() {
     let jit = Jit::new("sm_90").unwrap();
     let v = registry()[0];
     let spec = evokernel::ConvParams::seed().validate().unwrap();
-    let expr = v.specialization(&spec, &v.default_config(&spec)).unwrap();
+    let expr = with_epilogue(
+        &v.specialization(&spec, &v.default_config(&spec)).unwrap(),
+        &Epilogue::NONE,
+    );
     let cold = jit.compile(v.name(), v.source(), &expr).unwrap();
     let warm = jit.compile(v.name(), v.source(), &expr).unwrap();
     assert!(!cold.cache_hit && warm.cache_hit);

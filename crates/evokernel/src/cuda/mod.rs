@@ -148,6 +148,9 @@ pub struct ConvArgs {
     /// number they flag it with (kernels/repair.cu).
     pub flag: u64,
     pub epoch: u32,
+    /// The fused epilogue's per-channel bias and residual tensor (0: none).
+    pub bias: u64,
+    pub residual: u64,
 }
 
 // SAFETY: plain old data, laid out as the CUDA struct.
@@ -181,6 +184,8 @@ impl ConvArgs {
             pad: i32s("padding", spec.pad_before3())?,
             flag: 0,
             epoch: 0,
+            bias: 0,
+            residual: 0,
         })
     }
 }
@@ -328,6 +333,40 @@ impl CudaDevice {
             compiled,
             resources,
         })
+    }
+
+    /// Makes this device's context current on the calling thread (a foreign thread, e.g.
+    /// PyTorch's, may call a plan).
+    pub fn bind(&self) -> std::result::Result<(), DriverError> {
+        self.ctx.bind_to_thread()
+    }
+
+    /// Launches a kernel whose only parameter is `args` on a foreign stream.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of this device's context, current on this thread,
+    /// and every pointer in `args` must address device memory the kernel may access.
+    pub unsafe fn launch_on<A: DeviceRepr>(
+        &self,
+        kernel: &LoadedKernel,
+        args: &A,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<()> {
+        let l = kernel.launch;
+        let mut params = [args as *const A as *mut std::ffi::c_void];
+        // SAFETY: `args` matches the kernel's single parameter and outlives the call
+        // (the driver copies parameters at launch); the caller vouches for the rest.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                kernel.function.cu_function(),
+                l.grid,
+                l.block,
+                l.shared_bytes,
+                stream,
+                &mut params,
+            )
+        }
+        .cuda("cuLaunchKernel")
     }
 
     /// Launches a kernel whose only parameter is `args`.

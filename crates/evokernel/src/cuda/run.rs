@@ -3,32 +3,36 @@
 
 use cudarc::driver::CudaSlice;
 
-use super::{ConvArgs, CudaDevice, KernelResources, LoadedKernel};
-use crate::backend::{ConvRun, Problem};
-use crate::error::{Error, Result};
+use super::{CudaDevice, KernelResources};
+use crate::backend::{ConvRun, ProblemData};
+use crate::engine::{ConvPointers, ConvProblem, Engine, Plan};
+use crate::error::Result;
 use crate::spec::ConvSpec;
 use crate::tensor::HostTensor;
-use crate::variants::{Config, Variant};
+use crate::variants::Config;
 
-/// A problem's inputs and weight on the device.
+/// A problem's inputs, weight and epilogue operands on the device.
 pub struct DeviceProblem<'d> {
     pub dev: &'d CudaDevice,
     pub spec: ConvSpec,
+    pub problem: ConvProblem,
     pub inputs: Vec<CudaSlice<u8>>,
     pub weight: CudaSlice<u8>,
+    pub bias: Option<CudaSlice<u8>>,
+    pub residuals: Vec<CudaSlice<u8>>,
 }
 
 impl<'d> DeviceProblem<'d> {
-    pub fn upload(dev: &'d CudaDevice, problem: &Problem) -> Result<Self> {
+    pub fn upload(dev: &'d CudaDevice, problem: &ProblemData) -> Result<Self> {
+        let all = |ts: &[HostTensor]| ts.iter().map(|t| dev.upload(t)).collect::<Result<_>>();
         Ok(DeviceProblem {
             dev,
             spec: problem.spec.clone(),
-            inputs: problem
-                .inputs
-                .iter()
-                .map(|t| dev.upload(t))
-                .collect::<Result<_>>()?,
+            problem: problem.problem(),
+            inputs: all(&problem.inputs)?,
             weight: dev.upload(&problem.weight)?,
+            bias: problem.bias.as_ref().map(|b| dev.upload(b)).transpose()?,
+            residuals: all(&problem.residuals)?,
         })
     }
 
@@ -75,100 +79,65 @@ pub fn repair_specialization(spec: &ConvSpec) -> (&'static str, &'static str, St
     )
 }
 
-/// One variant at one config, compiled, loaded and bound to a problem.
+/// One kernel instance, planned by the engine for a problem and bound to its device data.
 pub struct KernelRun<'p, 'd> {
     problem: &'p DeviceProblem<'d>,
-    config: Config,
-    kernel: LoadedKernel,
-    /// repair.cu after the kernel, with the flag it reads, for variants that need it.
-    repair: Option<(LoadedKernel, CudaSlice<u8>)>,
-    epoch: u32,
+    plan: Plan,
     outputs: Vec<CudaSlice<u8>>,
-    args: Vec<ConvArgs>,
+    ptrs: Vec<ConvPointers>,
 }
 
 impl<'p, 'd> KernelRun<'p, 'd> {
-    pub fn new(
-        problem: &'p DeviceProblem<'d>,
-        variant: &dyn Variant,
-        config: &Config,
-    ) -> Result<Self> {
-        let spec = &problem.spec;
-        variant
-            .applies(spec)
-            .map_err(|reason| Error::NotApplicable {
-                variant: variant.name().into(),
-                spec: spec.to_string(),
-                reason,
-            })?;
+    /// `engine` must run on the problem's device.
+    pub fn new(problem: &'p DeviceProblem<'d>, engine: &Engine, config: &Config) -> Result<Self> {
+        let plan = engine.plan_instance(&problem.problem, config)?;
+        Self::with_plan(problem, plan)
+    }
+
+    pub fn with_plan(problem: &'p DeviceProblem<'d>, plan: Plan) -> Result<Self> {
         let dev = problem.dev;
-        let expr = variant.specialization(spec, config)?;
-        let launch = variant.launch(spec, config, dev.info().sms)?;
-        let kernel = dev.load(variant.name(), variant.source(), &expr, launch)?;
         let outputs = problem.outputs()?;
-        let repair = if variant.needs_repair() {
-            let (name, source, expr) = repair_specialization(spec);
-            let planes = (spec.n() * spec.c() * spec.output3()[0]) as u64;
-            let launch = crate::variants::Launch {
-                // Small: without a flag every block just reads it and leaves.
-                grid: (planes.min(dev.info().sms as u64).max(1) as u32, 1, 1),
-                block: (256, 1, 1),
-                shared_bytes: 0,
-            };
-            Some((dev.load(name, source, &expr, launch)?, dev.alloc(4)?))
-        } else {
-            None
-        };
-        let flag = repair.as_ref().map_or(0, |(_, f)| dev.device_ptr(f));
         let w = dev.device_ptr(&problem.weight);
-        let args = problem
-            .inputs
-            .iter()
-            .zip(&outputs)
-            .map(|(x, y)| {
-                let mut a = ConvArgs::new(spec, dev.device_ptr(x), w, dev.device_ptr(y))?;
-                a.flag = flag;
-                Ok(a)
+        let bias = problem.bias.as_ref().map_or(0, |b| dev.device_ptr(b));
+        let ptrs = (0..problem.sets())
+            .map(|i| ConvPointers {
+                x: dev.device_ptr(&problem.inputs[i]),
+                w,
+                y: dev.device_ptr(&outputs[i]),
+                bias,
+                residual: problem.residuals.get(i).map_or(0, |r| dev.device_ptr(r)),
             })
-            .collect::<Result<_>>()?;
+            .collect();
         Ok(KernelRun {
             problem,
-            config: config.clone(),
-            kernel,
-            repair,
-            epoch: 0,
+            plan,
             outputs,
-            args,
+            ptrs,
         })
     }
 
-    pub fn resources(&self) -> KernelResources {
-        self.kernel.resources
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+    pub fn resources(&self) -> Option<KernelResources> {
+        self.plan.resources()
     }
     pub fn compile_ms(&self) -> (f64, bool) {
-        (self.kernel.compiled.millis, self.kernel.compiled.cache_hit)
+        self.plan.compile_ms().unwrap_or((0.0, false))
     }
 }
 
 impl ConvRun for KernelRun<'_, '_> {
     fn name(&self) -> String {
-        self.config.variant.clone()
+        self.plan.choice().variant.clone()
     }
-    /// Times the kernel and, for tensor-core variants, the repair launch after it (a few
-    /// microseconds when nothing was flagged).
+    /// Times the plan's launches: the kernel and, for tensor-core variants, the repair
+    /// launch after it (a few microseconds when nothing was flagged).
     fn launch(&mut self, set: usize) -> Result<f64> {
         let dev = self.problem.dev;
-        // A fresh number per launch, so a flag left by an earlier launch means nothing.
-        self.epoch = self.epoch.wrapping_add(1).max(1);
-        self.args[set].epoch = self.epoch;
-        let (kernel, args, repair) = (&self.kernel, &self.args[set], &self.repair);
-        dev.time(|| {
-            dev.launch(kernel, args)?;
-            if let Some((r, _)) = repair {
-                dev.launch(r, args)?;
-            }
-            Ok(())
-        })
+        let (plan, ptrs) = (&self.plan, &self.ptrs[set]);
+        // SAFETY: the pointers address this problem's live buffers, sized for its spec.
+        dev.time(|| unsafe { plan.run_raw(ptrs, dev.stream().cu_stream()) })
     }
     fn poison(&mut self, set: usize) -> Result<()> {
         self.problem.dev.poison(&mut self.outputs[set])

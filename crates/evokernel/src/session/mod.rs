@@ -2,21 +2,24 @@
 //! ceilings once, and evaluates cases (oracle, checks, timings) into reports; tuning.rs
 //! runs the config searches on the same session.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 mod tuning;
 pub use tuning::{SearchKind, TuneEvent, TunePlan, TuneReport, TuneRow};
 
-use crate::backend::{rotation_sets, BackendChoice, ConvRun, CpuRun, Problem};
+use crate::backend::{rotation_sets, BackendChoice, ConvRun, CpuRun, ProblemData};
 use crate::bench::{throughput, time_one, time_pair, Ceilings, Protocol, Throughput, Timing};
 use crate::cpu::{self, Isa};
 use crate::cuda::cudnn::CudnnRun;
 use crate::cuda::run::{DeviceProblem, KernelRun};
 use crate::cuda::{CudaDevice, GpuInfo, KernelResources};
-use crate::dispatch::{choose, config_for, Choice};
+use crate::dispatch::Choice;
+use crate::engine::{ConvProblem, Engine};
+use crate::epilogue::Epilogue;
 use crate::error::{Error, Result};
 use crate::spec::ConvSpec;
-use crate::tune::TuneCache;
 use crate::variants::{registry, Config};
 use crate::verify::{check, oracle, Verdict};
 
@@ -42,6 +45,9 @@ pub struct Options {
     pub configs: Vec<Config>,
     /// Only these implementations (variant names, `cudnn`); empty means all.
     pub only: Vec<String>,
+    /// The fused epilogue every case runs with (`--bias`, `--activation`, `--residual`).
+    #[serde(default)]
+    pub epilogue: Epilogue,
 }
 
 impl Options {
@@ -58,6 +64,7 @@ impl Default for Options {
             protocol: Protocol::default(),
             configs: Vec::new(),
             only: Vec::new(),
+            epilogue: Epilogue::NONE,
         }
     }
 }
@@ -68,6 +75,9 @@ pub struct RowReport {
     pub name: String,
     /// The config a kernel variant ran with (`variant:k=v,...`).
     pub config: Option<String>,
+    /// The kernel instance's canonical name (variant, dtype, layout, every parameter).
+    #[serde(default)]
+    pub instance: Option<String>,
     pub verdict: Verdict,
     pub timing: Option<Timing>,
     pub throughput: Option<Throughput>,
@@ -83,6 +93,7 @@ impl RowReport {
         RowReport {
             name,
             config: None,
+            instance: None,
             verdict,
             timing: None,
             throughput: None,
@@ -108,10 +119,15 @@ pub struct CaseReport {
     pub skipped: Vec<(String, String)>,
     /// What cuDNN's algorithm search measured, when the baseline ran.
     pub baseline_search: Vec<crate::cuda::cudnn::AlgoTime>,
-    /// The kernel evokernel picks for this spec on this device, or why none can take
-    /// it (GPU only).
+    /// The fused epilogue the case ran with (`none`, or e.g. `bias+silu+res`).
     #[serde(default)]
-    pub dispatch: Option<std::result::Result<Choice, String>>,
+    pub epilogue: Epilogue,
+    /// The kernel the engine picks for this problem on this device (GPU only).
+    #[serde(default, deserialize_with = "dispatch_of_any_version")]
+    pub dispatch: Option<Choice>,
+    /// Why no GPU kernel can take the problem, when none can.
+    #[serde(default)]
+    pub dispatch_error: Option<String>,
 }
 
 impl CaseReport {
@@ -120,9 +136,38 @@ impl CaseReport {
     }
 }
 
+/// Reports before schema version 2 wrote the pick as `{"Ok": choice}` or `{"Err": why}`.
+fn dispatch_of_any_version<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<Choice>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Any {
+        Choice(Choice),
+        Ok {
+            #[serde(rename = "Ok")]
+            ok: Choice,
+        },
+        Err {
+            #[serde(rename = "Err")]
+            _err: String,
+        },
+    }
+    Ok(match Option::<Any>::deserialize(d)? {
+        Some(Any::Choice(c)) | Some(Any::Ok { ok: c }) => Some(c),
+        Some(Any::Err { .. }) | None => None,
+    })
+}
+
+/// The version of the report format below; docs/report.md documents every field.
+pub const REPORT_SCHEMA_VERSION: u32 = 2;
+
 /// Everything one command measured, as written by `--json`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunReport {
+    /// `REPORT_SCHEMA_VERSION` of the evokernel that wrote it (absent before version 2).
+    #[serde(default)]
+    pub schema_version: u32,
     pub evokernel_version: String,
     pub commit: String,
     pub date_utc: String,
@@ -132,14 +177,9 @@ pub struct RunReport {
     pub cases: Vec<CaseReport>,
 }
 
-/// Backend a session runs on.
-enum Backend {
-    Cpu,
-    Cuda(Box<CudaDevice>),
-}
-
+/// A measuring session: the engine whose plans it measures, the device's ceilings.
 pub struct Session {
-    backend: Backend,
+    engine: Engine,
     ceilings: Option<Ceilings>,
     device: DeviceInfo,
 }
@@ -152,7 +192,7 @@ impl Session {
     /// why not in the device detail when it falls back to the CPU.
     pub fn open(choice: BackendChoice) -> Result<Self> {
         let cpu = |why: Option<String>| Session {
-            backend: Backend::Cpu,
+            engine: Engine::cpu(),
             ceilings: None,
             device: DeviceInfo {
                 backend: "cpu".into(),
@@ -177,7 +217,7 @@ impl Session {
     }
 
     fn open_cuda() -> Result<Self> {
-        let dev = CudaDevice::open(0)?;
+        let dev = Arc::new(CudaDevice::open(0)?);
         let i = dev.info().clone();
         Ok(Session {
             device: DeviceInfo {
@@ -194,7 +234,7 @@ impl Session {
                 ),
                 gpu: Some(i),
             },
-            backend: Backend::Cuda(Box::new(dev)),
+            engine: Engine::on_device(dev),
             ceilings: None,
         })
     }
@@ -208,9 +248,9 @@ impl Session {
         if let Some(c) = self.ceilings {
             return Ok(c);
         }
-        let c = match &self.backend {
-            Backend::Cpu => cpu::calibrate(),
-            Backend::Cuda(dev) => crate::cuda::calibrate::calibrate(dev)?,
+        let c = match self.engine.device() {
+            None => cpu::calibrate(),
+            Some(dev) => crate::cuda::calibrate::calibrate(dev)?,
         };
         self.ceilings = Some(c);
         Ok(c)
@@ -234,10 +274,12 @@ impl Session {
 
     /// The CUDA device, when the session runs on one.
     pub fn cuda(&self) -> Option<&CudaDevice> {
-        match &self.backend {
-            Backend::Cuda(d) => Some(d),
-            Backend::Cpu => None,
-        }
+        self.engine.device().map(|d| d.as_ref())
+    }
+
+    /// The engine whose plans the session measures.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
     }
 
     /// Verifies (and with `opts.time`, times) every implementation of the session's
@@ -249,45 +291,54 @@ impl Session {
         opts: &Options,
         progress: Progress,
     ) -> Result<CaseReport> {
+        let conv = ConvProblem::new(spec.clone()).with_epilogue(opts.epilogue);
         let sets = if opts.time {
-            rotation_sets(spec, self.cache_bytes())
+            rotation_sets(&conv, self.cache_bytes())
         } else {
             1
         };
+        if self.engine.forced() != opts.configs.as_slice() {
+            self.engine.set_forced(opts.configs.clone());
+        }
         progress("generating inputs");
-        let problem = Problem::random(spec, opts.seed, sets);
+        let problem = ProblemData::random_fused(&conv, opts.seed, sets);
         progress("running the f64 oracle");
         let reference = oracle(&problem)?;
         let floor_ms = if opts.time {
-            Some(self.ceilings()?.floor_ms(spec))
+            Some(self.ceilings()?.floor_ms(&conv))
         } else {
             None
         };
         let mut skipped = Vec::new();
         let mut baseline_search = Vec::new();
         let mut dispatch = None;
-        let rows = match &self.backend {
-            Backend::Cpu => {
-                let mut run = CpuRun::new(&problem);
+        let mut dispatch_error = None;
+        let engine = &self.engine;
+        let rows = match engine.device() {
+            None => {
+                let mut run = CpuRun::new(&problem, engine.plan(&conv)?);
                 vec![measure(
                     &mut run, None, &problem, &reference, sets, opts, floor_ms, progress,
                 )?]
             }
-            Backend::Cuda(dev) => {
+            Some(dev) => {
                 progress("uploading inputs");
                 let dp = DeviceProblem::upload(dev, &problem)?;
-                let tune_cache = TuneCache::open_default();
-                let info = dev.info();
-                dispatch = Some(choose(
-                    spec,
-                    &info.name,
-                    &info.driver_version,
-                    &tune_cache,
-                    &opts.configs,
-                ));
+                match engine.choose(&conv) {
+                    Ok(c) => dispatch = Some(c),
+                    Err(e) => dispatch_error = Some(e.to_string()),
+                }
                 let mut rows = Vec::new();
+                // cuDNN computes the plain convolution only: no baseline with an epilogue.
+                let wants_cudnn = opts.wants("cudnn") && conv.epilogue.is_none();
+                if opts.wants("cudnn") && !wants_cudnn {
+                    skipped.push((
+                        "cudnn".to_string(),
+                        "the baseline has no fused epilogue".to_string(),
+                    ));
+                }
                 progress("cuDNN: searching algorithms");
-                let mut baseline = match opts.wants("cudnn").then(|| CudnnRun::new(&dp)) {
+                let mut baseline = match wants_cudnn.then(|| CudnnRun::new(&dp)) {
                     Some(Ok(b)) => Some(b),
                     Some(Err(e)) => {
                         skipped.push(("cudnn".to_string(), e.to_string()));
@@ -311,16 +362,9 @@ impl Session {
                         skipped.push((v.name().to_string(), reason));
                         continue;
                     }
-                    let (config, source) = config_for(
-                        v,
-                        spec,
-                        &info.name,
-                        &info.driver_version,
-                        &tune_cache,
-                        &opts.configs,
-                    );
+                    let (config, source) = engine.config_for(v, &conv);
                     progress(&format!("compiling {config}"));
-                    let mut run = match KernelRun::new(&dp, v, &config) {
+                    let mut run = match KernelRun::new(&dp, engine, &config) {
                         Ok(run) => run,
                         // E.g. a size past the kernels' 32-bit per-dim indices.
                         Err(e @ Error::NotApplicable { .. }) => {
@@ -335,7 +379,8 @@ impl Session {
                     )?;
                     let (ms, hit) = run.compile_ms();
                     row.config = Some(config.to_string());
-                    row.resources = Some(run.resources());
+                    row.instance = Some(run.plan().instance_name());
+                    row.resources = run.resources();
                     row.note = Some(format!(
                         "{}; jit {ms:.0} ms{}",
                         source.label(),
@@ -349,21 +394,24 @@ impl Session {
         Ok(CaseReport {
             name: name.to_string(),
             spec: spec.to_string(),
-            key: spec.key(),
-            flops: spec.flops(),
-            min_bytes: spec.min_bytes(),
+            key: conv.key(),
+            flops: conv.flops(),
+            min_bytes: conv.min_bytes(),
             floor_ms,
             seed: opts.seed,
             input_sets: sets,
             rows,
             skipped,
             baseline_search,
+            epilogue: conv.epilogue,
             dispatch,
+            dispatch_error,
         })
     }
 
     pub fn report(&self, opts: &Options, cases: Vec<CaseReport>) -> RunReport {
         RunReport {
+            schema_version: REPORT_SCHEMA_VERSION,
             evokernel_version: env!("CARGO_PKG_VERSION").to_string(),
             commit: env!("EVOKERNEL_COMMIT").to_string(),
             date_utc: utc_now(),
@@ -376,9 +424,9 @@ impl Session {
 
     /// Last-level cache of the device, which small problems are rotated past.
     fn cache_bytes(&self) -> u64 {
-        match &self.backend {
-            Backend::Cpu => cpu_llc_bytes(),
-            Backend::Cuda(d) => d.info().l2_bytes,
+        match self.engine.device() {
+            None => cpu_llc_bytes(),
+            Some(d) => d.info().l2_bytes,
         }
     }
 }
@@ -389,7 +437,7 @@ impl Session {
 fn measure(
     run: &mut dyn ConvRun,
     baseline: Option<&mut dyn ConvRun>,
-    problem: &Problem,
+    problem: &ProblemData,
     reference: &[f64],
     sets: usize,
     opts: &Options,
@@ -411,7 +459,7 @@ fn measure(
             None => time_one(run, sets, &opts.protocol)?,
         };
         row.timing = Some(t);
-        row.throughput = floor_ms.map(|f| throughput(&problem.spec, t.median_ms, f));
+        row.throughput = floor_ms.map(|f| throughput(&problem.problem(), t.median_ms, f));
     }
     Ok(row)
 }

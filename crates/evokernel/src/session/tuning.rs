@@ -4,15 +4,16 @@
 
 use serde::Serialize;
 
-use super::{utc_now, Backend, Options, Session};
-use crate::backend::{rotation_sets, Problem};
+use super::{utc_now, Options, Session};
+use crate::backend::{rotation_sets, ProblemData};
 use crate::bench::time_one;
 use crate::cuda::run::{DeviceProblem, KernelRun};
 use crate::cuda::CudaDevice;
+use crate::engine::{with_epilogue, ConvProblem};
 use crate::error::{Error, Result};
 use crate::spec::ConvSpec;
-use crate::tune::{search, CacheEntry, SearchProgress, Strategy, TuneCache};
-use crate::variants::{registry, valid_configs, Config};
+use crate::tune::{search, CacheEntry, SearchProgress, Strategy, TrialRecord, TuneCache};
+use crate::variants::{kernel_hash, registry, valid_configs, Config};
 use crate::verify::{check, oracle};
 
 /// Which search `tune` runs.
@@ -137,7 +138,8 @@ impl Session {
         plan: &TunePlan,
         progress: &mut dyn FnMut(TuneEvent),
     ) -> Result<TuneReport> {
-        let Backend::Cuda(dev) = &self.backend else {
+        let engine = &self.engine;
+        let Some(dev) = engine.device() else {
             return Err(Error::BackendUnavailable {
                 backend: "cpu".into(),
                 reason:
@@ -146,24 +148,25 @@ impl Session {
             });
         };
         let dev: &CudaDevice = dev;
-        let sets = rotation_sets(spec, self.cache_bytes());
+        let conv = ConvProblem::new(spec.clone()).with_epilogue(opts.epilogue);
+        let sets = rotation_sets(&conv, self.cache_bytes());
         progress(TuneEvent::Stage("generating inputs and the oracle"));
-        let problem = Problem::random(spec, opts.seed, sets);
+        let problem = ProblemData::random_fused(&conv, opts.seed, sets);
         let reference = oracle(&problem)?;
         let dp = DeviceProblem::upload(dev, &problem)?;
         let mut cache = TuneCache::open_default();
         let cache_warning = cache.warning.clone();
-        let info = dev.info().clone();
+        let target = engine.tune_target();
         let mut rows = Vec::new();
         for v in registry().into_iter().filter(|v| opts.wants(v.name())) {
             if v.applies(spec).is_err() {
                 continue;
             }
             let space = v.space(spec);
+            let hash = kernel_hash(v, &target.nvrtc);
             let default = v.default_config(spec);
             if !plan.retune {
-                if let Some(e) = cache.get(&info.name, &info.driver_version, &spec.key(), v.name())
-                {
+                if let Some(e) = cache.get_current(&target, &conv.key(), v.name(), &hash) {
                     rows.push(TuneRow {
                         variant: v.name().to_string(),
                         from_cache: true,
@@ -190,7 +193,7 @@ impl Session {
             });
             let jit = dev.jit();
             let cost = |c: &Config| -> std::result::Result<f64, String> {
-                let mut run = KernelRun::new(&dp, v, c).map_err(|e| e.to_string())?;
+                let mut run = KernelRun::new(&dp, engine, c).map_err(|e| e.to_string())?;
                 let verdict = check(&mut run, &problem, &reference).map_err(|e| e.to_string())?;
                 if !verdict.passed {
                     return Err(format!(
@@ -208,6 +211,7 @@ impl Session {
                     let work: Vec<String> = configs
                         .iter()
                         .filter_map(|c| v.specialization(spec, c).ok())
+                        .map(|e| with_epilogue(&e, &conv.epilogue))
                         .collect();
                     scope.spawn(move || {
                         use rayon::prelude::*;
@@ -241,19 +245,28 @@ impl Session {
             let default_ms = match default_ms {
                 Some(ms) => Some(ms),
                 None => {
-                    let mut run = KernelRun::new(&dp, v, &default)?;
+                    let mut run = KernelRun::new(&dp, engine, &default)?;
                     Some(time_one(&mut run, sets, &opts.protocol)?.median_ms)
                 }
             };
             if let Some((best, ms)) = &result.best {
                 cache.record(CacheEntry {
-                    device: info.name.clone(),
-                    driver: info.driver_version.clone(),
-                    spec_key: spec.key(),
+                    device: target.device.clone(),
+                    driver: target.driver.clone(),
+                    spec_key: conv.key(),
                     variant: v.name().to_string(),
                     config: best.to_string(),
                     ms: *ms,
                     date_utc: utc_now(),
+                    kernel_hash: hash.clone(),
+                    trials: result
+                        .trials
+                        .iter()
+                        .map(|t| TrialRecord {
+                            config: t.config.clone(),
+                            ms: t.ms,
+                        })
+                        .collect(),
                 })?;
             }
             rows.push(TuneRow {
@@ -271,10 +284,12 @@ impl Session {
                 trials: result.trials,
             });
         }
+        // Later plans of this session pick up what was just tuned.
+        self.engine.reload_tune_cache();
         Ok(TuneReport {
             name: name.to_string(),
             spec: spec.to_string(),
-            key: spec.key(),
+            key: conv.key(),
             cache: cache.path().display().to_string(),
             cache_warning,
             rows,

@@ -225,6 +225,129 @@ impl std::str::FromStr for Config {
     }
 }
 
+/// A kernel instance: a variant's config for one dtype and layout. Its canonical name
+/// is the only text form reports, `tune.json` and the profiler's filter use, e.g.
+/// `depth_reuse_bf16_cf_dchunk16_minblocks2_stages2` (variant, dtype, `cf` or `cl`,
+/// then every parameter as name and value, in name order).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Instance {
+    pub config: Config,
+    pub dtype: DType,
+    pub layout: Layout,
+}
+
+impl Instance {
+    pub fn new(spec: &ConvSpec, config: Config) -> Self {
+        Instance {
+            config,
+            dtype: spec.dtype(),
+            layout: spec.layout(),
+        }
+    }
+
+    /// `Err` naming both when the instance was made for another dtype or layout.
+    pub fn check_spec(&self, spec: &ConvSpec) -> Result<()> {
+        if self.dtype != spec.dtype() || self.layout != spec.layout() {
+            return Err(Error::parse(
+                "instance",
+                &self.to_string(),
+                format!(
+                    "it is for {} {}, but the problem is {} {}",
+                    self.dtype,
+                    layout_tag(self.layout),
+                    spec.dtype(),
+                    layout_tag(spec.layout())
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn layout_tag(l: Layout) -> &'static str {
+    match l {
+        Layout::ChannelsFirst => "cf",
+        Layout::ChannelsLast => "cl",
+    }
+}
+
+impl fmt::Display for Instance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}_{}_{}",
+            self.config.variant,
+            self.dtype,
+            layout_tag(self.layout)
+        )?;
+        for (k, v) in &self.config.values {
+            write!(f, "_{k}{v}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for Instance {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = |why: String| Error::parse("instance name", s, why);
+        // The longest registered variant name the text starts with, then `_`.
+        let variant = registry()
+            .into_iter()
+            .map(|v| v.name())
+            .filter(|n| s.starts_with(n) && s[n.len()..].starts_with('_'))
+            .max_by_key(|n| n.len())
+            .ok_or_else(|| bad("it does not start with a known variant and '_'".into()))?;
+        let mut parts = s[variant.len() + 1..].splitn(3, '_');
+        let dtype: DType = parts
+            .next()
+            .unwrap_or_default()
+            .parse()
+            .map_err(|_| bad("expected the dtype (bf16, f16, f32) after the variant".into()))?;
+        let layout = match parts.next().unwrap_or_default() {
+            "cf" => Layout::ChannelsFirst,
+            "cl" => Layout::ChannelsLast,
+            other => {
+                return Err(bad(format!(
+                    "expected cf or cl after the dtype, found '{other}'"
+                )))
+            }
+        };
+        let mut values = BTreeMap::new();
+        let mut rest = parts.next().unwrap_or_default();
+        while !rest.is_empty() {
+            // A parameter is letters and '_' then digits, parameters joined by '_'.
+            let digits = rest
+                .find(|ch: char| ch.is_ascii_digit())
+                .ok_or_else(|| bad(format!("parameter '{rest}' has no value")))?;
+            let name = &rest[..digits];
+            let end = rest[digits..]
+                .find(|ch: char| !ch.is_ascii_digit())
+                .map_or(rest.len(), |e| digits + e);
+            let value: i64 = rest[digits..end]
+                .parse()
+                .map_err(|_| bad(format!("value of '{name}' is out of range")))?;
+            if name.is_empty() || values.insert(name.to_string(), value).is_some() {
+                return Err(bad(format!("parameter '{name}' is empty or repeated")));
+            }
+            rest = &rest[end..];
+            if let Some(r) = rest.strip_prefix('_') {
+                rest = r;
+            } else if !rest.is_empty() {
+                return Err(bad(format!("expected '_' before '{rest}'")));
+            }
+        }
+        Ok(Instance {
+            config: Config {
+                variant: variant.to_string(),
+                values,
+            },
+            dtype,
+            layout,
+        })
+    }
+}
+
 /// Grid, block and dynamic shared memory of one launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Launch {
@@ -305,6 +428,18 @@ pub trait Variant: Sync {
     fn kernel_function(&self) -> String {
         format!("{}_dwconv", self.name())
     }
+}
+
+/// What a tuned result of `v` depends on besides the problem: its source, the common
+/// header, the epilogue code path's header and the NVRTC version (`tune.json` entries with
+/// another hash are stale).
+pub fn kernel_hash(v: &dyn Variant, nvrtc: &str) -> String {
+    crate::cache::stable_hash(&[
+        v.name().as_bytes(),
+        v.source().as_bytes(),
+        crate::cuda::jit::COMMON_HEADER.as_bytes(),
+        nvrtc.as_bytes(),
+    ])
 }
 
 /// Every registered variant, in ladder order.
@@ -498,6 +633,47 @@ mod tests {
             let l = v.launch(&spec, &v.default_config(&spec), 132).unwrap();
             assert!(l.grid.0 <= 132 * 32, "{name}: grid-stride grids stay small");
         }
+    }
+
+    #[test]
+    fn instance_names_round_trip_for_every_default_of_the_suites() {
+        let cl = crate::suite::channels_last_suite().unwrap();
+        for case in crate::suite::public_suite().unwrap().into_iter().chain(cl) {
+            for v in registry() {
+                if v.applies(&case.spec).is_err() {
+                    continue;
+                }
+                let inst = Instance::new(&case.spec, v.default_config(&case.spec));
+                let name = inst.to_string();
+                let back: Instance = name.parse().unwrap();
+                assert_eq!(back, inst, "{name}");
+                assert_eq!(back.to_string(), name);
+                back.check_spec(&case.spec).unwrap();
+            }
+        }
+        let i: Instance = "smem_tile_f32_cf_block128_out_w4".parse().unwrap();
+        assert_eq!(i.config.to_string(), "smem_tile:block=128,out_w=4");
+        // depth_reuse_fma_cl, not depth_reuse or depth_reuse_fma: the longest name wins.
+        let i: Instance = "depth_reuse_fma_cl_bf16_cl_cv2".parse().unwrap();
+        assert_eq!(i.config.variant, "depth_reuse_fma_cl");
+        for bad in [
+            "",
+            "warp_bf16_cf",
+            "naive_bf17_cf",
+            "naive_bf16_xx",
+            "naive_bf16_cf_block",
+            "naive_bf16_cf_block1_block2",
+            "naive_bf16_cf_block99999999999999999999",
+        ] {
+            assert!(bad.parse::<Instance>().is_err(), "{bad}");
+        }
+        let seed = crate::spec::ConvParams::seed().validate().unwrap();
+        let f16: Instance = "naive_f16_cf_block256_waves16".parse().unwrap();
+        assert!(f16
+            .check_spec(&seed)
+            .unwrap_err()
+            .to_string()
+            .contains("f16 cf"));
     }
 
     #[test]
