@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Resource usage (registers, shared, stack, spills) and SASS of one specialization,
 # without a GPU: NVRTC compiles it, cuobjdump (from PyPI) reads the CUBIN.
-# Usage: scripts/sass.sh CASE VARIANT[:k=v,..] [--sass]
+# Usage: scripts/sass.sh CASE VARIANT[:k=v,..] [--sass] [EPILOGUE, e.g. bias+silu+res]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 tools="$root/.nvrtc/tools"
@@ -16,7 +16,7 @@ export PATH="$tools/nvidia/cu13/bin:$PATH"
 "$root/scripts/install-nvrtc.sh" >/dev/null
 export LD_LIBRARY_PATH="$root/.nvrtc/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}"
 out=$(mktemp --suffix=.cubin)
-cargo run -q --release --example cubin -- "$1" "$2" "$out"
+cargo run -q --release --example cubin -- "$1" "$2" "$out" ${4:-}
 "$tools/nvidia/cu13/bin/cuobjdump" -res-usage "$out" | grep -E "Function|REG"
 if [ "${3:-}" = "--sass" ]; then "$tools/nvidia/cu13/bin/cuobjdump" -sass "$out"; fi
 rm -f "$out"

@@ -1,17 +1,35 @@
 //! Writes the CUBIN of one kernel specialization, for reading its resource usage and
 //! SASS without a GPU (scripts/sass.sh runs cuobjdump on it).
 //!
-//! Usage: cargo run --release --example cubin -- CASE VARIANT[:k=v,..] OUT.cubin
-//! (CASE is a case of the public or channels-last suite; without `:k=v` the variant's default config).
+//! Usage: cargo run --release --example cubin -- CASE VARIANT[:k=v,..] OUT.cubin [EPILOGUE]
+//! (CASE is a case of the public or channels-last suite; without `:k=v` the variant's
+//! default config; EPILOGUE e.g. `bias+silu+res`, default none).
 
 use evokernel::cuda::jit::Jit;
+use evokernel::engine::with_epilogue;
 use evokernel::suite::{channels_last_suite, public_suite};
 use evokernel::variants::{registry, Config};
+use evokernel::{Activation, Epilogue};
+
+/// `bias`, `res` and an activation name joined by `+`.
+fn parse_epilogue(text: &str) -> Result<Epilogue, Box<dyn std::error::Error>> {
+    let mut e = Epilogue::NONE;
+    for part in text.split('+').filter(|p| !p.is_empty() && *p != "none") {
+        match part {
+            "bias" => e.bias = true,
+            "res" | "residual" => e.residual = true,
+            act => e.activation = act.parse::<Activation>()?,
+        }
+    }
+    Ok(e)
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [case, config, out] = args.as_slice() else {
-        return Err("usage: cubin CASE VARIANT[:k=v,..] OUT.cubin".into());
+    let (case, config, out, epilogue) = match args.as_slice() {
+        [c, v, o] => (c, v, o, Epilogue::NONE),
+        [c, v, o, e] => (c, v, o, parse_epilogue(e)?),
+        _ => return Err("usage: cubin CASE VARIANT[:k=v,..] OUT.cubin [bias+silu+res]".into()),
     };
     let spec = public_suite()?
         .into_iter()
@@ -29,7 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         v.default_config(&spec)
     };
-    let expr = v.specialization(&spec, &config)?;
+    let expr = with_epilogue(&v.specialization(&spec, &config)?, &epilogue);
     let compiled = Jit::new("sm_90")?
         .without_cache()
         .compile(v.name(), v.source(), &expr)?;

@@ -73,7 +73,7 @@ fn main() -> Result<()> {
         );
     }
     if let Some(dev) = engine.device() {
-        gpu_timings(&engine, dev, &x, &w, &b, &r)?;
+        gpu_timings(&engine, dev)?;
     }
     if failed {
         std::process::exit(1);
@@ -81,78 +81,86 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// Device time of the seed plan (CUDA events, median of 50 after 10 warm-ups), with and
-/// without bias + SiLU and a residual; then the host time per call.
-fn gpu_timings(
-    engine: &Engine,
-    dev: &evokernel::cuda::CudaDevice,
-    x: &HostTensor,
-    w: &HostTensor,
-    b: &HostTensor,
-    r: &HostTensor,
-) -> Result<()> {
-    let spec = ConvParams::seed().validate()?;
+/// Device time of the dispatch pick (CUDA events, median of 50 after 10 warm-ups) on the
+/// seed and two more public cases, plain and with bias + SiLU and with a residual too;
+/// then the host time per call.
+fn gpu_timings(engine: &Engine, dev: &evokernel::cuda::CudaDevice) -> Result<()> {
     let stream = dev.stream();
-    let (dx, dw, db, dr) = (
-        dev.upload(x)?,
-        dev.upload(w)?,
-        dev.upload(b)?,
-        dev.upload(r)?,
-    );
-    let mut dy = dev.alloc(spec.output_len() * spec.dtype().size_bytes())?;
-    let mut base_ms = 0.0;
-    for e in [
-        Epilogue::NONE,
-        Epilogue {
-            bias: true,
-            activation: Activation::Silu,
-            residual: false,
-        },
-        Epilogue {
-            bias: true,
-            activation: Activation::Silu,
-            residual: true,
-        },
-    ] {
-        let problem = ConvProblem::new(spec.clone()).with_epilogue(e);
-        let plan = engine.plan(&problem)?;
-        let mut samples = Vec::new();
-        for i in 0..60 {
-            let ms = dev.time(|| {
-                plan.run(
-                    ConvBuffers {
-                        x: &dx,
-                        w: &dw,
-                        y: &mut dy,
-                        bias: e.bias.then_some(&db),
-                        residual: e.residual.then_some(&dr),
-                    },
-                    stream,
-                )
-            })?;
-            if i >= 10 {
-                samples.push(ms);
+    let cases = evokernel::suite::public_suite()?;
+    for case in cases
+        .iter()
+        .filter(|c| ["seed-bf16", "x3d-3x3x3", "seed-f32"].contains(&c.name.as_str()))
+    {
+        let spec = &case.spec;
+        let up = |shape: &[usize], seed| {
+            dev.upload(&HostTensor::random_normal(spec.dtype(), shape, seed))
+        };
+        let (dx, dw) = (up(&spec.input_shape(), 1)?, up(&spec.weight_shape(), 2)?);
+        let (db, dr) = (up(&[spec.c()], 3)?, up(&spec.output_shape(), 4)?);
+        let mut dy = dev.alloc(spec.output_len() * spec.dtype().size_bytes())?;
+        let mut base_ms = 0.0;
+        for e in [
+            Epilogue::NONE,
+            Epilogue {
+                bias: true,
+                activation: Activation::Silu,
+                residual: false,
+            },
+            Epilogue {
+                bias: true,
+                activation: Activation::GeluTanh,
+                residual: false,
+            },
+            Epilogue {
+                bias: true,
+                activation: Activation::Silu,
+                residual: true,
+            },
+        ] {
+            let problem = ConvProblem::new(spec.clone()).with_epilogue(e);
+            let plan = engine.plan(&problem)?;
+            let mut samples = Vec::new();
+            for i in 0..60 {
+                let ms = dev.time(|| {
+                    plan.run(
+                        ConvBuffers {
+                            x: &dx,
+                            w: &dw,
+                            y: &mut dy,
+                            bias: e.bias.then_some(&db),
+                            residual: e.residual.then_some(&dr),
+                        },
+                        stream,
+                    )
+                })?;
+                if i >= 10 {
+                    samples.push(ms);
+                }
             }
+            samples.sort_by(f64::total_cmp);
+            let median = samples[samples.len() / 2];
+            if e.is_none() {
+                base_ms = median;
+            }
+            println!(
+                "device time {:<10} {:<15} {:.4} ms median (min {:.4}), {:+.1}% vs plain  [{}]",
+                case.name,
+                e.to_string(),
+                median,
+                samples[0],
+                100.0 * (median / base_ms - 1.0),
+                plan.instance_name()
+            );
         }
-        samples.sort_by(f64::total_cmp);
-        let median = samples[samples.len() / 2];
-        if e.is_none() {
-            base_ms = median;
-        }
-        println!(
-            "device time {:<16} {:.4} ms median (min {:.4}), {:+.1}% vs plain",
-            e.to_string(),
-            median,
-            samples[0],
-            100.0 * (median / base_ms - 1.0)
-        );
     }
 
-    // Host cost of one call: a small problem, so the GPU keeps up and the queue never
-    // blocks; batches of 200 enqueues timed on the host, synchronized outside the timing.
+    // Host cost of one call: a small f32 problem (an FMA kernel: one launch, where the
+    // tensor-core plans add a repair launch), so the GPU keeps up and the queue never
+    // blocks; batches of 200 enqueues timed on the host, synchronized outside.
     let mut p = ConvParams::seed();
     p.c = 8;
     p.input = vec![4, 8, 16];
+    p.dtype = evokernel::DType::F32;
     let small = p.validate()?;
     let plan = engine.plan(&ConvProblem::new(small.clone()))?;
     let sx = dev.upload(&HostTensor::random_normal(
@@ -195,8 +203,15 @@ fn gpu_timings(
     let plan_us = per_call(&mut || unsafe { plan.run_raw(&ptrs, cu_stream) })?;
     // SAFETY: the same kernel, arguments and stream as the plan's call.
     let bare_us = per_call(&mut || unsafe { dev.launch_on(kernel, &args, cu_stream) })?;
+    let cached_us = {
+        let t = Instant::now();
+        for _ in 0..1000 {
+            engine.plan(&ConvProblem::new(small.clone()))?;
+        }
+        t.elapsed().as_secs_f64() * 1e6 / 1000.0
+    };
     println!(
-        "host time per call ({}): plan.run_raw {plan_us:.2} us, bare cuLaunchKernel {bare_us:.2} us, overhead {:.2} us",
+        "host time per call ({}): plan.run_raw {plan_us:.2} us, bare cuLaunchKernel {bare_us:.2} us, overhead {:.2} us; engine.plan cache hit {cached_us:.2} us",
         plan.instance_name(),
         plan_us - bare_us
     );

@@ -33,26 +33,69 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 // bits 0-1 the activation (0 none, 1 ReLU, 2 SiLU, 3 GELU tanh), bit 2 a per-channel
 // bias, bit 3 a residual tensor of the output's shape added after the activation. f32
 // math before the one rounding to T; EPI = 0 compiles to the plain store.
-template <int ACT>
+// v * sigmoid(z) with one ex2 and one reciprocal on the SFU (an IEEE division cost the
+// seed 39% with bias + SiLU). Where 1 + e^-z overflows the quotient is 0, so v = -Inf
+// gives -Inf * 0 = NaN, as x / (1 + exp(-x)) does in the oracle and in PyTorch.
+// For bf16 outputs one SFU op does: sigmoid(z) = 0.5 + 0.5 tanh(z / 2) with tanh.approx
+// (relative error about 2^-11, under bf16's 2^-9 rounding); the SFU's 16 ops per clock
+// per SM made two of them per output cost the seed 14% (run 58).
+template <typename T> struct IsBf16 { static constexpr bool value = false; };
+template <> struct IsBf16<__nv_bfloat16> { static constexpr bool value = true; };
+
+template <typename T>
+__device__ __forceinline__ float times_sigmoid(float v, float z) {
+    if constexpr (IsBf16<T>::value) {
+        float t;
+        asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(0.5f * z));
+        // tanh.approx(-Inf) is -1: v = -Inf gives -Inf * 0 = NaN as in the oracle.
+        return v * fmaf(0.5f, t, 0.5f);
+    } else {
+        return v * __fdividef(1.f, 1.f + __expf(-z));
+    }
+}
+
+template <int ACT, typename T>
 __device__ __forceinline__ float activate(float v) {
     if constexpr (ACT == 1) {
         return v < 0.f ? 0.f : v;  // NaN stays NaN, as in PyTorch
     } else if constexpr (ACT == 2) {
-        return v / (1.f + __expf(-v));
+        return times_sigmoid<T>(v, v);
     } else if constexpr (ACT == 3) {
-        return 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+        // 0.5 v (1 + tanh(u)) = v sigmoid(2u), u = sqrt(2/pi) (v + 0.044715 v^3)
+        return times_sigmoid<T>(v, 1.5957691216f * v * fmaf(0.044715f * v, v, 1.f));
     } else {
         return v;
     }
 }
 
+// Channel c's bias (0 without one): load it once where a thread's channel is fixed.
+template <typename T, int EPI>
+__device__ __forceinline__ float bias_of(const ConvArgs& a, long long c) {
+    if constexpr ((EPI & 4) != 0) return to_f32(__ldg(static_cast<const T*>(a.bias) + c));
+    else return 0.f;
+}
+
+// The residual at flat index i (0 without one).
+template <typename T, int EPI>
+__device__ __forceinline__ float residual_at(const ConvArgs& a, long long i) {
+    if constexpr ((EPI & 8) != 0) return to_f32(__ldg(static_cast<const T*>(a.residual) + i));
+    else return 0.f;
+}
+
+// The epilogue with the bias and residual already loaded; T is the output's type.
+template <int EPI, typename T>
+__device__ __forceinline__ float finish(float v, float bias, float residual) {
+    if constexpr ((EPI & 4) != 0) v += bias;
+    v = activate<EPI & 3, T>(v);
+    if constexpr ((EPI & 8) != 0) v += residual;
+    return v;
+}
+
 // Output i (flat index in the output's layout) of channel c.
 template <typename T, int EPI>
 __device__ __forceinline__ float epilogue(const ConvArgs& a, float v, long long c, long long i) {
-    if constexpr ((EPI & 4) != 0) v += to_f32(__ldg(static_cast<const T*>(a.bias) + c));
-    v = activate<EPI & 3>(v);
-    if constexpr ((EPI & 8) != 0) v += to_f32(__ldg(static_cast<const T*>(a.residual) + i));
-    return v;
+    if constexpr (EPI == 0) return v;
+    else return finish<EPI, T>(v, bias_of<T, EPI>(a, c), residual_at<T, EPI>(a, i));
 }
 
 // N consecutive outputs from flat index i: of one channel c (CSTEP 0, channels-first
@@ -78,6 +121,14 @@ __device__ __forceinline__ void unpack8(const uint4& u, __half, float* f) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) { const float2 t = __half22float2(h[i]); f[2 * i] = t.x; f[2 * i + 1] = t.y; }
 }
+
+// 16 raw bytes of T as floats (16 / sizeof(T) of them).
+__device__ __forceinline__ void unpack16(const uint4& u, float, float* f) {
+    f[0] = __uint_as_float(u.x); f[1] = __uint_as_float(u.y);
+    f[2] = __uint_as_float(u.z); f[3] = __uint_as_float(u.w);
+}
+template <typename H>
+__device__ __forceinline__ void unpack16(const uint4& u, H, float* f) { unpack8(u, H(), f); }
 
 template <> struct Vec16<__nv_bfloat16, 8> {
     static __device__ __forceinline__ void load(const __nv_bfloat16* p, float* f) {
@@ -284,27 +335,41 @@ __device__ void repair_plane(const ConvArgs& a, long long nc, int od, T* y, long
     }
 }
 
-// Writes one m16n8 f32 accumulator fragment as T through the epilogue: rows h0 +
-// lane/4 (+8), columns w0 + 2*(lane%4) (+1) of the plane of channel c that starts at
-// flat index `plane` (yout = y + plane); the two columns go as one 4-byte store when
-// aligned.
+// The residuals of one m16n8 fragment (the elements store_c_fragment writes) of the plane
+// that starts at flat index `plane`, loaded ahead so their latency hides behind MMAs.
+// Rows and columns past the plane's ends are never stored; their reads are clamped.
+template <typename T, int EPI>
+__device__ __forceinline__ void load_c_residual(const ConvArgs& a, long long plane, int h0, int w0, int lane,
+                                                float* r) {
+    if constexpr ((EPI & 8) != 0) {
+        const T* res = static_cast<const T*>(a.residual) + plane;
+        const int col = w0 + (lane & 3) * 2;
+        const int c0 = min(max(col, 0), a.ow - 1), c1 = min(max(col + 1, 0), a.ow - 1);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const T* row = res + (long long)min(h0 + (lane >> 2) + half * 8, a.oh - 1) * a.ow;
+            // (One 4-byte load for both columns made depth_reuse spill: stack 32 -> 56 B.)
+            r[2 * half] = to_f32(__ldg(row + c0));
+            r[2 * half + 1] = to_f32(__ldg(row + c1));
+        }
+    }
+}
+
+// Writes one m16n8 f32 accumulator fragment as T through the epilogue (bias and
+// residuals loaded before: bias_of, load_c_residual): rows h0 + lane/4 (+8), columns
+// w0 + 2*(lane%4) (+1); the two columns go as one 4-byte store when aligned.
 template <int EPI, typename T>
 __device__ __forceinline__ void store_c_fragment(T* yout, const float* acc, int h0, int w0, int lane,
-                                                 const ConvArgs& a, long long c, long long plane) {
+                                                 const ConvArgs& a, float bias, const float* res) {
     const int col = w0 + (lane & 3) * 2;  // may be negative for shifted tiles
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int row = h0 + (lane >> 2) + half * 8;
         if (row >= a.oh) continue;
         T* p = yout + (long long)row * a.ow + col;
-        float v[2] = {acc[2 * half], acc[2 * half + 1]};
-        if constexpr (EPI != 0) {
-            // Columns past the row's ends are never stored; clamp their residual reads.
-            const long long at = plane + (long long)row * a.ow;
-            v[0] = epilogue<T, EPI>(a, v[0], c, at + min(max(col, 0), a.ow - 1));
-            v[1] = epilogue<T, EPI>(a, v[1], c, at + min(max(col + 1, 0), a.ow - 1));
-        }
-        const T lo = from_f32<T>(v[0]), hi = from_f32<T>(v[1]);
+        const float v0 = finish<EPI, T>(acc[2 * half], bias, res[2 * half]);
+        const float v1 = finish<EPI, T>(acc[2 * half + 1], bias, res[2 * half + 1]);
+        const T lo = from_f32<T>(v0), hi = from_f32<T>(v1);
         if (col >= 0 && col + 1 < a.ow && (reinterpret_cast<unsigned long long>(p) & 3) == 0) {
             *reinterpret_cast<unsigned*>(p) = pack2(lo, hi);
         } else {
@@ -319,8 +384,8 @@ __device__ __forceinline__ void store_c_fragment(T* yout, const float* acc, int 
 // col + 1 (col = 8j + 2*(lane%4) - S, possibly outside the row: those are never written,
 // so their residual reads are clamped in bounds).
 template <typename T, int EPI>
-__device__ __forceinline__ void epilogue_fragment_cl(const ConvArgs& a, float* acc, long long c, long long n,
-                                                     int od, int r0, int col, int lane) {
+__device__ __forceinline__ void epilogue_fragment_cl(const ConvArgs& a, float* acc, long long c, float bias,
+                                                     long long n, int od, int r0, int col, int lane) {
     if constexpr (EPI != 0) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
@@ -329,7 +394,7 @@ __device__ __forceinline__ void epilogue_fragment_cl(const ConvArgs& a, float* a
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
                 const int cc = min(max(col + i, 0), a.ow - 1);
-                acc[2 * half + i] = epilogue<T, EPI>(a, acc[2 * half + i], c, (pix + cc) * a.c + c);
+                acc[2 * half + i] = finish<EPI, T>(acc[2 * half + i], bias, residual_at<T, EPI>(a, (pix + cc) * a.c + c));
             }
         }
     }

@@ -78,6 +78,7 @@ __global__ void __launch_bounds__(BANDS * COLS * 32, MINB) depth_reuse_dwconv(Co
     const unsigned lane_addr = ring + (unsigned)(((tb * 16 + arow) * WS + tj * 8 + acol) * (int)sizeof(T));
     const long long plane = (long long)a.oh * a.ow;
 
+    const float bias = bias_of<T, EPI>(a, c);
     float acc[KD][4];
 #pragma unroll
     for (int q = 0; q < KD; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
@@ -85,12 +86,16 @@ __global__ void __launch_bounds__(BANDS * COLS * 32, MINB) depth_reuse_dwconv(Co
     // At step s, depth d0 + s - kd sits in accumulator slot (u - kd) mod KD (walk_slices).
     walk_slices<KD, STAGES>(steps, fetch, [&](int s, int u, int cur) {
         if (has_tile) {
+            // Depth d0 + s - KD + 1 completes in this step: its residuals load first, so
+            // their latency hides behind the slice's MMAs.
+            const long long plane_out = (nc * a.od + d0 + s - (KD - 1)) * plane;
+            float res[4];
+            if (s >= KD - 1) load_c_residual<T, EPI>(a, plane_out, h0, w0, lane, res);
             rotate_slice<T, KD, KH>(lane_addr + (unsigned)(cur * SLICE_BYTES), WS * sizeof(T), s, u, d1 - d0, bf, acc);
             if (s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
                 float* done = acc[(u + 1) % KD];
                 probe_fragment(probe, done);
-                const long long plane_out = (nc * a.od + d0 + s - (KD - 1)) * plane;
-                store_c_fragment<EPI>(y + plane_out, done, h0, w0, lane, a, c, plane_out);
+                store_c_fragment<EPI>(y + plane_out, done, h0, w0, lane, a, bias, res);
                 done[0] = done[1] = done[2] = done[3] = 0.f;
             }
         }

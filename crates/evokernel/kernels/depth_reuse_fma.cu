@@ -105,6 +105,7 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
     T* yrow = y + (nc * a.od + d0) * plane + (long long)oh * a.ow + ow;
     const bool full_vector = ow + OUT_W <= a.ow && (a.ow % E) == 0 && (OUT_W % E) == 0;
 
+    const float bias = bias_of<T, EPI>(a, c);
     float acc[KD][OUT_W];
 #pragma unroll
     for (int q = 0; q < KD; ++q)
@@ -112,6 +113,18 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
         for (int o = 0; o < OUT_W; ++o) acc[q][o] = 0.f;
     walk_slices<KD, STAGES>(steps, fetch, [&](int s, int u, int cur) {
         if (active) {
+            // The residuals of the depth this step completes, as raw 16-byte vectors loaded
+            // ahead of the FMAs (unpacked at the store).
+            constexpr int RV = (EPI & 8) != 0 ? OUT_W / E : 0;
+            uint4 res_raw[RV > 0 ? RV : 1];
+            if constexpr (RV > 0) {
+                if (s >= KD - 1 && full_vector) {
+                    const uint4* rp = reinterpret_cast<const uint4*>(
+                        static_cast<const T*>(a.residual) + ((yrow - y) + (long long)(s - (KD - 1)) * plane));
+#pragma unroll
+                    for (int q = 0; q < RV; ++q) res_raw[q] = __ldg(rp + q);
+                }
+            }
             const T* slice = ring + cur * slice_elems + win_off;
 #pragma unroll
             for (int kh = 0; kh < KH; ++kh) {
@@ -138,13 +151,20 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
                 T* out = yrow + (long long)(s - (KD - 1)) * plane;
                 const long long at = out - y;
                 if (full_vector) {
-                    epilogue_n<T, EPI, OUT_W, 0>(a, done, c, at);
+                    if constexpr (EPI != 0) {
+                        float res[OUT_W];
+#pragma unroll
+                        for (int q = 0; q < RV; ++q) unpack16(res_raw[q], T(), res + q * E);
+#pragma unroll
+                        for (int o = 0; o < OUT_W; ++o) done[o] = finish<EPI, T>(done[o], bias, RV > 0 ? res[o] : 0.f);
+                    }
 #pragma unroll
                     for (int q = 0; q < OUT_W / E; ++q) Vec16<T, E>::store(out + q * E, done + q * E);
                 } else {
 #pragma unroll
                     for (int o = 0; o < OUT_W; ++o)
-                        if (ow + o < a.ow) out[o] = from_f32<T>(epilogue<T, EPI>(a, done[o], c, at + o));
+                        if (ow + o < a.ow)
+                            out[o] = from_f32<T>(finish<EPI, T>(done[o], bias, residual_at<T, EPI>(a, at + o)));
                 }
 #pragma unroll
                 for (int o = 0; o < OUT_W; ++o) done[o] = 0.f;

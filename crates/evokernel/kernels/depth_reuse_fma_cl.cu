@@ -147,6 +147,9 @@ __global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwco
     const int win_off = ty * a.sh * ROW_CH * E + tx * OUT_W * SW * CB + lane_c * CV;
     const long long pixel_plane = (long long)a.oh * a.ow;
     T* ypix = y + ((n * a.od + d0) * pixel_plane + (long long)oh * a.ow + ow) * a.c + c;
+    float bias[CV];
+#pragma unroll
+    for (int v = 0; v < CV; ++v) bias[v] = active ? bias_of<T, EPI>(a, c + v) : 0.f;
 
     float acc[KD][OUT_W][CV];
 #pragma unroll
@@ -191,7 +194,13 @@ __global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwco
 #pragma unroll
                 for (int o = 0; o < OUT_W; ++o)
                     if (ow + o < a.ow) {
-                        epilogue_n<T, EPI, CV, 1>(a, done[o], c, (out - y) + (long long)o * cstride);
+                        if constexpr (EPI != 0) {
+                            float res[CV];
+                            if constexpr ((EPI & 8) != 0)
+                                channels_to_f32<T, CV>(static_cast<const T*>(a.residual) + (out - y) + o * cstride, res);
+#pragma unroll
+                            for (int v = 0; v < CV; ++v) done[o][v] = finish<EPI, T>(done[o][v], bias[v], res[v]);
+                        }
                         channels_from_f32<T, CV>(out + o * cstride, done[o]);
                     }
 #pragma unroll

@@ -31,6 +31,7 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
     const long long c = nc % a.c;
     const T* xin = x + nc * (long long)a.id * a.ih * a.iw;
     const T zero = from_f32<T>(0.f);
+    const float bias = bias_of<T, EPI>(a, c);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
     for (int i = threadIdx.x; i < NBUF * slice; i += blockDim.x) ring[i] = zero;
@@ -96,7 +97,9 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
                     }
                 }
                 probe_fragment(probe, acc);
-                store_c_fragment<EPI>(yout, acc, h0, w0, lane, a, c, plane_out);
+                float res[4];
+                load_c_residual<T, EPI>(a, plane_out, h0, w0, lane, res);
+                store_c_fragment<EPI>(yout, acc, h0, w0, lane, a, bias, res);
             }
         } else {
             // Runs of up to SEG tiles along one band; a longer run reuses more window halves
@@ -117,7 +120,9 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
                 for (int j = 0; j < SEG; ++j) {
                     if (j < n) {
                         probe_fragment(probe, acc[j]);
-                        store_c_fragment<EPI>(yout, acc[j], h0, 8 * (j0 + j) - S, lane, a, c, plane_out);
+                        float res[4];
+                        load_c_residual<T, EPI>(a, plane_out, h0, 8 * (j0 + j) - S, lane, res);
+                        store_c_fragment<EPI>(yout, acc[j], h0, 8 * (j0 + j) - S, lane, a, bias, res);
                     }
                 }
             }

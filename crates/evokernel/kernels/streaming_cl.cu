@@ -80,6 +80,7 @@ __global__ void __launch_bounds__(8 * WPC * 32) streaming_cl_dwconv(ConvArgs a) 
 
     unsigned bf[KD * KH][2];
     band_fragments<T, KD * KH, KW>(w + (c0 + ch) * (KD * KH * KW), lane, bf);
+    const float bias = bias_of<T, EPI>(a, c0 + ch);
     for (int z = d0; z < d0 + KD; ++z) fill(z);
     __syncthreads();
     const unsigned row_bytes = ws * sizeof(T), slice_bytes = slice * sizeof(T);
@@ -138,7 +139,7 @@ __global__ void __launch_bounds__(8 * WPC * 32) streaming_cl_dwconv(ConvArgs a) 
             if (j >= nrun) continue;
             probe_fragment(probe, acc[j]);
             const int col = 8 * (j0 + j) + 2 * (lane & 3), row = lane >> 2;
-            epilogue_fragment_cl<T, EPI>(a, acc[j], c0 + ch, n, od, h0, col - S, lane);
+            epilogue_fragment_cl<T, EPI>(a, acc[j], c0 + ch, bias, n, od, h0, col - S, lane);
             T* s = stage + row * ws + col;
             *reinterpret_cast<unsigned*>(s) = pack2(from_f32<T>(acc[j][0]), from_f32<T>(acc[j][1]));
             *reinterpret_cast<unsigned*>(s + 8 * ws) =

@@ -36,6 +36,7 @@ __global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a) {
     const unsigned tile_base = (unsigned)__cvta_generic_to_shared(tile);
     const long long plane_out = (nc * a.od + od) * (long long)a.oh * a.ow;
     T* yout = y + plane_out;
+    const float bias = bias_of<T, EPI>(a, c);
     float probe = 0.f;
     for (int t = warp; t < mt * nt; t += WARPS) {
         const int h0 = (t / nt) * 16, w0 = (t % nt) * 8;
@@ -52,7 +53,9 @@ __global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a) {
             }
         }
         probe_fragment(probe, acc);
-        store_c_fragment<EPI>(yout, acc, h0, w0, lane, a, c, plane_out);
+        float res[4];
+        load_c_residual<T, EPI>(a, plane_out, h0, w0, lane, res);
+        store_c_fragment<EPI>(yout, acc, h0, w0, lane, a, bias, res);
     }
     if (!isfinite(probe) && a.flag) *a.flag = a.epoch;
 }

@@ -511,6 +511,20 @@ impl Plan {
                         got: format!("bias {:#x}, residual {:#x}", ptrs.bias, ptrs.residual),
                     });
                 }
+                // The kernels move 16-byte vectors of input, output and residual.
+                for (what, p) in [
+                    ("input", ptrs.x),
+                    ("output", ptrs.y),
+                    ("residual", ptrs.residual),
+                ] {
+                    if p % 16 != 0 {
+                        return Err(Error::TensorMismatch {
+                            what,
+                            expected: "a device address aligned to 16 bytes (a fresh or contiguous copy of the tensor)".into(),
+                            got: format!("{p:#x}"),
+                        });
+                    }
+                }
                 if ptrs.residual != 0 && ptrs.residual == ptrs.y {
                     return Err(Error::TensorMismatch {
                         what: "residual",
