@@ -171,7 +171,7 @@ struct Common {
 #[derive(Args)]
 struct ProblemArgs {
     /// Suite file of cases (the format of suite/public.json; `public` and `channels-last` name the embedded suites); replaces the spec flags
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["input", "kernel"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["input", "kernel", "channels", "batch", "stride", "dilation", "padding", "layout", "dtype"])]
     suite: Option<PathBuf>,
     /// Only the suite cases with this name (repeatable)
     #[arg(long, value_name = "NAME", requires = "suite")]
@@ -291,7 +291,7 @@ fn main() -> ExitCode {
         Ok(false) => ExitCode::from(1),
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(if e.is_user_input() { 2 } else { 1 })
+            ExitCode::from(e.exit_code())
         }
     }
 }
@@ -301,10 +301,26 @@ fn execute(cli: Cli) -> Result<bool, Error> {
     let mut profile: Option<(bool, PathBuf)> = None;
     let (common, cases, options, title) = match cli.command {
         Command::Devices { json } => {
-            let devices = evokernel::cuda::list_devices()?;
-            println!("{}", table::devices(&devices));
+            if let Some(path) = &json {
+                check_output_path(path)?;
+            }
+            let survey = evokernel::cuda::survey();
+            if survey.gpus.is_empty() {
+                println!(
+                    "no CUDA GPU: {}",
+                    survey.cuda_unavailable.as_deref().unwrap_or("none found")
+                );
+            } else {
+                println!("{}", table::devices(&survey.gpus));
+            }
+            println!(
+                "NVRTC {}, cuDNN {}, CPU backend {}",
+                survey.nvrtc_version.as_deref().unwrap_or("not found"),
+                survey.cudnn_version.as_deref().unwrap_or("not found"),
+                survey.cpu_backend
+            );
             if let Some(path) = json {
-                write_json(&path, &devices)?;
+                write_json_or_keep(&path, &survey);
             }
             return Ok(true);
         }
@@ -424,8 +440,10 @@ fn execute(cli: Cli) -> Result<bool, Error> {
         return profile_report(report, &cases, &common, no_counters, &out).map(|()| all_passed);
     }
     if let Some(path) = &common.json {
-        write_json(path, &report)?;
-        println!("report written to {}", path.display());
+        write_json_or_keep(path, &report);
+    }
+    for w in &report.warnings {
+        eprintln!("warning: {w}");
     }
     if let Some(dir) = &common.plot {
         for f in plot::write_all(&report, dir)? {
@@ -489,8 +507,7 @@ fn profile_report(
     bar.finish_and_clear();
     println!("{}", table::profile(&profiled));
     if let Some(path) = &common.json {
-        write_json(path, &profiled)?;
-        println!("report written to {}", path.display());
+        write_json_or_keep(path, &profiled);
     }
     let dir = common.plot.as_deref().unwrap_or(out);
     for f in plot::write_all(&profiled.run, dir)? {
@@ -594,14 +611,29 @@ fn tune(
     }
     println!("{}", table::tuning(&reports));
     if let Some(path) = &common.json {
-        write_json(path, &reports)?;
-        println!("report written to {}", path.display());
+        write_json_or_keep(path, &reports);
     }
     Ok(true)
 }
 
+/// Most timed launches a command takes (`--iters`): past it a run would not end.
+const MAX_ITERS: usize = 100_000;
+
 fn options(common: &Common, time: bool, iters: usize) -> Result<Options, Error> {
     check_only(&common.only)?;
+    if time && !(1..=MAX_ITERS).contains(&iters) {
+        return Err(Error::Parse {
+            what: "--iters",
+            text: iters.to_string(),
+            expected: format!("timed launches from 1 to {MAX_ITERS}"),
+        });
+    }
+    for path in common.json.iter() {
+        check_output_path(path)?;
+    }
+    if let Some(dir) = &common.plot {
+        check_output_dir(dir)?;
+    }
     Ok(Options {
         seed: common.seed,
         time,
@@ -625,6 +657,61 @@ fn spinner(msg: &str) -> ProgressBar {
     bar.set_message(msg.to_string());
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     bar
+}
+
+/// Before a run: `path` can be written (its folder exists; the file is writable), so a
+/// long run never ends in a report it cannot save.
+fn check_output_path(path: &std::path::Path) -> Result<(), Error> {
+    let io = |source| Error::Io {
+        action: "cannot write to",
+        path: path.to_path_buf(),
+        source,
+    };
+    if path.is_dir() {
+        return Err(io(std::io::Error::other(
+            "it is a folder; give a file name",
+        )));
+    }
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .map_err(io)?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
+/// Before a run: the plot folder exists or can be made.
+fn check_output_dir(dir: &std::path::Path) -> Result<(), Error> {
+    std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+        action: "cannot create plot folder",
+        path: dir.to_path_buf(),
+        source,
+    })
+}
+
+/// Writes a report after a run; if that fails the result is not lost: it goes to a file
+/// in the temp folder, and the failure is reported without changing the exit status.
+fn write_json_or_keep<T: serde::Serialize>(path: &PathBuf, report: &T) {
+    if let Err(e) = write_json(path, report) {
+        let fallback =
+            std::env::temp_dir().join(format!("evokernel-report-{}.json", std::process::id()));
+        match write_json(&fallback, report) {
+            Ok(()) => eprintln!(
+                "warning: {e}; the report was written to {} instead",
+                fallback.display()
+            ),
+            Err(e2) => eprintln!(
+                "warning: {e}; writing it to {} failed too: {e2}",
+                fallback.display()
+            ),
+        }
+    } else {
+        println!("report written to {}", path.display());
+    }
 }
 
 fn write_json<T: serde::Serialize>(path: &PathBuf, report: &T) -> Result<(), Error> {

@@ -33,6 +33,7 @@ fn plot_err(path: &Path, e: impl std::fmt::Display) -> Error {
 /// Writes `ladder-<case>.{png,svg}` for every timed case and `roofline.{png,svg}`;
 /// returns the files written.
 pub fn write_all(report: &RunReport, dir: &Path) -> Result<Vec<PathBuf>, Error> {
+    check_plottable(report)?;
     register_font();
     std::fs::create_dir_all(dir).map_err(|source| Error::Io {
         action: "cannot create plot folder",
@@ -103,6 +104,56 @@ fn sanitize(name: &str) -> String {
 }
 
 type DrawResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Log axes over absurd values (a median of 0, a ceiling of 1e308) never finish drawing:
+/// every value a plot reads must be finite and within what a measurement can give.
+fn check_plottable(report: &RunReport) -> Result<(), Error> {
+    let bad = |what: String, v: f64| Error::Parse {
+        what: "run report",
+        text: format!("{what} = {v}"),
+        expected: "a finite positive value below 1e12 (a report written by evokernel --json)"
+            .into(),
+    };
+    let sane = |v: f64| v.is_finite() && v > 0.0 && v < 1e12;
+    if let Some(c) = report.ceilings {
+        for (what, v) in [("copy_gbps", c.copy_gbps), ("fma_gflops", c.fma_gflops)]
+            .into_iter()
+            .chain(c.tensor_gflops.map(|t| ("tensor_gflops", t)))
+        {
+            if !sane(v) {
+                return Err(bad(format!("ceilings.{what}"), v));
+            }
+        }
+    }
+    for case in &report.cases {
+        if let Some(f) = case.floor_ms {
+            if !sane(f) {
+                return Err(bad(format!("{}: floor_ms", case.name), f));
+            }
+        }
+        if !(case.flops as f64).is_finite() || case.min_bytes == 0 {
+            return Err(bad(
+                format!("{}: min_bytes", case.name),
+                case.min_bytes as f64,
+            ));
+        }
+        for r in &case.rows {
+            if let Some(t) = r.timing {
+                for v in [t.median_ms, t.min_ms, t.max_ms] {
+                    if !sane(v) {
+                        return Err(bad(format!("{} {}: timing", case.name, r.name), v));
+                    }
+                }
+            }
+            if let Some(s) = r.speedup_vs_baseline {
+                if !sane(s) {
+                    return Err(bad(format!("{} {}: speedup", case.name, r.name), s));
+                }
+            }
+        }
+    }
+    Ok(())
+}
 
 /// Horizontal bars of median time per implementation (log scale), fastest at the top.
 fn ladder<DB: DrawingBackend>(

@@ -261,7 +261,325 @@ fn plots_a_recorded_h100_report() {
 fn profile_on_the_cpu_says_it_needs_a_gpu() {
     let out = evokernel(&["profile", "--backend", "cpu", "--no-counters"]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(out.status.code(), Some(3), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("only on a CUDA GPU"), "{err}");
+}
+
+/// Runs evokernel with at most `mb` MiB of address space: a problem that is not refused
+/// before it allocates aborts there instead of exiting with a clear line.
+fn evokernel_capped(args: &[&str], env: &[(&str, &str)], mb: u64) -> Output {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!("ulimit -v {}; exec \"$0\" \"$@\"", mb * 1024))
+        .arg(binary())
+        .args(args)
+        .env("RUST_BACKTRACE", "1")
+        // Few threads and malloc arenas, so the cap measures allocations, not the
+        // address space each thread reserves on a many-core machine.
+        .env("RAYON_NUM_THREADS", "2")
+        .env("MALLOC_ARENA_MAX", "2");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("sh runs")
+}
+
+/// Issue 15's reproducers: each one exits 2 (bad input or too big) or 3 (no backend)
+/// with one clear line, inside a 400 MiB address space, or runs correctly (the strided
+/// ones, whose scratch no longer grows with the stride).
+#[test]
+fn resource_reproducers_are_refused_before_allocating() {
+    let cpu = |a: &[&'static str]| {
+        let mut v = vec!["verify", "--backend", "cpu"];
+        v.extend_from_slice(a);
+        v
+    };
+    // (arguments, environment, exit status, what stderr says)
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, i32, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            cpu(&["--input", "8", "--kernel", "1", "--stride", "2147483647"]),
+            vec![],
+            0,
+            "",
+        ),
+        (
+            cpu(&["--input", "64x64", "--kernel", "1", "--stride", "1048576"]),
+            vec![],
+            0,
+            "",
+        ),
+        (
+            cpu(&["--input", "1024x1024x1024", "-c", "512", "--kernel", "3"]),
+            vec![],
+            2,
+            "of host memory",
+        ),
+        (
+            cpu(&["--input", "65536x65536", "--kernel", "1"]),
+            vec![],
+            2,
+            "of host memory",
+        ),
+        (
+            cpu(&["--input", "1", "--kernel", "1", "-n", "2147483648"]),
+            vec![],
+            2,
+            "of host memory",
+        ),
+        (
+            cpu(&[
+                "--input",
+                "1",
+                "--kernel",
+                "2",
+                "--dilation",
+                "2147483647",
+                "--padding",
+                "2147483647",
+            ]),
+            vec![],
+            2,
+            "of host memory",
+        ),
+        (cpu(&["--suite", "/dev/zero"]), vec![], 2, "larger than"),
+        (
+            cpu(&["--input", "8", "--kernel", "3", "--config", "naive:nokey=5"]),
+            vec![],
+            2,
+            "no parameter 'nokey'",
+        ),
+        (
+            cpu(&[
+                "--input",
+                "8",
+                "--kernel",
+                "3",
+                "--config",
+                "naive:block=-1",
+            ]),
+            vec![],
+            2,
+            "--config",
+        ),
+        (
+            cpu(&[
+                "--input",
+                "8",
+                "--kernel",
+                "3",
+                "--config",
+                "naive:block=999999",
+            ]),
+            vec![],
+            2,
+            "not one of",
+        ),
+        (
+            cpu(&[
+                "--input",
+                "8",
+                "--kernel",
+                "3",
+                "--config",
+                "naive:block=128,block=256",
+            ]),
+            vec![],
+            2,
+            "given twice",
+        ),
+        (
+            cpu(&["--input", "8", "--kernel", "3"]),
+            vec![("EVOKERNEL_CONFIG", "naive:block=-1")],
+            2,
+            "EVOKERNEL_CONFIG",
+        ),
+        (cpu(&["--case", "seed-bf16"]), vec![], 2, "--suite"),
+        (
+            cpu(&["--suite", "public", "--stride", "7"]),
+            vec![],
+            2,
+            "cannot be used with",
+        ),
+        (
+            vec![
+                "bench",
+                "--backend",
+                "cpu",
+                "--input",
+                "8",
+                "--kernel",
+                "3",
+                "--iters",
+                "18446744073709551615",
+            ],
+            vec![],
+            2,
+            "--iters",
+        ),
+        (
+            vec![
+                "bench",
+                "--backend",
+                "cpu",
+                "--input",
+                "8",
+                "--kernel",
+                "3",
+                "--json",
+                "/no/such/dir/r.json",
+            ],
+            vec![],
+            2,
+            "cannot write to",
+        ),
+        (
+            vec![
+                "verify",
+                "--backend",
+                "cuda",
+                "--input",
+                "8",
+                "--kernel",
+                "3",
+            ],
+            vec![],
+            3,
+            "not available",
+        ),
+    ];
+    for (args, env, code, needle) in cases {
+        // The CUDA driver reserves far more address space than it uses: no cap there.
+        let cap = if code == 3 { 1 << 30 } else { 400 };
+        let out = evokernel_capped(&args, &env, cap);
+        let err = String::from_utf8_lossy(&out.stderr);
+        if code == 3 && out.status.code() == Some(1) {
+            continue; // a machine with a GPU runs it (and fails no check)
+        }
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("memory allocation"),
+            "{err}"
+        );
+        if code != 0 {
+            assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+            assert!(err.contains(needle), "{args:?}: '{err}' lacks '{needle}'");
+        }
+    }
+    // devices lists what it found and exits 0 with or without a GPU.
+    let out = evokernel(&["devices"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("CPU backend"));
+}
+
+/// `plot --from` refuses values that would never finish drawing on log axes.
+#[test]
+fn plot_refuses_absurd_reports() {
+    let good = include_str!("../../../docs/results/h100-run-722363d.json");
+    let dir = std::env::temp_dir().join(format!("evokernel-plot-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(good).unwrap();
+    v["cases"][0]["rows"][0]["timing"]["median_ms"] = serde_json::json!(0.0);
+    let zero = dir.join("zero.json");
+    std::fs::write(&zero, v.to_string()).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(good).unwrap();
+    v["ceilings"]["copy_gbps"] = serde_json::json!(1e308);
+    let huge = dir.join("huge.json");
+    std::fs::write(&huge, v.to_string()).unwrap();
+    for f in [zero, huge] {
+        rejects(
+            &[
+                "plot",
+                "--from",
+                f.to_str().unwrap(),
+                "--out",
+                dir.to_str().unwrap(),
+            ],
+            "run report",
+        );
+    }
+}
+
+mod random_flags {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("3".to_string()),
+            Just("1".to_string()),
+            Just("0".to_string()),
+            Just("-1".to_string()),
+            Just("5x4".to_string()),
+            Just("2x3x4".to_string()),
+            Just("2:1".to_string()),
+            Just("2147483648".to_string()),
+            Just("x".to_string()),
+            Just("".to_string()),
+            (1u32..12).prop_map(|v| v.to_string()),
+        ]
+    }
+
+    fn flag() -> impl Strategy<Value = Vec<String>> {
+        let with_value = prop_oneof![
+            Just("--input"),
+            Just("--kernel"),
+            Just("--stride"),
+            Just("--dilation"),
+            Just("--padding"),
+            Just("--channels"),
+            Just("--batch"),
+            Just("--iters"),
+            Just("--seed"),
+        ];
+        prop_oneof![
+            (with_value, value()).prop_map(|(f, v)| vec![f.to_string(), v]),
+            prop_oneof![Just("channels-first"), Just("nhwc"), Just("sideways")]
+                .prop_map(|v| vec!["--layout".into(), v.into()]),
+            prop_oneof![Just("bf16"), Just("f32"), Just("f8")]
+                .prop_map(|v| vec!["--dtype".into(), v.into()]),
+            prop_oneof![Just("silu"), Just("relu"), Just("tanh")]
+                .prop_map(|v| vec!["--activation".into(), v.into()]),
+            prop_oneof![
+                Just("naive:block=128,waves=4"),
+                Just("naive:block=7"),
+                Just("warp:x=1")
+            ]
+            .prop_map(|v| vec!["--config".into(), v.into()]),
+            Just(vec!["--bias".to_string()]),
+            Just(vec!["--residual".to_string()]),
+            Just(vec!["--case".to_string(), "seed-bf16".to_string()]),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Random flag sets, valid and not: never a panic, always a documented status
+        /// (0 ok, 1 a check failed, 2 bad input), one line on stderr for bad input.
+        #[test]
+        fn random_flags_exit_with_a_documented_status(
+            flags in proptest::collection::vec(flag(), 0..7),
+            base in prop_oneof![Just(vec!["--input", "6x5", "--kernel", "3"]), Just(vec![])],
+        ) {
+            let mut args: Vec<String> = vec!["verify".into(), "--backend".into(), "cpu".into()];
+            args.extend(base.iter().map(|s| s.to_string()));
+            args.extend(flags.into_iter().flatten());
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = evokernel_capped(&refs, &[], 1024);
+            let err = String::from_utf8_lossy(&out.stderr);
+            let code = out.status.code();
+            prop_assert!(matches!(code, Some(0..=2)), "{args:?}: {code:?} {err}");
+            prop_assert!(!err.contains("panicked"), "{args:?}: {err}");
+            if code == Some(2) {
+                prop_assert_eq!(err.trim_end().lines().count(), 1, "{:?}: {}", args, err);
+            }
+        }
+    }
 }

@@ -240,7 +240,12 @@ impl PaddedPlane {
         let sw = spec.stride3()[2];
         // Output blocks are whole vectors, so the last block reads past the last output;
         // the row stride leaves room for that overshoot inside the (zero) padding.
-        let ow_blocks = ow.div_ceil(lanes) * lanes;
+        // With a stride the last block's extra lanes repeat its last output (block_strided).
+        let ow_blocks = if sw == 1 {
+            ow.div_ceil(lanes) * lanes
+        } else {
+            ow
+        };
         let ws = (w + pb[2] + pa[2]).max((ow_blocks - 1) * sw + (kw - 1) * dw + 1);
         let (dp, hp) = (d + pb[0] + pa[0], h + pb[1] + pa[1]);
         let mut taps = Vec::with_capacity(spec.taps());
@@ -416,7 +421,7 @@ fn cf_rows_body<T: Element, const L: usize, const FMA: bool>(
                             if sw == 1 {
                                 block_unit::<L, $nv, FMA>(src, base + b, &geo.taps, w, r)
                             } else {
-                                block_strided::<L, $nv, FMA>(src, base + b * sw, sw, &geo.taps, w, r)
+                                block_strided::<L, $nv, FMA>(src, base + b * sw, sw, ow - b, &geo.taps, w, r)
                             }
                         })*
                         _ => unreachable!(),
@@ -469,16 +474,21 @@ fn block_strided<const L: usize, const NV: usize, const FMA: bool>(
     src: &[f32],
     base: usize,
     stride: usize,
+    valid: usize,
     taps: &[usize],
     w: &[f32],
     out: &mut [f32],
 ) {
+    // Lanes past the row's `valid` outputs repeat the last one: the padded row then
+    // needs no room for a whole vector's overshoot, which grows with the stride (a
+    // stride of 2^31 asked for 128 GB).
+    let last = valid.min(L * NV) - 1;
     let mut acc = [[0.0f32; L]; NV];
     for (&off, &wt) in taps.iter().zip(w) {
-        let s = &src[base + off..base + off + (L * NV - 1) * stride + 1];
+        let s = &src[base + off..base + off + last * stride + 1];
         for (v, a) in acc.iter_mut().enumerate() {
             for i in 0..L {
-                a[i] = fma::<FMA>(s[(v * L + i) * stride], wt, a[i]);
+                a[i] = fma::<FMA>(s[(v * L + i).min(last) * stride], wt, a[i]);
             }
         }
     }

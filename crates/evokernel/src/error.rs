@@ -66,6 +66,15 @@ pub enum Error {
     #[error("profiler: {message}")]
     Profiler { message: String },
 
+    /// A plan or a run needs more memory than the host or the device has free.
+    #[error("{what} needs {} of {place} memory but only {} is available; use a smaller problem (fewer channels, batch or sizes)", crate::memory::human(*needed), crate::memory::human(*available))]
+    OutOfMemory {
+        what: String,
+        place: &'static str,
+        needed: u64,
+        available: u64,
+    },
+
     /// A tensor's size or dtype does not match what the spec needs.
     #[error("tensor {what}: expected {expected}, got {got}")]
     TensorMismatch {
@@ -108,6 +117,19 @@ impl Error {
                 | Error::Suite { .. }
                 | Error::NotApplicable { .. }
                 | Error::Io { .. }
+                | Error::TensorMismatch { .. }
+                | Error::OutOfMemory { .. }
         )
+    }
+
+    /// The CLI's exit status for this error (README, "Exit status"): 2 for bad input
+    /// (a problem too big for memory included), 3 when a backend, device or tool is not
+    /// available or failed, 4 for a kernel that does not compile (a defect of evokernel).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::BackendUnavailable { .. } | Error::Cuda { .. } | Error::Profiler { .. } => 3,
+            Error::Compile { .. } => 4,
+            _ => 2,
+        }
     }
 }

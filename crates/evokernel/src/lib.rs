@@ -12,6 +12,7 @@ pub mod dispatch;
 pub mod engine;
 pub mod epilogue;
 pub mod error;
+pub mod memory;
 pub mod profile;
 pub mod reference;
 pub mod session;

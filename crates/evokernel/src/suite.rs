@@ -83,13 +83,32 @@ pub fn load_suite(path: &Path) -> Result<Vec<SuiteCase>> {
             return channels_last_suite();
         }
     }
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+    let io = |source| Error::Io {
         action: "cannot read suite file",
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    // Bounded: a suite is a few KiB; /dev/zero or a log file must not be read forever.
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .map_err(io)?
+        .take(MAX_SUITE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(io)?;
+    if text.len() as u64 > MAX_SUITE_BYTES {
+        return Err(Error::Suite {
+            path: path.to_path_buf(),
+            message: format!(
+                "is larger than {MAX_SUITE_BYTES} bytes; a suite file lists cases, a few KiB"
+            ),
+        });
+    }
     parse_suite(&text, path)
 }
+
+/// The largest suite file read (1 MiB).
+pub const MAX_SUITE_BYTES: u64 = 1 << 20;
 
 pub fn parse_suite(text: &str, path: &Path) -> Result<Vec<SuiteCase>> {
     let err = |message: String| Error::Suite {
@@ -104,7 +123,8 @@ pub fn parse_suite(text: &str, path: &Path) -> Result<Vec<SuiteCase>> {
     if raw.cases.is_empty() {
         return Err(err("has no cases".into()));
     }
-    raw.cases
+    let cases: Vec<SuiteCase> = raw
+        .cases
         .into_iter()
         .enumerate()
         .map(|(i, v)| {
@@ -135,7 +155,16 @@ pub fn parse_suite(text: &str, path: &Path) -> Result<Vec<SuiteCase>> {
                 spec,
             })
         })
-        .collect()
+        .collect::<Result<_>>()?;
+    for (i, c) in cases.iter().enumerate() {
+        if cases[..i].iter().any(|o| o.name == c.name) {
+            return Err(err(format!(
+                "has two cases named '{}'; names pick cases (--case) and must be unique",
+                c.name
+            )));
+        }
+    }
+    Ok(cases)
 }
 
 #[cfg(test)]
@@ -163,6 +192,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("case #1"), "{e}");
+        let twice = ok.replace("}]}", "}, {\"name\": \"a\", \"n\": 1, \"c\": 1, \"input\": [4], \"kernel\": [1], \"layout\": \"cf\", \"dtype\": \"f32\"}]}");
+        let e = parse_suite(&twice, p).unwrap_err().to_string();
+        assert!(e.contains("two cases named 'a'"), "{e}");
+    }
+
+    #[test]
+    fn endless_files_are_refused() {
+        let e = load_suite(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert!(e.contains("larger than"), "{e}");
     }
 
     #[test]

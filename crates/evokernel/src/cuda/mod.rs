@@ -250,6 +250,13 @@ impl CudaDevice {
         &self.stream
     }
 
+    /// Free device memory now (cuMemGetInfo).
+    pub fn free_memory(&self) -> Result<u64> {
+        self.bind().cuda("cuCtxSetCurrent")?;
+        let (free, _total) = cudarc::driver::result::mem_get_info().cuda("cuMemGetInfo")?;
+        Ok(free as u64)
+    }
+
     pub fn alloc(&self, bytes: usize) -> Result<CudaSlice<u8>> {
         self.stream
             .alloc_zeros::<u8>(bytes.max(1))
@@ -433,6 +440,34 @@ fn query_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<GpuInfo> {
         nvrtc_version: nvrtc.map(|(a, b)| format!("{a}.{b}")),
         cudnn_version: cudnn,
     })
+}
+
+/// What `evokernel devices` reports: the GPUs (none is a valid answer), why there are
+/// none, and the libraries found.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Survey {
+    pub gpus: Vec<GpuInfo>,
+    /// Why the CUDA backend cannot run, when it cannot.
+    pub cuda_unavailable: Option<String>,
+    pub nvrtc_version: Option<String>,
+    pub cudnn_version: Option<String>,
+    /// The CPU backend's instruction set (it always works).
+    pub cpu_backend: String,
+}
+
+/// Looks for GPUs and libraries; never fails (what is missing is in the answer).
+pub fn survey() -> Survey {
+    let (gpus, cuda_unavailable) = match list_devices() {
+        Ok(g) => (g, None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    Survey {
+        gpus,
+        cuda_unavailable,
+        nvrtc_version: libs::nvrtc_version().ok().map(|(a, b)| format!("{a}.{b}")),
+        cudnn_version: cudnn::version(),
+        cpu_backend: format!("cpu-{}", crate::cpu::Isa::detect().name()),
+    }
 }
 
 /// Every CUDA device with its properties; an error saying what is missing when the

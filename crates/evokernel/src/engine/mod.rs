@@ -112,6 +112,8 @@ enum EngineBackend {
 /// built so far (by problem key). `Send + Sync`: share one engine between threads.
 pub struct Engine {
     backend: EngineBackend,
+    /// Bytes a plan may need (`with_memory_budget`); else what is free when planning.
+    memory_budget: Option<u64>,
     forced: Vec<Config>,
     tune: TuneCache,
     plans: Mutex<HashMap<String, Arc<Plan>>>,
@@ -144,6 +146,7 @@ impl Engine {
     fn with_backend(backend: EngineBackend) -> Self {
         Engine {
             backend,
+            memory_budget: None,
             forced: Vec::new(),
             tune: TuneCache::open_default(),
             plans: Mutex::new(HashMap::new()),
@@ -187,6 +190,35 @@ impl Engine {
             }
             EngineBackend::Cpu(isa) => TuneTarget::new(&format!("cpu-{}", isa.name()), "-", "-"),
         }
+    }
+
+    /// Caps the memory a plan may need (its tensors, and the CPU's scratch); without a
+    /// cap, what the host (CPU) or the device (GPU) has free when the plan is built.
+    pub fn with_memory_budget(mut self, bytes: u64) -> Self {
+        self.memory_budget = Some(bytes);
+        self
+    }
+
+    /// `Ok` when `problem`'s tensors (and the CPU backend's scratch) fit the budget:
+    /// a plan that can never run is refused when it is built, not when it allocates.
+    pub fn check_memory(&self, problem: &ConvProblem) -> Result<()> {
+        let tensors = crate::memory::tensor_bytes(problem);
+        let (needed, place, free) = match &self.backend {
+            EngineBackend::Cpu(_) => (
+                tensors + crate::memory::cpu_scratch_bytes(problem, rayon::current_num_threads()),
+                "host",
+                self.memory_budget.or_else(crate::memory::host_available),
+            ),
+            EngineBackend::Cuda(dev) => (
+                tensors,
+                "device",
+                match self.memory_budget {
+                    Some(b) => Some(b),
+                    None => Some(dev.free_memory()?),
+                },
+            ),
+        };
+        crate::memory::check(&format!("a plan of {problem}"), place, needed, free)
     }
 
     /// Forced configs from `EVOKERNEL_CONFIG` (and `flags`), validated.
@@ -242,6 +274,7 @@ impl Engine {
                 reason: "the CPU backend".into(),
             }),
             EngineBackend::Cuda(_) => {
+                crate::variants::check_forced(&self.forced, &problem.spec)?;
                 choose(problem, &self.tune_target(), &self.tune, &self.forced).map_err(|reason| {
                     Error::NotApplicable {
                         variant: "cuda".into(),
@@ -261,6 +294,7 @@ impl Engine {
         }
         // Built outside the lock (compiling takes a while); a racing thread's plan for
         // the same key is equally good, the first one stored wins.
+        self.check_memory(problem)?;
         let choice = self.choose(problem)?;
         let plan = Arc::new(self.build(problem, choice)?);
         Ok(Arc::clone(self.lock_plans()?.entry(key).or_insert(plan)))
@@ -653,6 +687,29 @@ mod tests {
         assert!(!Arc::ptr_eq(&a, &c));
         assert_eq!(engine.cached_plans(), 2);
         assert_ne!(p.key(), fused.key());
+    }
+
+    /// A plan whose tensors exceed the engine's memory budget is refused with both
+    /// numbers, before anything is allocated.
+    #[test]
+    fn plans_past_the_memory_budget_are_refused() {
+        let engine = Engine::cpu().with_memory_budget(1 << 20);
+        let big = ConvProblem::new(ConvParams::seed().validate().unwrap());
+        let err = engine.plan(&big).err().unwrap();
+        assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
+        assert!(err.to_string().contains("1.0 MiB"), "{err}");
+        assert_eq!(engine.cached_plans(), 0);
+        assert!(engine.plan(&ConvProblem::new(small())).is_ok());
+        // Without a budget: 2^39 elements never fit this machine's memory.
+        let mut p = ConvParams::seed();
+        p.input = vec![1024, 1024, 1024];
+        p.kernel = vec![3, 3, 3];
+        p.padding = vec![];
+        let huge = ConvProblem::new(p.validate().unwrap());
+        assert!(matches!(
+            Engine::cpu().plan(&huge),
+            Err(Error::OutOfMemory { .. })
+        ));
     }
 
     #[test]

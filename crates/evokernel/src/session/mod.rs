@@ -175,6 +175,9 @@ pub struct RunReport {
     pub ceilings: Option<Ceilings>,
     pub options: Options,
     pub cases: Vec<CaseReport>,
+    /// What went wrong without stopping the run (e.g. a corrupt tune cache, ignored).
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 /// A measuring session: the engine whose plans it measures, the device's ceilings.
@@ -291,6 +294,7 @@ impl Session {
         opts: &Options,
         progress: Progress,
     ) -> Result<CaseReport> {
+        crate::variants::check_forced(&opts.configs, spec)?;
         let conv = ConvProblem::new(spec.clone()).with_epilogue(opts.epilogue);
         let sets = if opts.time {
             rotation_sets(&conv, self.cache_bytes())
@@ -300,6 +304,7 @@ impl Session {
         if self.engine.forced() != opts.configs.as_slice() {
             self.engine.set_forced(opts.configs.clone());
         }
+        self.check_memory(&conv, sets)?;
         progress("generating inputs");
         let problem = ProblemData::random_fused(&conv, opts.seed, sets);
         progress("running the f64 oracle");
@@ -419,7 +424,30 @@ impl Session {
             ceilings: self.ceilings,
             options: opts.clone(),
             cases,
+            warnings: self.engine.tune_cache().warning.iter().cloned().collect(),
         }
+    }
+
+    /// Refuses a case whose measuring run would not fit the host's (and the device's)
+    /// free memory, before anything is allocated.
+    pub(crate) fn check_memory(&self, problem: &ConvProblem, sets: usize) -> Result<()> {
+        let what = format!("measuring {problem} ({sets} input sets and the f64 oracle)");
+        let cpu = self.engine.device().is_none();
+        crate::memory::check(
+            &what,
+            "host",
+            crate::memory::measuring_host_bytes(problem, sets, cpu),
+            crate::memory::host_available(),
+        )?;
+        if let Some(dev) = self.engine.device() {
+            crate::memory::check(
+                &what,
+                "device",
+                crate::memory::measuring_device_bytes(problem, sets),
+                Some(dev.free_memory()?),
+            )?;
+        }
+        Ok(())
     }
 
     /// Last-level cache of the device, which small problems are rotated past.

@@ -150,6 +150,7 @@ impl Session {
         let dev: &CudaDevice = dev;
         let conv = ConvProblem::new(spec.clone()).with_epilogue(opts.epilogue);
         let sets = rotation_sets(&conv, self.cache_bytes());
+        self.check_memory(&conv, sets)?;
         progress(TuneEvent::Stage("generating inputs and the oracle"));
         let problem = ProblemData::random_fused(&conv, opts.seed, sets);
         let reference = oracle(&problem)?;

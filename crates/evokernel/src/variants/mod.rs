@@ -213,10 +213,14 @@ impl std::str::FromStr for Config {
         let mut values = BTreeMap::new();
         for kv in rest.split(',').filter(|p| !p.trim().is_empty()) {
             let (k, v) = kv.split_once('=').ok_or_else(bad)?;
-            values.insert(
-                k.trim().to_string(),
-                v.trim().parse::<i64>().map_err(|_| bad())?,
-            );
+            let value = v.trim().parse::<i64>().map_err(|_| bad())?;
+            if values.insert(k.trim().to_string(), value).is_some() {
+                return Err(Error::parse(
+                    "config",
+                    s,
+                    format!("'{}' is given twice", k.trim()),
+                ));
+            }
         }
         Ok(Config {
             variant: variant.trim().to_string(),
@@ -480,21 +484,99 @@ pub fn find(name: &str) -> Result<&'static dyn Variant> {
 }
 
 /// Configs forced by `--config` flags and by `EVOKERNEL_CONFIG` (several separated by
-/// `;`); flags win over the environment for the same variant. Unknown variants are errors.
+/// `;`), as `variant:k=v,..` or an instance name; flags win over the environment for the
+/// same variant, two flags for one variant are an error. Errors name where the text came
+/// from. Whether the values fit a problem is checked per problem (`check_forced`).
 pub fn forced_configs(flags: &[String]) -> Result<Vec<Config>> {
     let env = std::env::var("EVOKERNEL_CONFIG").unwrap_or_default();
     let mut out: Vec<Config> = Vec::new();
-    for text in flags.iter().map(String::as_str).chain(env.split(';')) {
+    let given = flags
+        .iter()
+        .map(|t| (t.as_str(), "--config"))
+        .chain(env.split(';').map(|t| (t, "EVOKERNEL_CONFIG")));
+    for (text, origin) in given {
         if text.trim().is_empty() {
             continue;
         }
-        let c: Config = text.parse()?;
-        find(&c.variant)?;
-        if !out.iter().any(|o| o.variant == c.variant) {
-            out.push(c);
+        let named = |e: Error| match e {
+            Error::Parse { text, expected, .. } => Error::Parse {
+                what: if origin == "--config" {
+                    "--config"
+                } else {
+                    "EVOKERNEL_CONFIG"
+                },
+                text,
+                expected,
+            },
+            e => e,
+        };
+        let c: Config = match text.parse::<Instance>() {
+            Ok(i) if !text.contains(':') => i.config,
+            _ => text.parse().map_err(named)?,
+        };
+        let v = find(&c.variant).map_err(named)?;
+        let names: Vec<&str> = v
+            .space(&crate::spec::ConvParams::seed().validate()?)
+            .iter()
+            .map(|p| p.name)
+            .collect();
+        if let Some(k) = c.values.keys().find(|k| !names.contains(&k.as_str())) {
+            return Err(named(Error::parse(
+                "config",
+                text,
+                format!(
+                    "{} has no parameter '{k}'; its parameters are {}",
+                    v.name(),
+                    names.join(", ")
+                ),
+            )));
+        }
+        match out.iter().position(|o| o.variant == c.variant) {
+            Some(_) if origin == "--config" => {
+                return Err(named(Error::parse(
+                    "config",
+                    text,
+                    format!("{} is forced twice; give one config per variant", c.variant),
+                )))
+            }
+            Some(_) => {} // the flag wins over the environment
+            None => out.push(c),
         }
     }
     Ok(out)
+}
+
+/// `Err` when a forced config of a variant that applies to `spec` does not fit it (a
+/// value outside the variant's space, a missing parameter): forced means forced, never a
+/// silent fallback to another config.
+pub fn check_forced(forced: &[Config], spec: &ConvSpec) -> Result<()> {
+    for c in forced {
+        let v = find(&c.variant)?;
+        if v.applies(spec).is_ok() {
+            check_config(v, spec, c).map_err(|e| {
+                let origin = match std::env::var("EVOKERNEL_CONFIG") {
+                    Ok(env) if env.contains(&c.to_string()) || env.contains(&c.variant) => {
+                        "EVOKERNEL_CONFIG"
+                    }
+                    _ => "--config",
+                };
+                let why = match e {
+                    Error::Parse { expected, .. } => expected,
+                    e => e.to_string(),
+                };
+                Error::parse(
+                    if origin == "--config" {
+                        "--config"
+                    } else {
+                        "EVOKERNEL_CONFIG"
+                    },
+                    &c.to_string(),
+                    format!("the forced config does not fit {spec}: {why}"),
+                )
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// Checks `--only` names: variants, or `cudnn` for the baseline.
