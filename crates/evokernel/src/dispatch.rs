@@ -103,6 +103,8 @@ pub enum Source {
     Forced,
     /// The tune cache for this device, driver and spec, with its time.
     Tuned(f64),
+    /// Tuned for the nearest spec of the same kernel, strides, layout and dtype.
+    Nearest,
     Default,
 }
 
@@ -111,6 +113,7 @@ impl Source {
         match self {
             Source::Forced => "forced",
             Source::Tuned(_) => "tuned",
+            Source::Nearest => "tuned for a nearby spec",
             Source::Default => "default",
         }
     }
@@ -139,8 +142,20 @@ pub fn config_for(
         .or_else(|| cache.get_current(target, &spec.key(), v.name(), &hash))
         .and_then(|e| Some((e.config.parse::<Config>().ok()?, e.ms)))
         .filter(|(c, _)| check_config(v, spec, c).is_ok());
-    match tuned {
-        Some((c, ms)) => (c, Source::Tuned(ms)),
+    if let Some((c, ms)) = tuned {
+        return (c, Source::Tuned(ms));
+    }
+    // Untuned: the config tuned for the nearest spec of the same shape family, if it
+    // fits this one.
+    let near = cache
+        .nearest(target, spec, v.name(), &hash)
+        .into_iter()
+        .find_map(|(e, _)| {
+            let c = e.config.parse::<Config>().ok()?;
+            check_config(v, spec, &c).ok().map(|_| c)
+        });
+    match near {
+        Some(c) => (c, Source::Nearest),
         None => (v.default_config(spec), Source::Default),
     }
 }
@@ -287,6 +302,31 @@ mod tests {
             .unwrap()
             .variant,
             "depth_reuse"
+        );
+        // An untuned spec of the same family takes the nearest tuned config of the
+        // variant the ranking picks (here: half the channels of the tuned spec).
+        let mut p = crate::spec::ConvParams::seed();
+        p.c = 256;
+        let near = p.validate().unwrap();
+        cache
+            .record(CacheEntry {
+                device: "H100".into(),
+                driver: "13.0".into(),
+                spec_key: spec.key(),
+                variant: "depth_reuse".into(),
+                config: "depth_reuse:bands=1,cols=11,dchunk=16,minblocks=2,stages=2".into(),
+                ms: 0.4,
+                date_utc: "2026-11-22".into(),
+                kernel_hash: kernel_hash(crate::variants::find("depth_reuse").unwrap(), "13.0"),
+                trials: Vec::new(),
+            })
+            .unwrap();
+        let v = crate::variants::find("depth_reuse").unwrap();
+        let (c, s) = config_for(v, &near.clone().into(), &h100(), &cache, &[]);
+        assert_eq!(s, Source::Nearest);
+        assert_eq!(
+            c.to_string(),
+            "depth_reuse:bands=1,cols=11,dchunk=16,minblocks=2,stages=2"
         );
         let forced: Config = "naive:block=128,waves=8".parse().unwrap();
         let c = choose(&spec.clone().into(), &h100(), &cache, &[forced]).unwrap();

@@ -1,7 +1,50 @@
 //! evokernel: verified, measured and tuned depthwise convolution kernels.
 //!
-//! Data flows one way: a [`ConvSpec`] describes the problem, [`reference`] holds the f64
-//! oracle, backends ([`cpu`]) compute it, and [`verify`] / [`bench`] check and time them.
+//! One runtime path: an [`Engine`] (CUDA or CPU) turns a [`ConvProblem`] (a validated
+//! [`ConvSpec`] and a fused [`Epilogue`]) into a [`Plan`], and a plan runs on host tensors,
+//! on device buffers, or on raw device pointers and a foreign stream
+//! ([`Plan::run_raw`], what PyTorch's op uses). Plans are cached per problem; the kernel
+//! is chosen forced > tuned > ranked and compiled once through the CUBIN cache.
+//!
+//! ```
+//! use evokernel::{Activation, ConvParams, ConvProblem, Engine, Epilogue, HostTensor};
+//!
+//! // A depthwise 2-D convolution, NHWC f32, 3x3, padding 1, with bias and GELU fused.
+//! let spec = ConvParams {
+//!     n: 2,
+//!     c: 8,
+//!     input: vec![12, 10],
+//!     kernel: vec![3, 3],
+//!     stride: vec![],
+//!     dilation: vec![],
+//!     padding: vec![[1, 1]],
+//!     layout: evokernel::Layout::ChannelsLast,
+//!     dtype: evokernel::DType::F32,
+//! }
+//! .validate()?;
+//! let problem = ConvProblem::new(spec.clone()).with_epilogue(Epilogue {
+//!     bias: true,
+//!     activation: Activation::GeluTanh,
+//!     residual: false,
+//! });
+//! let engine = Engine::auto(); // the GPU when there is one, else the CPU
+//! let plan = engine.plan(&problem)?;
+//! let x = HostTensor::random_normal(spec.dtype(), &spec.input_shape(), 1);
+//! let w = HostTensor::random_normal(spec.dtype(), &spec.weight_shape(), 2);
+//! let b = HostTensor::random_normal(spec.dtype(), &[spec.c()], 3);
+//! let y = plan.run_host(&x, &w, Some(&b), None)?;
+//!
+//! // The f64 oracle agrees.
+//! let mut want = evokernel::reference::conv_reference(&spec, &x, &w)?;
+//! evokernel::epilogue::epilogue_reference(&spec, &problem.epilogue, &mut want, Some(&b), None)?;
+//! assert!(evokernel::compare(&y, &want)?.passes(spec.dtype()));
+//! # Ok::<(), evokernel::Error>(())
+//! ```
+//!
+//! Data flows one way: [`spec`] describes the problem, [`reference`] holds the f64
+//! oracle, the backends ([`cpu`], [`cuda`]) and the kernels ([`variants`]) compute it,
+//! [`tune`] and [`dispatch`] choose, [`engine`] plans and runs, and [`verify`],
+//! [`bench`], [`session`] and [`profile`] check and measure exactly those plans.
 
 pub mod backend;
 pub mod bench;

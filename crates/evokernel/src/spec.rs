@@ -444,6 +444,71 @@ impl ConvSpec {
         )
     }
 
+    /// The spec a `key()` names (an epilogue suffix such as `+bias` is ignored).
+    pub fn from_key(key: &str) -> Result<ConvSpec> {
+        let bad = || Error::parse("spec key", key, "expected a key written by ConvSpec::key");
+        let key = key.split('+').next().unwrap_or_default();
+        let parts: Vec<&str> = key.split('-').collect();
+        let [dw, n, c, i, k, s, d, p, layout, dtype] = parts.as_slice() else {
+            return Err(bad());
+        };
+        let num = |t: &str, prefix: char| -> Result<i64> {
+            t.strip_prefix(prefix)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(bad)
+        };
+        let dims = |t: &str, prefix: char| -> Result<Vec<i64>> {
+            parse_dims("spec key", t.strip_prefix(prefix).ok_or_else(bad)?)
+        };
+        if !dw.starts_with("dw") {
+            return Err(bad());
+        }
+        let padding = p
+            .strip_prefix('p')
+            .ok_or_else(bad)?
+            .split(',')
+            .map(|pair| {
+                let (a, b) = pair.split_once(':').ok_or_else(bad)?;
+                Ok([a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?])
+            })
+            .collect::<Result<Vec<[i64; 2]>>>()?;
+        ConvParams {
+            n: num(n, 'n')?,
+            c: num(c, 'c')?,
+            input: dims(i, 'i')?,
+            kernel: dims(k, 'k')?,
+            stride: dims(s, 's')?,
+            dilation: dims(d, 'd')?,
+            padding,
+            layout: layout.parse()?,
+            dtype: dtype.parse()?,
+        }
+        .validate()
+    }
+
+    /// How far apart two specs of the same kernel, strides, dilations, layout and dtype
+    /// are (sum of |log ratio| of batch, channels and each input size); `None` when they
+    /// differ in any of those, so a tuned config of one says nothing of the other.
+    pub fn distance(&self, other: &ConvSpec) -> Option<f64> {
+        let same = self.spatial_dims == other.spatial_dims
+            && self.kernel == other.kernel
+            && self.stride == other.stride
+            && self.dilation == other.dilation
+            && self.layout == other.layout
+            && self.dtype == other.dtype;
+        if !same {
+            return None;
+        }
+        let lr = |a: usize, b: usize| ((a as f64) / (b as f64)).ln().abs();
+        Some(
+            lr(self.n, other.n)
+                + lr(self.c, other.c)
+                + (0..3)
+                    .map(|i| lr(self.input[i], other.input[i]))
+                    .sum::<f64>(),
+        )
+    }
+
     /// Flat index of input element (n, c, d, h, w) in the spec's layout.
     #[inline]
     pub fn input_index(&self, n: usize, c: usize, d: usize, h: usize, w: usize) -> usize {
@@ -630,6 +695,23 @@ mod tests {
             s.key(),
             "dw2d-n2-c3-i10x11-k3x3-s2x3-d2x1-p2:0,1:2-nhwc-f16"
         );
+    }
+
+    #[test]
+    fn keys_round_trip_and_distances() {
+        let s = seed();
+        assert_eq!(ConvSpec::from_key(&s.key()).unwrap(), s);
+        assert_eq!(
+            ConvSpec::from_key(&format!("{}+bias+silu", s.key())).unwrap(),
+            s
+        );
+        assert!(ConvSpec::from_key("dw3d-n1").is_err());
+        let mut p = ConvParams::seed();
+        p.c = 256;
+        let half = p.validate().unwrap();
+        assert!((s.distance(&half).unwrap() - 2f64.ln()).abs() < 1e-12);
+        assert_eq!(s.distance(&s), Some(0.0));
+        assert_eq!(s.distance(&s.with_dtype(DType::F16)), None);
     }
 
     #[test]

@@ -490,6 +490,34 @@ impl TuneCache {
             .find(|e| e.slot() == (device, driver, spec_key, variant))
     }
 
+    /// Current entries of `variant` on `target` tuned for other specs of the same kernel,
+    /// strides, dilations, layout and dtype as `spec`, nearest first (spec distance),
+    /// with their distance.
+    pub fn nearest(
+        &self,
+        target: &TuneTarget,
+        spec: &crate::spec::ConvSpec,
+        variant: &str,
+        kernel_hash: &str,
+    ) -> Vec<(&CacheEntry, f64)> {
+        let mut near: Vec<(&CacheEntry, f64)> = self
+            .entries
+            .iter()
+            .filter(|e| {
+                e.device == target.device
+                    && e.driver == target.driver
+                    && e.variant == variant
+                    && e.kernel_hash == kernel_hash
+            })
+            .filter_map(|e| {
+                let other = crate::spec::ConvSpec::from_key(&e.spec_key).ok()?;
+                Some((e, spec.distance(&other)?))
+            })
+            .collect();
+        near.sort_by(|a, b| a.1.total_cmp(&b.1));
+        near
+    }
+
     /// The entry for `variant` on `target`, only if it was tuned on the kernel source
     /// and NVRTC of today (`kernel_hash`).
     pub fn get_current(

@@ -337,3 +337,56 @@ fn launches_are_timed_and_outputs_poisoned_first() {
     assert!(ms > 0.0 && ms.is_finite());
     assert!(run.resources().unwrap().registers > 0);
 }
+
+/// 500 random specs through nothing but the engine: the plan dispatch picks, on host
+/// tensors, against the oracle (one in four with an epilogue, a third with NaN/Inf).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn engine_plans_500_random_specs() {
+    let engine = Engine::cuda(0).unwrap();
+    let mut per_variant = std::collections::BTreeMap::<String, usize>::new();
+    for (i, spec) in random_specs(500, 4242).into_iter().enumerate() {
+        let conv = ConvProblem::new(spec.clone()).with_epilogue(random_epilogue(&spec));
+        let mut data = ProblemData::random_fused(&conv, 7 + i as u64, 1);
+        if i % 3 == 0 {
+            data.inject_non_finite(i as u64);
+        }
+        let plan = engine
+            .plan(&conv)
+            .unwrap_or_else(|e| panic!("#{i} {conv}: {e}"));
+        let y = plan
+            .run_host(
+                &data.inputs[0],
+                &data.weight,
+                data.bias.as_ref(),
+                data.residual(0),
+            )
+            .unwrap_or_else(|e| panic!("#{i} {conv}: {e}"));
+        let c = evokernel::compare(&y, &oracle(&data).unwrap()).unwrap();
+        assert!(
+            c.passes(spec.dtype()),
+            "#{i} {conv} via {}: {c:?}",
+            plan.instance_name()
+        );
+        *per_variant
+            .entry(plan.choice().variant.clone())
+            .or_default() += 1;
+    }
+    eprintln!("picks over 500 random specs: {per_variant:?}");
+}
+
+/// A problem larger than the device's memory is refused by the engine with the numbers,
+/// not attempted (and not an abort).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_spec_larger_than_device_memory_is_refused() {
+    let engine = Engine::cuda(0).unwrap();
+    let mut p = ConvParams::seed();
+    p.c = 512 * 1024; // 110 GB of input alone
+    let conv = ConvProblem::new(p.validate().unwrap());
+    match engine.plan(&conv) {
+        Err(e @ evokernel::Error::OutOfMemory { .. }) => eprintln!("{e}"),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("a 220 GB problem was planned"),
+    }
+}
