@@ -344,8 +344,42 @@ fn launches_are_timed_and_outputs_poisoned_first() {
 #[ignore = "needs a CUDA GPU"]
 fn engine_plans_500_random_specs() {
     let engine = Engine::cuda(0).unwrap();
+    let specs = random_specs(500, 4242);
+    // Compile every pick first, on all cores (plans then load from the CUBIN cache).
+    let work: std::collections::BTreeSet<(&str, &str, String)> = specs
+        .iter()
+        .flat_map(|spec| {
+            let conv = ConvProblem::new(spec.clone()).with_epilogue(random_epilogue(spec));
+            let choice = engine.choose(&conv).unwrap();
+            let v = evokernel::variants::find(&choice.variant).unwrap();
+            let cfg: evokernel::variants::Config = choice.config.parse().unwrap();
+            let e = conv.epilogue;
+            let mut w = vec![(
+                v.name(),
+                v.source(),
+                with_epilogue(&v.specialization(spec, &cfg).unwrap(), &e),
+            )];
+            if v.needs_repair() {
+                let (n, src, r) = evokernel::cuda::run::repair_specialization(spec);
+                w.push((n, src, with_epilogue(&r, &e)));
+            }
+            w
+        })
+        .collect();
+    {
+        use rayon::prelude::*;
+        let dev = engine.device().unwrap();
+        work.into_iter()
+            .collect::<Vec<_>>()
+            .par_iter()
+            .for_each(|(n, src, expr)| {
+                dev.jit()
+                    .compile(n, src, expr)
+                    .unwrap_or_else(|e| panic!("{e}"));
+            });
+    }
     let mut per_variant = std::collections::BTreeMap::<String, usize>::new();
-    for (i, spec) in random_specs(500, 4242).into_iter().enumerate() {
+    for (i, spec) in specs.into_iter().enumerate() {
         let conv = ConvProblem::new(spec.clone()).with_epilogue(random_epilogue(&spec));
         let mut data = ProblemData::random_fused(&conv, 7 + i as u64, 1);
         if i % 3 == 0 {
