@@ -276,7 +276,9 @@ fn evokernel_capped(args: &[&str], env: &[(&str, &str)], mb: u64) -> Output {
         .args(args)
         .env("RUST_BACKTRACE", "1")
         // Few threads and malloc arenas, so the cap measures allocations, not the
-        // address space each thread reserves on a many-core machine.
+        // address space each thread reserves on a many-core machine; evokernel's own
+        // budget set below the cap, so the answer is the same on any machine.
+        .env("EVOKERNEL_MEMORY_LIMIT", (mb * 1024 * 1024 / 2).to_string())
         .env("RAYON_NUM_THREADS", "2")
         .env("MALLOC_ARENA_MAX", "2");
     for (k, v) in env {

@@ -6,9 +6,20 @@ use crate::engine::ConvProblem;
 use crate::error::{Error, Result};
 use crate::spec::Layout;
 
-/// Memory still to be had on this host: the smaller of the kernel's MemAvailable and
-/// what a cgroup limit leaves; `None` where neither can be read.
+/// Memory still to be had on this host: the smaller of the kernel's MemAvailable, what a
+/// cgroup limit leaves, and `EVOKERNEL_MEMORY_LIMIT` (bytes; a cap for shared machines);
+/// `None` where none can be read.
 pub fn host_available() -> Option<u64> {
+    let env = std::env::var("EVOKERNEL_MEMORY_LIMIT")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match (system_available(), env) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn system_available() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
         s.lines()
             .find(|l| l.starts_with("MemAvailable:"))
