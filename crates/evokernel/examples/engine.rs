@@ -182,7 +182,7 @@ fn gpu_timings(engine: &Engine, dev: &evokernel::cuda::CudaDevice) -> Result<()>
         residual: 0,
     };
     let kernel = plan.cuda_kernel().expect("a GPU plan has a kernel");
-    let args = plan.kernel_args(&ptrs)?;
+    let (args, epi) = plan.kernel_args(&ptrs)?;
     let per_call = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
         let mut best = f64::INFINITY;
         for _ in 0..20 {
@@ -202,7 +202,7 @@ fn gpu_timings(engine: &Engine, dev: &evokernel::cuda::CudaDevice) -> Result<()>
     // SAFETY: the pointers address live buffers sized for `small`.
     let plan_us = per_call(&mut || unsafe { plan.run_raw(&ptrs, cu_stream) })?;
     // SAFETY: the same kernel, arguments and stream as the plan's call.
-    let bare_us = per_call(&mut || unsafe { dev.launch_on(kernel, &args, cu_stream) })?;
+    let bare_us = per_call(&mut || unsafe { dev.launch_on(kernel, &args, &epi, cu_stream) })?;
     let cached_us = {
         let t = Instant::now();
         for _ in 0..1000 {

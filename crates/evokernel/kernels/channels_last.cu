@@ -10,7 +10,7 @@
 // ptxas for registers enough for MINB resident 256-thread blocks (0: no request; 4: <= 64;
 // the profile found the rolled seed kernel occupancy-limited at 76).
 template <typename T, int VEC, int OUT_W, int KD, int KH, int KW, int ROLL, int MINB, int EPI>
-__global__ void __launch_bounds__(256, MINB) channels_last_dwconv(ConvArgs a) {
+__global__ void __launch_bounds__(256, MINB) channels_last_dwconv(ConvArgs a, EpiArgs e) {
     extern __shared__ __align__(16) float wsh[];
     constexpr int TAPS = KD * KH * KW;
     constexpr int CB = 64;
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(256, MINB) channels_last_dwconv(ConvArgs a) {
 #pragma unroll
         for (int o = 0; o < OUT_W; ++o)
             if (ow0 + o < a.ow) {
-                epilogue_n<T, EPI, VEC, 1>(a, acc[o], c0, at + (long long)o * a.c);
+                epilogue_n<T, EPI, VEC, 1>(e, acc[o], c0, at + (long long)o * a.c);
                 Vec16<T, VEC>::store(out + (long long)o * a.c, acc[o]);
             }
     }

@@ -16,7 +16,14 @@ struct ConvArgs {
     int pd, ph, pw;  // padding before (padding after is implied by the output size)
     unsigned* flag;  // tensor-core kernels write `epoch` here when an output is not finite
     unsigned epoch;  // this launch's number (see repair.cu)
-    const void* bias;      // [C] per-channel bias of the fused epilogue, or null
+};
+
+// The fused epilogue's operands (mirrored by `EpiArgs` in src/cuda/mod.rs), every
+// kernel's second parameter. Not in ConvArgs: growing that struct past its 128 bytes
+// changed ptxas's register allocation of depth_reuse_fma_cl (127 -> 116 registers, 7%
+// more instructions, x3d-ndhwc 10% slower) even with no epilogue.
+struct EpiArgs {
+    const void* bias;      // [C] per-channel bias, or null
     const void* residual;  // a tensor of the output's shape and layout, or null
 };
 
@@ -70,15 +77,15 @@ __device__ __forceinline__ float activate(float v) {
 
 // Channel c's bias (0 without one): load it once where a thread's channel is fixed.
 template <typename T, int EPI>
-__device__ __forceinline__ float bias_of(const ConvArgs& a, long long c) {
-    if constexpr ((EPI & 4) != 0) return to_f32(__ldg(static_cast<const T*>(a.bias) + c));
+__device__ __forceinline__ float bias_of(const EpiArgs& e, long long c) {
+    if constexpr ((EPI & 4) != 0) return to_f32(__ldg(static_cast<const T*>(e.bias) + c));
     else return 0.f;
 }
 
 // The residual at flat index i (0 without one).
 template <typename T, int EPI>
-__device__ __forceinline__ float residual_at(const ConvArgs& a, long long i) {
-    if constexpr ((EPI & 8) != 0) return to_f32(__ldg(static_cast<const T*>(a.residual) + i));
+__device__ __forceinline__ float residual_at(const EpiArgs& e, long long i) {
+    if constexpr ((EPI & 8) != 0) return to_f32(__ldg(static_cast<const T*>(e.residual) + i));
     else return 0.f;
 }
 
@@ -93,18 +100,18 @@ __device__ __forceinline__ float finish(float v, float bias, float residual) {
 
 // Output i (flat index in the output's layout) of channel c.
 template <typename T, int EPI>
-__device__ __forceinline__ float epilogue(const ConvArgs& a, float v, long long c, long long i) {
+__device__ __forceinline__ float epilogue(const EpiArgs& e, float v, long long c, long long i) {
     if constexpr (EPI == 0) return v;
-    else return finish<EPI, T>(v, bias_of<T, EPI>(a, c), residual_at<T, EPI>(a, i));
+    else return finish<EPI, T>(v, bias_of<T, EPI>(e, c), residual_at<T, EPI>(e, i));
 }
 
 // N consecutive outputs from flat index i: of one channel c (CSTEP 0, channels-first
 // rows) or of channels c, c + 1, ... (CSTEP 1, channels-last pixels).
 template <typename T, int EPI, int N, int CSTEP>
-__device__ __forceinline__ void epilogue_n(const ConvArgs& a, float* f, long long c, long long i) {
+__device__ __forceinline__ void epilogue_n(const EpiArgs& e, float* f, long long c, long long i) {
     if constexpr (EPI != 0) {
 #pragma unroll
-        for (int k = 0; k < N; ++k) f[k] = epilogue<T, EPI>(a, f[k], c + k * CSTEP, i + k);
+        for (int k = 0; k < N; ++k) f[k] = epilogue<T, EPI>(e, f[k], c + k * CSTEP, i + k);
     }
 }
 
@@ -325,13 +332,13 @@ __device__ __forceinline__ float direct_output(const ConvArgs& a, long long n, l
 // made ptxas rematerialize addresses in the hot loop.)
 // The plane starts at flat index `plane` of y.
 template <typename T, int KD, int KH, int KW, int EPI>
-__device__ void repair_plane(const ConvArgs& a, long long nc, int od, T* y, long long plane) {
+__device__ void repair_plane(const ConvArgs& a, const EpiArgs& e, long long nc, int od, T* y, long long plane) {
     T* yout = y + plane;
     for (long long i = threadIdx.x; i < (long long)a.oh * a.ow; i += blockDim.x) {
         if (isfinite(to_f32(yout[i]))) continue;
         const int oh = (int)(i / a.ow), ow = (int)(i % a.ow);
         const float v = direct_output<T, false, KD, KH, KW>(a, nc / a.c, nc % a.c, od, oh, ow);
-        yout[i] = from_f32<T>(epilogue<T, EPI>(a, v, nc % a.c, plane + i));
+        yout[i] = from_f32<T>(epilogue<T, EPI>(e, v, nc % a.c, plane + i));
     }
 }
 
@@ -339,10 +346,10 @@ __device__ void repair_plane(const ConvArgs& a, long long nc, int od, T* y, long
 // that starts at flat index `plane`, loaded ahead so their latency hides behind MMAs.
 // Rows and columns past the plane's ends are never stored; their reads are clamped.
 template <typename T, int EPI>
-__device__ __forceinline__ void load_c_residual(const ConvArgs& a, long long plane, int h0, int w0, int lane,
-                                                float* r) {
+__device__ __forceinline__ void load_c_residual(const ConvArgs& a, const EpiArgs& e, long long plane, int h0, int w0,
+                                                int lane, float* r) {
     if constexpr ((EPI & 8) != 0) {
-        const T* res = static_cast<const T*>(a.residual) + plane;
+        const T* res = static_cast<const T*>(e.residual) + plane;
         const int col = w0 + (lane & 3) * 2;
         const int c0 = min(max(col, 0), a.ow - 1), c1 = min(max(col + 1, 0), a.ow - 1);
 #pragma unroll
@@ -384,7 +391,7 @@ __device__ __forceinline__ void store_c_fragment(T* yout, const float* acc, int 
 // col + 1 (col = 8j + 2*(lane%4) - S, possibly outside the row: those are never written,
 // so their residual reads are clamped in bounds).
 template <typename T, int EPI>
-__device__ __forceinline__ void epilogue_fragment_cl(const ConvArgs& a, float* acc, long long c, float bias,
+__device__ __forceinline__ void epilogue_fragment_cl(const ConvArgs& a, const EpiArgs& e, float* acc, long long c, float bias,
                                                      long long n, int od, int r0, int col, int lane) {
     if constexpr (EPI != 0) {
 #pragma unroll
@@ -394,7 +401,7 @@ __device__ __forceinline__ void epilogue_fragment_cl(const ConvArgs& a, float* a
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
                 const int cc = min(max(col + i, 0), a.ow - 1);
-                acc[2 * half + i] = finish<EPI, T>(acc[2 * half + i], bias, residual_at<T, EPI>(a, (pix + cc) * a.c + c));
+                acc[2 * half + i] = finish<EPI, T>(acc[2 * half + i], bias, residual_at<T, EPI>(e, (pix + cc) * a.c + c));
             }
         }
     }

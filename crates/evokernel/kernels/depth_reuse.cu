@@ -16,7 +16,7 @@
 // of 8; T is bf16 or f16.
 
 template <typename T, int KD, int KH, int KW, int BANDS, int COLS, int DCHUNK, int STAGES, int MINB, int EPI>
-__global__ void __launch_bounds__(BANDS * COLS * 32, MINB) depth_reuse_dwconv(ConvArgs a) {
+__global__ void __launch_bounds__(BANDS * COLS * 32, MINB) depth_reuse_dwconv(ConvArgs a, EpiArgs e) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int HS = BANDS * 16 + KH - 1;  // slice rows: the region's bands and their halo
     constexpr int PIECES = COLS + 1;         // 16-byte pieces per slice row (8 halo columns)
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(BANDS * COLS * 32, MINB) depth_reuse_dwconv(Co
     const unsigned lane_addr = ring + (unsigned)(((tb * 16 + arow) * WS + tj * 8 + acol) * (int)sizeof(T));
     const long long plane = (long long)a.oh * a.ow;
 
-    const float bias = bias_of<T, EPI>(a, c);
+    const float bias = bias_of<T, EPI>(e, c);
     float acc[KD][4];
 #pragma unroll
     for (int q = 0; q < KD; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(BANDS * COLS * 32, MINB) depth_reuse_dwconv(Co
             // their latency hides behind the slice's MMAs.
             const long long plane_out = (nc * a.od + d0 + s - (KD - 1)) * plane;
             float res[4];
-            if (s >= KD - 1) load_c_residual<T, EPI>(a, plane_out, h0, w0, lane, res);
+            if (s >= KD - 1) load_c_residual<T, EPI>(a, e, plane_out, h0, w0, lane, res);
             rotate_slice<T, KD, KH>(lane_addr + (unsigned)(cur * SLICE_BYTES), WS * sizeof(T), s, u, d1 - d0, bf, acc);
             if (s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
                 float* done = acc[(u + 1) % KD];

@@ -10,7 +10,7 @@
 // barrier as 16-byte pixel vectors. Every fill writes every cell (zeros outside).
 // Stride 1, dilation 1, KW <= 9, C a multiple of 8; T is bf16 or f16.
 template <typename T, int KD, int KH, int KW, int COLS, int DCHUNK, int MINB, int EPI>
-__global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(ConvArgs a) {
+__global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(ConvArgs a, EpiArgs e) {
     constexpr int CG = 8;                    // channels of one 16-byte vector
     constexpr int HS = 16 + KH - 1;          // slice rows
     constexpr int PIX = (COLS + 1) * 8;      // slice columns filled (8 halo columns)
@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
 
     unsigned bf[KD * KH][2];
     band_fragments<T, KD * KH, KW>(w + (c0 + ch) * (KD * KH * KW), lane, bf);
-    const float bias = bias_of<T, EPI>(a, c0 + ch);
+    const float bias = bias_of<T, EPI>(e, c0 + ch);
     const int mat = lane >> 3;
     const int arow = (lane & 7) + ((mat & 1) << 3), acol = (mat >> 1) << 3;
     const unsigned lane_addr = (unsigned)__cvta_generic_to_shared(ring) +
@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
                 if (finishes) {
                     float* done = acc[(u + 1) % KD];
                     probe_fragment(probe, done);
-                    epilogue_fragment_cl<T, EPI>(a, done, c0 + ch, bias, n, d0 + s - (KD - 1), h0,
+                    epilogue_fragment_cl<T, EPI>(a, e, done, c0 + ch, bias, n, d0 + s - (KD - 1), h0,
                                                  8 * (col0 + tj) + 2 * (lane & 3) - S, lane);
                     T* st = stages + (s & 1) * CG * SP + ch * SP + (lane >> 2) * SW + tj * 8 + 2 * (lane & 3);
                     *reinterpret_cast<unsigned*>(st) = pack2(from_f32<T>(done[0]), from_f32<T>(done[1]));

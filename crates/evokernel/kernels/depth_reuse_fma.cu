@@ -14,7 +14,7 @@
 // and dilation are arguments, W's (SW, DW) compiled in; the input width is a multiple of E.
 template <typename T, int KD, int KH, int KW, int OUT_W, int SW, int DW, int S, int TX, int TY,
           int DCHUNK, int STAGES, int MINB, bool TABLE, int EPI>
-__global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs a) {
+__global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs a, EpiArgs e) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int E = 16 / (int)sizeof(T);                 // elements per 16-byte chunk
     constexpr int SPAN = (OUT_W - 1) * SW + (KW - 1) * DW + 1;
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
     T* yrow = y + (nc * a.od + d0) * plane + (long long)oh * a.ow + ow;
     const bool full_vector = ow + OUT_W <= a.ow && (a.ow % E) == 0 && (OUT_W % E) == 0;
 
-    const float bias = bias_of<T, EPI>(a, c);
+    const float bias = bias_of<T, EPI>(e, c);
     float acc[KD][OUT_W];
 #pragma unroll
     for (int q = 0; q < KD; ++q)
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
             if constexpr (RV > 0) {
                 if (s >= KD - 1 && full_vector) {
                     const uint4* rp = reinterpret_cast<const uint4*>(
-                        static_cast<const T*>(a.residual) + ((yrow - y) + (long long)(s - (KD - 1)) * plane));
+                        static_cast<const T*>(e.residual) + ((yrow - y) + (long long)(s - (KD - 1)) * plane));
 #pragma unroll
                     for (int q = 0; q < RV; ++q) res_raw[q] = __ldg(rp + q);
                 }
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
 #pragma unroll
                     for (int o = 0; o < OUT_W; ++o)
                         if (ow + o < a.ow)
-                            out[o] = from_f32<T>(finish<EPI, T>(done[o], bias, residual_at<T, EPI>(a, at + o)));
+                            out[o] = from_f32<T>(finish<EPI, T>(done[o], bias, residual_at<T, EPI>(e, at + o)));
                 }
 #pragma unroll
                 for (int o = 0; o < OUT_W; ++o) done[o] = 0.f;

@@ -54,7 +54,7 @@ __device__ __forceinline__ void channels_from_f32(T* p, const float* f) {
 
 template <typename T, int KD, int KH, int KW, int OUT_W, int SW, int DW, int CV, int LANES, int TX, int TY,
           int DCHUNK, int STAGES, int MINB, bool TABLE, int EPI>
-__global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwconv(ConvArgs a) {
+__global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwconv(ConvArgs a, EpiArgs e) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int E = 16 / (int)sizeof(T);  // channels per 16-byte chunk
     constexpr int CB = LANES * CV;          // channels per block
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwco
     T* ypix = y + ((n * a.od + d0) * pixel_plane + (long long)oh * a.ow + ow) * a.c + c;
     float bias[CV];
 #pragma unroll
-    for (int v = 0; v < CV; ++v) bias[v] = active ? bias_of<T, EPI>(a, c + v) : 0.f;
+    for (int v = 0; v < CV; ++v) bias[v] = active ? bias_of<T, EPI>(e, c + v) : 0.f;
 
     float acc[KD][OUT_W][CV];
 #pragma unroll
@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwco
                         if constexpr (EPI != 0) {
                             float res[CV];
                             if constexpr ((EPI & 8) != 0)
-                                channels_to_f32<T, CV>(static_cast<const T*>(a.residual) + (out - y) + o * cstride, res);
+                                channels_to_f32<T, CV>(static_cast<const T*>(e.residual) + (out - y) + o * cstride, res);
 #pragma unroll
                             for (int v = 0; v < CV; ++v) done[o][v] = finish<EPI, T>(done[o][v], bias[v], res[v]);
                         }

@@ -3,7 +3,7 @@
 // non-finite output exactly. Channels-first: one block per (n, c, output depth) plane;
 // channels-last: every output, grid-strided.
 template <typename T, bool CHANNELS_LAST, int KD, int KH, int KW, int EPI>
-__global__ void __launch_bounds__(256) repair_dwconv(ConvArgs a) {
+__global__ void __launch_bounds__(256) repair_dwconv(ConvArgs a, EpiArgs e) {
     if (*static_cast<volatile unsigned*>(a.flag) != a.epoch) return;
     T* y = static_cast<T*>(a.y);
     if constexpr (CHANNELS_LAST) {
@@ -18,11 +18,11 @@ __global__ void __launch_bounds__(256) repair_dwconv(ConvArgs a) {
             const int oh = (int)(r % a.oh);
             r /= a.oh;
             const int od = (int)(r % a.od);
-            y[i] = from_f32<T>(epilogue<T, EPI>(a, direct_output<T, true, KD, KH, KW>(a, r / a.od, c, od, oh, ow), c, i));
+            y[i] = from_f32<T>(epilogue<T, EPI>(e, direct_output<T, true, KD, KH, KW>(a, r / a.od, c, od, oh, ow), c, i));
         }
     } else {
         const long long planes = a.n * a.c * a.od;
         for (long long p = blockIdx.x; p < planes; p += gridDim.x)
-            repair_plane<T, KD, KH, KW, EPI>(a, p / a.od, (int)(p % a.od), y, p * (long long)a.oh * a.ow);
+            repair_plane<T, KD, KH, KW, EPI>(a, e, p / a.od, (int)(p % a.od), y, p * (long long)a.oh * a.ow);
     }
 }

@@ -7,7 +7,7 @@
 // and 2) OUT_H outputs of KH rows read KH + OUT_H - 1 rows, not OUT_H x KH. naive reloads
 // every tap of every output and is instruction-bound (docs/perf.md, run 35).
 template <typename T, bool CHANNELS_LAST, int KD, int KH, int KW, int SH, int DH, int OUT_H, int EPI>
-__global__ void __launch_bounds__(256) row_reuse_dwconv(ConvArgs a) {
+__global__ void __launch_bounds__(256) row_reuse_dwconv(ConvArgs a, EpiArgs e) {
     constexpr int RSPAN = (OUT_H - 1) * SH + (KH - 1) * DH + 1;  // input rows a thread spans
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ w = static_cast<const T*>(a.w);
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(256) row_reuse_dwconv(ConvArgs a) {
         for (int j = 0; j < OUT_H; ++j)
             if (oh0 + j < a.oh) {
                 const long long at = base + (long long)j * a.ow * step;
-                y[at] = from_f32<T>(epilogue<T, EPI>(a, acc[j], c, at));
+                y[at] = from_f32<T>(epilogue<T, EPI>(e, acc[j], c, at));
             }
     }
 }

@@ -6,7 +6,7 @@
 // window is read as float4s). Any stride and dilation: SW, DW (along W) index the
 // window at compile time; the others are arguments.
 template <typename T, int KD, int KH, int KW, int OUT_W, int SW, int DW, int EPI>
-__global__ void __launch_bounds__(256) smem_tile_dwconv(ConvArgs a) {
+__global__ void __launch_bounds__(256) smem_tile_dwconv(ConvArgs a, EpiArgs e) {
     extern __shared__ __align__(16) float tile[];
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ w = static_cast<const T*>(a.w);
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(256) smem_tile_dwconv(ConvArgs a) {
         for (int o = 0; o < OUT_W; ++o)
             if (ow0 + o < a.ow) {
                 const long long at = (long long)oh * a.ow + ow0 + o;
-                yout[at] = from_f32<T>(epilogue<T, EPI>(a, acc[o], c, plane_out + at));
+                yout[at] = from_f32<T>(epilogue<T, EPI>(e, acc[o], c, plane_out + at));
             }
     }
 }

@@ -11,7 +11,7 @@
 // Stride 1, dilation 1, KW <= 9, input width a multiple of 8; T is bf16 or f16.
 
 template <typename T, int KD, int KH, int KW, int WARPS, int DCHUNK, int STAGES, int SEG, int EPI>
-__global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
+__global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a, EpiArgs e) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* ring = reinterpret_cast<T*>(smem_raw);
     constexpr int NBUF = KD + STAGES;  // KD slices in use, STAGES in flight
@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
     const long long c = nc % a.c;
     const T* xin = x + nc * (long long)a.id * a.ih * a.iw;
     const T zero = from_f32<T>(0.f);
-    const float bias = bias_of<T, EPI>(a, c);
+    const float bias = bias_of<T, EPI>(e, c);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
     for (int i = threadIdx.x; i < NBUF * slice; i += blockDim.x) ring[i] = zero;
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
                 }
                 probe_fragment(probe, acc);
                 float res[4];
-                load_c_residual<T, EPI>(a, plane_out, h0, w0, lane, res);
+                load_c_residual<T, EPI>(a, e, plane_out, h0, w0, lane, res);
                 store_c_fragment<EPI>(yout, acc, h0, w0, lane, a, bias, res);
             }
         } else {
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(WARPS * 32) streaming_dwconv(ConvArgs a) {
                     if (j < n) {
                         probe_fragment(probe, acc[j]);
                         float res[4];
-                        load_c_residual<T, EPI>(a, plane_out, h0, 8 * (j0 + j) - S, lane, res);
+                        load_c_residual<T, EPI>(a, e, plane_out, h0, 8 * (j0 + j) - S, lane, res);
                         store_c_fragment<EPI>(yout, acc[j], h0, 8 * (j0 + j) - S, lane, a, bias, res);
                     }
                 }

@@ -12,7 +12,7 @@
 // (wide rows, where two do not fit in shared memory) costs a barrier.
 // Stride 1, dilation 1, KW <= 9, C a multiple of 8; T is bf16 or f16.
 template <typename T, int KD, int KH, int KW, int WPC, int SEG, int DCHUNK, int OSTAGES, int EPI>
-__global__ void __launch_bounds__(8 * WPC * 32) streaming_cl_dwconv(ConvArgs a) {
+__global__ void __launch_bounds__(8 * WPC * 32) streaming_cl_dwconv(ConvArgs a, EpiArgs e) {
     constexpr int CG = 8;  // channels of one 16-byte vector
     constexpr int U = 2;   // fill pixel pairs in flight per thread (4: spills at 1024 threads)
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(8 * WPC * 32) streaming_cl_dwconv(ConvArgs a) 
 
     unsigned bf[KD * KH][2];
     band_fragments<T, KD * KH, KW>(w + (c0 + ch) * (KD * KH * KW), lane, bf);
-    const float bias = bias_of<T, EPI>(a, c0 + ch);
+    const float bias = bias_of<T, EPI>(e, c0 + ch);
     for (int z = d0; z < d0 + KD; ++z) fill(z);
     __syncthreads();
     const unsigned row_bytes = ws * sizeof(T), slice_bytes = slice * sizeof(T);
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(8 * WPC * 32) streaming_cl_dwconv(ConvArgs a) 
             if (j >= nrun) continue;
             probe_fragment(probe, acc[j]);
             const int col = 8 * (j0 + j) + 2 * (lane & 3), row = lane >> 2;
-            epilogue_fragment_cl<T, EPI>(a, acc[j], c0 + ch, bias, n, od, h0, col - S, lane);
+            epilogue_fragment_cl<T, EPI>(a, e, acc[j], c0 + ch, bias, n, od, h0, col - S, lane);
             T* s = stage + row * ws + col;
             *reinterpret_cast<unsigned*>(s) = pack2(from_f32<T>(acc[j][0]), from_f32<T>(acc[j][1]));
             *reinterpret_cast<unsigned*>(s + 8 * ws) =

@@ -6,7 +6,7 @@
 // ldmatrix, and the KD*KH band fragments are built once per block in registers.
 // Stride 1, dilation 1, KW <= 9; T is bf16 or f16.
 template <typename T, int KD, int KH, int KW, int WARPS, int EPI>
-__global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a) {
+__global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a, EpiArgs e) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* tile = reinterpret_cast<T*>(smem_raw);
     const T* __restrict__ x = static_cast<const T*>(a.x);
@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a) {
     const unsigned tile_base = (unsigned)__cvta_generic_to_shared(tile);
     const long long plane_out = (nc * a.od + od) * (long long)a.oh * a.ow;
     T* yout = y + plane_out;
-    const float bias = bias_of<T, EPI>(a, c);
+    const float bias = bias_of<T, EPI>(e, c);
     float probe = 0.f;
     for (int t = warp; t < mt * nt; t += WARPS) {
         const int h0 = (t / nt) * 16, w0 = (t % nt) * 8;
@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(WARPS * 32) tensor_core_dwconv(ConvArgs a) {
         }
         probe_fragment(probe, acc);
         float res[4];
-        load_c_residual<T, EPI>(a, plane_out, h0, w0, lane, res);
+        load_c_residual<T, EPI>(a, e, plane_out, h0, w0, lane, res);
         store_c_fragment<EPI>(yout, acc, h0, w0, lane, a, bias, res);
     }
     if (!isfinite(probe) && a.flag) *a.flag = a.epoch;

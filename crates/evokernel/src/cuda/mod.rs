@@ -148,10 +148,19 @@ pub struct ConvArgs {
     /// number they flag it with (kernels/repair.cu).
     pub flag: u64,
     pub epoch: u32,
-    /// The fused epilogue's per-channel bias and residual tensor (0: none).
+}
+
+/// The fused epilogue's operands, every conv kernel's second parameter
+/// (kernels/common.cuh, same field order): per-channel bias and residual, 0 for none.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EpiArgs {
     pub bias: u64,
     pub residual: u64,
 }
+
+// SAFETY: plain old data, laid out as the CUDA struct.
+unsafe impl DeviceRepr for EpiArgs {}
 
 // SAFETY: plain old data, laid out as the CUDA struct.
 unsafe impl DeviceRepr for ConvArgs {}
@@ -184,8 +193,6 @@ impl ConvArgs {
             pad: i32s("padding", spec.pad_before3())?,
             flag: 0,
             epoch: 0,
-            bias: 0,
-            residual: 0,
         })
     }
 }
@@ -348,19 +355,24 @@ impl CudaDevice {
         self.ctx.bind_to_thread()
     }
 
-    /// Launches a kernel whose only parameter is `args` on a foreign stream.
+    /// Launches a conv kernel (parameters `args`, `epi`) on a foreign stream.
     ///
     /// # Safety
     /// `stream` must be a live stream of this device's context, current on this thread,
-    /// and every pointer in `args` must address device memory the kernel may access.
-    pub unsafe fn launch_on<A: DeviceRepr>(
+    /// and every pointer in `args` and `epi` must address device memory the kernel may
+    /// access.
+    pub unsafe fn launch_on(
         &self,
         kernel: &LoadedKernel,
-        args: &A,
+        args: &ConvArgs,
+        epi: &EpiArgs,
         stream: cudarc::driver::sys::CUstream,
     ) -> Result<()> {
         let l = kernel.launch;
-        let mut params = [args as *const A as *mut std::ffi::c_void];
+        let mut params = [
+            args as *const ConvArgs as *mut std::ffi::c_void,
+            epi as *const EpiArgs as *mut std::ffi::c_void,
+        ];
         // SAFETY: `args` matches the kernel's single parameter and outlives the call
         // (the driver copies parameters at launch); the caller vouches for the rest.
         unsafe {

@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cpu::{conv_cpu_fused, FusedEpilogue, Isa};
 use crate::cuda::run::repair_specialization;
-use crate::cuda::{ConvArgs, CudaContextExt, CudaDevice, KernelResources, LoadedKernel};
+use crate::cuda::{ConvArgs, CudaContextExt, CudaDevice, EpiArgs, KernelResources, LoadedKernel};
 use crate::dispatch::{choose, config_for, Choice, Source};
 use crate::epilogue::{check_operand, Epilogue};
 use crate::error::{Error, Result};
@@ -402,11 +402,13 @@ impl Plan {
 
     /// The argument block the plan's kernel gets for `ptrs` (GPU plans; the repair
     /// flag and epoch are filled per launch).
-    pub fn kernel_args(&self, ptrs: &ConvPointers) -> Result<ConvArgs> {
-        let mut args = ConvArgs::new(&self.problem.spec, ptrs.x, ptrs.w, ptrs.y)?;
-        args.bias = ptrs.bias;
-        args.residual = ptrs.residual;
-        Ok(args)
+    pub fn kernel_args(&self, ptrs: &ConvPointers) -> Result<(ConvArgs, EpiArgs)> {
+        let args = ConvArgs::new(&self.problem.spec, ptrs.x, ptrs.w, ptrs.y)?;
+        let epi = EpiArgs {
+            bias: ptrs.bias,
+            residual: ptrs.residual,
+        };
+        Ok((args, epi))
     }
 
     /// Milliseconds the kernel took to compile or read from the CUBIN cache, and
@@ -566,7 +568,8 @@ impl Plan {
                         got: "the output buffer itself".into(),
                     });
                 }
-                c.launch(self.kernel_args(ptrs)?, stream)
+                let (args, epi) = self.kernel_args(ptrs)?;
+                c.launch(args, &epi, stream)
             }
         }
     }
@@ -624,7 +627,7 @@ impl CudaPlan {
     }
 
     /// The kernel (and repair) launches of one call on `stream`.
-    fn launch(&self, mut args: ConvArgs, stream: CUstream) -> Result<()> {
+    fn launch(&self, mut args: ConvArgs, epi: &EpiArgs, stream: CUstream) -> Result<()> {
         if let Some((_, flag)) = &self.repair {
             args.flag = self.dev.device_ptr(flag);
             let e = self.epoch.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
@@ -634,9 +637,9 @@ impl CudaPlan {
         // SAFETY: run_raw's caller vouches for the stream and the pointers in `args`;
         // the flag is this plan's own buffer.
         unsafe {
-            self.dev.launch_on(&self.kernel, &args, stream)?;
+            self.dev.launch_on(&self.kernel, &args, epi, stream)?;
             if let Some((r, _)) = &self.repair {
-                self.dev.launch_on(r, &args, stream)?;
+                self.dev.launch_on(r, &args, epi, stream)?;
             }
         }
         Ok(())
