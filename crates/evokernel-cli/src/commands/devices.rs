@@ -1,0 +1,35 @@
+//! `evokernel devices`: the GPUs, or why there are none, and the libraries found.
+
+use std::path::PathBuf;
+
+use evokernel::Error;
+
+use crate::args::check_output_path;
+use crate::output::write_json_or_keep;
+use crate::table;
+
+/// Lists what it finds; exits 0 with or without a GPU.
+pub fn run(json: Option<PathBuf>) -> Result<bool, Error> {
+    if let Some(path) = &json {
+        check_output_path(path)?;
+    }
+    let survey = evokernel::cuda::survey();
+    if survey.gpus.is_empty() {
+        println!(
+            "no CUDA GPU: {}",
+            survey.cuda_unavailable.as_deref().unwrap_or("none found")
+        );
+    } else {
+        println!("{}", table::devices(&survey.gpus));
+    }
+    println!(
+        "NVRTC {}, cuDNN {}, CPU backend {}",
+        survey.nvrtc_version.as_deref().unwrap_or("not found"),
+        survey.cudnn_version.as_deref().unwrap_or("not found"),
+        survey.cpu_backend
+    );
+    if let Some(path) = json {
+        write_json_or_keep(&path, &survey);
+    }
+    Ok(true)
+}

@@ -1,0 +1,132 @@
+//! What a measuring session reports: the run, its cases and their rows (the `--json`
+//! schema, documented field by field in docs/report.md).
+
+use serde::{Deserialize, Serialize};
+
+use super::Options;
+use crate::bench::{Ceilings, Throughput, Timing};
+use crate::cuda::{GpuInfo, KernelResources};
+use crate::dispatch::Choice;
+use crate::epilogue::Epilogue;
+use crate::verify::Verdict;
+
+/// What a report says about the machine it ran on.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    pub backend: String,
+    pub name: String,
+    pub detail: String,
+    /// The GPU's properties, on the CUDA backend.
+    pub gpu: Option<GpuInfo>,
+}
+
+/// One implementation's line in a case report. Timings exist only for passing checks.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RowReport {
+    pub name: String,
+    /// The config a kernel variant ran with (`variant:k=v,...`).
+    pub config: Option<String>,
+    /// The kernel instance's canonical name (variant, dtype, layout, every parameter).
+    #[serde(default)]
+    pub instance: Option<String>,
+    pub verdict: Verdict,
+    pub timing: Option<Timing>,
+    pub throughput: Option<Throughput>,
+    /// Median over A B pairs of baseline time / this time, when a baseline ran.
+    pub speedup_vs_baseline: Option<f64>,
+    pub resources: Option<KernelResources>,
+    /// E.g. the algorithm cuDNN chose, or the JIT time.
+    pub note: Option<String>,
+}
+
+impl RowReport {
+    pub(crate) fn new(name: String, verdict: Verdict) -> Self {
+        RowReport {
+            name,
+            config: None,
+            instance: None,
+            verdict,
+            timing: None,
+            throughput: None,
+            speedup_vs_baseline: None,
+            resources: None,
+            note: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CaseReport {
+    pub name: String,
+    pub spec: String,
+    pub key: String,
+    pub flops: u64,
+    pub min_bytes: u64,
+    pub floor_ms: Option<f64>,
+    pub seed: u64,
+    pub input_sets: usize,
+    pub rows: Vec<RowReport>,
+    /// Implementations that do not apply to this case, and why.
+    pub skipped: Vec<(String, String)>,
+    /// What cuDNN's algorithm search measured, when the baseline ran.
+    pub baseline_search: Vec<crate::cuda::cudnn::AlgoTime>,
+    /// The fused epilogue the case ran with (`none`, or e.g. `bias+silu+res`).
+    #[serde(default)]
+    pub epilogue: Epilogue,
+    /// The kernel the engine picks for this problem on this device (GPU only).
+    #[serde(default, deserialize_with = "dispatch_of_any_version")]
+    pub dispatch: Option<Choice>,
+    /// Why no GPU kernel can take the problem, when none can.
+    #[serde(default)]
+    pub dispatch_error: Option<String>,
+}
+
+impl CaseReport {
+    pub fn passed(&self) -> bool {
+        self.rows.iter().all(|r| r.verdict.passed)
+    }
+}
+
+/// Reports before schema version 2 wrote the pick as `{"Ok": choice}` or `{"Err": why}`.
+fn dispatch_of_any_version<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<Choice>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Any {
+        Choice(Choice),
+        Ok {
+            #[serde(rename = "Ok")]
+            ok: Choice,
+        },
+        Err {
+            #[serde(rename = "Err")]
+            _err: String,
+        },
+    }
+    Ok(match Option::<Any>::deserialize(d)? {
+        Some(Any::Choice(c)) | Some(Any::Ok { ok: c }) => Some(c),
+        Some(Any::Err { .. }) | None => None,
+    })
+}
+
+/// The version of the report format below; docs/report.md documents every field.
+pub const REPORT_SCHEMA_VERSION: u32 = 2;
+
+/// Everything one command measured, as written by `--json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunReport {
+    /// `REPORT_SCHEMA_VERSION` of the evokernel that wrote it (absent before version 2).
+    #[serde(default)]
+    pub schema_version: u32,
+    pub evokernel_version: String,
+    pub commit: String,
+    pub date_utc: String,
+    pub device: DeviceInfo,
+    pub ceilings: Option<Ceilings>,
+    pub options: Options,
+    pub cases: Vec<CaseReport>,
+    /// What went wrong without stopping the run (e.g. a corrupt tune cache, ignored).
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
