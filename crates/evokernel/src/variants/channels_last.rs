@@ -1,10 +1,17 @@
 //! `channels_last`: NDHWC, threads over 16-byte channel vectors (kernels/channels_last.cu).
 
-use super::{check_config, cuda_type, within_shared, Config, Launch, Param, Variant};
+use super::{cuda_type, within_shared, Config, Launch, Param, Variant};
 use crate::error::Result;
 use crate::spec::{ConvSpec, Layout};
 
 pub struct ChannelsLast;
+
+typed_params!(Params {
+    out_w,
+    block,
+    roll,
+    minblocks
+});
 
 /// Channels a block owns (`CB` in the kernel).
 const BLOCK_CHANNELS: usize = 64;
@@ -85,21 +92,20 @@ impl Variant for ChannelsLast {
         )
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
-        check_config(self, spec, config)?;
+        let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
             "channels_last_dwconv<{}, {}, {}, {kd}, {kh}, {kw}, {}, {}>",
             cuda_type(spec.dtype()),
             vec_width(spec),
-            config.param("out_w")?,
-            config.param("roll")?,
-            config.param("minblocks")?
+            p.out_w,
+            p.roll,
+            p.minblocks
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, sms: u32) -> Result<Launch> {
-        check_config(self, spec, config)?;
-        let out_w = config.param("out_w")? as usize;
-        let block = config.param("block")? as u32;
+        let p = Params::parse(self, spec, config)?;
+        let (out_w, block) = (p.out_w, p.block as u32);
         let [od, oh, ow] = spec.output3();
         let positions = (spec.n() * od * oh * ow.div_ceil(out_w)) as u64;
         let per_block = block as u64 / (BLOCK_CHANNELS / vec_width(spec)) as u64;

@@ -4,13 +4,21 @@
 
 use super::tensor_core::{row_stride, shifted_tile_columns, tensor_core_applies};
 use super::{
-    check_config, cuda_type, default_launches, depth_chunk_at_most, depth_chunks, grid_x,
-    ring_params, within_shared, Config, Launch, Param, Variant, DEPTH_CHUNKS,
+    cuda_type, default_launches, depth_chunk_at_most, depth_chunks, grid_x, ring_params,
+    within_shared, Config, Launch, Param, Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
 
 pub struct DepthReuse;
+
+typed_params!(Params {
+    bands,
+    cols,
+    dchunk,
+    stages,
+    minblocks
+});
 
 /// Most warps a block may have (1024 threads), one tile each.
 const MAX_WARPS: i64 = 32;
@@ -112,9 +120,13 @@ impl Variant for DepthReuse {
         true
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
-        let param = |name| config.param(name).map_err(|e| e.to_string());
-        let (bands, cols, stages) = (param("bands")?, param("cols")?, param("stages")?);
-        if bands * cols > MAX_WARPS {
+        let Params {
+            bands,
+            cols,
+            stages,
+            ..
+        } = Params::read(config).map_err(|e| e.to_string())?;
+        if bands.saturating_mul(cols) as i64 > MAX_WARPS {
             return Err(format!(
                 "bands x cols = {} warps (one per tile), more than a block's {MAX_WARPS}",
                 bands * cols
@@ -122,28 +134,30 @@ impl Variant for DepthReuse {
         }
         within_shared(
             &format!("a ring of {} slices", stages + 1),
-            shared_bytes(spec, bands as usize, cols as usize, stages as usize),
+            shared_bytes(spec, bands, cols, stages),
         )
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
-        check_config(self, spec, config)?;
+        let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
             "depth_reuse_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
-            config.param("bands")?,
-            config.param("cols")?,
-            config.param("dchunk")?,
-            config.param("stages")?,
-            config.param("minblocks")?
+            p.bands,
+            p.cols,
+            p.dchunk,
+            p.stages,
+            p.minblocks
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
-        check_config(self, spec, config)?;
-        let bands = config.param("bands")? as usize;
-        let cols = config.param("cols")? as usize;
-        let dchunk = config.param("dchunk")? as usize;
-        let stages = config.param("stages")? as usize;
+        let Params {
+            bands,
+            cols,
+            dchunk,
+            stages,
+            ..
+        } = Params::parse(self, spec, config)?;
         let (mt, nt) = tile_grid(spec);
         let regions = mt.div_ceil(bands) * nt.div_ceil(cols);
         let blocks = spec.n() * spec.c() * depth_chunk_count(spec, dchunk) * regions;

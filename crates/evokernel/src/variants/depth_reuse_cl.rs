@@ -5,13 +5,19 @@
 use super::streaming_cl::pixel_vector_applies;
 use super::tensor_core::{row_stride, shifted_tile_columns};
 use super::{
-    check_config, cuda_type, default_launches, depth_chunk_at_most, depth_chunks, grid_x,
-    within_shared, Config, Launch, Param, Variant, DEPTH_CHUNKS,
+    cuda_type, default_launches, depth_chunk_at_most, depth_chunks, grid_x, within_shared, Config,
+    Launch, Param, Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
 
 pub struct DepthReuseCl;
+
+typed_params!(Params {
+    cols,
+    dchunk,
+    minblocks
+});
 
 /// Channels a block owns: one 16-byte vector of bf16/f16 per pixel (`CG` in the kernel).
 const CHANNELS: usize = 8;
@@ -77,24 +83,22 @@ impl Variant for DepthReuseCl {
         true
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
-        let cols = config.param("cols").map_err(|e| e.to_string())? as usize;
+        let cols = Params::read(config).map_err(|e| e.to_string())?.cols;
         within_shared("the slice ring and output stages", shared_bytes(spec, cols))
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
-        check_config(self, spec, config)?;
+        let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
             "depth_reuse_cl_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}>",
             cuda_type(spec.dtype()),
-            config.param("cols")?,
-            config.param("dchunk")?,
-            config.param("minblocks")?
+            p.cols,
+            p.dchunk,
+            p.minblocks
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
-        check_config(self, spec, config)?;
-        let cols = config.param("cols")? as usize;
-        let dchunk = config.param("dchunk")? as usize;
+        let Params { cols, dchunk, .. } = Params::parse(self, spec, config)?;
         let [od, oh, _] = spec.output3();
         let blocks = spec.n()
             * oh.div_ceil(16)
@@ -113,6 +117,7 @@ impl Variant for DepthReuseCl {
 mod tests {
     use super::*;
     use crate::suite::{public_case, public_suite};
+    use crate::variants::check_config;
 
     #[test]
     fn seed_ndhwc_geometry() {

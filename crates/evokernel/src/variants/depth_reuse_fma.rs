@@ -4,9 +4,9 @@
 //! and any dtype where the tensor-core tiles do not fit.
 
 use super::{
-    block_sides, channels_last, check_config, cuda_type, default_launches, depth_chunk_at_most,
-    depth_chunks, fill_table, fma_ring_bytes, grid_x, input_cols, input_rows, ring_params,
-    within_shared, Config, Launch, Param, Variant, DEPTH_CHUNKS,
+    block_sides, channels_last, cuda_type, default_launches, depth_chunk_at_most, depth_chunks,
+    fill_table, fma_ring_bytes, grid_x, input_cols, input_rows, ring_params, within_shared, Config,
+    Launch, Param, Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
@@ -59,27 +59,17 @@ fn shared_bytes(spec: &ConvSpec, config: &Shape) -> usize {
     )
 }
 
-/// A config's numbers, read once.
-struct Shape {
-    out_w: usize,
-    tx: usize,
-    ty: usize,
-    dchunk: usize,
-    stages: usize,
-}
-
-impl Shape {
-    fn of(config: &Config) -> Result<Self> {
-        let p = |name| config.param(name).map(|v| v as usize);
-        Ok(Shape {
-            out_w: p("out_w")?,
-            tx: p("tx")?,
-            ty: p("ty")?,
-            dchunk: p("dchunk")?,
-            stages: p("stages")?,
-        })
+typed_params!(
+    /// A config's numbers, read once.
+    Shape {
+        out_w,
+        tx,
+        ty,
+        dchunk,
+        stages,
+        minblocks,
     }
-}
+);
 
 /// Output columns in groups of `out_w` (one thread's run).
 fn column_groups(spec: &ConvSpec, out_w: usize) -> usize {
@@ -197,7 +187,7 @@ impl Variant for DepthReuseFma {
         )
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
-        let shape = Shape::of(config).map_err(|e| e.to_string())?;
+        let shape = Shape::read(config).map_err(|e| e.to_string())?;
         if shape.tx * shape.ty > MAX_THREADS {
             return Err(format!(
                 "tx x ty = {} threads, more than a block's {MAX_THREADS}",
@@ -210,26 +200,25 @@ impl Variant for DepthReuseFma {
         )
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
-        check_config(self, spec, config)?;
+        let s = Shape::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
             "depth_reuse_fma_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
-            config.param("out_w")?,
+            s.out_w,
             spec.stride3()[2],
             spec.dilation3()[2],
             lead(spec),
-            config.param("tx")?,
-            config.param("ty")?,
-            config.param("dchunk")?,
-            config.param("stages")?,
-            config.param("minblocks")?,
-            fill_table(spec, config.param("dchunk")? as usize)
+            s.tx,
+            s.ty,
+            s.dchunk,
+            s.stages,
+            s.minblocks,
+            fill_table(spec, s.dchunk)
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
-        check_config(self, spec, config)?;
-        let shape = Shape::of(config)?;
+        let shape = Shape::parse(self, spec, config)?;
         let [od, oh, _] = spec.output3();
         let regions = oh.div_ceil(shape.ty) * column_groups(spec, shape.out_w).div_ceil(shape.tx);
         let blocks = spec.n() * spec.c() * od.div_ceil(shape.dchunk) * regions;
@@ -273,7 +262,7 @@ mod tests {
         let c = v.default_config(&convnext);
         let spec = v.specialization(&convnext, &c).unwrap();
         assert!(spec.ends_with(", false>"), "{spec}");
-        let s = Shape::of(&c).unwrap();
+        let s = Shape::read(&c).unwrap();
         assert_eq!(
             shared_bytes(&convnext, &s),
             input_rows(&convnext, s.ty) * slice_row_chunks(&convnext, s.out_w, s.tx) * 16

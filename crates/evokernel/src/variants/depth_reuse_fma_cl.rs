@@ -3,9 +3,9 @@
 
 use super::depth_reuse_fma::{fma_rotation_applies, MAX_THREADS, MAX_WEIGHTS};
 use super::{
-    block_sides, channels_last, check_config, cuda_type, default_launches, depth_chunk_at_most,
-    depth_chunks, fill_table, fma_ring_bytes, grid_x, input_cols, input_rows, ring_params,
-    within_shared, Config, Launch, Param, Variant, DEPTH_CHUNKS,
+    block_sides, channels_last, cuda_type, default_launches, depth_chunk_at_most, depth_chunks,
+    fill_table, fma_ring_bytes, grid_x, input_cols, input_rows, ring_params, within_shared, Config,
+    Launch, Param, Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
@@ -19,30 +19,21 @@ fn chunk_channels(spec: &ConvSpec) -> usize {
     spec.dtype().per_16_bytes()
 }
 
-/// A config's shape, read once.
-struct Shape {
-    out_w: usize,
-    cv: usize,
-    lanes: usize,
-    tx: usize,
-    ty: usize,
-    dchunk: usize,
-    stages: usize,
-}
+typed_params!(
+    /// A config's shape, read once.
+    Shape {
+        out_w,
+        cv,
+        lanes,
+        tx,
+        ty,
+        dchunk,
+        stages,
+        minblocks,
+    }
+);
 
 impl Shape {
-    fn of(config: &Config) -> Result<Self> {
-        let p = |name| config.param(name).map(|v| v as usize);
-        Ok(Shape {
-            out_w: p("out_w")?,
-            cv: p("cv")?,
-            lanes: p("lanes")?,
-            tx: p("tx")?,
-            ty: p("ty")?,
-            dchunk: p("dchunk")?,
-            stages: p("stages")?,
-        })
-    }
     fn threads(&self) -> usize {
         self.lanes * self.tx * self.ty
     }
@@ -190,7 +181,7 @@ impl Variant for DepthReuseFmaCl {
         )
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
-        let s = Shape::of(config).map_err(|e| e.to_string())?;
+        let s = Shape::read(config).map_err(|e| e.to_string())?;
         let e = chunk_channels(spec);
         if (s.lanes * s.cv) % e != 0 {
             return Err(format!(
@@ -220,29 +211,27 @@ impl Variant for DepthReuseFmaCl {
         )
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
-        check_config(self, spec, config)?;
+        let s = Shape::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
-        let p = |name| config.param(name);
         Ok(format!(
             "depth_reuse_fma_cl_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
-            p("out_w")?,
+            s.out_w,
             spec.stride3()[2],
             spec.dilation3()[2],
-            p("cv")?,
-            p("lanes")?,
-            p("tx")?,
-            p("ty")?,
-            p("dchunk")?,
-            p("stages")?,
-            p("minblocks")?,
-            fill_table(spec, p("dchunk")? as usize)
+            s.cv,
+            s.lanes,
+            s.tx,
+            s.ty,
+            s.dchunk,
+            s.stages,
+            s.minblocks,
+            fill_table(spec, s.dchunk)
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
-        check_config(self, spec, config)?;
-        let s = Shape::of(config)?;
-        let dchunk = config.param("dchunk")? as usize;
+        let s = Shape::parse(self, spec, config)?;
+        let dchunk = s.dchunk;
         let [od, oh, _] = spec.output3();
         let regions = oh.div_ceil(s.ty) * runs(spec, s.out_w).div_ceil(s.tx);
         let groups = spec.c().div_ceil(s.lanes * s.cv);
@@ -295,7 +284,7 @@ mod tests {
             assert!(valid_configs(&v, &spec).contains(&v.default_config(&spec)));
         }
         let d = v.default_config(&x3d);
-        let s = Shape::of(&d).unwrap();
+        let s = Shape::read(&d).unwrap();
         // 10 pixels x 64 bytes = 40 chunks; rows 64 bytes apart mod 128: 44 (44 mod 8 = 4).
         assert_eq!(row_chunks(&x3d, &s), 44);
         let l = v.launch(&x3d, &d, 132).unwrap();
@@ -308,7 +297,7 @@ mod tests {
         let mb = public_case("mobilenet-s2");
         let d = v.default_config(&mb);
         assert!(v.specialization(&mb, &d).unwrap().ends_with(", false>"));
-        let s = Shape::of(&d).unwrap();
+        let s = Shape::read(&d).unwrap();
         assert_eq!(
             v.launch(&mb, &d, 132).unwrap().shared_bytes as usize,
             17 * row_chunks(&mb, &s) * 16

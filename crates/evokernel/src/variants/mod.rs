@@ -8,6 +8,38 @@ use std::fmt;
 use crate::error::{Error, Result};
 use crate::spec::{ConvSpec, DType, Layout};
 
+/// A variant's typed parameters: a struct of named `usize` fields, read from a config in
+/// one place (`read`, which `fits` uses), or read after the config was checked against
+/// the variant's space for a spec (`parse`, what `specialization` and `launch` use).
+macro_rules! typed_params {
+    ($(#[$m:meta])* $name:ident { $($field:ident),* $(,)? }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        struct $name {
+            $($field: usize),*
+        }
+        impl $name {
+            /// The values, not checked against a space.
+            #[allow(dead_code)]
+            fn read(config: &$crate::variants::Config) -> $crate::error::Result<Self> {
+                Ok($name {
+                    $($field: config.param(stringify!($field))? as usize),*
+                })
+            }
+            /// The values of `config`, checked against `v`'s space for `spec` first.
+            #[allow(dead_code)]
+            fn parse(
+                v: &dyn $crate::variants::Variant,
+                spec: &$crate::spec::ConvSpec,
+                config: &$crate::variants::Config,
+            ) -> $crate::error::Result<Self> {
+                $crate::variants::check_config(v, spec, config)?;
+                Self::read(config)
+            }
+        }
+    };
+}
+
 mod channels_last;
 mod depth_reuse;
 mod depth_reuse_cl;
@@ -716,6 +748,90 @@ mod tests {
             assert!(l.grid.0 <= 132 * 32, "{name}: grid-stride grids stay small");
         }
     }
+
+    /// Every variant's geometry (applies, fits, the specialization and the launch of
+    /// every valid config, up to 40 a case) over both suites and 60 random-ish specs, as
+    /// one hash per variant. A refactor of the descriptors must not change any of it;
+    /// a deliberate change updates the hash here (print them with --nocapture).
+    #[test]
+    fn descriptor_geometry_is_unchanged() {
+        let mut specs: Vec<ConvSpec> = crate::suite::public_suite()
+            .unwrap()
+            .into_iter()
+            .chain(crate::suite::channels_last_suite().unwrap())
+            .map(|c| c.spec)
+            .collect();
+        for i in 0..60i64 {
+            let dims = (i % 3 + 1) as usize;
+            let p = ConvParams {
+                n: 1 + i % 2,
+                c: [1, 8, 24, 64, 130][(i % 5) as usize],
+                input: (0..dims)
+                    .map(|d| 5 + (i * 7 + d as i64 * 13) % 40)
+                    .collect(),
+                kernel: (0..dims).map(|d| 1 + (i + d as i64) % 5).collect(),
+                stride: (0..dims)
+                    .map(|d| 1 + ((i / 3 + d as i64) % 3) * (i % 2))
+                    .collect(),
+                dilation: (0..dims)
+                    .map(|d| 1 + ((i / 5 + d as i64) % 2) * (i % 2))
+                    .collect(),
+                padding: (0..dims)
+                    .map(|d| [(i + d as i64) % 3, (i / 2) % 3])
+                    .collect(),
+                layout: if i % 4 < 2 {
+                    Layout::ChannelsFirst
+                } else {
+                    Layout::ChannelsLast
+                },
+                dtype: DType::ALL[(i % 3) as usize],
+            };
+            if let Ok(s) = p.validate() {
+                specs.push(s);
+            }
+        }
+        let mut lines = Vec::new();
+        for v in registry() {
+            let mut text = String::new();
+            for spec in &specs {
+                match v.applies(spec) {
+                    Err(why) => text.push_str(&format!("{spec}: no: {why}\n")),
+                    Ok(()) => {
+                        let space = v.space(spec);
+                        let all = enumerate(v.name(), &space);
+                        let step = all.len().div_ceil(40).max(1);
+                        for c in all.iter().step_by(step).chain([&v.default_config(spec)]) {
+                            let fits = v.fits(spec, c);
+                            let expr = v.specialization(spec, c).map_err(|e| e.to_string());
+                            let launch = v.launch(spec, c, 132).map_err(|e| e.to_string());
+                            text.push_str(&format!("{spec} {c}: {fits:?} {expr:?} {launch:?}\n"));
+                        }
+                    }
+                }
+            }
+            lines.push(format!(
+                "{} {}",
+                v.name(),
+                crate::cache::stable_hash(&[text.as_bytes()])
+            ));
+        }
+        let got = lines.join("\n");
+        eprintln!("{got}");
+        assert_eq!(got, GEOMETRY_HASHES.trim());
+    }
+
+    const GEOMETRY_HASHES: &str = "
+naive 76f78d2b04e8724b8b662fa062d9f7c4
+row_reuse 315b89855fe9598466c553e517fa5381
+channels_last f55a1bd0a08c7d580ef632e81179fe83
+smem_tile bb2b83c12b5643dd13c7a097112b002a
+tensor_core 83f90c54e9f7b9edf15e7210ff6a57a6
+streaming 7c4b5ee70cc97753761129ed78bf4994
+streaming_cl 9b1b71bfd5b7d5520dc3d4f58d4a33f8
+depth_reuse 646679d0df4df5dc8b645943e92abd09
+depth_reuse_cl ec6936de43dfbdb5292e4be68d905a56
+depth_reuse_fma 5b8a6c065ab91aa874f47b83918bc2bc
+depth_reuse_fma_cl 4be8943b33033b764bf88a74ad1acfb8";
 
     #[test]
     fn instance_names_round_trip_for_every_default_of_the_suites() {

@@ -1,12 +1,12 @@
 //! `naive`: one thread per output element (kernels/naive.cu). Applies to every spec.
 
-use super::{
-    channels_last, check_config, cuda_type, grid_stride_launch, Config, Launch, Param, Variant,
-};
+use super::{channels_last, cuda_type, grid_stride_launch, Config, Launch, Param, Variant};
 use crate::error::Result;
 use crate::spec::ConvSpec;
 
 pub struct Naive;
+
+typed_params!(Params { block, waves });
 
 impl Variant for Naive {
     fn name(&self) -> &'static str {
@@ -35,7 +35,7 @@ impl Variant for Naive {
         Config::new("naive", &[("block", 256), ("waves", 16)])
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
-        check_config(self, spec, config)?;
+        Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
             "naive_dwconv<{}, {}, {kd}, {kh}, {kw}>",
@@ -44,13 +44,11 @@ impl Variant for Naive {
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, sms: u32) -> Result<Launch> {
-        check_config(self, spec, config)?;
-        let block = config.param("block")? as u64;
-        let waves = config.param("waves")? as u64;
+        let p = Params::parse(self, spec, config)?;
         Ok(grid_stride_launch(
             spec.output_len() as u64,
-            block,
-            waves,
+            p.block as u64,
+            p.waves as u64,
             sms,
         ))
     }

@@ -1,13 +1,17 @@
 //! `row_reuse`: any spec, `out_h` outputs down one column per thread, loads shared where
 //! output rows and kernel rows land on the same input row (kernels/row_reuse.cu).
 
-use super::{
-    channels_last, check_config, cuda_type, grid_stride_launch, Config, Launch, Param, Variant,
-};
+use super::{channels_last, cuda_type, grid_stride_launch, Config, Launch, Param, Variant};
 use crate::error::Result;
 use crate::spec::ConvSpec;
 
 pub struct RowReuse;
+
+typed_params!(Params {
+    block,
+    waves,
+    out_h
+});
 
 /// Largest stride or dilation along H compiled in (each value is its own specialization,
 /// and a thread unrolls over (out_h - 1) x stride + (KH - 1) x dilation + 1 input rows).
@@ -51,7 +55,7 @@ impl Variant for RowReuse {
         Config::new("row_reuse", &[("block", 256), ("waves", 16), ("out_h", 4)])
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
-        check_config(self, spec, config)?;
+        let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
             "row_reuse_dwconv<{}, {}, {kd}, {kh}, {kw}, {}, {}, {}>",
@@ -59,18 +63,19 @@ impl Variant for RowReuse {
             channels_last(spec),
             spec.stride3()[1],
             spec.dilation3()[1],
-            config.param("out_h")?
+            p.out_h
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, sms: u32) -> Result<Launch> {
-        check_config(self, spec, config)?;
-        let block = config.param("block")? as u64;
-        let waves = config.param("waves")? as u64;
-        let out_h = config.param("out_h")? as usize;
+        let Params {
+            block,
+            waves,
+            out_h,
+        } = Params::parse(self, spec, config)?;
         let [_, oh, ow] = spec.output3();
         let columns = (spec.output_len() / (oh * ow).max(1)) as u64;
         let threads = columns * oh.div_ceil(out_h) as u64 * ow as u64;
-        Ok(grid_stride_launch(threads, block, waves, sms))
+        Ok(grid_stride_launch(threads, block as u64, waves as u64, sms))
     }
 }
 

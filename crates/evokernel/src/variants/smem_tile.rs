@@ -2,13 +2,15 @@
 //! memory as f32 (kernels/smem_tile.cu). Any stride and dilation (up to 3 along W).
 
 use super::{
-    check_config, cuda_type, default_launches, grid_x, input_cols, input_rows, within_shared,
-    Config, Launch, Param, Variant,
+    cuda_type, default_launches, grid_x, input_cols, input_rows, within_shared, Config, Launch,
+    Param, Variant,
 };
 use crate::error::Result;
 use crate::spec::{ConvSpec, Layout};
 
 pub struct SmemTile;
+
+typed_params!(Params { out_w, block });
 
 /// The KD slices of padded input rows the block's outputs read, as f32. Mirrors the
 /// kernel: rows span (oh - 1) * sh + (kh - 1) * dh + 1; a row holds the whole input row
@@ -71,28 +73,27 @@ impl Variant for SmemTile {
         Config::new(self.name(), &[("out_w", 4), ("block", 128)])
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
-        let out_w = config.param("out_w").map_err(|e| e.to_string())? as usize;
+        let out_w = Params::read(config).map_err(|e| e.to_string())?.out_w;
         within_shared(&format!("out_w={out_w}"), shared_bytes(spec, out_w))
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
-        check_config(self, spec, config)?;
+        let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
             "smem_tile_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}>",
             cuda_type(spec.dtype()),
-            config.param("out_w")?,
+            p.out_w,
             spec.stride3()[2],
             spec.dilation3()[2]
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
-        check_config(self, spec, config)?;
-        let out_w = config.param("out_w")? as usize;
+        let p = Params::parse(self, spec, config)?;
         let blocks = spec.n() * spec.c() * spec.output3()[0];
         Ok(Launch {
             grid: (grid_x(self, spec, blocks)?, 1, 1),
-            block: (config.param("block")? as u32, 1, 1),
-            shared_bytes: shared_bytes(spec, out_w) as u32,
+            block: (p.block as u32, 1, 1),
+            shared_bytes: shared_bytes(spec, p.out_w) as u32,
         })
     }
 }

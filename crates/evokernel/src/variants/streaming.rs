@@ -3,13 +3,20 @@
 
 use super::tensor_core::{row_stride, shifted_tile_columns, tensor_core_applies};
 use super::{
-    check_config, cuda_type, default_launches, depth_chunk_at_most, depth_chunks, grid_x,
-    within_shared, Config, Launch, Param, Variant, DEPTH_CHUNKS,
+    cuda_type, default_launches, depth_chunk_at_most, depth_chunks, grid_x, within_shared, Config,
+    Launch, Param, Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
 
 pub struct Streaming;
+
+typed_params!(Params {
+    warps,
+    dchunk,
+    stages,
+    seg
+});
 
 /// Run lengths (tiles a warp sweeps along a band). Longer runs read less but hold
 /// more accumulators: on the H100 (docs/perf.md, run 24) runs of 2-4 gained up to 8%
@@ -90,34 +97,31 @@ impl Variant for Streaming {
         true
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
-        let stages = config.param("stages").map_err(|e| e.to_string())? as usize;
+        let stages = Params::read(config).map_err(|e| e.to_string())?.stages;
         within_shared(
             &format!("a slice ring of stages={stages}"),
             shared_bytes(spec, stages),
         )
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
-        check_config(self, spec, config)?;
+        let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
             "streaming_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
-            config.param("warps")?,
-            config.param("dchunk")?,
-            config.param("stages")?,
-            config.param("seg")?
+            p.warps,
+            p.dchunk,
+            p.stages,
+            p.seg
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
-        check_config(self, spec, config)?;
-        let warps = config.param("warps")? as u32;
-        let dchunk = config.param("dchunk")? as usize;
-        let stages = config.param("stages")? as usize;
-        let blocks = spec.n() * spec.c() * spec.output3()[0].div_ceil(dchunk);
+        let p = Params::parse(self, spec, config)?;
+        let blocks = spec.n() * spec.c() * spec.output3()[0].div_ceil(p.dchunk);
         Ok(Launch {
             grid: (grid_x(self, spec, blocks)?, 1, 1),
-            block: (warps * 32, 1, 1),
-            shared_bytes: shared_bytes(spec, stages) as u32,
+            block: (p.warps as u32 * 32, 1, 1),
+            shared_bytes: shared_bytes(spec, p.stages) as u32,
         })
     }
 }

@@ -4,13 +4,15 @@
 
 use super::tensor_core::{banded_applies, row_stride, shifted_tile_columns};
 use super::{
-    check_config, cuda_type, default_launches, depth_chunk_at_most, depth_chunks, grid_x,
-    within_shared, Config, Launch, Param, Variant, MAX_SHARED,
+    cuda_type, default_launches, depth_chunk_at_most, depth_chunks, grid_x, within_shared, Config,
+    Launch, Param, Variant, MAX_SHARED,
 };
 use crate::error::Result;
 use crate::spec::{ConvSpec, Layout};
 
 pub struct StreamingCl;
+
+typed_params!(Params { wpc, dchunk });
 
 /// Output depths a block may slide over.
 const DCHUNKS: [i64; 4] = [4, 8, 16, 32];
@@ -106,7 +108,7 @@ impl Variant for StreamingCl {
         true
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
-        let wpc = config.param("wpc").map_err(|e| e.to_string())? as usize;
+        let wpc = Params::read(config).map_err(|e| e.to_string())?.wpc;
         let run = run_length(spec, wpc);
         if run > MAX_RUN {
             return Err(format!(
@@ -116,21 +118,19 @@ impl Variant for StreamingCl {
         Ok(())
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
-        check_config(self, spec, config)?;
+        let Params { wpc, dchunk } = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
-        let wpc = config.param("wpc")?;
         Ok(format!(
             "streaming_cl_dwconv<{}, {kd}, {kh}, {kw}, {wpc}, {}, {}, {}>",
             cuda_type(spec.dtype()),
-            run_length(spec, wpc as usize),
-            config.param("dchunk")?,
+            run_length(spec, wpc),
+            dchunk,
             output_stages(spec)
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
-        check_config(self, spec, config)?;
-        let wpc = config.param("wpc")? as u32;
-        let dchunk = config.param("dchunk")? as usize;
+        let Params { wpc, dchunk } = Params::parse(self, spec, config)?;
+        let wpc = wpc as u32;
         let [od, oh, _] = spec.output3();
         let blocks = spec.n() * oh.div_ceil(16) * od.div_ceil(dchunk) * (spec.c() / CHANNELS);
         Ok(Launch {

@@ -2,13 +2,15 @@
 //! channel, N = 8 outputs along W, K = 16 inputs along W (kernels/tensor_core.cu).
 
 use super::{
-    check_config, cuda_type, default_launches, grid_x, unit_stride_and_dilation, within_shared,
-    Config, Launch, Param, Variant,
+    cuda_type, default_launches, grid_x, unit_stride_and_dilation, within_shared, Config, Launch,
+    Param, Variant,
 };
 use crate::error::Result;
 use crate::spec::{ConvSpec, DType, Layout};
 
 pub struct TensorCore;
+
+typed_params!(Params { warps });
 
 /// Mirrors `tc_row_stride` in common.cuh.
 pub(super) fn row_stride(nt: usize) -> usize {
@@ -83,17 +85,16 @@ impl Variant for TensorCore {
         true
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
-        check_config(self, spec, config)?;
+        let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
             "tensor_core_dwconv<{}, {kd}, {kh}, {kw}, {}>",
             cuda_type(spec.dtype()),
-            config.param("warps")?
+            p.warps
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
-        check_config(self, spec, config)?;
-        let warps = config.param("warps")? as u32;
+        let warps = Params::parse(self, spec, config)?.warps as u32;
         Ok(Launch {
             grid: (
                 grid_x(self, spec, spec.n() * spec.c() * spec.output3()[0])?,
