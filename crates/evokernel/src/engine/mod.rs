@@ -334,7 +334,11 @@ impl Engine {
     }
 }
 
-/// A problem bound to one implementation, loaded and ready: run it as often as needed.
+/// A problem bound to one implementation, loaded and ready: run it as often as needed,
+/// from any thread. Calls on different streams may overlap, with one caveat for the
+/// tensor-core plans (those with a repair launch): they share the plan's flag, so two
+/// overlapping calls that both meet NaN/Inf inputs can miss a repair; use one plan per
+/// stream there when inputs may be non-finite.
 pub struct Plan {
     problem: ConvProblem,
     choice: Choice,

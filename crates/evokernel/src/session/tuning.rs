@@ -13,7 +13,7 @@ use crate::engine::{with_epilogue, ConvProblem};
 use crate::error::{Error, Result};
 use crate::spec::ConvSpec;
 use crate::tune::{search, CacheEntry, SearchProgress, Strategy, TrialRecord, TuneCache};
-use crate::variants::{kernel_hash, registry, valid_configs, Config};
+use crate::variants::{kernel_hash, registry, valid_configs, Config, Instance};
 use crate::verify::{check, oracle};
 
 /// Which search `tune` runs.
@@ -256,7 +256,7 @@ impl Session {
                     driver: target.driver.clone(),
                     spec_key: conv.key(),
                     variant: v.name().to_string(),
-                    config: best.to_string(),
+                    config: Instance::new(spec, best.clone()).to_string(),
                     ms: *ms,
                     date_utc: utc_now(),
                     kernel_hash: hash.clone(),

@@ -230,7 +230,13 @@ impl fmt::Display for Config {
 
 impl std::str::FromStr for Config {
     type Err = Error;
+    /// `variant:k=v,k=v`, or an instance name (its dtype and layout are dropped).
     fn from_str(s: &str) -> Result<Self> {
+        if !s.contains(':') {
+            if let Ok(i) = s.parse::<Instance>() {
+                return Ok(i.config);
+            }
+        }
         let bad = || {
             Error::parse(
                 "config",
@@ -542,10 +548,7 @@ pub fn forced_configs(flags: &[String]) -> Result<Vec<Config>> {
             },
             e => e,
         };
-        let c: Config = match text.parse::<Instance>() {
-            Ok(i) if !text.contains(':') => i.config,
-            _ => text.parse().map_err(named)?,
-        };
+        let c: Config = text.parse().map_err(named)?;
         let v = find(&c.variant).map_err(named)?;
         let names: Vec<&str> = v
             .space(&crate::spec::ConvParams::seed().validate()?)
@@ -851,6 +854,8 @@ depth_reuse_fma_cl 4be8943b33033b764bf88a74ad1acfb8";
         }
         let i: Instance = "smem_tile_f32_cf_block128_out_w4".parse().unwrap();
         assert_eq!(i.config.to_string(), "smem_tile:block=128,out_w=4");
+        let c: Config = "smem_tile_f32_cf_block128_out_w4".parse().unwrap();
+        assert_eq!(c, i.config);
         // depth_reuse_fma_cl, not depth_reuse or depth_reuse_fma: the longest name wins.
         let i: Instance = "depth_reuse_fma_cl_bf16_cl_cv2".parse().unwrap();
         assert_eq!(i.config.variant, "depth_reuse_fma_cl");
