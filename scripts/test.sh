@@ -8,3 +8,4 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release
 cargo test --release -p evokernel --test kernels_compile -- --nocapture
+./scripts/test-python.sh     # the PyTorch op: wheel built by maturin, pytest against torch on the CPU

@@ -24,6 +24,9 @@ use crate::tensor::HostTensor;
 use crate::variants::Launch;
 use jit::{Compiled, Jit};
 
+/// A CUDA stream handle as a foreign framework hands it over (`CUstream`).
+pub type RawStream = cudarc::driver::sys::CUstream;
+
 /// Turns a driver error into ours, with the CUDA error name and the call that failed.
 pub(crate) trait CudaContextExt<T> {
     fn cuda(self, call: &str) -> Result<T>;

@@ -1,0 +1,261 @@
+//! `evokernel._evokernel`: the engine's depthwise convolution on memory PyTorch owns.
+//! Python hands over data pointers, the device and torch's current stream; this module
+//! plans the problem (plans are cached per problem by the engine) and runs it: on a GPU
+//! directly on those pointers and that stream, on the CPU through host copies. It holds
+//! no logic of its own beyond that marshalling; every error is a Python exception and a
+//! Rust panic never crosses into Python.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use evokernel::engine::ConvPointers;
+use evokernel::tensor::TensorData;
+use evokernel::{
+    Activation, ConvParams, ConvProblem, ConvSpec, DType, Engine, Epilogue, Error, HostTensor,
+    Layout,
+};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+/// Errors a caller can fix (shapes, dtypes, sizes) are ValueError; the rest RuntimeError.
+fn to_py(e: Error) -> PyErr {
+    if e.is_user_input() {
+        PyValueError::new_err(e.to_string())
+    } else {
+        PyRuntimeError::new_err(e.to_string())
+    }
+}
+
+fn cpu_engine() -> &'static Engine {
+    static CPU: OnceLock<Engine> = OnceLock::new();
+    CPU.get_or_init(Engine::cpu)
+}
+
+/// One engine per GPU, opened on first use (on the device's primary context, the one
+/// PyTorch uses, so its pointers are valid there).
+fn cuda_engine(ordinal: usize) -> Result<Arc<Engine>, Error> {
+    static GPUS: OnceLock<Mutex<HashMap<usize, Arc<Engine>>>> = OnceLock::new();
+    let map = GPUS.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(e) = map.get(&ordinal) {
+        return Ok(Arc::clone(e));
+    }
+    let engine = Arc::new(Engine::cuda(ordinal)?.with_forced_from_env(&[])?);
+    map.insert(ordinal, Arc::clone(&engine));
+    Ok(engine)
+}
+
+/// A host tensor copied from `len` elements of `dtype` at `ptr`.
+///
+/// # Safety
+/// `ptr` must address `len` readable elements of `dtype`.
+unsafe fn host_from_ptr(ptr: u64, dtype: DType, shape: &[usize]) -> Result<HostTensor, Error> {
+    let len: usize = shape.iter().product();
+    let data = match dtype {
+        DType::Bf16 => {
+            TensorData::Bf16(std::slice::from_raw_parts(ptr as *const half::bf16, len).to_vec())
+        }
+        DType::F16 => {
+            TensorData::F16(std::slice::from_raw_parts(ptr as *const half::f16, len).to_vec())
+        }
+        DType::F32 => TensorData::F32(std::slice::from_raw_parts(ptr as *const f32, len).to_vec()),
+    };
+    HostTensor::from_data(shape, data)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn problem(
+    n: i64,
+    c: i64,
+    input: Vec<i64>,
+    kernel: Vec<i64>,
+    stride: Vec<i64>,
+    dilation: Vec<i64>,
+    padding: Vec<[i64; 2]>,
+    channels_last: bool,
+    dtype: &str,
+    activation: &str,
+    bias: bool,
+    residual: bool,
+) -> Result<ConvProblem, Error> {
+    let spec: ConvSpec = ConvParams {
+        n,
+        c,
+        input,
+        kernel,
+        stride,
+        dilation,
+        padding,
+        layout: if channels_last {
+            Layout::ChannelsLast
+        } else {
+            Layout::ChannelsFirst
+        },
+        dtype: dtype.parse()?,
+    }
+    .validate()?;
+    Ok(ConvProblem::new(spec).with_epilogue(Epilogue {
+        bias,
+        activation: activation.parse::<Activation>()?,
+        residual,
+    }))
+}
+
+/// Computes the depthwise convolution of the tensors at `x`, `w` (and `bias`,
+/// `residual`, 0 for none) into `y`. `device` < 0 means host memory; else the CUDA
+/// device ordinal, with `stream` the CUstream to enqueue on (the call returns once the
+/// work is enqueued, as any CUDA op).
+#[pyfunction]
+#[pyo3(signature = (x, w, y, bias, residual, device, stream, n, c, input, kernel, stride, dilation, padding, channels_last, dtype, activation))]
+#[allow(clippy::too_many_arguments)]
+fn conv_forward(
+    py: Python<'_>,
+    x: u64,
+    w: u64,
+    y: u64,
+    bias: u64,
+    residual: u64,
+    device: i64,
+    stream: u64,
+    n: i64,
+    c: i64,
+    input: Vec<i64>,
+    kernel: Vec<i64>,
+    stride: Vec<i64>,
+    dilation: Vec<i64>,
+    padding: Vec<[i64; 2]>,
+    channels_last: bool,
+    dtype: &str,
+    activation: &str,
+) -> PyResult<()> {
+    let problem = problem(
+        n,
+        c,
+        input,
+        kernel,
+        stride,
+        dilation,
+        padding,
+        channels_last,
+        dtype,
+        activation,
+        bias != 0,
+        residual != 0,
+    )
+    .map_err(to_py)?;
+    let run = move || -> Result<(), Error> {
+        let spec = &problem.spec;
+        if device < 0 {
+            let plan = cpu_engine().plan(&problem)?;
+            // SAFETY: the Python side passes pointers of contiguous tensors of exactly
+            // these shapes and this dtype, alive for the call.
+            let (xh, wh) = unsafe {
+                (
+                    host_from_ptr(x, spec.dtype(), &spec.input_shape())?,
+                    host_from_ptr(w, spec.dtype(), &spec.weight_shape())?,
+                )
+            };
+            let bh = (bias != 0)
+                .then(|| unsafe { host_from_ptr(bias, spec.dtype(), &[spec.c()]) })
+                .transpose()?;
+            let rh = (residual != 0)
+                .then(|| unsafe { host_from_ptr(residual, spec.dtype(), &spec.output_shape()) })
+                .transpose()?;
+            let out = plan.run_host(&xh, &wh, bh.as_ref(), rh.as_ref())?;
+            let bytes = out.as_bytes();
+            // SAFETY: `y` addresses an output tensor of exactly these bytes.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), y as *mut u8, bytes.len()) };
+            Ok(())
+        } else {
+            let engine = cuda_engine(device as usize)?;
+            let plan = engine.plan(&problem)?;
+            let ptrs = ConvPointers {
+                x,
+                w,
+                y,
+                bias,
+                residual,
+            };
+            // SAFETY: the pointers are device tensors of this device, of the shapes the
+            // spec says, alive until torch's stream has run the launch.
+            unsafe { plan.run_raw(&ptrs, stream as evokernel::cuda::RawStream) }
+        }
+    };
+    py.detach(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)))
+        .map_err(|_| {
+            PyRuntimeError::new_err("evokernel panicked (a bug); the output is not valid")
+        })?
+        .map_err(to_py)
+}
+
+/// The instance the engine picks for a problem on a device (-1: the CPU), as its name.
+#[pyfunction]
+#[pyo3(signature = (device, n, c, input, kernel, stride, dilation, padding, channels_last, dtype, activation, bias, residual))]
+#[allow(clippy::too_many_arguments)]
+fn plan_name(
+    device: i64,
+    n: i64,
+    c: i64,
+    input: Vec<i64>,
+    kernel: Vec<i64>,
+    stride: Vec<i64>,
+    dilation: Vec<i64>,
+    padding: Vec<[i64; 2]>,
+    channels_last: bool,
+    dtype: &str,
+    activation: &str,
+    bias: bool,
+    residual: bool,
+) -> PyResult<String> {
+    let problem = problem(
+        n,
+        c,
+        input,
+        kernel,
+        stride,
+        dilation,
+        padding,
+        channels_last,
+        dtype,
+        activation,
+        bias,
+        residual,
+    )
+    .map_err(to_py)?;
+    let name = if device < 0 {
+        cpu_engine().plan(&problem).map(|p| p.instance_name())
+    } else {
+        cuda_engine(device as usize).and_then(|e| e.plan(&problem).map(|p| p.instance_name()))
+    };
+    name.map_err(to_py)
+}
+
+/// The output's spatial sizes of a problem, or the ValueError its validation gives (the
+/// Python side asks before it allocates anything).
+#[pyfunction]
+#[pyo3(signature = (n, c, input, kernel, stride, dilation, padding))]
+#[allow(clippy::too_many_arguments)]
+fn output_dims(
+    n: i64,
+    c: i64,
+    input: Vec<i64>,
+    kernel: Vec<i64>,
+    stride: Vec<i64>,
+    dilation: Vec<i64>,
+    padding: Vec<[i64; 2]>,
+) -> PyResult<Vec<usize>> {
+    let p = problem(
+        n, c, input, kernel, stride, dilation, padding, false, "f32", "none", false, false,
+    )
+    .map_err(to_py)?;
+    Ok(p.spec.output_dims().to_vec())
+}
+
+#[pymodule]
+fn _evokernel(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(conv_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(plan_name, m)?)?;
+    m.add_function(wrap_pyfunction!(output_dims, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
