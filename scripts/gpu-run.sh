@@ -31,6 +31,14 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       for c in $SWEEP_CASES; do for k in $SWEEP_CONFIGS; do echo "$c $k"; done; done > "$out/sweep-list.txt"
       LIMIT=600 step sweep bash scripts/gpu-sweep.sh "$SWEEP_VARIANT" "$out/sweep-list.txt"
       cp "$out/sweep.log" "$out/sweep.txt" ;;
+    engine)
+      # The Engine example (cargo build --release -p evokernel --example engine; copy
+      # target/release/examples/engine to .gpu/engine-example before staging the run).
+      LIMIT=200 step engine .gpu/engine-example ;;
+    python)
+      # The PyTorch package against torch on the GPU: copy target/wheels-py/*.whl (from
+      # scripts/test-python.sh) into .gpu/ first; pytest runs every test on cuda too.
+      LIMIT=400 step python bash -c 'python3 -m pip install -q --no-deps --target /tmp/evk-py .gpu/evokernel-*.whl && cd python/tests && PYTHONPATH=/tmp/evk-py python3 -m pytest -q' ;;
     profile) LIMIT=400 step profile .gpu/evokernel profile ${PROFILE_ARGS:-} --json "$out/profile.json" --out "$out/profile-plots" ;;
     tune)
       # Evolutionary vs exhaustive on one variant's space (TUNE_VARIANT, default the
@@ -56,7 +64,7 @@ done
 cat "$out/smi.txt"
 grep -E "test result|FAILED|panicked|^== " "$out/tests.log" 2>/dev/null | head -30
 for f in memcheck racecheck racecheck_cl; do [ -f "$out/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$out/$f.log" | head -5; done
-for f in devices torch run suite suite_cl; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
+for f in devices torch run suite suite_cl engine python; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
 [ -f "$out/sweep.txt" ] && cat "$out/sweep.txt"
 [ -f "$out/tune-summary.log" ] && cut -c1-230 "$out/tune-summary.log"
 [ -f "$out/profile.log" ] && grep -vE "^[│┌└╞├]" "$out/profile.log" | grep -E "^seed|verdict|next|occupancy|counters" | cut -c1-260 | tail -40
