@@ -107,9 +107,10 @@ def _out_shape(x_shape, w_shape, stride, padding, dilation) -> List[int]:
     return out
 
 
-def _validate(x: Tensor, weight: Tensor, stride, padding, dilation) -> None:
+def _spec(x: Tensor, weight: Tensor, stride, padding, dilation, channels_last: bool = False):
+    """The problem as the extension takes it (SpecArgs in src/lib.rs)."""
     dims = x.dim() - 2
-    _ext.output_dims(
+    return (
         x.shape[0],
         x.shape[1],
         list(x.shape[2:]),
@@ -117,7 +118,13 @@ def _validate(x: Tensor, weight: Tensor, stride, padding, dilation) -> None:
         list(stride),
         list(dilation),
         [(padding[2 * i], padding[2 * i + 1]) for i in range(dims)],
+        channels_last,
+        _DTYPES[x.dtype],
     )
+
+
+def _validate(x: Tensor, weight: Tensor, stride, padding, dilation) -> None:
+    _ext.output_dims(_spec(x, weight, stride, padding, dilation))
 
 
 @torch.library.custom_op("evokernel::depthwise_conv", mutates_args=())
@@ -144,7 +151,6 @@ def _depthwise_conv(
         stream = torch.cuda.current_stream(x.device).cuda_stream
     else:
         device, stream = -1, 0
-    dims = x.dim() - 2
     _ext.conv_forward(
         x.data_ptr(),
         weight.data_ptr(),
@@ -153,15 +159,7 @@ def _depthwise_conv(
         0 if residual is None else residual.data_ptr(),
         device,
         stream,
-        x.shape[0],
-        x.shape[1],
-        list(x.shape[2:]),
-        list(weight.shape[2:]),
-        stride,
-        dilation,
-        [(padding[2 * i], padding[2 * i + 1]) for i in range(dims)],
-        cl,
-        _DTYPES[x.dtype],
+        _spec(x, weight, stride, padding, dilation, cl),
         activation,
     )
     return y
@@ -311,21 +309,8 @@ def plan_name(
     dilation_l = _per_dim("dilation", dilation, dims)
     pads = _padding_pairs(padding, list(weight.shape[2:]), dilation_l, dims)
     device = (x.device.index or 0) if x.is_cuda else -1
-    return _ext.plan_name(
-        device,
-        x.shape[0],
-        x.shape[1],
-        list(x.shape[2:]),
-        list(weight.shape[2:]),
-        stride_l,
-        dilation_l,
-        [(pads[2 * i], pads[2 * i + 1]) for i in range(dims)],
-        _channels_last(x),
-        _DTYPES[x.dtype],
-        "none" if activation is None else activation,
-        bias is not None,
-        residual,
-    )
+    spec = _spec(x, weight, stride_l, pads, dilation_l, _channels_last(x))
+    return _ext.plan_name(device, spec, "none" if activation is None else activation, bias is not None, residual)
 
 
 def _module(base):

@@ -63,42 +63,49 @@ unsafe fn host_from_ptr(ptr: u64, dtype: DType, shape: &[usize]) -> Result<HostT
     HostTensor::from_data(shape, data)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn problem(
-    n: i64,
-    c: i64,
-    input: Vec<i64>,
-    kernel: Vec<i64>,
-    stride: Vec<i64>,
-    dilation: Vec<i64>,
-    padding: Vec<[i64; 2]>,
-    channels_last: bool,
-    dtype: &str,
-    activation: &str,
-    bias: bool,
-    residual: bool,
-) -> Result<ConvProblem, Error> {
-    let spec: ConvSpec = ConvParams {
-        n,
-        c,
-        input,
-        kernel,
-        stride,
-        dilation,
-        padding,
-        layout: if channels_last {
-            Layout::ChannelsLast
-        } else {
-            Layout::ChannelsFirst
-        },
-        dtype: dtype.parse()?,
+/// A problem as Python describes it: `(n, c, input, kernel, stride, dilation, padding,
+/// channels_last, dtype)`, padding as (before, after) pairs.
+#[derive(FromPyObject)]
+struct SpecArgs(
+    i64,
+    i64,
+    Vec<i64>,
+    Vec<i64>,
+    Vec<i64>,
+    Vec<i64>,
+    Vec<[i64; 2]>,
+    bool,
+    String,
+);
+
+impl SpecArgs {
+    fn spec(self) -> Result<ConvSpec, Error> {
+        let SpecArgs(n, c, input, kernel, stride, dilation, padding, channels_last, dtype) = self;
+        ConvParams {
+            n,
+            c,
+            input,
+            kernel,
+            stride,
+            dilation,
+            padding,
+            layout: if channels_last {
+                Layout::ChannelsLast
+            } else {
+                Layout::ChannelsFirst
+            },
+            dtype: dtype.parse::<DType>()?,
+        }
+        .validate()
     }
-    .validate()?;
-    Ok(ConvProblem::new(spec).with_epilogue(Epilogue {
-        bias,
-        activation: activation.parse::<Activation>()?,
-        residual,
-    }))
+
+    fn problem(self, activation: &str, bias: bool, residual: bool) -> Result<ConvProblem, Error> {
+        Ok(ConvProblem::new(self.spec()?).with_epilogue(Epilogue {
+            bias,
+            activation: activation.parse::<Activation>()?,
+            residual,
+        }))
+    }
 }
 
 /// Computes the depthwise convolution of the tensors at `x`, `w` (and `bias`,
@@ -106,7 +113,6 @@ fn problem(
 /// device ordinal, with `stream` the CUstream to enqueue on (the call returns once the
 /// work is enqueued, as any CUDA op).
 #[pyfunction]
-#[pyo3(signature = (x, w, y, bias, residual, device, stream, n, c, input, kernel, stride, dilation, padding, channels_last, dtype, activation))]
 #[allow(clippy::too_many_arguments)]
 fn conv_forward(
     py: Python<'_>,
@@ -117,32 +123,12 @@ fn conv_forward(
     residual: u64,
     device: i64,
     stream: u64,
-    n: i64,
-    c: i64,
-    input: Vec<i64>,
-    kernel: Vec<i64>,
-    stride: Vec<i64>,
-    dilation: Vec<i64>,
-    padding: Vec<[i64; 2]>,
-    channels_last: bool,
-    dtype: &str,
+    spec: SpecArgs,
     activation: &str,
 ) -> PyResult<()> {
-    let problem = problem(
-        n,
-        c,
-        input,
-        kernel,
-        stride,
-        dilation,
-        padding,
-        channels_last,
-        dtype,
-        activation,
-        bias != 0,
-        residual != 0,
-    )
-    .map_err(to_py)?;
+    let problem = spec
+        .problem(activation, bias != 0, residual != 0)
+        .map_err(to_py)?;
     let run = move || -> Result<(), Error> {
         let spec = &problem.spec;
         if device < 0 {
@@ -190,38 +176,14 @@ fn conv_forward(
 
 /// The instance the engine picks for a problem on a device (-1: the CPU), as its name.
 #[pyfunction]
-#[pyo3(signature = (device, n, c, input, kernel, stride, dilation, padding, channels_last, dtype, activation, bias, residual))]
-#[allow(clippy::too_many_arguments)]
 fn plan_name(
     device: i64,
-    n: i64,
-    c: i64,
-    input: Vec<i64>,
-    kernel: Vec<i64>,
-    stride: Vec<i64>,
-    dilation: Vec<i64>,
-    padding: Vec<[i64; 2]>,
-    channels_last: bool,
-    dtype: &str,
+    spec: SpecArgs,
     activation: &str,
     bias: bool,
     residual: bool,
 ) -> PyResult<String> {
-    let problem = problem(
-        n,
-        c,
-        input,
-        kernel,
-        stride,
-        dilation,
-        padding,
-        channels_last,
-        dtype,
-        activation,
-        bias,
-        residual,
-    )
-    .map_err(to_py)?;
+    let problem = spec.problem(activation, bias, residual).map_err(to_py)?;
     let name = if device < 0 {
         cpu_engine().plan(&problem).map(|p| p.instance_name())
     } else {
@@ -233,22 +195,8 @@ fn plan_name(
 /// The output's spatial sizes of a problem, or the ValueError its validation gives (the
 /// Python side asks before it allocates anything).
 #[pyfunction]
-#[pyo3(signature = (n, c, input, kernel, stride, dilation, padding))]
-#[allow(clippy::too_many_arguments)]
-fn output_dims(
-    n: i64,
-    c: i64,
-    input: Vec<i64>,
-    kernel: Vec<i64>,
-    stride: Vec<i64>,
-    dilation: Vec<i64>,
-    padding: Vec<[i64; 2]>,
-) -> PyResult<Vec<usize>> {
-    let p = problem(
-        n, c, input, kernel, stride, dilation, padding, false, "f32", "none", false, false,
-    )
-    .map_err(to_py)?;
-    Ok(p.spec.output_dims().to_vec())
+fn output_dims(spec: SpecArgs) -> PyResult<Vec<usize>> {
+    Ok(spec.spec().map_err(to_py)?.output_dims().to_vec())
 }
 
 #[pymodule]

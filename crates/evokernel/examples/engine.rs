@@ -28,31 +28,8 @@ fn main() -> Result<()> {
     let b = HostTensor::random_normal(spec.dtype(), &[spec.c()], 3);
     let r = HostTensor::random_normal(spec.dtype(), &spec.output_shape(), 4);
     let plain = conv_reference(&spec, &x, &w)?;
-    let epilogues = [
-        Epilogue::NONE,
-        Epilogue {
-            bias: true,
-            activation: Activation::Relu,
-            residual: false,
-        },
-        Epilogue {
-            bias: true,
-            activation: Activation::Silu,
-            residual: false,
-        },
-        Epilogue {
-            bias: true,
-            activation: Activation::GeluTanh,
-            residual: false,
-        },
-        Epilogue {
-            bias: true,
-            activation: Activation::Silu,
-            residual: true,
-        },
-    ];
     let mut failed = false;
-    for e in epilogues {
+    for e in std::iter::once(Epilogue::NONE).chain(with_bias(&Activation::ALL[1..])) {
         let problem = ConvProblem::new(spec.clone()).with_epilogue(e);
         let plan = engine.plan(&problem)?;
         let (bias, res) = (e.bias.then_some(&b), e.residual.then_some(&r));
@@ -81,6 +58,24 @@ fn main() -> Result<()> {
     Ok(())
 }
 
+/// Bias + each of `activations`, then bias + SiLU + a residual.
+fn with_bias(activations: &[Activation]) -> Vec<Epilogue> {
+    let mut v: Vec<Epilogue> = activations
+        .iter()
+        .map(|&activation| Epilogue {
+            bias: true,
+            activation,
+            residual: false,
+        })
+        .collect();
+    v.push(Epilogue {
+        bias: true,
+        activation: Activation::Silu,
+        residual: true,
+    });
+    v
+}
+
 /// Device time of the dispatch pick (CUDA events, median of 50 after 10 warm-ups) on the
 /// seed and two more public cases, plain and with bias + SiLU and with a residual too;
 /// then the host time per call.
@@ -99,24 +94,7 @@ fn gpu_timings(engine: &Engine, dev: &evokernel::cuda::CudaDevice) -> Result<()>
         let (db, dr) = (up(&[spec.c()], 3)?, up(&spec.output_shape(), 4)?);
         let mut dy = dev.alloc(spec.output_len() * spec.dtype().size_bytes())?;
         let mut base_ms = 0.0;
-        for e in [
-            Epilogue::NONE,
-            Epilogue {
-                bias: true,
-                activation: Activation::Silu,
-                residual: false,
-            },
-            Epilogue {
-                bias: true,
-                activation: Activation::GeluTanh,
-                residual: false,
-            },
-            Epilogue {
-                bias: true,
-                activation: Activation::Silu,
-                residual: true,
-            },
-        ] {
+        for e in std::iter::once(Epilogue::NONE).chain(with_bias(&Activation::ALL[2..])) {
             let problem = ConvProblem::new(spec.clone()).with_epilogue(e);
             let plan = engine.plan(&problem)?;
             let mut samples = Vec::new();
