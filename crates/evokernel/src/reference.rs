@@ -27,26 +27,7 @@ pub fn conv_reference(
 }
 
 fn output_element(spec: &ConvSpec, x: &[f64], w: &[f64], i: usize) -> f64 {
-    let [od, oh, ow] = spec.output3();
-    let c_count = spec.c();
-    let (n, c, d, h, wi) = match spec.layout() {
-        Layout::ChannelsFirst => {
-            let wi = i % ow;
-            let h = (i / ow) % oh;
-            let d = (i / (ow * oh)) % od;
-            let c = (i / (ow * oh * od)) % c_count;
-            let n = i / (ow * oh * od * c_count);
-            (n, c, d, h, wi)
-        }
-        Layout::ChannelsLast => {
-            let c = i % c_count;
-            let wi = (i / c_count) % ow;
-            let h = (i / (c_count * ow)) % oh;
-            let d = (i / (c_count * ow * oh)) % od;
-            let n = i / (c_count * ow * oh * od);
-            (n, c, d, h, wi)
-        }
-    };
+    let (n, c, [d, h, wi]) = coords(spec.layout(), spec.c(), spec.output3(), i);
     let out = [d, h, wi];
     let [kd, kh, kw] = spec.kernel3();
     let (stride, dil, pad, inp) = (
@@ -72,6 +53,137 @@ fn output_element(spec: &ConvSpec, x: &[f64], w: &[f64], i: usize) -> f64 {
         }
     }
     sum
+}
+
+/// (n, c, d, h, w) of flat index `i` of a tensor of spatial sizes `dims` in `layout`.
+fn coords(
+    layout: Layout,
+    channels: usize,
+    dims: [usize; 3],
+    i: usize,
+) -> (usize, usize, [usize; 3]) {
+    let [dd, hh, ww] = dims;
+    match layout {
+        Layout::ChannelsFirst => {
+            let w = i % ww;
+            let h = (i / ww) % hh;
+            let d = (i / (ww * hh)) % dd;
+            let c = (i / (ww * hh * dd)) % channels;
+            (i / (ww * hh * dd * channels), c, [d, h, w])
+        }
+        Layout::ChannelsLast => {
+            let c = i % channels;
+            let w = (i / channels) % ww;
+            let h = (i / (channels * ww)) % hh;
+            let d = (i / (channels * ww * hh)) % dd;
+            (i / (channels * ww * hh * dd), c, [d, h, w])
+        }
+    }
+}
+
+/// The gradient of the forward with respect to its input (grad-input, "dgrad"): input
+/// element x[n, c, i] receives w[c, k] * gy[n, c, o] from every output o and tap k with
+/// o * stride + k * dilation - pad_before = i. Input-shaped, in the spec's layout.
+pub fn dgrad_reference(
+    spec: &ConvSpec,
+    grad_output: &HostTensor,
+    weight: &HostTensor,
+) -> Result<Vec<f64>> {
+    grad_output.expect("grad_output", spec.dtype(), spec.output_len())?;
+    weight.expect("weight", spec.dtype(), spec.weight_len())?;
+    let gy = grad_output.to_f64_vec();
+    let w = weight.to_f64_vec();
+    let (stride, dil, pad, out) = (
+        spec.stride3(),
+        spec.dilation3(),
+        spec.pad_before3(),
+        spec.output3(),
+    );
+    let [kd, kh, kw] = spec.kernel3();
+    let mut gx = vec![0.0f64; spec.input_len()];
+    gx.par_iter_mut().enumerate().for_each(|(i, g)| {
+        let (n, c, pos) = coords(spec.layout(), spec.c(), spec.input3(), i);
+        // Output coordinate along dim j that tap k of reaches input position pos[j].
+        let at = |j: usize, k: usize| -> Option<usize> {
+            let num = (pos[j] + pad[j]) as i64 - (k * dil[j]) as i64;
+            (num >= 0
+                && num % stride[j] as i64 == 0
+                && ((num / stride[j] as i64) as usize) < out[j])
+                .then(|| (num / stride[j] as i64) as usize)
+        };
+        let mut sum = 0.0;
+        for a in 0..kd {
+            let Some(od) = at(0, a) else { continue };
+            for b in 0..kh {
+                let Some(oh) = at(1, b) else { continue };
+                for e in 0..kw {
+                    let Some(ow) = at(2, e) else { continue };
+                    sum +=
+                        w[spec.weight_index(c, a, b, e)] * gy[spec.output_index(n, c, od, oh, ow)];
+                }
+            }
+        }
+        *g = sum;
+    });
+    Ok(gx)
+}
+
+/// The gradient with respect to the weight (grad-weight, "wgrad"): w[c, k] receives
+/// x[n, c, o * stride + k * dilation - pad] * gy[n, c, o] summed over the batch and every
+/// output whose tap k lands inside the input. Weight-shaped `[C, 1, KD, KH, KW]`.
+pub fn wgrad_reference(
+    spec: &ConvSpec,
+    input: &HostTensor,
+    grad_output: &HostTensor,
+) -> Result<Vec<f64>> {
+    input.expect("input", spec.dtype(), spec.input_len())?;
+    grad_output.expect("grad_output", spec.dtype(), spec.output_len())?;
+    let x = input.to_f64_vec();
+    let gy = grad_output.to_f64_vec();
+    let (stride, dil, pad, inp) = (
+        spec.stride3(),
+        spec.dilation3(),
+        spec.pad_before3(),
+        spec.input3(),
+    );
+    let [_, kh, kw] = spec.kernel3();
+    let [od, oh, ow] = spec.output3();
+    let mut gw = vec![0.0f64; spec.weight_len()];
+    gw.par_iter_mut().enumerate().for_each(|(i, g)| {
+        let (c, tap) = (i / spec.taps(), i % spec.taps());
+        let k = [tap / (kh * kw), (tap / kw) % kh, tap % kw];
+        let at = |j: usize, o: usize| -> Option<usize> {
+            let pos = (o * stride[j] + k[j] * dil[j]) as i64 - pad[j] as i64;
+            (pos >= 0 && (pos as usize) < inp[j]).then_some(pos as usize)
+        };
+        let mut sum = 0.0;
+        for n in 0..spec.n() {
+            for d in 0..od {
+                let Some(zd) = at(0, d) else { continue };
+                for h in 0..oh {
+                    let Some(zh) = at(1, h) else { continue };
+                    for w in 0..ow {
+                        let Some(zw) = at(2, w) else { continue };
+                        sum += x[spec.input_index(n, c, zd, zh, zw)]
+                            * gy[spec.output_index(n, c, d, h, w)];
+                    }
+                }
+            }
+        }
+        *g = sum;
+    });
+    Ok(gw)
+}
+
+/// The gradient with respect to the bias: gy summed per channel over batch and space.
+pub fn bias_grad_reference(spec: &ConvSpec, grad_output: &HostTensor) -> Result<Vec<f64>> {
+    grad_output.expect("grad_output", spec.dtype(), spec.output_len())?;
+    let mut gb = vec![0.0f64; spec.c()];
+    for i in 0..grad_output.len() {
+        let (_, c, _) = coords(spec.layout(), spec.c(), spec.output3(), i);
+        gb[c] += grad_output.get_f64(i);
+    }
+    Ok(gb)
 }
 
 #[cfg(test)]
@@ -192,6 +304,82 @@ mod tests {
         for (i, &v) in y.iter().enumerate() {
             let c = (i / 24) % 3;
             assert_eq!(v, x.get_f64(i) * [2.0, -1.0, 0.5][c]);
+        }
+    }
+
+    /// The backward oracles are the forward's adjoints: <conv(x, w), gy> = <x, dgrad(gy, w)>
+    /// = <w, wgrad(x, gy)>, on specs with stride, dilation, asymmetric padding, batch and
+    /// both layouts (f32 inputs, sums in f64: equal to rounding).
+    #[test]
+    fn backward_oracles_are_the_forwards_adjoints() {
+        let specs = [
+            (
+                vec![9],
+                vec![3],
+                vec![2],
+                vec![2],
+                vec![[2, 1]],
+                Layout::ChannelsFirst,
+            ),
+            (
+                vec![7, 10],
+                vec![3, 2],
+                vec![1, 3],
+                vec![2, 1],
+                vec![[1, 2], [0, 1]],
+                Layout::ChannelsLast,
+            ),
+            (
+                vec![4, 6, 8],
+                vec![3, 3, 5],
+                vec![1, 2, 1],
+                vec![1, 1, 2],
+                vec![[0, 0], [1, 1], [2, 2]],
+                Layout::ChannelsFirst,
+            ),
+            (
+                vec![5, 5, 5],
+                vec![2, 2, 2],
+                vec![2, 2, 2],
+                vec![1, 1, 1],
+                vec![[1, 0], [0, 1], [1, 1]],
+                Layout::ChannelsLast,
+            ),
+        ];
+        for (i, (input, kernel, stride, dilation, padding, layout)) in specs.into_iter().enumerate()
+        {
+            let spec = ConvParams {
+                n: 2,
+                c: 3,
+                input,
+                kernel,
+                stride,
+                dilation,
+                padding,
+                layout,
+                dtype: DType::F32,
+            }
+            .validate()
+            .unwrap();
+            let x = HostTensor::random_normal(DType::F32, &spec.input_shape(), i as u64);
+            let w = HostTensor::random_normal(DType::F32, &spec.weight_shape(), 10 + i as u64);
+            let gy = HostTensor::random_normal(DType::F32, &spec.output_shape(), 20 + i as u64);
+            let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(p, q)| p * q).sum::<f64>();
+            let forward = dot(&conv_reference(&spec, &x, &w).unwrap(), &gy.to_f64_vec());
+            let via_dgrad = dot(&x.to_f64_vec(), &dgrad_reference(&spec, &gy, &w).unwrap());
+            let via_wgrad = dot(&w.to_f64_vec(), &wgrad_reference(&spec, &x, &gy).unwrap());
+            assert!(
+                (forward - via_dgrad).abs() < 1e-9 * forward.abs().max(1.0),
+                "{spec}: {forward} vs {via_dgrad}"
+            );
+            assert!(
+                (forward - via_wgrad).abs() < 1e-9 * forward.abs().max(1.0),
+                "{spec}: {forward} vs {via_wgrad}"
+            );
+            // The bias's gradient is gy summed per channel.
+            let gb = bias_grad_reference(&spec, &gy).unwrap();
+            let total: f64 = gy.to_f64_vec().iter().sum();
+            assert!((gb.iter().sum::<f64>() - total).abs() < 1e-9 * total.abs().max(1.0));
         }
     }
 
