@@ -56,7 +56,7 @@ fn output_element(spec: &ConvSpec, x: &[f64], w: &[f64], i: usize) -> f64 {
 }
 
 /// (n, c, d, h, w) of flat index `i` of a tensor of spatial sizes `dims` in `layout`.
-fn coords(
+pub(crate) fn coords(
     layout: Layout,
     channels: usize,
     dims: [usize; 3],

@@ -9,6 +9,9 @@
 
 use rayon::prelude::*;
 
+mod backward;
+pub use backward::{dgrad_cpu, wgrad_cpu};
+
 use crate::bench::Ceilings;
 use crate::epilogue::{Activation, Epilogue};
 use crate::error::{Error, Result};
