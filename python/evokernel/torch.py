@@ -255,6 +255,21 @@ def _check(x: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional
     return dims
 
 
+def _arguments(x, weight, bias, residual, stride, padding, dilation, activation):
+    """The checked tensors' call arguments as the op takes them: per-dim strides,
+    (before, after) padding pairs flattened, per-dim dilations, the activation's name."""
+    dims = _check(x, weight, bias, residual)
+    stride_l = _per_dim("stride", stride, dims)
+    dilation_l = _per_dim("dilation", dilation, dims)
+    pads = _padding_pairs(padding, list(weight.shape[2:]), dilation_l, dims)
+    act = "none" if activation in (None, "none", "identity") else activation
+    if act == "gelu":
+        act = "gelu-tanh"
+    if act not in _ACTIVATIONS:
+        raise ValueError(f"activation '{activation}' is not one of None, 'relu', 'silu', 'gelu-tanh'")
+    return stride_l, pads, dilation_l, act
+
+
 def depthwise_conv(
     x: Tensor,
     weight: Tensor,
@@ -272,16 +287,7 @@ def depthwise_conv(
     shape. padding: an int, one int per dim, one (before, after) pair per dim, 'same' or
     'valid'. activation: None, 'relu', 'silu' or 'gelu-tanh' (GELU, tanh approximation).
     """
-    dims = _check(x, weight, bias, residual)
-    stride_l = _per_dim("stride", stride, dims)
-    dilation_l = _per_dim("dilation", dilation, dims)
-    kernel = list(weight.shape[2:])
-    pads = _padding_pairs(padding, kernel, dilation_l, dims)
-    act = "none" if activation in (None, "none", "identity") else activation
-    if act == "gelu":
-        act = "gelu-tanh"
-    if act not in _ACTIVATIONS:
-        raise ValueError(f"activation '{activation}' is not one of None, 'relu', 'silu', 'gelu-tanh'")
+    stride_l, pads, dilation_l, act = _arguments(x, weight, bias, residual, stride, padding, dilation, activation)
     if not torch.compiler.is_compiling():
         # The engine validates the problem and says what is wrong; under torch.compile
         # the op does it when it runs.
@@ -304,13 +310,10 @@ def plan_name(
     residual: bool = False,
 ) -> str:
     """The kernel instance evokernel runs for this call (e.g. depth_reuse_bf16_cf_...)."""
-    dims = _check(x, weight, bias, None)
-    stride_l = _per_dim("stride", stride, dims)
-    dilation_l = _per_dim("dilation", dilation, dims)
-    pads = _padding_pairs(padding, list(weight.shape[2:]), dilation_l, dims)
+    stride_l, pads, dilation_l, act = _arguments(x, weight, bias, None, stride, padding, dilation, activation)
     device = (x.device.index or 0) if x.is_cuda else -1
     spec = _spec(x, weight, stride_l, pads, dilation_l, _channels_last(x))
-    return _ext.plan_name(device, spec, "none" if activation is None else activation, bias is not None, residual)
+    return _ext.plan_name(device, spec, act, bias is not None, residual)
 
 
 def _module(base):

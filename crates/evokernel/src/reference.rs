@@ -30,17 +30,8 @@ fn output_element(spec: &ConvSpec, x: &[f64], w: &[f64], i: usize) -> f64 {
     let (n, c, [d, h, wi]) = coords(spec.layout(), spec.c(), spec.output3(), i);
     let out = [d, h, wi];
     let [kd, kh, kw] = spec.kernel3();
-    let (stride, dil, pad, inp) = (
-        spec.stride3(),
-        spec.dilation3(),
-        spec.pad_before3(),
-        spec.input3(),
-    );
     // Input coordinate of tap k along dim j, or None if it lands in the padding.
-    let at = |j: usize, k: usize| -> Option<usize> {
-        let pos = (out[j] * stride[j] + k * dil[j]) as i64 - pad[j] as i64;
-        (pos >= 0 && (pos as usize) < inp[j]).then_some(pos as usize)
-    };
+    let at = |j: usize, k: usize| spec.tap_input(j, out[j], k);
     let mut sum = 0.0;
     for a in 0..kd {
         let Some(id) = at(0, a) else { continue };
@@ -93,24 +84,12 @@ pub fn dgrad_reference(
     weight.expect("weight", spec.dtype(), spec.weight_len())?;
     let gy = grad_output.to_f64_vec();
     let w = weight.to_f64_vec();
-    let (stride, dil, pad, out) = (
-        spec.stride3(),
-        spec.dilation3(),
-        spec.pad_before3(),
-        spec.output3(),
-    );
     let [kd, kh, kw] = spec.kernel3();
     let mut gx = vec![0.0f64; spec.input_len()];
     gx.par_iter_mut().enumerate().for_each(|(i, g)| {
         let (n, c, pos) = coords(spec.layout(), spec.c(), spec.input3(), i);
         // Output coordinate along dim j that tap k of reaches input position pos[j].
-        let at = |j: usize, k: usize| -> Option<usize> {
-            let num = (pos[j] + pad[j]) as i64 - (k * dil[j]) as i64;
-            (num >= 0
-                && num % stride[j] as i64 == 0
-                && ((num / stride[j] as i64) as usize) < out[j])
-                .then(|| (num / stride[j] as i64) as usize)
-        };
+        let at = |j: usize, k: usize| spec.tap_output(j, pos[j], k);
         let mut sum = 0.0;
         for a in 0..kd {
             let Some(od) = at(0, a) else { continue };
@@ -140,22 +119,13 @@ pub fn wgrad_reference(
     grad_output.expect("grad_output", spec.dtype(), spec.output_len())?;
     let x = input.to_f64_vec();
     let gy = grad_output.to_f64_vec();
-    let (stride, dil, pad, inp) = (
-        spec.stride3(),
-        spec.dilation3(),
-        spec.pad_before3(),
-        spec.input3(),
-    );
     let [_, kh, kw] = spec.kernel3();
     let [od, oh, ow] = spec.output3();
     let mut gw = vec![0.0f64; spec.weight_len()];
     gw.par_iter_mut().enumerate().for_each(|(i, g)| {
         let (c, tap) = (i / spec.taps(), i % spec.taps());
         let k = [tap / (kh * kw), (tap / kw) % kh, tap % kw];
-        let at = |j: usize, o: usize| -> Option<usize> {
-            let pos = (o * stride[j] + k[j] * dil[j]) as i64 - pad[j] as i64;
-            (pos >= 0 && (pos as usize) < inp[j]).then_some(pos as usize)
-        };
+        let at = |j: usize, o: usize| spec.tap_input(j, o, k[j]);
         let mut sum = 0.0;
         for n in 0..spec.n() {
             for d in 0..od {

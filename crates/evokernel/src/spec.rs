@@ -444,6 +444,25 @@ impl ConvSpec {
         )
     }
 
+    /// The input coordinate along dim `j` (of `[D, H, W]`) that output `o`'s tap `k`
+    /// reads, or `None` where it lands in the padding. The one rule of the forward, and
+    /// of grad-weight.
+    #[inline]
+    pub fn tap_input(&self, j: usize, o: usize, k: usize) -> Option<usize> {
+        let pos = (o * self.stride[j] + k * self.dilation[j]) as i64 - self.pad_before[j] as i64;
+        (pos >= 0 && (pos as usize) < self.input[j]).then_some(pos as usize)
+    }
+
+    /// The output along dim `j` whose tap `k` reads input coordinate `i`, if any (the
+    /// same rule solved for the output: grad-input's gather).
+    #[inline]
+    pub fn tap_output(&self, j: usize, i: usize, k: usize) -> Option<usize> {
+        let num = (i + self.pad_before[j]) as i64 - (k * self.dilation[j]) as i64;
+        let s = self.stride[j] as i64;
+        (num >= 0 && num % s == 0 && ((num / s) as usize) < self.output[j])
+            .then_some((num / s) as usize)
+    }
+
     /// The spec a `key()` names (an epilogue suffix such as `+bias` is ignored).
     pub fn from_key(key: &str) -> Result<ConvSpec> {
         let bad = || Error::parse("spec key", key, "expected a key written by ConvSpec::key");

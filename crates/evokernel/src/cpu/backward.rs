@@ -6,6 +6,7 @@ use rayon::prelude::*;
 
 use super::conv_cpu;
 use crate::error::Result;
+use crate::reference::coords;
 use crate::spec::{ConvParams, ConvSpec};
 use crate::tensor::{Element, HostTensor, TensorData};
 
@@ -28,24 +29,12 @@ pub fn dgrad_cpu(
     }
     let gy = widen(grad_output);
     let w = widen(weight);
-    let (stride, dil, pad, out) = (
-        spec.stride3(),
-        spec.dilation3(),
-        spec.pad_before3(),
-        spec.output3(),
-    );
     let [kd, kh, kw] = spec.kernel3();
     let values: Vec<f32> = (0..spec.input_len())
         .into_par_iter()
         .map(|i| {
-            let (n, c, pos) = decode(spec, spec.input3(), i);
-            // The output along dim j that tap k reaches input position pos[j] from.
-            let at = |j: usize, k: usize| -> Option<usize> {
-                let num = (pos[j] + pad[j]) as i64 - (k * dil[j]) as i64;
-                let s = stride[j] as i64;
-                (num >= 0 && num % s == 0 && ((num / s) as usize) < out[j])
-                    .then_some((num / s) as usize)
-            };
+            let (n, c, pos) = coords(spec.layout(), spec.c(), spec.input3(), i);
+            let at = |j: usize, k: usize| spec.tap_output(j, pos[j], k);
             let mut sum = 0.0f32;
             for a in 0..kd {
                 let Some(od) = at(0, a) else { continue };
@@ -196,9 +185,4 @@ fn store(t: &mut HostTensor, values: &[f32]) {
         TensorData::Bf16(v) => half::bf16::store_f32_slice(values, v),
         TensorData::F16(v) => half::f16::store_f32_slice(values, v),
     }
-}
-
-/// (n, c, [d, h, w]) of flat index `i` of a tensor of spatial sizes `dims` of `spec`.
-fn decode(spec: &ConvSpec, dims: [usize; 3], i: usize) -> (usize, usize, [usize; 3]) {
-    crate::reference::coords(spec.layout(), spec.c(), dims, i)
 }
