@@ -39,6 +39,16 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       # The PyTorch package against torch on the GPU: copy target/wheels-py/*.whl (from
       # scripts/test-python.sh) into .gpu/ first; pytest runs every test on cuda too.
       LIMIT=400 step python bash -c 'python3 -m pip install -q --no-deps --target /tmp/evk-py .gpu/evokernel-*.whl && cd python/tests && PYTHONPATH=/tmp/evk-py python3 -m pytest -q' ;;
+    backward)
+      # Both backward passes on the public suite (every kernel, then the picks) against
+      # PyTorch's backward measured in this same call.
+      LIMIT=400 step bwd .gpu/evokernel bench --suite public --pass all --json "$out/bwd.json"
+      LIMIT=300 step torch_bwd python3 scripts/torch_backward.py suite/public.json "$out/torch-bwd.json"
+      python3 scripts/backward_summary.py "$out/bwd.json" "$out/torch-bwd.json" > "$out/bwd-summary.txt" 2>&1 ;;
+    bwdcheck)
+      LIMIT=300 step bwd_memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel verify --suite public --pass all --only dgrad_gather --only wgrad --only depth_reuse --only depth_reuse_fma_cl --only smem_tile
+      LIMIT=200 step bwd_racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 40 --kernel 3x5x5 --padding 0,2,2 --pass all --only wgrad --only dgrad_gather --only depth_reuse
+      LIMIT=200 step bwd_racecheck_cl compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 40 --kernel 3x5x5 --padding 0,2,2 --layout channels-last --pass all --only wgrad --only dgrad_gather ;;
     profile) LIMIT=400 step profile .gpu/evokernel profile ${PROFILE_ARGS:-} --json "$out/profile.json" --out "$out/profile-plots" ;;
     tune)
       # Evolutionary vs exhaustive on one variant's space (TUNE_VARIANT, default the
@@ -63,9 +73,10 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
 done
 cat "$out/smi.txt"
 grep -E "test result|FAILED|panicked|^== " "$out/tests.log" 2>/dev/null | head -30
-for f in memcheck racecheck racecheck_cl; do [ -f "$out/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$out/$f.log" | head -5; done
+for f in memcheck racecheck racecheck_cl bwd_memcheck bwd_racecheck bwd_racecheck_cl; do [ -f "$out/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$out/$f.log" | head -5; done
 for f in devices torch run suite suite_cl engine python; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
 [ -f "$out/sweep.txt" ] && cat "$out/sweep.txt"
+[ -f "$out/bwd-summary.txt" ] && cat "$out/bwd-summary.txt"
 [ -f "$out/tune-summary.log" ] && cut -c1-230 "$out/tune-summary.log"
 [ -f "$out/profile.log" ] && grep -vE "^[│┌└╞├]" "$out/profile.log" | grep -E "^seed|verdict|next|occupancy|counters" | cut -c1-260 | tail -40
 cat "$out/summary.txt"

@@ -161,6 +161,7 @@ fn conv_forward(
                 y,
                 bias,
                 residual,
+                ..ConvPointers::default()
             };
             // SAFETY: the pointers are device tensors of this device, of the shapes the
             // spec says, alive until torch's stream has run the launch.

@@ -10,7 +10,7 @@ use evokernel::session::Options;
 use evokernel::spec::{parse_dims, parse_padding};
 use evokernel::suite::load_suite;
 use evokernel::variants::{check_only, forced_configs};
-use evokernel::{Activation, ConvParams, ConvSpec, DType, Epilogue, Error, Layout};
+use evokernel::{Activation, ConvParams, ConvSpec, DType, Epilogue, Error, Layout, Pass};
 
 #[derive(Args)]
 pub struct Common {
@@ -41,6 +41,40 @@ pub struct Common {
     /// Run only these implementations (repeatable): naive, row_reuse, channels_last, smem_tile, tensor_core, streaming, streaming_cl, depth_reuse, depth_reuse_cl, depth_reuse_fma, depth_reuse_fma_cl, cudnn
     #[arg(long = "only", value_name = "NAME")]
     pub only: Vec<String>,
+    /// The pass to measure: forward, dgrad (grad-input), wgrad (grad-weight, with
+    /// grad-bias under --bias) or all
+    #[arg(long, default_value = "forward", value_name = "PASS")]
+    pub pass: PassChoice,
+}
+
+/// `--pass`: one pass or all three.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PassChoice(Option<Pass>);
+
+impl PassChoice {
+    /// The passes to run, in forward, dgrad, wgrad order.
+    pub fn passes(self) -> Vec<Pass> {
+        match self.0 {
+            Some(p) => vec![p],
+            None => Pass::ALL.to_vec(),
+        }
+    }
+}
+
+impl std::str::FromStr for PassChoice {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        if s.trim().eq_ignore_ascii_case("all") {
+            return Ok(PassChoice(None));
+        }
+        s.parse::<Pass>()
+            .map(|p| PassChoice(Some(p)))
+            .map_err(|_| Error::Parse {
+                what: "--pass",
+                text: s.to_string(),
+                expected: "forward, dgrad, wgrad or all".into(),
+            })
+    }
 }
 
 #[derive(Args)]
@@ -170,6 +204,7 @@ pub fn options(common: &Common, time: bool, iters: usize) -> Result<Options, Err
             activation: common.activation,
             residual: common.residual,
         },
+        pass: common.pass.passes()[0],
     })
 }
 

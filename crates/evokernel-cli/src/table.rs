@@ -149,6 +149,7 @@ pub fn dispatch_summary(report: &RunReport) -> Option<String> {
     t.load_preset(UTF8_FULL_CONDENSED);
     t.set_header(vec![
         "case",
+        "pass",
         "auto picks",
         "ms",
         "floor ms",
@@ -157,10 +158,15 @@ pub fn dispatch_summary(report: &RunReport) -> Option<String> {
         "x cuDNN",
         "fastest measured, if another",
     ]);
-    let mut logs = Vec::new();
-    let mut half = 0;
-    let mut rows = 0;
+    // Per pass: logs of the ratios to cuDNN, cases at half their floor, cases.
+    let mut stats: Vec<(evokernel::Pass, Vec<f64>, usize, usize)> = Vec::new();
     for case in &report.cases {
+        if !stats.iter().any(|s| s.0 == case.pass) {
+            stats.push((case.pass, Vec::new(), 0, 0));
+        }
+        let Some((_, logs, half, rows)) = stats.iter_mut().find(|s| s.0 == case.pass) else {
+            continue;
+        };
         let Some(choice) = chosen(case) else { continue };
         let ms = |r: &RowReport| r.timing.map(|t| t.median_ms);
         let row = case
@@ -175,7 +181,7 @@ pub fn dispatch_summary(report: &RunReport) -> Option<String> {
             logs.push(r.ln());
         }
         if pct.is_some_and(|p| p >= 50.0) {
-            half += 1;
+            *half += 1;
         }
         let fastest = case
             .rows
@@ -189,9 +195,10 @@ pub fn dispatch_summary(report: &RunReport) -> Option<String> {
             }
             _ => String::new(),
         };
-        rows += 1;
+        *rows += 1;
         t.add_row(vec![
             Cell::new(&case.name),
+            Cell::new(case.pass.name()),
             Cell::new(&choice.config),
             right(num(time, 3)),
             right(num(case.floor_ms, 3)),
@@ -201,15 +208,29 @@ pub fn dispatch_summary(report: &RunReport) -> Option<String> {
             Cell::new(other),
         ]);
     }
-    if rows == 0 || logs.is_empty() && report.cases.iter().all(|c| c.floor_ms.is_none()) {
+    let rows: usize = stats.iter().map(|s| s.3).sum();
+    let any_ratio = stats.iter().any(|s| !s.1.is_empty());
+    if rows == 0 || !any_ratio && report.cases.iter().all(|c| c.floor_ms.is_none()) {
         return None;
     }
-    let geomean = (!logs.is_empty()).then(|| (logs.iter().sum::<f64>() / logs.len() as f64).exp());
-    Some(format!(
-        "{t}\nauto vs cuDNN: geometric mean {}x over {} cases (target 8x); at >= 50% of the floor: {half} of {rows} cases",
-        num(geomean, 1),
-        logs.len()
-    ))
+    let mut text = t.to_string();
+    for (pass, logs, half, rows) in &stats {
+        let geomean =
+            (!logs.is_empty()).then(|| (logs.iter().sum::<f64>() / logs.len() as f64).exp());
+        let vs = if logs.is_empty() {
+            "no in-process baseline".to_string()
+        } else {
+            format!(
+                "auto vs cuDNN: geometric mean {}x over {} cases (target 8x)",
+                num(geomean, 1),
+                logs.len()
+            )
+        };
+        text.push_str(&format!(
+            "\n{pass}: {vs}; at >= 50% of the floor: {half} of {rows} cases"
+        ));
+    }
+    Some(text)
 }
 
 pub fn devices(list: &[GpuInfo]) -> String {

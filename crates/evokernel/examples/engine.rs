@@ -156,8 +156,7 @@ fn gpu_timings(engine: &Engine, dev: &evokernel::cuda::CudaDevice) -> Result<()>
         x: dev.device_ptr(&sx),
         w: dev.device_ptr(&sw),
         y: dev.device_ptr(&sy),
-        bias: 0,
-        residual: 0,
+        ..ConvPointers::default()
     };
     let kernel = plan.cuda_kernel().expect("a GPU plan has a kernel");
     let (args, epi) = plan.kernel_args(&ptrs)?;

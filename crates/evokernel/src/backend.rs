@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::engine::{ConvProblem, Plan};
 use crate::epilogue::Epilogue;
 use crate::error::{Error, Result};
+use crate::pass::Pass;
 use crate::spec::ConvSpec;
 use crate::tensor::HostTensor;
 
@@ -46,6 +47,9 @@ pub struct ProblemData {
     pub bias: Option<HostTensor>,
     /// One per input set when the epilogue adds a residual, else empty.
     pub residuals: Vec<HostTensor>,
+    /// The pass; the backward passes read `grad_outputs` (one per input set).
+    pub pass: Pass,
+    pub grad_outputs: Vec<HostTensor>,
 }
 
 impl ProblemData {
@@ -58,6 +62,7 @@ impl ProblemData {
     pub fn random_fused(problem: &ConvProblem, seed: u64, sets: usize) -> Self {
         let spec = &problem.spec;
         let epilogue = problem.epilogue;
+        let forward = problem.pass == Pass::Forward;
         let inputs = (0..sets.max(1))
             .map(|i| {
                 HostTensor::random_normal(
@@ -72,9 +77,21 @@ impl ProblemData {
             &spec.weight_shape(),
             seed ^ 0x5eed_0f3e_1647_5100,
         );
-        let bias = epilogue
-            .bias
+        let bias = (forward && epilogue.bias)
             .then(|| HostTensor::random_normal(spec.dtype(), &[spec.c()], seed ^ 0xb1a5));
+        let grad_outputs = if forward {
+            Vec::new()
+        } else {
+            (0..sets.max(1))
+                .map(|i| {
+                    HostTensor::random_normal(
+                        spec.dtype(),
+                        &spec.output_shape(),
+                        (seed ^ 0x96ad_0f7e).wrapping_add(i as u64),
+                    )
+                })
+                .collect()
+        };
         let residuals = if epilogue.residual {
             (0..sets.max(1))
                 .map(|i| {
@@ -96,12 +113,28 @@ impl ProblemData {
             weight,
             bias,
             residuals,
+            pass: problem.pass,
+            grad_outputs,
+        }
+    }
+
+    /// The shape of what a run of this problem writes: the output, grad_input, or
+    /// grad_weight (followed by grad_bias when the epilogue has a bias, flattened).
+    pub fn result_shape(&self) -> Vec<usize> {
+        let spec = &self.spec;
+        match self.pass {
+            Pass::Forward => spec.output_shape(),
+            Pass::Dgrad => spec.input_shape(),
+            Pass::Wgrad if self.epilogue.bias => vec![spec.weight_len() + spec.c()],
+            Pass::Wgrad => spec.weight_shape(),
         }
     }
 
     /// The problem this data is for.
     pub fn problem(&self) -> ConvProblem {
-        ConvProblem::new(self.spec.clone()).with_epilogue(self.epilogue)
+        ConvProblem::new(self.spec.clone())
+            .with_epilogue(self.epilogue)
+            .with_pass(self.pass)
     }
 
     /// The residual of input set `set`, when the epilogue has one.
@@ -118,7 +151,7 @@ impl ProblemData {
     /// non-finite (the oracle says which and of what kind).
     pub fn inject_non_finite(&mut self, seed: u64) {
         let mut rng = crate::tensor::SplitMix64::new(seed);
-        for x in &mut self.inputs {
+        for x in self.inputs.iter_mut().chain(self.grad_outputs.iter_mut()) {
             for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
                 let i = (rng.next_u64() % x.len() as u64) as usize;
                 x.set_f64(i, v);
@@ -160,9 +193,8 @@ pub struct CpuRun<'a> {
 
 impl<'a> CpuRun<'a> {
     pub fn new(problem: &'a ProblemData, plan: std::sync::Arc<Plan>) -> Self {
-        let spec = &problem.spec;
         let outputs = (0..problem.sets())
-            .map(|_| HostTensor::nan(spec.dtype(), &spec.output_shape()))
+            .map(|_| HostTensor::nan(problem.spec.dtype(), &problem.result_shape()))
             .collect();
         CpuRun {
             problem,
@@ -179,13 +211,25 @@ impl ConvRun for CpuRun<'_> {
     fn launch(&mut self, set: usize) -> Result<f64> {
         let p = self.problem;
         let t = std::time::Instant::now();
-        self.plan.run_host_into(
-            &p.inputs[set],
-            &p.weight,
-            p.bias.as_ref(),
-            p.residual(set),
-            &mut self.outputs[set],
-        )?;
+        let out = &mut self.outputs[set];
+        match p.pass {
+            Pass::Forward => self.plan.run_host_into(
+                &p.inputs[set],
+                &p.weight,
+                p.bias.as_ref(),
+                p.residual(set),
+                out,
+            )?,
+            Pass::Dgrad => self
+                .plan
+                .dgrad_host_into(&p.grad_outputs[set], &p.weight, out)?,
+            Pass::Wgrad => {
+                let (gw, gb) = self.plan.wgrad_host(&p.inputs[set], &p.grad_outputs[set])?;
+                let elapsed = t.elapsed().as_secs_f64() * 1e3;
+                *out = join_grads(&gw, gb.as_ref());
+                return Ok(elapsed);
+            }
+        }
         Ok(t.elapsed().as_secs_f64() * 1e3)
     }
     fn poison(&mut self, set: usize) -> Result<()> {
@@ -195,4 +239,19 @@ impl ConvRun for CpuRun<'_> {
     fn output(&mut self, set: usize) -> Result<HostTensor> {
         Ok(self.outputs[set].clone())
     }
+}
+
+/// grad_weight followed by grad_bias, flattened: what a wgrad run's result compares as.
+pub fn join_grads(gw: &HostTensor, gb: Option<&HostTensor>) -> HostTensor {
+    let Some(gb) = gb else {
+        return gw.clone();
+    };
+    let mut out = HostTensor::zeros(gw.dtype(), &[gw.len() + gb.len()]);
+    for i in 0..gw.len() {
+        out.set_f64(i, gw.get_f64(i));
+    }
+    for i in 0..gb.len() {
+        out.set_f64(gw.len() + i, gb.get_f64(i));
+    }
+    out
 }

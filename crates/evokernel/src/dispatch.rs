@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cuda::ConvArgs;
 use crate::engine::ConvProblem;
+use crate::pass::Pass;
 use crate::spec::{ConvSpec, DType};
 use crate::tune::{TuneCache, TuneTarget};
 use crate::variants::{check_config, kernel_hash, registry, Config, Variant};
@@ -92,6 +93,12 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
         "row_reuse" => (15, "outputs down a column (one output row: nothing shared)"),
         // Strided/dilated tiles lost to naive on odd-dilated (0.086 vs 0.061 ms, run 23).
         "smem_tile" => (16, "shared-memory tiles"),
+        "wgrad" => (0, "the grad-weight kernel"),
+        // Behind the forward kernels on the flipped twin wherever those apply.
+        "dgrad_gather" => (
+            20,
+            "the grad-input gather (strided or padded past the kernel)",
+        ),
         _ => (10, "unranked variant"),
     }
 }
@@ -119,6 +126,18 @@ impl Source {
     }
 }
 
+/// The problem `v`'s kernel computes for `problem` (its spec, and the key its tuned
+/// results are stored under): the problem itself for a variant of its pass; for a
+/// forward variant and grad-input, the forward of the flipped twin (unit strides only);
+/// `None` when `v` cannot serve the pass.
+pub fn kernel_problem(v: &dyn Variant, problem: &ConvProblem) -> Option<ConvProblem> {
+    match (problem.pass, v.pass()) {
+        (a, b) if a == b => Some(problem.clone()),
+        (Pass::Dgrad, Pass::Forward) => problem.spec.dgrad_twin().map(ConvProblem::new),
+        _ => None,
+    }
+}
+
 /// The config variant `v` runs `problem` with: a forced one, else the tuned one for this
 /// device and driver (tuned with this epilogue, else for the plain convolution), else
 /// the variant's default (configs that do not check are skipped).
@@ -129,6 +148,7 @@ pub fn config_for(
     cache: &TuneCache,
     forced: &[Config],
 ) -> (Config, Source) {
+    let problem = &kernel_problem(v, problem).unwrap_or_else(|| problem.clone());
     let spec = &problem.spec;
     if let Some(c) = forced
         .iter()
@@ -170,12 +190,13 @@ pub fn choose(
 ) -> Result<Choice, String> {
     let spec = &problem.spec;
     ConvArgs::new(spec, 0, 0, 0).map_err(|e| e.to_string())?;
-    let picks: Vec<(&'static dyn Variant, Config, Source)> = registry()
+    let picks: Vec<(&'static dyn Variant, Config, Source, ConvSpec)> = registry()
         .into_iter()
-        .filter(|v| v.applies(spec).is_ok())
-        .map(|v| {
+        .filter_map(|v| {
+            let k = kernel_problem(v, problem)?;
+            v.applies(&k.spec).ok()?;
             let (c, s) = config_for(v, problem, target, cache, forced);
-            (v, c, s)
+            Some((v, c, s, k.spec))
         })
         .collect();
     let choice = |v: &dyn Variant, c: &Config, reason: String| Choice {
@@ -183,12 +204,12 @@ pub fn choose(
         config: c.to_string(),
         reason,
     };
-    if let Some((v, c, _)) = picks.iter().find(|p| p.2 == Source::Forced) {
+    if let Some((v, c, _, _)) = picks.iter().find(|p| p.2 == Source::Forced) {
         return Ok(choice(*v, c, "forced".into()));
     }
     let tuned = picks
         .iter()
-        .filter_map(|(v, c, s)| match s {
+        .filter_map(|(v, c, s, _)| match s {
             Source::Tuned(ms) => Some((v, c, *ms)),
             _ => None,
         })
@@ -200,11 +221,16 @@ pub fn choose(
             format!("tuned: {ms:.3} ms, fastest in the tune cache for this device"),
         ));
     }
-    let (v, c, _) = picks
+    let (v, c, _, k) = picks
         .iter()
-        .min_by_key(|(v, _, _)| rank(*v, spec).0)
-        .ok_or_else(|| format!("no variant applies to {spec}"))?;
-    Ok(choice(*v, c, format!("ranked: {}", rank(*v, spec).1)))
+        .min_by_key(|(v, _, _, k)| rank(*v, k).0)
+        .ok_or_else(|| format!("no variant applies to {problem}"))?;
+    let how = if v.pass() != problem.pass {
+        " (grad-input as the forward of the flipped kernel)"
+    } else {
+        ""
+    };
+    Ok(choice(*v, c, format!("ranked: {}{how}", rank(*v, k).1)))
 }
 
 #[cfg(test)]

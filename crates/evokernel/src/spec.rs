@@ -463,6 +463,45 @@ impl ConvSpec {
             .then_some((num / s) as usize)
     }
 
+    /// The spec whose forward is this spec's dgrad, where strides are 1: input = the output's
+    /// sizes, padding mirrored to (K - 1) * dilation - pad on each side. `None` when a
+    /// stride is not 1 or a mirrored pad would be negative (padding past the kernel's span).
+    pub fn dgrad_twin(&self) -> Option<ConvSpec> {
+        if self.stride3() != [1, 1, 1] {
+            return None;
+        }
+        let off = 3 - self.spatial_dims();
+        let (k, d, b, a) = (
+            self.kernel3(),
+            self.dilation3(),
+            self.pad_before3(),
+            self.pad_after3(),
+        );
+        let mut padding = Vec::new();
+        for j in off..3 {
+            let span = (k[j] - 1) * d[j];
+            if b[j] > span || a[j] > span {
+                return None;
+            }
+            padding.push([(span - b[j]) as i64, (span - a[j]) as i64]);
+        }
+        let dims = |v: [usize; 3]| v[off..].iter().map(|&x| x as i64).collect::<Vec<_>>();
+        ConvParams {
+            n: self.n() as i64,
+            c: self.c() as i64,
+            input: dims(self.output3()),
+            kernel: dims(k),
+            stride: vec![],
+            dilation: dims(d),
+            padding,
+            layout: self.layout(),
+            dtype: self.dtype(),
+        }
+        .validate()
+        .ok()
+        .filter(|t| t.output3() == self.input3())
+    }
+
     /// The spec a `key()` names (an epilogue suffix such as `+bias` is ignored).
     pub fn from_key(key: &str) -> Result<ConvSpec> {
         let bad = || Error::parse("spec key", key, "expected a key written by ConvSpec::key");

@@ -6,11 +6,25 @@ use serde::{Deserialize, Serialize};
 use crate::backend::{ConvRun, ProblemData};
 use crate::epilogue::epilogue_reference;
 use crate::error::Result;
-use crate::reference::conv_reference;
+use crate::pass::Pass;
+use crate::reference::{bias_grad_reference, conv_reference, dgrad_reference, wgrad_reference};
 use crate::tensor::{compare, Comparison};
 
 /// The oracle's output for set 0 of a problem.
 pub fn oracle(problem: &ProblemData) -> Result<Vec<f64>> {
+    let spec = &problem.spec;
+    match problem.pass {
+        Pass::Forward => {}
+        Pass::Dgrad => return dgrad_reference(spec, &problem.grad_outputs[0], &problem.weight),
+        Pass::Wgrad => {
+            let gy = &problem.grad_outputs[0];
+            let mut g = wgrad_reference(spec, &problem.inputs[0], gy)?;
+            if problem.epilogue.bias {
+                g.extend(bias_grad_reference(spec, gy)?);
+            }
+            return Ok(g);
+        }
+    }
     let mut y = conv_reference(&problem.spec, &problem.inputs[0], &problem.weight)?;
     epilogue_reference(
         &problem.spec,

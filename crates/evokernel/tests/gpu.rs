@@ -14,6 +14,7 @@ use evokernel::variants::registry;
 use evokernel::verify::{check, oracle};
 use evokernel::{
     Activation, ConvParams, ConvProblem, ConvSpec, DType, Engine, Epilogue, HostTensor, Layout,
+    Pass,
 };
 
 /// Every applicable variant (default config) and optionally cuDNN against the oracle;
@@ -422,5 +423,169 @@ fn a_spec_larger_than_device_memory_is_refused() {
         Err(e @ evokernel::Error::OutOfMemory { .. }) => eprintln!("{e}"),
         Err(e) => panic!("wrong error: {e}"),
         Ok(_) => panic!("a 220 GB problem was planned"),
+    }
+}
+
+/// Every kernel that can compute `pass` of `spec` (its pass's variants, and for
+/// grad-input the forward variants on the flipped twin), default configs, against the
+/// oracle; `bias`: grad-weight also computes grad-bias.
+fn verify_pass(
+    engine: &Engine,
+    name: &str,
+    spec: &ConvSpec,
+    pass: Pass,
+    bias: bool,
+    seed: u64,
+    non_finite: bool,
+) -> usize {
+    let dev = engine.device().unwrap().as_ref();
+    let epilogue = Epilogue {
+        bias: bias && pass == Pass::Wgrad,
+        ..Epilogue::NONE
+    };
+    let conv = ConvProblem::new(spec.clone())
+        .with_epilogue(epilogue)
+        .with_pass(pass);
+    let mut problem = ProblemData::random_fused(&conv, seed, 1);
+    if non_finite {
+        problem.inject_non_finite(seed);
+    }
+    let reference = oracle(&problem).unwrap();
+    let dp = DeviceProblem::upload(dev, &problem).unwrap();
+    let mut checked = 0;
+    for v in registry() {
+        let Some(k) = evokernel::dispatch::kernel_problem(v, &conv) else {
+            continue;
+        };
+        if v.applies(&k.spec).is_err() {
+            continue;
+        }
+        let (cfg, _) = engine.config_for(v, &conv);
+        let mut run =
+            KernelRun::new(&dp, engine, &cfg).unwrap_or_else(|e| panic!("{name} {cfg}: {e}"));
+        let verdict = check(&mut run, &problem, &reference).unwrap();
+        assert!(
+            verdict.passed,
+            "{name} ({conv}) {cfg} seed {seed}{}: {:?}",
+            if non_finite { " with NaN/Inf" } else { "" },
+            verdict.comparison
+        );
+        checked += 1;
+    }
+    assert!(checked > 0, "{name}: no kernel for {conv}");
+    checked
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn backward_passes_on_the_public_and_channels_last_suites() {
+    let engine = Engine::cuda(0).unwrap();
+    let cases = public_suite()
+        .unwrap()
+        .into_iter()
+        .chain(channels_last_suite().unwrap());
+    let mut checked = 0;
+    for (i, case) in cases.enumerate() {
+        for pass in [Pass::Dgrad, Pass::Wgrad] {
+            checked += verify_pass(&engine, &case.name, &case.spec, pass, true, 11, false);
+            checked += verify_pass(&engine, &case.name, &case.spec, pass, false, 12, i % 2 == 0);
+        }
+    }
+    eprintln!("{checked} backward kernel checks over both suites");
+}
+
+/// The engine's pick for each backward pass (and dgrad_gather, which every spec has) on
+/// 300 random specs, a third with NaN/Inf in the inputs and grad_output.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn backward_passes_on_300_random_specs() {
+    let engine = Engine::cuda(0).unwrap();
+    let gather: evokernel::variants::Config = "dgrad_gather:block=256,waves=16".parse().unwrap();
+    let mut per_variant = std::collections::BTreeMap::<String, usize>::new();
+    for (i, spec) in random_specs(300, 2027).into_iter().enumerate() {
+        for pass in [Pass::Dgrad, Pass::Wgrad] {
+            let conv = ConvProblem::new(spec.clone())
+                .with_epilogue(Epilogue {
+                    bias: pass == Pass::Wgrad && i % 2 == 0,
+                    ..Epilogue::NONE
+                })
+                .with_pass(pass);
+            let mut data = ProblemData::random_fused(&conv, 70 + i as u64, 1);
+            if i % 3 == 0 {
+                data.inject_non_finite(i as u64);
+            }
+            let want = oracle(&data).unwrap();
+            let plan = engine
+                .plan(&conv)
+                .unwrap_or_else(|e| panic!("#{i} {conv}: {e}"));
+            let mut plans = vec![plan.instance_name()];
+            let got = run_pass(&plan, &data);
+            let c = evokernel::compare(&got, &want).unwrap();
+            assert!(
+                c.passes(spec.dtype()),
+                "#{i} {conv} via {}: {c:?}",
+                plans[0]
+            );
+            *per_variant
+                .entry(plan.choice().variant.clone())
+                .or_default() += 1;
+            if pass == Pass::Dgrad && plan.choice().variant != "dgrad_gather" {
+                let g = engine.plan_instance(&conv, &gather).unwrap();
+                plans.push(g.instance_name());
+                let c = evokernel::compare(&run_pass(&g, &data), &want).unwrap();
+                assert!(
+                    c.passes(spec.dtype()),
+                    "#{i} {conv} via dgrad_gather: {c:?}"
+                );
+            }
+        }
+    }
+    eprintln!("backward picks over 300 random specs: {per_variant:?}");
+}
+
+fn run_pass(plan: &evokernel::Plan, data: &ProblemData) -> HostTensor {
+    match data.pass {
+        Pass::Forward => plan
+            .run_host(
+                &data.inputs[0],
+                &data.weight,
+                data.bias.as_ref(),
+                data.residual(0),
+            )
+            .unwrap(),
+        Pass::Dgrad => plan
+            .dgrad_host(&data.grad_outputs[0], &data.weight)
+            .unwrap(),
+        Pass::Wgrad => {
+            let (gw, gb) = plan
+                .wgrad_host(&data.inputs[0], &data.grad_outputs[0])
+                .unwrap();
+            evokernel::backend::join_grads(&gw, gb.as_ref())
+        }
+    }
+}
+
+/// grad-weight and grad-bias are the same bits on every run (no atomics; fixed order).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grad_weight_is_bit_identical_across_runs() {
+    let engine = Engine::cuda(0).unwrap();
+    for case in public_suite().unwrap() {
+        let conv = ConvProblem::new(case.spec.clone())
+            .with_epilogue(Epilogue {
+                bias: true,
+                ..Epilogue::NONE
+            })
+            .with_pass(Pass::Wgrad);
+        let data = ProblemData::random_fused(&conv, 5, 1);
+        let plan = engine.plan(&conv).unwrap();
+        let a = run_pass(&plan, &data);
+        let b = run_pass(&plan, &data);
+        assert_eq!(
+            a.data(),
+            b.data(),
+            "{}: grad-weight differs between runs",
+            case.name
+        );
     }
 }

@@ -7,11 +7,11 @@ use std::collections::BTreeSet;
 
 use evokernel::cuda::calibrate;
 use evokernel::cuda::jit::Jit;
-use evokernel::cuda::run::repair_specialization;
+use evokernel::cuda::run::{flip_specialization, repair_specialization};
 use evokernel::engine::with_epilogue;
 use evokernel::suite::{channels_last_suite, public_suite};
 use evokernel::variants::registry;
-use evokernel::{Activation, ConvParams, DType, Epilogue, Layout};
+use evokernel::{Activation, ConvParams, DType, Epilogue, Layout, Pass};
 
 #[test]
 fn every_variant_compiles_for_sm90() {
@@ -66,7 +66,16 @@ fn every_variant_compiles_for_sm90() {
                 );
                 let mut epilogues = vec![Epilogue::NONE];
                 if fused_done.insert(v.name()) {
-                    epilogues.extend(fused);
+                    // Each pass's kernels take the epilogue bits their pass has: the
+                    // forward all, grad-weight the bias (grad-bias), grad-input none.
+                    match v.pass() {
+                        Pass::Forward => epilogues.extend(fused),
+                        Pass::Wgrad => epilogues.push(Epilogue {
+                            bias: true,
+                            ..Epilogue::NONE
+                        }),
+                        Pass::Dgrad => {}
+                    }
                 }
                 for e in &epilogues {
                     work.insert((v.name(), v.source(), with_epilogue(&expr, e)));
@@ -74,9 +83,16 @@ fn every_variant_compiles_for_sm90() {
                         let (n, s, r) = repair_specialization(spec);
                         work.insert((n, s, with_epilogue(&r, e)));
                     }
+                    if let Some(f) = v.finalize_kernel(spec, &cfg, 132).unwrap() {
+                        work.insert((f.name, f.source, with_epilogue(&f.expr, e)));
+                    }
                 }
             }
         }
+    }
+    for spec in &specs {
+        let (n, s, f) = flip_specialization(spec);
+        work.insert((n, s, with_epilogue(&f, &Epilogue::NONE)));
     }
     work.extend(calibrate::specializations());
     let mut total_ms = 0.0;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use evokernel::backend::BackendChoice;
 use evokernel::session::{CaseReport, Options, Session};
-use evokernel::{ConvSpec, Error};
+use evokernel::{ConvSpec, Error, Pass};
 
 use crate::args::Common;
 use crate::output::{spinner, write_json_or_keep};
@@ -56,12 +56,20 @@ pub fn run(
         );
     }
     let mut reports: Vec<CaseReport> = Vec::new();
-    for (name, spec) in &cases {
-        let bar = spinner(&format!("{name}: starting"));
-        let mut progress = |msg: &str| bar.set_message(format!("{name}: {msg}"));
-        let report = session.evaluate(name, spec, &options, &mut progress);
-        bar.finish_and_clear();
-        reports.push(report?);
+    let mut options = options;
+    for pass in common.pass.passes() {
+        options.pass = pass;
+        for (name, spec) in &cases {
+            let name = match pass {
+                Pass::Forward => name.clone(),
+                _ => format!("{name} {pass}"),
+            };
+            let bar = spinner(&format!("{name}: starting"));
+            let mut progress = |msg: &str| bar.set_message(format!("{name}: {msg}"));
+            let report = session.evaluate(&name, spec, &options, &mut progress);
+            bar.finish_and_clear();
+            reports.push(report?);
+        }
     }
     let all_passed = reports.iter().all(CaseReport::passed);
     let report = session.report(&options, reports);

@@ -7,7 +7,7 @@ use rayon::prelude::*;
 use super::conv_cpu;
 use crate::error::Result;
 use crate::reference::coords;
-use crate::spec::{ConvParams, ConvSpec};
+use crate::spec::ConvSpec;
 use crate::tensor::{Element, HostTensor, TensorData};
 
 /// grad-input of `spec`'s forward: `grad_input[n, c, i]` sums `w[c, k] * gy[n, c, o]` over
@@ -23,7 +23,7 @@ pub fn dgrad_cpu(
     grad_output.expect("grad_output", spec.dtype(), spec.output_len())?;
     weight.expect("weight", spec.dtype(), spec.weight_len())?;
     grad_input.expect("grad_input", spec.dtype(), spec.input_len())?;
-    if let Some(twin) = flipped_twin(spec) {
+    if let Some(twin) = spec.dgrad_twin() {
         let flipped = flip_kernel(spec, weight)?;
         return conv_cpu(&twin, grad_output, &flipped, grad_input);
     }
@@ -118,47 +118,38 @@ pub fn wgrad_cpu(
     Ok(())
 }
 
-/// The spec whose forward is `spec`'s dgrad, where strides are 1: input = the output's
-/// sizes, padding mirrored to (K - 1) * dilation - pad on each side. `None` when a
-/// stride is not 1 or a mirrored pad would be negative (padding past the kernel's span).
-fn flipped_twin(spec: &ConvSpec) -> Option<ConvSpec> {
-    if spec.stride3() != [1, 1, 1] {
-        return None;
-    }
-    let off = 3 - spec.spatial_dims();
-    let (k, d, b, a) = (
-        spec.kernel3(),
-        spec.dilation3(),
-        spec.pad_before3(),
-        spec.pad_after3(),
-    );
-    let mut padding = Vec::new();
-    for j in off..3 {
-        let span = (k[j] - 1) * d[j];
-        if b[j] > span || a[j] > span {
-            return None;
-        }
-        padding.push([(span - b[j]) as i64, (span - a[j]) as i64]);
-    }
-    let dims = |v: [usize; 3]| v[off..].iter().map(|&x| x as i64).collect::<Vec<_>>();
-    ConvParams {
-        n: spec.n() as i64,
-        c: spec.c() as i64,
-        input: dims(spec.output3()),
-        kernel: dims(k),
-        stride: vec![],
-        dilation: dims(d),
-        padding,
-        layout: spec.layout(),
-        dtype: spec.dtype(),
-    }
-    .validate()
-    .ok()
-    .filter(|t| t.output3() == spec.input3())
+/// grad-bias of the fused epilogue: `grad_b[c]` sums `gy[n, c, o]` over the batch and
+/// the outputs (in f64, one task per channel, fixed order).
+pub fn bias_grad_cpu(
+    spec: &ConvSpec,
+    grad_output: &HostTensor,
+    grad_bias: &mut HostTensor,
+) -> Result<()> {
+    grad_output.expect("grad_output", spec.dtype(), spec.output_len())?;
+    grad_bias.expect("grad_bias", spec.dtype(), spec.c())?;
+    let [od, oh, ow] = spec.output3();
+    let values: Vec<f32> = (0..spec.c())
+        .into_par_iter()
+        .map(|c| {
+            let mut total = 0.0f64;
+            for n in 0..spec.n() {
+                for d in 0..od {
+                    for h in 0..oh {
+                        for w in 0..ow {
+                            total += grad_output.get_f64(spec.output_index(n, c, d, h, w));
+                        }
+                    }
+                }
+            }
+            total as f32
+        })
+        .collect();
+    store(grad_bias, &values);
+    Ok(())
 }
 
 /// The weight with every kernel dim reversed (w[c, K - 1 - k]).
-fn flip_kernel(spec: &ConvSpec, weight: &HostTensor) -> Result<HostTensor> {
+pub fn flip_kernel(spec: &ConvSpec, weight: &HostTensor) -> Result<HostTensor> {
     let mut flipped = weight.clone();
     let [kd, kh, kw] = spec.kernel3();
     for c in 0..spec.c() {

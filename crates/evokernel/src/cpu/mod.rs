@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 mod backward;
-pub use backward::{dgrad_cpu, wgrad_cpu};
+pub use backward::{bias_grad_cpu, dgrad_cpu, flip_kernel, wgrad_cpu};
 
 use crate::bench::Ceilings;
 use crate::epilogue::{Activation, Epilogue};

@@ -7,6 +7,7 @@ use super::{CudaDevice, KernelResources};
 use crate::backend::{ConvRun, ProblemData};
 use crate::engine::{ConvPointers, ConvProblem, Engine, Plan};
 use crate::error::Result;
+use crate::pass::Pass;
 use crate::spec::ConvSpec;
 use crate::tensor::HostTensor;
 use crate::variants::Config;
@@ -20,6 +21,10 @@ pub struct DeviceProblem<'d> {
     pub weight: CudaSlice<u8>,
     pub bias: Option<CudaSlice<u8>>,
     pub residuals: Vec<CudaSlice<u8>>,
+    /// grad_output per input set (the backward passes).
+    pub grad_outputs: Vec<CudaSlice<u8>>,
+    /// Elements of what a run writes (ProblemData::result_shape).
+    pub result_shape: Vec<usize>,
 }
 
 impl<'d> DeviceProblem<'d> {
@@ -33,6 +38,8 @@ impl<'d> DeviceProblem<'d> {
             weight: dev.upload(&problem.weight)?,
             bias: problem.bias.as_ref().map(|b| dev.upload(b)).transpose()?,
             residuals: all(&problem.residuals)?,
+            grad_outputs: all(&problem.grad_outputs)?,
+            result_shape: problem.result_shape(),
         })
     }
 
@@ -42,12 +49,16 @@ impl<'d> DeviceProblem<'d> {
 
     /// One output buffer per input set, poisoned.
     pub fn outputs(&self) -> Result<Vec<CudaSlice<u8>>> {
-        self.outputs_for(&self.spec)
+        let elems: usize = self.result_shape.iter().product();
+        self.buffers(elems * self.spec.dtype().size_bytes())
     }
 
     /// As `outputs`, sized for the output of `spec` (e.g. cuDNN's symmetric twin).
     pub fn outputs_for(&self, spec: &ConvSpec) -> Result<Vec<CudaSlice<u8>>> {
-        let bytes = spec.output_len() * spec.dtype().size_bytes();
+        self.buffers(spec.output_len() * spec.dtype().size_bytes())
+    }
+
+    fn buffers(&self, bytes: usize) -> Result<Vec<CudaSlice<u8>>> {
         (0..self.sets())
             .map(|_| {
                 let mut b = self.dev.alloc(bytes)?;
@@ -58,10 +69,24 @@ impl<'d> DeviceProblem<'d> {
     }
 
     pub fn download_output(&self, buf: &CudaSlice<u8>) -> Result<HostTensor> {
-        let mut y = HostTensor::zeros(self.spec.dtype(), &self.spec.output_shape());
+        let mut y = HostTensor::zeros(self.spec.dtype(), &self.result_shape);
         self.dev.download(buf, &mut y)?;
         Ok(y)
     }
+}
+
+/// The weight-flip kernel of grad-input through the forward kernels: name, source and
+/// name expression (without the epilogue code).
+pub fn flip_specialization(spec: &ConvSpec) -> (&'static str, &'static str, String) {
+    (
+        "flip_weight",
+        include_str!("../../kernels/flip_weight.cu"),
+        format!(
+            "flip_weight_dwconv<{}, {}>",
+            crate::variants::cuda_type(spec.dtype()),
+            spec.taps()
+        ),
+    )
 }
 
 /// The kernel that recomputes the non-finite outputs a tensor-core kernel flagged
@@ -85,6 +110,8 @@ pub struct KernelRun<'p, 'd> {
     plan: Plan,
     outputs: Vec<CudaSlice<u8>>,
     ptrs: Vec<ConvPointers>,
+    /// The plan's scratch, allocated once so launches time the kernels alone.
+    _workspace: Option<CudaSlice<u8>>,
 }
 
 impl<'p, 'd> KernelRun<'p, 'd> {
@@ -99,13 +126,49 @@ impl<'p, 'd> KernelRun<'p, 'd> {
         let outputs = problem.outputs()?;
         let w = dev.device_ptr(&problem.weight);
         let bias = problem.bias.as_ref().map_or(0, |b| dev.device_ptr(b));
+        let spec = &problem.spec;
+        let workspace = match plan.workspace_bytes() {
+            0 => None,
+            bytes => Some(dev.alloc(bytes)?),
+        };
+        let ws = workspace.as_ref().map_or(0, |b| dev.device_ptr(b));
+        let e = spec.dtype().size_bytes() as u64;
         let ptrs = (0..problem.sets())
-            .map(|i| ConvPointers {
-                x: dev.device_ptr(&problem.inputs[i]),
-                w,
-                y: dev.device_ptr(&outputs[i]),
-                bias,
-                residual: problem.residuals.get(i).map_or(0, |r| dev.device_ptr(r)),
+            .map(|i| {
+                let out = dev.device_ptr(&outputs[i]);
+                let x = dev.device_ptr(&problem.inputs[i]);
+                let gy = problem.grad_outputs.get(i).map_or(0, |g| dev.device_ptr(g));
+                match problem.problem.pass {
+                    Pass::Forward => ConvPointers {
+                        x,
+                        w,
+                        y: out,
+                        bias,
+                        residual: problem.residuals.get(i).map_or(0, |r| dev.device_ptr(r)),
+                        workspace: ws,
+                        ..ConvPointers::default()
+                    },
+                    Pass::Dgrad => ConvPointers {
+                        grad_output: gy,
+                        w,
+                        grad_input: out,
+                        workspace: ws,
+                        ..ConvPointers::default()
+                    },
+                    // grad_bias follows grad_weight in the one result buffer.
+                    Pass::Wgrad => ConvPointers {
+                        x,
+                        grad_output: gy,
+                        grad_weight: out,
+                        grad_bias: if problem.problem.epilogue.bias {
+                            out + spec.weight_len() as u64 * e
+                        } else {
+                            0
+                        },
+                        workspace: ws,
+                        ..ConvPointers::default()
+                    },
+                }
             })
             .collect();
         Ok(KernelRun {
@@ -113,6 +176,7 @@ impl<'p, 'd> KernelRun<'p, 'd> {
             plan,
             outputs,
             ptrs,
+            _workspace: workspace,
         })
     }
 

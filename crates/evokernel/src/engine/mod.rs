@@ -25,8 +25,9 @@
 //! # Ok::<(), evokernel::Error>(())
 //! ```
 
+mod cuda_plan;
+
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUstream;
@@ -34,22 +35,28 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use serde::{Deserialize, Serialize};
 
 use crate::cpu::{conv_cpu_fused, FusedEpilogue, Isa};
-use crate::cuda::run::repair_specialization;
-use crate::cuda::{ConvArgs, CudaContextExt, CudaDevice, EpiArgs, KernelResources, LoadedKernel};
+use crate::cuda::{ConvArgs, CudaDevice, EpiArgs, KernelResources, LoadedKernel};
 use crate::dispatch::{choose, config_for, Choice, Source};
 use crate::epilogue::{check_operand, Epilogue};
 use crate::error::{Error, Result};
+use crate::pass::Pass;
 use crate::spec::ConvSpec;
 use crate::tensor::HostTensor;
 use crate::tune::{TuneCache, TuneTarget};
-use crate::variants::{find, forced_configs, Config, Instance, Launch, Variant};
+use crate::variants::{forced_configs, Config, Variant};
+use cuda_plan::CudaPlan;
 
-/// One depthwise convolution forward with its fused epilogue: what a plan computes.
+/// One pass of a depthwise convolution: what a plan computes. The forward may fuse an
+/// epilogue; grad-input has none; grad-weight's epilogue may only name a bias, meaning
+/// grad-bias is computed too (the caller applies the activation's derivative to
+/// grad_output first).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ConvProblem {
     pub spec: ConvSpec,
     #[serde(default)]
     pub epilogue: Epilogue,
+    #[serde(default)]
+    pub pass: Pass,
 }
 
 impl ConvProblem {
@@ -57,7 +64,35 @@ impl ConvProblem {
         ConvProblem {
             spec,
             epilogue: Epilogue::NONE,
+            pass: Pass::Forward,
         }
+    }
+
+    /// The same spec and epilogue, another pass.
+    pub fn with_pass(self, pass: Pass) -> Self {
+        ConvProblem { pass, ..self }
+    }
+
+    /// `Err` when the epilogue does not fit the pass: grad-input fuses nothing, and
+    /// grad-weight only a bias (whose gradient it computes).
+    pub fn check(&self) -> Result<()> {
+        let e = &self.epilogue;
+        let ok = match self.pass {
+            Pass::Forward => true,
+            Pass::Dgrad => e.is_none(),
+            Pass::Wgrad => e.activation == crate::epilogue::Activation::None && !e.residual,
+        };
+        if ok {
+            return Ok(());
+        }
+        Err(Error::parse(
+            "problem",
+            &self.to_string(),
+            match self.pass {
+                Pass::Dgrad => "grad-input takes no epilogue (apply the activation's derivative to grad_output first)",
+                _ => "grad-weight's epilogue may only name a bias (its gradient is computed too); apply the activation's derivative to grad_output first",
+            },
+        ))
     }
 
     pub fn with_epilogue(self, epilogue: Epilogue) -> Self {
@@ -66,13 +101,18 @@ impl ConvProblem {
 
     /// The spec's key plus the epilogue's suffix: what plans and tune entries are keyed by.
     pub fn key(&self) -> String {
-        format!("{}{}", self.spec.key(), self.epilogue.key_suffix())
+        format!(
+            "{}{}{}",
+            self.spec.key(),
+            self.pass.key_suffix(),
+            self.epilogue.key_suffix()
+        )
     }
 
     /// Bytes any implementation must move: the spec's, plus the bias and the residual.
     pub fn min_bytes(&self) -> u64 {
         let e = self.spec.dtype().size_bytes() as u64;
-        let mut bytes = self.spec.min_bytes();
+        let mut bytes = self.pass.min_bytes(&self.spec);
         if self.epilogue.bias {
             bytes += self.spec.c() as u64 * e;
         }
@@ -83,7 +123,7 @@ impl ConvProblem {
     }
 
     pub fn flops(&self) -> u64 {
-        self.spec.flops()
+        self.pass.flops(&self.spec)
     }
 }
 
@@ -96,6 +136,9 @@ impl From<ConvSpec> for ConvProblem {
 impl std::fmt::Display for ConvProblem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}", self.spec)?;
+        if self.pass != Pass::Forward {
+            write!(f, " {}", self.pass)?;
+        }
         if !self.epilogue.is_none() {
             write!(f, " {}", self.epilogue.key_suffix())?;
         }
@@ -294,6 +337,7 @@ impl Engine {
         }
         // Built outside the lock (compiling takes a while); a racing thread's plan for
         // the same key is equally good, the first one stored wins.
+        problem.check()?;
         self.check_memory(problem)?;
         let choice = self.choose(problem)?;
         let plan = Arc::new(self.build(problem, choice)?);
@@ -303,6 +347,7 @@ impl Engine {
     /// A plan of one given instance, outside the cache (the measuring CLI's rows and the
     /// tuner's candidates). `config` must be for a variant that applies.
     pub fn plan_instance(&self, problem: &ConvProblem, config: &Config) -> Result<Plan> {
+        problem.check()?;
         self.build(
             problem,
             Choice {
@@ -351,7 +396,11 @@ enum PlanImpl {
 }
 
 /// Device pointers of one call, as a foreign framework hands them over (PyTorch's
-/// `data_ptr()`): 0 for an absent bias or residual.
+/// `data_ptr()`); 0 for an operand the plan's pass does not take. The forward takes x,
+/// w, y (and bias, residual as its epilogue says); grad-input grad_output, w and
+/// grad_input; grad-weight x, grad_output, grad_weight (and grad_bias when the
+/// problem's epilogue has a bias). `workspace`: `Plan::workspace_bytes` of device
+/// scratch, or 0 to have the plan allocate it on the call's stream.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ConvPointers {
     pub x: u64,
@@ -359,6 +408,35 @@ pub struct ConvPointers {
     pub y: u64,
     pub bias: u64,
     pub residual: u64,
+    pub grad_output: u64,
+    pub grad_input: u64,
+    pub grad_weight: u64,
+    pub grad_bias: u64,
+    pub workspace: u64,
+}
+
+impl ConvPointers {
+    /// `(name, pointer, wanted)` for every operand: wanted ones must be set, the
+    /// others 0.
+    fn operands(&self, problem: &ConvProblem) -> [(&'static str, u64, bool); 9] {
+        let (f, d, g) = (
+            problem.pass == Pass::Forward,
+            problem.pass == Pass::Dgrad,
+            problem.pass == Pass::Wgrad,
+        );
+        let e = &problem.epilogue;
+        [
+            ("input", self.x, f || g),
+            ("weight", self.w, f || d),
+            ("output", self.y, f),
+            ("bias", self.bias, f && e.bias),
+            ("residual", self.residual, f && e.residual),
+            ("grad_output", self.grad_output, d || g),
+            ("grad_input", self.grad_input, d),
+            ("grad_weight", self.grad_weight, g),
+            ("grad_bias", self.grad_bias, g && e.bias),
+        ]
+    }
 }
 
 /// Device buffers of one call (cudarc slices of bytes); sizes are checked.
@@ -404,15 +482,28 @@ impl Plan {
         }
     }
 
-    /// The argument block the plan's kernel gets for `ptrs` (GPU plans; the repair
-    /// flag and epoch are filled per launch).
+    /// The argument block the plan's main kernel gets for `ptrs` (GPU plans; the
+    /// repair flag and epoch are filled per launch, the workspace is `ptrs.workspace`).
     pub fn kernel_args(&self, ptrs: &ConvPointers) -> Result<(ConvArgs, EpiArgs)> {
-        let args = ConvArgs::new(&self.problem.spec, ptrs.x, ptrs.w, ptrs.y)?;
-        let epi = EpiArgs {
-            bias: ptrs.bias,
-            residual: ptrs.residual,
-        };
-        Ok((args, epi))
+        match &self.imp {
+            PlanImpl::Cuda(c) => c.main_args(&self.problem, ptrs, ptrs.workspace),
+            PlanImpl::Cpu(_) => Ok((
+                ConvArgs::new(&self.problem.spec, ptrs.x, ptrs.w, ptrs.y)?,
+                EpiArgs {
+                    bias: ptrs.bias,
+                    residual: ptrs.residual,
+                },
+            )),
+        }
+    }
+
+    /// Device scratch a call needs (0 on the CPU and for most forward plans): pass it
+    /// as `ConvPointers::workspace`, or let the plan allocate it on the call's stream.
+    pub fn workspace_bytes(&self) -> usize {
+        match &self.imp {
+            PlanImpl::Cuda(c) => c.workspace_bytes,
+            PlanImpl::Cpu(_) => 0,
+        }
     }
 
     /// Milliseconds the kernel took to compile or read from the CUBIN cache, and
@@ -424,8 +515,20 @@ impl Plan {
         }
     }
 
-    /// Runs on host tensors: on the CPU directly, on a GPU through uploads, the device's
-    /// stream and a download. For tests and small programs; `run` avoids the copies.
+    fn expect_pass(&self, pass: Pass, call: &str) -> Result<()> {
+        if self.problem.pass != pass {
+            return Err(Error::TensorMismatch {
+                what: "pass",
+                expected: format!("a {pass} plan for {call}"),
+                got: format!("a plan of {}", self.problem),
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs the forward on host tensors: on the CPU directly, on a GPU through uploads,
+    /// the device's stream and a download. For tests and small programs; `run` avoids
+    /// the copies.
     pub fn run_host(
         &self,
         x: &HostTensor,
@@ -448,6 +551,7 @@ impl Plan {
         residual: Option<&HostTensor>,
         y: &mut HostTensor,
     ) -> Result<()> {
+        self.expect_pass(Pass::Forward, "run_host")?;
         let spec = &self.problem.spec;
         let epi = &self.problem.epilogue;
         x.expect("input", spec.dtype(), spec.input_len())?;
@@ -471,22 +575,145 @@ impl Plan {
                 let (dx, dw) = (dev.upload(x)?, dev.upload(w)?);
                 let db = bias.map(|b| dev.upload(b)).transpose()?;
                 let dr = residual.map(|r| dev.upload(r)).transpose()?;
-                let mut dy = dev.alloc(y.size_bytes())?;
-                let bufs = ConvBuffers {
-                    x: &dx,
-                    w: &dw,
-                    y: &mut dy,
-                    bias: db.as_ref(),
-                    residual: dr.as_ref(),
+                let dy = dev.alloc(y.size_bytes())?;
+                let ptrs = ConvPointers {
+                    x: dev.device_ptr(&dx),
+                    w: dev.device_ptr(&dw),
+                    y: dev.device_ptr(&dy),
+                    bias: db.as_ref().map_or(0, |b| dev.device_ptr(b)),
+                    residual: dr.as_ref().map_or(0, |r| dev.device_ptr(r)),
+                    ..ConvPointers::default()
                 };
-                self.run(bufs, dev.stream())?;
+                // SAFETY: every buffer was sized from the spec above and lives to the
+                // download, which synchronizes the stream.
+                unsafe { self.run_raw(&ptrs, dev.stream().cu_stream())? };
                 dev.download(&dy, y)
             }
         }
     }
 
-    /// Runs on device buffers, enqueued on `stream` (asynchronous, like any launch).
+    /// grad-input of a dgrad plan on host tensors.
+    pub fn dgrad_host(&self, grad_output: &HostTensor, w: &HostTensor) -> Result<HostTensor> {
+        let spec = &self.problem.spec;
+        let mut gx = HostTensor::zeros(spec.dtype(), &spec.input_shape());
+        self.dgrad_host_into(grad_output, w, &mut gx)?;
+        Ok(gx)
+    }
+
+    /// As [`Plan::dgrad_host`], into a grad_input tensor the caller owns.
+    pub fn dgrad_host_into(
+        &self,
+        grad_output: &HostTensor,
+        w: &HostTensor,
+        grad_input: &mut HostTensor,
+    ) -> Result<()> {
+        self.expect_pass(Pass::Dgrad, "dgrad_host")?;
+        let spec = &self.problem.spec;
+        grad_output.expect("grad_output", spec.dtype(), spec.output_len())?;
+        w.expect("weight", spec.dtype(), spec.weight_len())?;
+        grad_input.expect("grad_input", spec.dtype(), spec.input_len())?;
+        match &self.imp {
+            PlanImpl::Cpu(_) => crate::cpu::dgrad_cpu(spec, grad_output, w, grad_input),
+            PlanImpl::Cuda(c) => {
+                let dev = &c.dev;
+                let (dgy, dw) = (dev.upload(grad_output)?, dev.upload(w)?);
+                let dgx = dev.alloc(grad_input.size_bytes())?;
+                let ptrs = ConvPointers {
+                    grad_output: dev.device_ptr(&dgy),
+                    w: dev.device_ptr(&dw),
+                    grad_input: dev.device_ptr(&dgx),
+                    ..ConvPointers::default()
+                };
+                // SAFETY: as in run_host_into.
+                unsafe { self.run_raw(&ptrs, dev.stream().cu_stream())? };
+                dev.download(&dgx, grad_input)
+            }
+        }
+    }
+
+    /// grad-weight (and grad-bias, when the problem's epilogue has a bias) of a wgrad
+    /// plan on host tensors.
+    pub fn wgrad_host(
+        &self,
+        x: &HostTensor,
+        grad_output: &HostTensor,
+    ) -> Result<(HostTensor, Option<HostTensor>)> {
+        let spec = &self.problem.spec;
+        let mut gw = HostTensor::zeros(spec.dtype(), &spec.weight_shape());
+        let mut gb = self
+            .problem
+            .epilogue
+            .bias
+            .then(|| HostTensor::zeros(spec.dtype(), &[spec.c()]));
+        self.wgrad_host_into(x, grad_output, &mut gw, gb.as_mut())?;
+        Ok((gw, gb))
+    }
+
+    /// As [`Plan::wgrad_host`], into tensors the caller owns.
+    pub fn wgrad_host_into(
+        &self,
+        x: &HostTensor,
+        grad_output: &HostTensor,
+        grad_weight: &mut HostTensor,
+        grad_bias: Option<&mut HostTensor>,
+    ) -> Result<()> {
+        self.expect_pass(Pass::Wgrad, "wgrad_host")?;
+        let spec = &self.problem.spec;
+        x.expect("input", spec.dtype(), spec.input_len())?;
+        grad_output.expect("grad_output", spec.dtype(), spec.output_len())?;
+        grad_weight.expect("grad_weight", spec.dtype(), spec.weight_len())?;
+        let wants_bias = self.problem.epilogue.bias;
+        if wants_bias != grad_bias.is_some() {
+            return Err(Error::TensorMismatch {
+                what: "grad_bias",
+                expected: format!(
+                    "{} (as the plan's epilogue says)",
+                    if wants_bias { "a tensor" } else { "none" }
+                ),
+                got: if wants_bias { "none" } else { "a tensor" }.into(),
+            });
+        }
+        if let Some(gb) = grad_bias.as_deref() {
+            gb.expect("grad_bias", spec.dtype(), spec.c())?;
+        }
+        match &self.imp {
+            PlanImpl::Cpu(_) => {
+                crate::cpu::wgrad_cpu(spec, x, grad_output, grad_weight)?;
+                if let Some(gb) = grad_bias {
+                    crate::cpu::bias_grad_cpu(spec, grad_output, gb)?;
+                }
+                Ok(())
+            }
+            PlanImpl::Cuda(c) => {
+                let dev = &c.dev;
+                let (dx, dgy) = (dev.upload(x)?, dev.upload(grad_output)?);
+                let dgw = dev.alloc(grad_weight.size_bytes())?;
+                let dgb = match &grad_bias {
+                    Some(gb) => Some(dev.alloc(gb.size_bytes())?),
+                    None => None,
+                };
+                let ptrs = ConvPointers {
+                    x: dev.device_ptr(&dx),
+                    grad_output: dev.device_ptr(&dgy),
+                    grad_weight: dev.device_ptr(&dgw),
+                    grad_bias: dgb.as_ref().map_or(0, |b| dev.device_ptr(b)),
+                    ..ConvPointers::default()
+                };
+                // SAFETY: as in run_host_into.
+                unsafe { self.run_raw(&ptrs, dev.stream().cu_stream())? };
+                dev.download(&dgw, grad_weight)?;
+                if let (Some(gb), Some(d)) = (grad_bias, dgb.as_ref()) {
+                    dev.download(d, gb)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Runs the forward on device buffers, enqueued on `stream` (asynchronous, like any
+    /// launch).
     pub fn run(&self, bufs: ConvBuffers<'_>, stream: &Arc<CudaStream>) -> Result<()> {
+        self.expect_pass(Pass::Forward, "run")?;
         let spec = &self.problem.spec;
         let epi = &self.problem.epilogue;
         let e = spec.dtype().size_bytes();
@@ -523,6 +750,7 @@ impl Plan {
             x: bufs.x.device_ptr(stream).0,
             w: bufs.w.device_ptr(stream).0,
             y: bufs.y.device_ptr_mut(stream).0,
+            ..ConvPointers::default()
         };
         // SAFETY: every pointer addresses a live buffer of at least the bytes the spec
         // needs (checked above), and they stay borrowed for the call.
@@ -530,12 +758,12 @@ impl Plan {
     }
 
     /// Runs on raw device pointers and a foreign stream: the path PyTorch's op takes.
+    /// Every pass: the operands `ConvPointers` lists for it, the others 0.
     ///
     /// # Safety
     /// Each pointer must address device memory of this plan's context holding the
-    /// tensor the spec says (input, weight, output; bias and residual when the epilogue
-    /// has them, else 0), valid until the launch completes on `stream`; the output must
-    /// not overlap the inputs.
+    /// tensor the spec and pass say (and the workspace `workspace_bytes`, if given),
+    /// valid until the launches complete on `stream`; outputs must not overlap inputs.
     pub unsafe fn run_raw(&self, ptrs: &ConvPointers, stream: CUstream) -> Result<()> {
         match &self.imp {
             PlanImpl::Cpu(_) => Err(Error::BackendUnavailable {
@@ -543,27 +771,34 @@ impl Plan {
                 reason: "a CPU plan takes host tensors (run_host), not device pointers".into(),
             }),
             PlanImpl::Cuda(c) => {
-                let epi = &self.problem.epilogue;
-                if (epi.bias != (ptrs.bias != 0)) || (epi.residual != (ptrs.residual != 0)) {
-                    return Err(Error::TensorMismatch {
-                        what: "epilogue operands",
-                        expected: format!("bias and residual as the plan's epilogue ({epi}) says"),
-                        got: format!("bias {:#x}, residual {:#x}", ptrs.bias, ptrs.residual),
-                    });
-                }
-                // The kernels move 16-byte vectors of input, output and residual.
-                for (what, p) in [
-                    ("input", ptrs.x),
-                    ("output", ptrs.y),
-                    ("residual", ptrs.residual),
-                ] {
-                    if p % 16 != 0 {
+                for (what, p, wanted) in ptrs.operands(&self.problem) {
+                    if wanted != (p != 0) {
+                        return Err(Error::TensorMismatch {
+                            what,
+                            expected: format!(
+                                "{} for {}",
+                                if wanted { "a device address" } else { "0" },
+                                self.problem
+                            ),
+                            got: format!("{p:#x}"),
+                        });
+                    }
+                    // The kernels move 16-byte vectors of the activations.
+                    let vectors = !matches!(what, "weight" | "bias" | "grad_weight" | "grad_bias");
+                    if vectors && p % 16 != 0 {
                         return Err(Error::TensorMismatch {
                             what,
                             expected: "a device address aligned to 16 bytes (a fresh or contiguous copy of the tensor)".into(),
                             got: format!("{p:#x}"),
                         });
                     }
+                }
+                if !ptrs.workspace.is_multiple_of(256) {
+                    return Err(Error::TensorMismatch {
+                        what: "workspace",
+                        expected: "a device address aligned to 256 bytes".into(),
+                        got: format!("{:#x}", ptrs.workspace),
+                    });
                 }
                 if ptrs.residual != 0 && ptrs.residual == ptrs.y {
                     return Err(Error::TensorMismatch {
@@ -572,81 +807,9 @@ impl Plan {
                         got: "the output buffer itself".into(),
                     });
                 }
-                let (args, epi) = self.kernel_args(ptrs)?;
-                c.launch(args, &epi, stream)
+                c.launch(&self.problem, ptrs, stream)
             }
         }
-    }
-}
-
-/// A GPU plan: the loaded kernel instance and, for the tensor-core variants, the
-/// repair kernel with its flag.
-pub(crate) struct CudaPlan {
-    dev: Arc<CudaDevice>,
-    instance: Instance,
-    pub(crate) kernel: LoadedKernel,
-    repair: Option<(LoadedKernel, CudaSlice<u8>)>,
-    /// A fresh number per launch, so a flag left by an earlier launch means nothing.
-    epoch: AtomicU32,
-}
-
-impl CudaPlan {
-    fn load(dev: &Arc<CudaDevice>, problem: &ConvProblem, config: &Config) -> Result<Self> {
-        let spec = &problem.spec;
-        let variant = find(&config.variant)?;
-        variant
-            .applies(spec)
-            .map_err(|reason| Error::NotApplicable {
-                variant: variant.name().into(),
-                spec: spec.to_string(),
-                reason,
-            })?;
-        ConvArgs::new(spec, 0, 0, 0)?;
-        let instance = Instance::new(spec, config.clone());
-        let expr = variant.specialization(spec, config)?;
-        let expr = with_epilogue(&expr, &problem.epilogue);
-        let launch = variant.launch(spec, config, dev.info().sms)?;
-        let kernel = dev.load(variant.name(), variant.source(), &expr, launch)?;
-        let repair = if variant.needs_repair() {
-            let (name, source, expr) = repair_specialization(spec);
-            let expr = with_epilogue(&expr, &problem.epilogue);
-            let planes = (spec.n() * spec.c() * spec.output3()[0]) as u64;
-            let launch = Launch {
-                // Small: without a flag every block just reads it and leaves.
-                grid: (planes.min(dev.info().sms as u64).max(1) as u32, 1, 1),
-                block: (256, 1, 1),
-                shared_bytes: 0,
-            };
-            Some((dev.load(name, source, &expr, launch)?, dev.alloc(4)?))
-        } else {
-            None
-        };
-        Ok(CudaPlan {
-            dev: Arc::clone(dev),
-            instance,
-            kernel,
-            repair,
-            epoch: AtomicU32::new(0),
-        })
-    }
-
-    /// The kernel (and repair) launches of one call on `stream`.
-    fn launch(&self, mut args: ConvArgs, epi: &EpiArgs, stream: CUstream) -> Result<()> {
-        if let Some((_, flag)) = &self.repair {
-            args.flag = self.dev.device_ptr(flag);
-            let e = self.epoch.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
-            args.epoch = e.max(1);
-        }
-        self.dev.bind().cuda("cuCtxSetCurrent")?;
-        // SAFETY: run_raw's caller vouches for the stream and the pointers in `args`;
-        // the flag is this plan's own buffer.
-        unsafe {
-            self.dev.launch_on(&self.kernel, &args, epi, stream)?;
-            if let Some((r, _)) = &self.repair {
-                self.dev.launch_on(r, &args, epi, stream)?;
-            }
-        }
-        Ok(())
     }
 }
 

@@ -17,9 +17,11 @@ use crate::cpu::{self, Isa};
 use crate::cuda::cudnn::CudnnRun;
 use crate::cuda::run::{DeviceProblem, KernelRun};
 use crate::cuda::CudaDevice;
+use crate::dispatch::kernel_problem;
 use crate::engine::{ConvProblem, Engine};
 use crate::epilogue::Epilogue;
 use crate::error::{Error, Result};
+use crate::pass::Pass;
 use crate::spec::ConvSpec;
 use crate::variants::{registry, Config};
 use crate::verify::{check, oracle};
@@ -39,6 +41,10 @@ pub struct Options {
     /// The fused epilogue every case runs with (`--bias`, `--activation`, `--residual`).
     #[serde(default)]
     pub epilogue: Epilogue,
+    /// The pass every case measures (`--pass`); the epilogue is narrowed to what the
+    /// pass takes (`pass_epilogue`).
+    #[serde(default)]
+    pub pass: Pass,
 }
 
 impl Options {
@@ -56,6 +62,7 @@ impl Default for Options {
             configs: Vec::new(),
             only: Vec::new(),
             epilogue: Epilogue::NONE,
+            pass: Pass::Forward,
         }
     }
 }
@@ -175,7 +182,10 @@ impl Session {
         progress: Progress,
     ) -> Result<CaseReport> {
         crate::variants::check_forced(&opts.configs, spec)?;
-        let conv = ConvProblem::new(spec.clone()).with_epilogue(opts.epilogue);
+        let conv = ConvProblem::new(spec.clone())
+            .with_epilogue(pass_epilogue(opts.pass, opts.epilogue))
+            .with_pass(opts.pass);
+        conv.check()?;
         let sets = if opts.time {
             rotation_sets(&conv, self.cache_bytes())
         } else {
@@ -215,11 +225,17 @@ impl Session {
                 }
                 let mut rows = Vec::new();
                 // cuDNN computes the plain convolution only: no baseline with an epilogue.
-                let wants_cudnn = opts.wants("cudnn") && conv.epilogue.is_none();
+                let wants_cudnn =
+                    opts.wants("cudnn") && conv.epilogue.is_none() && conv.pass == Pass::Forward;
                 if opts.wants("cudnn") && !wants_cudnn {
                     skipped.push((
                         "cudnn".to_string(),
-                        "the baseline has no fused epilogue".to_string(),
+                        if conv.pass != Pass::Forward {
+                            "the in-process baseline is the forward only (PyTorch's backward is co-measured by scripts/gpu-run.sh)"
+                        } else {
+                            "the baseline has no fused epilogue"
+                        }
+                        .to_string(),
                     ));
                 }
                 progress("cuDNN: searching algorithms");
@@ -243,7 +259,11 @@ impl Session {
                     rows.push(row);
                 }
                 for v in registry().into_iter().filter(|v| opts.wants(v.name())) {
-                    if let Err(reason) = v.applies(spec) {
+                    // Variants of other passes are not candidates, not skips.
+                    let Some(kernel) = kernel_problem(v, &conv) else {
+                        continue;
+                    };
+                    if let Err(reason) = v.applies(&kernel.spec) {
                         skipped.push((v.name().to_string(), reason));
                         continue;
                     }
@@ -267,8 +287,13 @@ impl Session {
                     row.instance = Some(run.plan().instance_name());
                     row.resources = run.resources();
                     row.note = Some(format!(
-                        "{}; jit {ms:.0} ms{}",
+                        "{}{}; jit {ms:.0} ms{}",
                         source.label(),
+                        if v.pass() != conv.pass {
+                            ", on the flipped twin"
+                        } else {
+                            ""
+                        },
                         if hit { " (cached)" } else { "" }
                     ));
                     rows.push(row);
@@ -291,6 +316,7 @@ impl Session {
             epilogue: conv.epilogue,
             dispatch,
             dispatch_error,
+            pass: conv.pass,
         })
     }
 
@@ -336,6 +362,19 @@ impl Session {
             None => cpu_llc_bytes(),
             Some(d) => d.info().l2_bytes,
         }
+    }
+}
+
+/// What of `epilogue` a pass takes: the forward all of it, grad-input nothing,
+/// grad-weight the bias (its gradient is computed alongside).
+pub fn pass_epilogue(pass: Pass, epilogue: Epilogue) -> Epilogue {
+    match pass {
+        Pass::Forward => epilogue,
+        Pass::Dgrad => Epilogue::NONE,
+        Pass::Wgrad => Epilogue {
+            bias: epilogue.bias,
+            ..Epilogue::NONE
+        },
     }
 }
 

@@ -79,6 +79,9 @@ pub struct CaseReport {
     /// Why no GPU kernel can take the problem, when none can.
     #[serde(default)]
     pub dispatch_error: Option<String>,
+    /// The pass the case measured (forward, dgrad, wgrad).
+    #[serde(default)]
+    pub pass: crate::pass::Pass,
 }
 
 impl CaseReport {

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::error::{Error, Result};
+use crate::pass::Pass;
 use crate::spec::{ConvSpec, DType, Layout};
 
 /// A variant's typed parameters: a struct of named `usize` fields, read from a config in
@@ -45,24 +46,28 @@ mod depth_reuse;
 mod depth_reuse_cl;
 mod depth_reuse_fma;
 mod depth_reuse_fma_cl;
+mod dgrad_gather;
 mod naive;
 mod row_reuse;
 mod smem_tile;
 mod streaming;
 mod streaming_cl;
 mod tensor_core;
+mod wgrad;
 
 pub use channels_last::ChannelsLast;
 pub use depth_reuse::DepthReuse;
 pub use depth_reuse_cl::DepthReuseCl;
 pub use depth_reuse_fma::DepthReuseFma;
 pub use depth_reuse_fma_cl::DepthReuseFmaCl;
+pub use dgrad_gather::DgradGather;
 pub use naive::Naive;
 pub use row_reuse::RowReuse;
 pub use smem_tile::SmemTile;
 pub use streaming::Streaming;
 pub use streaming_cl::StreamingCl;
 pub use tensor_core::TensorCore;
+pub use wgrad::Wgrad;
 
 /// Dynamic shared memory a block may opt into on sm_90 (227 KiB).
 pub(crate) const MAX_SHARED: usize = 227 * 1024;
@@ -470,6 +475,34 @@ pub trait Variant: Sync {
     fn kernel_function(&self) -> String {
         format!("{}_dwconv", self.name())
     }
+    /// The pass the variant computes.
+    fn pass(&self) -> Pass {
+        Pass::Forward
+    }
+    /// Device scratch one call needs (the plan allocates it on the call's stream when
+    /// the caller passes none).
+    fn workspace_bytes(&self, _spec: &ConvSpec, _config: &Config) -> Result<usize> {
+        Ok(0)
+    }
+    /// A second kernel launched after the main one on the same stream (wgrad's sum of
+    /// its partials).
+    fn finalize_kernel(
+        &self,
+        _spec: &ConvSpec,
+        _config: &Config,
+        _sms: u32,
+    ) -> Result<Option<FinalizeKernel>> {
+        Ok(None)
+    }
+}
+
+/// A variant's second kernel: name, source, name expression (without the epilogue
+/// code) and launch.
+pub struct FinalizeKernel {
+    pub name: &'static str,
+    pub source: &'static str,
+    pub expr: String,
+    pub launch: Launch,
 }
 
 /// What a tuned result of `v` depends on besides the problem: its source, the common
@@ -498,6 +531,8 @@ pub fn registry() -> Vec<&'static dyn Variant> {
         &DepthReuseCl,
         &DepthReuseFma,
         &DepthReuseFmaCl,
+        &DgradGather,
+        &Wgrad,
     ]
 }
 
@@ -834,7 +869,10 @@ streaming_cl 9b1b71bfd5b7d5520dc3d4f58d4a33f8
 depth_reuse 646679d0df4df5dc8b645943e92abd09
 depth_reuse_cl ec6936de43dfbdb5292e4be68d905a56
 depth_reuse_fma 5b8a6c065ab91aa874f47b83918bc2bc
-depth_reuse_fma_cl 4be8943b33033b764bf88a74ad1acfb8";
+depth_reuse_fma_cl 4be8943b33033b764bf88a74ad1acfb8
+dgrad_gather 4eddd7fd74703ac8ff8d6c036a485d6c
+wgrad f333eca904532e3110c42211bde41c60
+";
 
     #[test]
     fn instance_names_round_trip_for_every_default_of_the_suites() {

@@ -1,0 +1,163 @@
+// wgrad: grad-weight (and grad-bias) for any spec, deterministic: the same bits on every
+// run. Each block sums a fixed slice of one channel's (CF) or 32 channels' (CL)
+// reduction domain, the batch and the output rows, in a fixed order into f32 partials
+// (workspace [SPLITS][C][TAPS + 1], the last slot grad-bias); wgrad_finalize adds the
+// SPLITS partials of each weight in split order. No atomics anywhere.
+//
+// A thread's work item is a run of V outputs along W of one output row. For each tap
+// row (kd, kh) of its group it loads the SPAN inputs the run's taps read into registers
+// once and does V * KW multiply-adds from them. Accumulators: RB tap rows x KW taps.
+// Arguments: a.x = input, a.w = grad_output, a.y = the f32 partials; the forward's
+// geometry. EPI bit 2: also sum grad-bias (in the blocks of tap-row group 0).
+
+template <typename T, bool CHANNELS_LAST, int KD, int KH, int KW, int SW, int DIL_W, int V,
+          int RB, int SPLITS, int EPI>
+__global__ void __launch_bounds__(256) wgrad_dwconv(ConvArgs a, EpiArgs) {
+    constexpr int TAPS = KD * KH * KW;
+    constexpr int ROWS = KD * KH;  // tap rows (kd, kh)
+    constexpr int SPAN = (V - 1) * SW + (KW - 1) * DIL_W + 1;
+    constexpr bool BIAS = (EPI & 4) != 0;
+    constexpr int NACC = RB * KW + (BIAS ? 1 : 0);
+    static_assert(RB >= 1 && RB <= ROWS, "a tap-row group holds 1..KD*KH rows");
+    static_assert(RB * KW <= 160, "accumulators must fit the registers");
+    const T* __restrict__ x = static_cast<const T*>(a.x);
+    const T* __restrict__ gy = static_cast<const T*>(a.w);
+    float* __restrict__ partials = static_cast<float*>(a.y);
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const int group = blockIdx.z, split = blockIdx.y;
+    long long c;
+    int worker, workers;
+    if (CHANNELS_LAST) {
+        c = blockIdx.x * 32LL + lane;  // a warp covers 32 channels: coalesced loads
+        worker = warp;
+        workers = warps;
+    } else {
+        c = blockIdx.x;
+        worker = threadIdx.x;
+        workers = blockDim.x;
+    }
+    const bool live = c < a.c;
+    const int runs = (a.ow + V - 1) / V;
+    const long long items = a.n * a.od * a.oh * runs;
+    const long long lo = items * split / SPLITS, hi = items * (split + 1) / SPLITS;
+    const long long ispatial = (long long)a.id * a.ih * a.iw;
+    const long long ospatial = (long long)a.od * a.oh * a.ow;
+    const long long step = CHANNELS_LAST ? a.c : 1;  // elements between W neighbours
+
+    float acc[RB][KW];
+#pragma unroll
+    for (int r = 0; r < RB; ++r)
+#pragma unroll
+        for (int k = 0; k < KW; ++k) acc[r][k] = 0.f;
+    float bacc = 0.f;
+
+    for (long long it = lo + worker; live && it < hi; it += workers) {
+        const long long row = it / runs;
+        const int ow0 = (int)(it - row * runs) * V;
+        const int oh = (int)(row % a.oh);
+        const long long t = row / a.oh;
+        const int od = (int)(t % a.od);
+        const long long n = t / a.od;
+        const long long orow = CHANNELS_LAST
+            ? ((n * a.od + od) * a.oh + oh) * (long long)a.ow * a.c + c
+            : ((n * a.c + c) * a.od + od) * (long long)a.oh * a.ow + (long long)oh * a.ow;
+        float g[V];
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+            const int ow = ow0 + v;
+            g[v] = ow < a.ow ? to_f32(__ldg(gy + orow + ow * step)) : 0.f;
+        }
+        if constexpr (BIAS) {
+            if (group == 0) {
+#pragma unroll
+                for (int v = 0; v < V; ++v) bacc += g[v];
+            }
+        }
+        const int iw0 = ow0 * SW - a.pw;
+        const bool interior = iw0 >= 0 && iw0 + SPAN <= a.iw && ow0 + V <= a.ow;
+        const long long ibase = CHANNELS_LAST ? n * ispatial * a.c + c : (n * a.c + c) * ispatial;
+#pragma unroll
+        for (int r = 0; r < RB; ++r) {
+            const int q = group * RB + r;
+            if (q >= ROWS) break;
+            const int kd = q / KH, kh = q - (q / KH) * KH;
+            const int id = od * a.sd - a.pd + kd * a.dd;
+            const int ih = oh * a.sh - a.ph + kh * a.dh;
+            if (id < 0 || id >= a.id || ih < 0 || ih >= a.ih) continue;
+            const T* xr = x + ibase + ((long long)id * a.ih + ih) * a.iw * step;
+            float xs[SPAN];
+            if (interior) {
+#pragma unroll
+                for (int j = 0; j < SPAN; ++j) xs[j] = to_f32(__ldg(xr + (long long)(iw0 + j) * step));
+#pragma unroll
+                for (int k = 0; k < KW; ++k)
+#pragma unroll
+                    for (int v = 0; v < V; ++v) acc[r][k] = fmaf(g[v], xs[v * SW + k * DIL_W], acc[r][k]);
+            } else {
+                // Padding and the run's tail are skipped, not multiplied by 0: a
+                // non-finite value times 0 would be NaN where PyTorch has none.
+#pragma unroll
+                for (int j = 0; j < SPAN; ++j) {
+                    const int p = iw0 + j;
+                    xs[j] = (p >= 0 && p < a.iw) ? to_f32(__ldg(xr + (long long)p * step)) : 0.f;
+                }
+#pragma unroll
+                for (int k = 0; k < KW; ++k)
+#pragma unroll
+                    for (int v = 0; v < V; ++v) {
+                        const int p = iw0 + v * SW + k * DIL_W;
+                        if (ow0 + v < a.ow && p >= 0 && p < a.iw)
+                            acc[r][k] = fmaf(g[v], xs[v * SW + k * DIL_W], acc[r][k]);
+                    }
+            }
+        }
+    }
+
+    // Block sum of each accumulator in a fixed order: CF, a butterfly within each warp
+    // then the warps in order; CL (a channel per lane), the warps in order.
+    __shared__ float red[8][32];
+    float* out = partials + ((long long)split * a.c + c) * (TAPS + 1);
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) {
+        const int r = i / KW, k = i - (i / KW) * KW;
+        float v = i < RB * KW ? acc[r][k] : bacc;
+        if (!CHANNELS_LAST) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        }
+        red[warp][lane] = v;
+        __syncthreads();
+        if (warp == 0) {
+            float s = 0.f;
+            const int l = CHANNELS_LAST ? lane : 0;
+            for (int w = 0; w < warps; ++w) s += red[w][l];
+            const int q = group * RB + r;
+            const bool is_bias = i == RB * KW;
+            if (live && (CHANNELS_LAST || lane == 0) && (is_bias ? group == 0 : q < ROWS))
+                out[is_bias ? TAPS : q * KW + k] = s;
+        }
+        __syncthreads();
+    }
+}
+
+// Adds the SPLITS partials of each weight (and of grad-bias) in split order and rounds
+// once to T. a.x = the partials, a.y = grad_weight [C, TAPS], a.w = grad_bias [C] (EPI
+// bit 2) or null.
+template <typename T, int TAPS, int SPLITS, int EPI>
+__global__ void __launch_bounds__(256) wgrad_finalize_dwconv(ConvArgs a, EpiArgs) {
+    const float* __restrict__ partials = static_cast<const float*>(a.x);
+    T* __restrict__ gw = static_cast<T*>(a.y);
+    T* __restrict__ gb = static_cast<T*>(const_cast<void*>(a.w));
+    constexpr int SLOTS = TAPS + ((EPI & 4) != 0 ? 1 : 0);
+    const long long total = a.c * SLOTS;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long c = i / SLOTS;
+        const int t = (int)(i - c * SLOTS);
+        float s = 0.f;
+        for (int p = 0; p < SPLITS; ++p) s += partials[((long long)p * a.c + c) * (TAPS + 1) + t];
+        if (t < TAPS) gw[c * TAPS + t] = from_f32<T>(s);
+        else gb[c] = from_f32<T>(s);
+    }
+}

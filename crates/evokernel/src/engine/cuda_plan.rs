@@ -1,0 +1,262 @@
+//! A GPU plan's kernels and launches, per pass: the forward kernel (with the tensor-core
+//! variants' repair launch); grad-input as a weight flip then the forward kernel on the
+//! flipped twin spec, or a grad-input kernel; grad-weight as its partial sums then the
+//! finalize kernel. Scratch (the flipped weight, the partials) comes from the caller or
+//! is allocated on the call's stream.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUstream;
+use cudarc::driver::CudaSlice;
+
+use super::{with_epilogue, ConvPointers, ConvProblem};
+use crate::cuda::run::{flip_specialization, repair_specialization};
+use crate::cuda::{ConvArgs, CudaContextExt, CudaDevice, EpiArgs, LoadedKernel};
+use crate::epilogue::Epilogue;
+use crate::error::{Error, Result};
+use crate::pass::Pass;
+use crate::spec::ConvSpec;
+use crate::variants::{find, Config, Instance, Launch, Variant};
+
+/// How the plan's pass maps onto kernels.
+pub(crate) enum Lowering {
+    /// The forward kernel on the problem's spec.
+    Forward,
+    /// grad-input as the forward of `twin` (unit strides, mirrored padding) on the
+    /// flipped weight, which `flip` writes into the workspace first.
+    DgradFlipped { twin: ConvSpec, flip: LoadedKernel },
+    /// A grad-input kernel on the problem's spec.
+    Dgrad,
+    /// A grad-weight kernel's partials, then `finalize` adds them.
+    Wgrad { finalize: LoadedKernel },
+}
+
+/// A GPU plan: the loaded kernel instance and what its pass needs around it.
+pub(crate) struct CudaPlan {
+    pub(crate) dev: Arc<CudaDevice>,
+    pub(crate) instance: Instance,
+    pub(crate) kernel: LoadedKernel,
+    repair: Option<(LoadedKernel, CudaSlice<u8>)>,
+    lowering: Lowering,
+    pub(crate) workspace_bytes: usize,
+    /// A fresh number per launch, so a flag left by an earlier launch means nothing.
+    epoch: AtomicU32,
+}
+
+fn not_applicable(v: &dyn Variant, spec: impl std::fmt::Display, reason: String) -> Error {
+    Error::NotApplicable {
+        variant: v.name().into(),
+        spec: spec.to_string(),
+        reason,
+    }
+}
+
+impl CudaPlan {
+    pub(crate) fn load(
+        dev: &Arc<CudaDevice>,
+        problem: &ConvProblem,
+        config: &Config,
+    ) -> Result<Self> {
+        let variant = find(&config.variant)?;
+        let sms = dev.info().sms;
+        let spec = &problem.spec;
+        ConvArgs::new(spec, 0, 0, 0)?;
+        // The spec the main kernel computes, and its epilogue.
+        let (kernel_spec, epilogue) = match (problem.pass, variant.pass()) {
+            (Pass::Forward, Pass::Forward) => (spec.clone(), problem.epilogue),
+            (Pass::Dgrad, Pass::Forward) => {
+                let twin = spec.dgrad_twin().ok_or_else(|| {
+                    not_applicable(
+                        variant,
+                        problem,
+                        "grad-input runs on the forward kernels only with unit strides and \
+                         padding within the kernel's span; use dgrad_gather"
+                            .into(),
+                    )
+                })?;
+                (twin, Epilogue::NONE)
+            }
+            (a, b) if a == b => (spec.clone(), problem.epilogue),
+            (a, b) => {
+                return Err(not_applicable(
+                    variant,
+                    problem,
+                    format!("it is a {b} kernel and the problem is the {a} pass"),
+                ))
+            }
+        };
+        variant
+            .applies(&kernel_spec)
+            .map_err(|reason| not_applicable(variant, &kernel_spec, reason))?;
+        let instance = Instance::new(&kernel_spec, config.clone());
+        let expr = with_epilogue(&variant.specialization(&kernel_spec, config)?, &epilogue);
+        let launch = variant.launch(&kernel_spec, config, sms)?;
+        let kernel = dev.load(variant.name(), variant.source(), &expr, launch)?;
+        let mut workspace_bytes = variant.workspace_bytes(&kernel_spec, config)?;
+        let lowering = match (problem.pass, variant.pass()) {
+            (Pass::Forward, _) => Lowering::Forward,
+            (Pass::Dgrad, Pass::Forward) => {
+                let (name, source, expr) = flip_specialization(spec);
+                let flip = dev.load(
+                    name,
+                    source,
+                    &with_epilogue(&expr, &Epilogue::NONE),
+                    crate::variants::grid_stride_launch(spec.weight_len() as u64, 256, 4, sms),
+                )?;
+                // The flipped weight, 256-byte aligned after any workspace of the kernel.
+                workspace_bytes = workspace_bytes.div_ceil(256) * 256
+                    + spec.weight_len() * spec.dtype().size_bytes();
+                Lowering::DgradFlipped {
+                    twin: kernel_spec.clone(),
+                    flip,
+                }
+            }
+            (Pass::Dgrad, _) => Lowering::Dgrad,
+            (Pass::Wgrad, _) => {
+                let f = variant.finalize_kernel(spec, config, sms)?.ok_or_else(|| {
+                    not_applicable(variant, problem, "it has no finalize kernel".into())
+                })?;
+                let expr = with_epilogue(&f.expr, &epilogue);
+                Lowering::Wgrad {
+                    finalize: dev.load(f.name, f.source, &expr, f.launch)?,
+                }
+            }
+        };
+        let repair = if variant.needs_repair() {
+            let (name, source, expr) = repair_specialization(&kernel_spec);
+            let expr = with_epilogue(&expr, &epilogue);
+            let planes = (kernel_spec.n() * kernel_spec.c() * kernel_spec.output3()[0]) as u64;
+            let launch = Launch {
+                // Small: without a flag every block just reads it and leaves.
+                grid: (planes.min(sms as u64).max(1) as u32, 1, 1),
+                block: (256, 1, 1),
+                shared_bytes: 0,
+            };
+            Some((dev.load(name, source, &expr, launch)?, dev.alloc(4)?))
+        } else {
+            None
+        };
+        Ok(CudaPlan {
+            dev: Arc::clone(dev),
+            instance,
+            kernel,
+            repair,
+            lowering,
+            workspace_bytes,
+            epoch: AtomicU32::new(0),
+        })
+    }
+
+    /// The main kernel's argument block for `ptrs` (the workspace at `ws`).
+    pub(crate) fn main_args(
+        &self,
+        problem: &ConvProblem,
+        ptrs: &ConvPointers,
+        ws: u64,
+    ) -> Result<(ConvArgs, EpiArgs)> {
+        let spec = &problem.spec;
+        let none = EpiArgs {
+            bias: 0,
+            residual: 0,
+        };
+        Ok(match &self.lowering {
+            Lowering::Forward => (
+                ConvArgs::new(spec, ptrs.x, ptrs.w, ptrs.y)?,
+                EpiArgs {
+                    bias: ptrs.bias,
+                    residual: ptrs.residual,
+                },
+            ),
+            Lowering::DgradFlipped { twin, .. } => (
+                ConvArgs::new(
+                    twin,
+                    ptrs.grad_output,
+                    flipped_at(ws, self),
+                    ptrs.grad_input,
+                )?,
+                none,
+            ),
+            Lowering::Dgrad => (
+                ConvArgs::new(spec, ptrs.grad_output, ptrs.w, ptrs.grad_input)?,
+                none,
+            ),
+            Lowering::Wgrad { .. } => (ConvArgs::new(spec, ptrs.x, ptrs.grad_output, ws)?, none),
+        })
+    }
+
+    /// The launches of one call on `stream`.
+    pub(crate) fn launch(
+        &self,
+        problem: &ConvProblem,
+        ptrs: &ConvPointers,
+        stream: CUstream,
+    ) -> Result<()> {
+        self.dev.bind().cuda("cuCtxSetCurrent")?;
+        let owned = if ptrs.workspace == 0 && self.workspace_bytes > 0 {
+            // SAFETY: a stream-ordered allocation on the caller's stream, freed on it
+            // after the launches that use it.
+            Some(
+                unsafe { cudarc::driver::result::malloc_async(stream, self.workspace_bytes) }
+                    .cuda("cuMemAllocAsync")?,
+            )
+        } else {
+            None
+        };
+        let ws = owned.unwrap_or(ptrs.workspace);
+        let result = self.launch_with(problem, ptrs, ws, stream);
+        if let Some(p) = owned {
+            // SAFETY: `p` came from malloc_async above; later work on `stream` is
+            // ordered after the kernels that read it.
+            unsafe { cudarc::driver::result::free_async(p, stream) }.cuda("cuMemFreeAsync")?;
+        }
+        result
+    }
+
+    fn launch_with(
+        &self,
+        problem: &ConvProblem,
+        ptrs: &ConvPointers,
+        ws: u64,
+        stream: CUstream,
+    ) -> Result<()> {
+        let spec = &problem.spec;
+        let none = EpiArgs {
+            bias: 0,
+            residual: 0,
+        };
+        let (mut args, epi) = self.main_args(problem, ptrs, ws)?;
+        if let Some((_, flag)) = &self.repair {
+            args.flag = self.dev.device_ptr(flag);
+            let e = self.epoch.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+            args.epoch = e.max(1);
+        }
+        // SAFETY: run_raw's caller vouches for the stream and the pointers in `ptrs`;
+        // the flag and the workspace are the plan's or the call's own buffers, sized
+        // by the plan.
+        unsafe {
+            if let Lowering::DgradFlipped { flip, .. } = &self.lowering {
+                let f = ConvArgs::new(spec, 0, ptrs.w, flipped_at(ws, self))?;
+                self.dev.launch_on(flip, &f, &none, stream)?;
+            }
+            self.dev.launch_on(&self.kernel, &args, &epi, stream)?;
+            if let Some((r, _)) = &self.repair {
+                self.dev.launch_on(r, &args, &epi, stream)?;
+            }
+            if let Lowering::Wgrad { finalize } = &self.lowering {
+                let f = ConvArgs::new(spec, ws, ptrs.grad_bias, ptrs.grad_weight)?;
+                self.dev.launch_on(finalize, &f, &none, stream)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where the flipped weight sits in the workspace: after the kernel's own scratch.
+fn flipped_at(ws: u64, plan: &CudaPlan) -> u64 {
+    let w = match &plan.lowering {
+        Lowering::DgradFlipped { twin, .. } => twin.weight_len() * twin.dtype().size_bytes(),
+        _ => 0,
+    };
+    ws + (plan.workspace_bytes - w) as u64
+}

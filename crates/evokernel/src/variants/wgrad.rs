@@ -1,0 +1,193 @@
+//! `wgrad`: grad-weight and grad-bias, deterministic (kernels/wgrad.cu): blocks sum
+//! fixed slices of each channel's batch and outputs into f32 partials, a second kernel
+//! adds the `splits` partials of each weight in order. Parameters: `run` outputs per
+//! work item along W (inputs held in registers), `rows` tap rows (kd, kh) per block
+//! (accumulators: rows x KW), `splits` slices of the reduction domain, `block` threads.
+
+use super::{channels_last, cuda_type, grid_x, Config, FinalizeKernel, Launch, Param, Variant};
+use crate::error::{Error, Result};
+use crate::pass::Pass;
+use crate::spec::{ConvSpec, Layout};
+
+pub struct Wgrad;
+
+typed_params!(Params {
+    block,
+    rows,
+    run,
+    splits
+});
+
+/// Most accumulators (tap rows x KW) a thread keeps; mirrors the kernel's static_assert.
+const MAX_ACCUMULATORS: usize = 160;
+
+impl Wgrad {
+    /// Blocks along x: one per channel (CF) or per 32 channels (CL).
+    fn channel_blocks(spec: &ConvSpec) -> usize {
+        match spec.layout() {
+            Layout::ChannelsFirst => spec.c(),
+            Layout::ChannelsLast => spec.c().div_ceil(32),
+        }
+    }
+
+    fn tap_rows(spec: &ConvSpec) -> usize {
+        let [kd, kh, _] = spec.kernel3();
+        kd * kh
+    }
+
+    /// Work items of one channel: output rows x runs of `run` outputs.
+    fn items(spec: &ConvSpec, run: usize) -> usize {
+        let [od, oh, ow] = spec.output3();
+        spec.n() * od * oh * ow.div_ceil(run)
+    }
+
+    /// Bytes of f32 partials a call needs: [splits][C][taps + 1].
+    pub fn partial_bytes(spec: &ConvSpec, splits: usize) -> usize {
+        splits * spec.c() * (spec.taps() + 1) * 4
+    }
+}
+
+impl Variant for Wgrad {
+    fn name(&self) -> &'static str {
+        "wgrad"
+    }
+    fn pass(&self) -> Pass {
+        Pass::Wgrad
+    }
+    fn source(&self) -> &'static str {
+        include_str!("../../kernels/wgrad.cu")
+    }
+    fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
+        let kw = spec.kernel3()[2];
+        if kw > MAX_ACCUMULATORS {
+            return Err(format!(
+                "a kernel {kw} wide needs more than {MAX_ACCUMULATORS} accumulators per thread"
+            ));
+        }
+        Ok(())
+    }
+    fn space(&self, spec: &ConvSpec) -> Vec<Param> {
+        let (rows, kw) = (Self::tap_rows(spec), spec.kernel3()[2]);
+        // Tap-row groups: all rows in one block, or split in 2-4 near-equal groups.
+        let mut groups: Vec<i64> = (1..=4)
+            .map(|k| rows.div_ceil(k))
+            .filter(|&r| r * kw <= MAX_ACCUMULATORS)
+            .map(|r| r as i64)
+            .collect();
+        if groups.is_empty() {
+            groups.push((MAX_ACCUMULATORS / kw).max(1) as i64);
+        }
+        groups.dedup();
+        vec![
+            Param {
+                name: "block",
+                values: vec![128, 256],
+            },
+            Param {
+                name: "rows",
+                values: groups,
+            },
+            Param {
+                name: "run",
+                values: vec![4, 8, 16],
+            },
+            Param {
+                name: "splits",
+                values: vec![1, 2, 4, 8, 16, 32, 64],
+            },
+        ]
+    }
+    fn default_config(&self, spec: &ConvSpec) -> Config {
+        let space = self.space(spec);
+        let rows = space[1].values[0] as usize;
+        let run = if spec.kernel3()[2] >= 5 { 8 } else { 16 };
+        // About 4 blocks per SM of a 132-SM H100, never slices of under 64 items.
+        let groups = Self::tap_rows(spec).div_ceil(rows);
+        let blocks = Self::channel_blocks(spec) * groups;
+        let want = (4 * 132usize).div_ceil(blocks.max(1));
+        let most = (Self::items(spec, run) / 64).max(1);
+        let cap = most.min(64);
+        let mut splits = 1usize;
+        while splits < want && splits * 2 <= cap {
+            splits *= 2;
+        }
+        let splits = splits as i64;
+        Config::new(
+            self.name(),
+            &[
+                ("block", 256),
+                ("rows", rows as i64),
+                ("run", run as i64),
+                ("splits", splits),
+            ],
+        )
+    }
+    fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
+        let p = Params::parse(self, spec, config)?;
+        let [kd, kh, kw] = spec.kernel3();
+        Ok(format!(
+            "wgrad_dwconv<{}, {}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}>",
+            cuda_type(spec.dtype()),
+            channels_last(spec),
+            spec.stride3()[2],
+            spec.dilation3()[2],
+            p.run,
+            p.rows,
+            p.splits
+        ))
+    }
+    fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
+        let p = Params::read(config).map_err(|e| e.to_string())?;
+        if p.rows * spec.kernel3()[2] > MAX_ACCUMULATORS {
+            return Err(format!(
+                "{} tap rows of {} taps exceed {MAX_ACCUMULATORS} accumulators",
+                p.rows,
+                spec.kernel3()[2]
+            ));
+        }
+        Ok(())
+    }
+    fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
+        let p = Params::parse(self, spec, config)?;
+        self.fits(spec, config)
+            .map_err(|reason| Error::NotApplicable {
+                variant: self.name().into(),
+                spec: spec.to_string(),
+                reason,
+            })?;
+        let groups = Self::tap_rows(spec).div_ceil(p.rows);
+        Ok(Launch {
+            grid: (
+                grid_x(self, spec, Self::channel_blocks(spec))?,
+                p.splits as u32,
+                groups as u32,
+            ),
+            block: (p.block as u32, 1, 1),
+            shared_bytes: 0,
+        })
+    }
+    fn workspace_bytes(&self, spec: &ConvSpec, config: &Config) -> Result<usize> {
+        let p = Params::parse(self, spec, config)?;
+        Ok(Self::partial_bytes(spec, p.splits))
+    }
+    fn finalize_kernel(
+        &self,
+        spec: &ConvSpec,
+        config: &Config,
+        sms: u32,
+    ) -> Result<Option<FinalizeKernel>> {
+        let p = Params::parse(self, spec, config)?;
+        let launch = super::grid_stride_launch((spec.c() * (spec.taps() + 1)) as u64, 256, 8, sms);
+        Ok(Some(FinalizeKernel {
+            name: "wgrad_finalize",
+            source: self.source(),
+            expr: format!(
+                "wgrad_finalize_dwconv<{}, {}, {}>",
+                cuda_type(spec.dtype()),
+                spec.taps(),
+                p.splits
+            ),
+            launch,
+        }))
+    }
+}
