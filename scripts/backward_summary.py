@@ -1,16 +1,23 @@
 """Per pass: evokernel's pick (from `evokernel bench --pass all --json`) against
 PyTorch's backward (scripts/torch_backward.py) measured in the same GPU call; the ratio,
-% of the floor, and the geometric mean per pass. Usage: backward_summary.py EVK.json TORCH.json"""
+% of the floor, and the geometric mean per pass.
+Usage: backward_summary.py TORCH.json EVK.json [EVK.json ...]"""
 import json
 import math
 import sys
 
 
 def main():
-    evk, torch_ref = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+    torch_ref = json.load(open(sys.argv[1]))
+    cases = []
+    for path in sys.argv[2:]:
+        try:
+            cases += json.load(open(path))["cases"]
+        except (OSError, ValueError) as e:
+            print(f"{path}: {e}")
     per_pass = {}
     print(f"{'case':<22}{'pass':<7}{'pick':<60}{'ms':>8}{'floor%':>8}{'torch ms':>10}{'x torch':>9}")
-    for case in evk["cases"]:
+    for case in cases:
         p = case.get("pass", "forward")
         name = case["name"].rsplit(" ", 1)[0] if p != "forward" else case["name"]
         pick = (case.get("dispatch") or {}).get("config")

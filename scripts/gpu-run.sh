@@ -42,9 +42,10 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
     backward)
       # Both backward passes on the public suite (every kernel, then the picks) against
       # PyTorch's backward measured in this same call.
-      LIMIT=400 step bwd .gpu/evokernel bench --suite public --pass all --json "$out/bwd.json"
+      LIMIT=${BWD_LIMIT:-300} step dgrad .gpu/evokernel bench --suite public --pass dgrad ${BWD_ARGS:-} --json "$out/dgrad.json"
+      LIMIT=${BWD_LIMIT:-300} step wgrad .gpu/evokernel bench --suite public --pass wgrad ${BWD_ARGS:-} --json "$out/wgrad.json"
       LIMIT=300 step torch_bwd python3 scripts/torch_backward.py suite/public.json "$out/torch-bwd.json"
-      python3 scripts/backward_summary.py "$out/bwd.json" "$out/torch-bwd.json" > "$out/bwd-summary.txt" 2>&1 ;;
+      python3 scripts/backward_summary.py "$out/torch-bwd.json" "$out/dgrad.json" "$out/wgrad.json" > "$out/bwd-summary.txt" 2>&1 ;;
     bwdcheck)
       LIMIT=300 step bwd_memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel verify --suite public --pass all --only dgrad_gather --only wgrad --only depth_reuse --only depth_reuse_fma_cl --only smem_tile
       LIMIT=200 step bwd_racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 40 --kernel 3x5x5 --padding 0,2,2 --pass all --only wgrad --only dgrad_gather --only depth_reuse
@@ -74,7 +75,7 @@ done
 cat "$out/smi.txt"
 grep -E "test result|FAILED|panicked|^== " "$out/tests.log" 2>/dev/null | head -30
 for f in memcheck racecheck racecheck_cl bwd_memcheck bwd_racecheck bwd_racecheck_cl; do [ -f "$out/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$out/$f.log" | head -5; done
-for f in devices torch run suite suite_cl engine python; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
+for f in devices torch run suite suite_cl engine python dgrad wgrad torch_bwd; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
 [ -f "$out/sweep.txt" ] && cat "$out/sweep.txt"
 [ -f "$out/bwd-summary.txt" ] && cat "$out/bwd-summary.txt"
 [ -f "$out/tune-summary.log" ] && cut -c1-230 "$out/tune-summary.log"

@@ -8,16 +8,16 @@
 // row (kd, kh) of its group it loads the SPAN inputs the run's taps read into registers
 // once and does V * KW multiply-adds from them. Accumulators: RB tap rows x KW taps.
 // Arguments: a.x = input, a.w = grad_output, a.y = the f32 partials; the forward's
-// geometry. EPI bit 2: also sum grad-bias (in the blocks of tap-row group 0).
+// geometry. grad-bias is always summed (by the blocks of tap-row group 0; a few adds
+// per item), so one specialization serves both; wgrad_finalize's EPI bit 2 writes it.
 
 template <typename T, bool CHANNELS_LAST, int KD, int KH, int KW, int SW, int DIL_W, int V,
-          int RB, int SPLITS, int EPI>
+          int RB, int EPI>
 __global__ void __launch_bounds__(256) wgrad_dwconv(ConvArgs a, EpiArgs) {
     constexpr int TAPS = KD * KH * KW;
     constexpr int ROWS = KD * KH;  // tap rows (kd, kh)
     constexpr int SPAN = (V - 1) * SW + (KW - 1) * DIL_W + 1;
-    constexpr bool BIAS = (EPI & 4) != 0;
-    constexpr int NACC = RB * KW + (BIAS ? 1 : 0);
+    constexpr int NACC = RB * KW + 1;
     static_assert(RB >= 1 && RB <= ROWS, "a tap-row group holds 1..KD*KH rows");
     static_assert(RB * KW <= 160, "accumulators must fit the registers");
     const T* __restrict__ x = static_cast<const T*>(a.x);
@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(256) wgrad_dwconv(ConvArgs a, EpiArgs) {
     float* __restrict__ partials = static_cast<float*>(a.y);
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    const int group = blockIdx.z, split = blockIdx.y;
+    const int group = blockIdx.z, split = blockIdx.y, splits = gridDim.y;
     long long c;
     int worker, workers;
     if (CHANNELS_LAST) {
@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(256) wgrad_dwconv(ConvArgs a, EpiArgs) {
     const bool live = c < a.c;
     const int runs = (a.ow + V - 1) / V;
     const long long items = a.n * a.od * a.oh * runs;
-    const long long lo = items * split / SPLITS, hi = items * (split + 1) / SPLITS;
+    const long long lo = items * split / splits, hi = items * (split + 1) / splits;
     const long long ispatial = (long long)a.id * a.ih * a.iw;
     const long long ospatial = (long long)a.od * a.oh * a.ow;
     const long long step = CHANNELS_LAST ? a.c : 1;  // elements between W neighbours
@@ -68,11 +68,9 @@ __global__ void __launch_bounds__(256) wgrad_dwconv(ConvArgs a, EpiArgs) {
             const int ow = ow0 + v;
             g[v] = ow < a.ow ? to_f32(__ldg(gy + orow + ow * step)) : 0.f;
         }
-        if constexpr (BIAS) {
-            if (group == 0) {
+        if (group == 0) {
 #pragma unroll
-                for (int v = 0; v < V; ++v) bacc += g[v];
-            }
+            for (int v = 0; v < V; ++v) bacc += g[v];
         }
         const int iw0 = ow0 * SW - a.pw;
         const bool interior = iw0 >= 0 && iw0 + SPAN <= a.iw && ow0 + V <= a.ow;

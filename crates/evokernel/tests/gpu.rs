@@ -480,6 +480,27 @@ fn verify_pass(
 #[ignore = "needs a CUDA GPU"]
 fn backward_passes_on_the_public_and_channels_last_suites() {
     let engine = Engine::cuda(0).unwrap();
+    let mut todo = Vec::new();
+    for case in public_suite()
+        .unwrap()
+        .into_iter()
+        .chain(channels_last_suite().unwrap())
+    {
+        for pass in [Pass::Dgrad, Pass::Wgrad] {
+            for bias in [false, true] {
+                let conv = ConvProblem::new(case.spec.clone())
+                    .with_epilogue(Epilogue {
+                        bias: bias && pass == Pass::Wgrad,
+                        ..Epilogue::NONE
+                    })
+                    .with_pass(pass);
+                for v in registry() {
+                    todo.push((conv.clone(), engine.config_for(v, &conv).0));
+                }
+            }
+        }
+    }
+    engine.precompile(&todo);
     let cases = public_suite()
         .unwrap()
         .into_iter()
@@ -502,7 +523,27 @@ fn backward_passes_on_300_random_specs() {
     let engine = Engine::cuda(0).unwrap();
     let gather: evokernel::variants::Config = "dgrad_gather:block=256,waves=16".parse().unwrap();
     let mut per_variant = std::collections::BTreeMap::<String, usize>::new();
-    for (i, spec) in random_specs(300, 2027).into_iter().enumerate() {
+    let specs = random_specs(300, 2027);
+    // Compile every kernel first, on all cores (the plans then load from the cache).
+    let mut todo = Vec::new();
+    for spec in &specs {
+        for pass in [Pass::Dgrad, Pass::Wgrad] {
+            for bias in [false, true] {
+                let conv = ConvProblem::new(spec.clone())
+                    .with_epilogue(Epilogue {
+                        bias: bias && pass == Pass::Wgrad,
+                        ..Epilogue::NONE
+                    })
+                    .with_pass(pass);
+                let pick: evokernel::variants::Config =
+                    engine.choose(&conv).unwrap().config.parse().unwrap();
+                todo.push((conv.clone(), pick));
+                todo.push((conv, gather.clone()));
+            }
+        }
+    }
+    engine.precompile(&todo);
+    for (i, spec) in specs.into_iter().enumerate() {
         for pass in [Pass::Dgrad, Pass::Wgrad] {
             let conv = ConvProblem::new(spec.clone())
                 .with_epilogue(Epilogue {

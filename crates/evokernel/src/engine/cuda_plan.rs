@@ -53,16 +53,14 @@ fn not_applicable(v: &dyn Variant, spec: impl std::fmt::Display, reason: String)
 }
 
 impl CudaPlan {
-    pub(crate) fn load(
-        dev: &Arc<CudaDevice>,
+    /// The variant, the spec its main kernel computes and that kernel's epilogue.
+    fn resolve(
         problem: &ConvProblem,
         config: &Config,
-    ) -> Result<Self> {
+    ) -> Result<(&'static dyn Variant, ConvSpec, Epilogue)> {
         let variant = find(&config.variant)?;
-        let sms = dev.info().sms;
         let spec = &problem.spec;
         ConvArgs::new(spec, 0, 0, 0)?;
-        // The spec the main kernel computes, and its epilogue.
         let (kernel_spec, epilogue) = match (problem.pass, variant.pass()) {
             (Pass::Forward, Pass::Forward) => (spec.clone(), problem.epilogue),
             (Pass::Dgrad, Pass::Forward) => {
@@ -89,21 +87,88 @@ impl CudaPlan {
         variant
             .applies(&kernel_spec)
             .map_err(|reason| not_applicable(variant, &kernel_spec, reason))?;
+        Ok((variant, kernel_spec, epilogue))
+    }
+
+    /// Every kernel a plan of `config` loads, as (name, source, name expression), with
+    /// its launch: what `Engine::precompile` compiles ahead, in parallel.
+    pub(crate) fn kernels(
+        problem: &ConvProblem,
+        config: &Config,
+        sms: u32,
+    ) -> Result<Vec<(&'static str, &'static str, String, Launch)>> {
+        let (variant, kernel_spec, epilogue) = Self::resolve(problem, config)?;
+        let spec = &problem.spec;
+        // grad-weight's main kernel always sums grad-bias; its finalize writes it or not.
+        let main_epilogue = if problem.pass == Pass::Wgrad {
+            Epilogue::NONE
+        } else {
+            epilogue
+        };
+        let expr = with_epilogue(
+            &variant.specialization(&kernel_spec, config)?,
+            &main_epilogue,
+        );
+        let mut out = vec![(
+            variant.name(),
+            variant.source(),
+            expr,
+            variant.launch(&kernel_spec, config, sms)?,
+        )];
+        if problem.pass == Pass::Dgrad && variant.pass() == Pass::Forward {
+            let (name, source, expr) = flip_specialization(spec);
+            out.push((
+                name,
+                source,
+                with_epilogue(&expr, &Epilogue::NONE),
+                crate::variants::grid_stride_launch(spec.weight_len() as u64, 256, 4, sms),
+            ));
+        }
+        if let Some(f) = variant.finalize_kernel(spec, config, sms)? {
+            out.push((
+                f.name,
+                f.source,
+                with_epilogue(&f.expr, &epilogue),
+                f.launch,
+            ));
+        }
+        if variant.needs_repair() {
+            let (name, source, expr) = repair_specialization(&kernel_spec);
+            let planes = (kernel_spec.n() * kernel_spec.c() * kernel_spec.output3()[0]) as u64;
+            let launch = Launch {
+                // Small: without a flag every block just reads it and leaves.
+                grid: (planes.min(sms as u64).max(1) as u32, 1, 1),
+                block: (256, 1, 1),
+                shared_bytes: 0,
+            };
+            out.push((name, source, with_epilogue(&expr, &epilogue), launch));
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn load(
+        dev: &Arc<CudaDevice>,
+        problem: &ConvProblem,
+        config: &Config,
+    ) -> Result<Self> {
+        let sms = dev.info().sms;
+        let spec = &problem.spec;
+        let (variant, kernel_spec, _) = Self::resolve(problem, config)?;
+        let mut kernels = Self::kernels(problem, config, sms)?.into_iter();
+        let mut next = || -> Result<LoadedKernel> {
+            let (name, source, expr, launch) = kernels.next().ok_or_else(|| {
+                not_applicable(variant, problem, "a kernel of the plan is missing".into())
+            })?;
+            dev.load(name, source, &expr, launch)
+        };
         let instance = Instance::new(&kernel_spec, config.clone());
-        let expr = with_epilogue(&variant.specialization(&kernel_spec, config)?, &epilogue);
-        let launch = variant.launch(&kernel_spec, config, sms)?;
-        let kernel = dev.load(variant.name(), variant.source(), &expr, launch)?;
+        // In the order `kernels` lists them.
+        let kernel = next()?;
         let mut workspace_bytes = variant.workspace_bytes(&kernel_spec, config)?;
         let lowering = match (problem.pass, variant.pass()) {
             (Pass::Forward, _) => Lowering::Forward,
             (Pass::Dgrad, Pass::Forward) => {
-                let (name, source, expr) = flip_specialization(spec);
-                let flip = dev.load(
-                    name,
-                    source,
-                    &with_epilogue(&expr, &Epilogue::NONE),
-                    crate::variants::grid_stride_launch(spec.weight_len() as u64, 256, 4, sms),
-                )?;
+                let flip = next()?;
                 // The flipped weight, 256-byte aligned after any workspace of the kernel.
                 workspace_bytes = workspace_bytes.div_ceil(256) * 256
                     + spec.weight_len() * spec.dtype().size_bytes();
@@ -113,27 +178,10 @@ impl CudaPlan {
                 }
             }
             (Pass::Dgrad, _) => Lowering::Dgrad,
-            (Pass::Wgrad, _) => {
-                let f = variant.finalize_kernel(spec, config, sms)?.ok_or_else(|| {
-                    not_applicable(variant, problem, "it has no finalize kernel".into())
-                })?;
-                let expr = with_epilogue(&f.expr, &epilogue);
-                Lowering::Wgrad {
-                    finalize: dev.load(f.name, f.source, &expr, f.launch)?,
-                }
-            }
+            (Pass::Wgrad, _) => Lowering::Wgrad { finalize: next()? },
         };
         let repair = if variant.needs_repair() {
-            let (name, source, expr) = repair_specialization(&kernel_spec);
-            let expr = with_epilogue(&expr, &epilogue);
-            let planes = (kernel_spec.n() * kernel_spec.c() * kernel_spec.output3()[0]) as u64;
-            let launch = Launch {
-                // Small: without a flag every block just reads it and leaves.
-                grid: (planes.min(sms as u64).max(1) as u32, 1, 1),
-                block: (256, 1, 1),
-                shared_bytes: 0,
-            };
-            Some((dev.load(name, source, &expr, launch)?, dev.alloc(4)?))
+            Some((next()?, dev.alloc(4)?))
         } else {
             None
         };

@@ -344,6 +344,28 @@ impl Engine {
         Ok(Arc::clone(self.lock_plans()?.entry(key).or_insert(plan)))
     }
 
+    /// Compiles (or finds in the CUBIN cache) every kernel the plans of `items` would
+    /// load, on all cores, so building the plans afterwards only loads modules. A GPU
+    /// engine only; errors of single items are left for their plans to report.
+    pub fn precompile(&self, items: &[(ConvProblem, Config)]) {
+        use rayon::prelude::*;
+        let EngineBackend::Cuda(dev) = &self.backend else {
+            return;
+        };
+        let sms = dev.info().sms;
+        let mut work: Vec<(&'static str, &'static str, String)> = items
+            .iter()
+            .filter_map(|(p, c)| CudaPlan::kernels(p, c, sms).ok())
+            .flatten()
+            .map(|(n, s, e, _)| (n, s, e))
+            .collect();
+        work.sort();
+        work.dedup();
+        work.par_iter().for_each(|(n, s, e)| {
+            let _ = dev.jit().compile(n, s, e);
+        });
+    }
+
     /// A plan of one given instance, outside the cache (the measuring CLI's rows and the
     /// tuner's candidates). `config` must be for a variant that applies.
     pub fn plan_instance(&self, problem: &ConvProblem, config: &Config) -> Result<Plan> {

@@ -258,6 +258,16 @@ impl Session {
                     }
                     rows.push(row);
                 }
+                progress("compiling the kernels");
+                let todo: Vec<(ConvProblem, Config)> = registry()
+                    .into_iter()
+                    .filter(|v| opts.wants(v.name()))
+                    .filter(|v| {
+                        kernel_problem(*v, &conv).is_some_and(|k| v.applies(&k.spec).is_ok())
+                    })
+                    .map(|v| (conv.clone(), engine.config_for(v, &conv).0))
+                    .collect();
+                engine.precompile(&todo);
                 for v in registry().into_iter().filter(|v| opts.wants(v.name())) {
                     // Variants of other passes are not candidates, not skips.
                     let Some(kernel) = kernel_problem(v, &conv) else {

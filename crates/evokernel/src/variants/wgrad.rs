@@ -126,14 +126,13 @@ impl Variant for Wgrad {
         let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "wgrad_dwconv<{}, {}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}>",
+            "wgrad_dwconv<{}, {}, {kd}, {kh}, {kw}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             channels_last(spec),
             spec.stride3()[2],
             spec.dilation3()[2],
             p.run,
-            p.rows,
-            p.splits
+            p.rows
         ))
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
