@@ -1,48 +1,54 @@
 // wgrad: grad-weight (and grad-bias) for any spec, deterministic: the same bits on every
 // run. Each block sums a fixed slice of one channel's (CF) or 32 channels' (CL)
 // reduction domain, the batch and the output rows, in a fixed order into f32 partials
-// (workspace [SPLITS][C][TAPS + 1], the last slot grad-bias); wgrad_finalize adds the
-// SPLITS partials of each weight in split order. No atomics anywhere.
+// (workspace [splits][C][TAPS + 1], the last slot grad-bias); wgrad_finalize adds the
+// partials of each weight in split order. No atomics anywhere.
 //
-// A thread's work item is a run of V outputs along W of one output row. For each tap
-// row (kd, kh) of its group it loads the SPAN inputs the run's taps read into registers
-// once and does V * KW multiply-adds from them. Accumulators: RB tap rows x KW taps.
+// A work item is a run of V outputs along W of one output row. The block's warps form
+// G groups, one per RB tap rows (kd, kh): warp w belongs to group w % G, so the groups
+// walk the same items at about the same time and share the loads through L1. For each
+// of its tap rows a thread loads the SPAN inputs the run's taps read into registers once
+// and does V * KW multiply-adds from them (accumulators: RB x KW). Unrolling all tap
+// rows in one thread (run 66) made a loop body too large for the instruction cache and
+// ran the seed 25x slower than its FMA bound.
 // Arguments: a.x = input, a.w = grad_output, a.y = the f32 partials; the forward's
-// geometry. grad-bias is always summed (by the blocks of tap-row group 0; a few adds
-// per item), so one specialization serves both; wgrad_finalize's EPI bit 2 writes it.
-
+// geometry; grid (channel blocks, splits), block G * (warps per group) warps. grad-bias
+// is always summed (group 0, a few adds per item), so one specialization serves both;
+// wgrad_finalize's EPI bit 2 writes it.
 template <typename T, bool CHANNELS_LAST, int KD, int KH, int KW, int SW, int DIL_W, int V,
           int RB, int EPI>
-__global__ void __launch_bounds__(256) wgrad_dwconv(ConvArgs a, EpiArgs) {
+__global__ void __launch_bounds__(512) wgrad_dwconv(ConvArgs a, EpiArgs) {
     constexpr int TAPS = KD * KH * KW;
     constexpr int ROWS = KD * KH;  // tap rows (kd, kh)
+    constexpr int G = (ROWS + RB - 1) / RB;  // tap-row groups
     constexpr int SPAN = (V - 1) * SW + (KW - 1) * DIL_W + 1;
     constexpr int NACC = RB * KW + 1;
     static_assert(RB >= 1 && RB <= ROWS, "a tap-row group holds 1..KD*KH rows");
-    static_assert(RB * KW <= 160, "accumulators must fit the registers");
+    static_assert(RB * KW <= 64, "accumulators must fit the registers");
+    static_assert(G <= 16, "at most 16 tap-row groups (512 threads)");
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ gy = static_cast<const T*>(a.w);
     float* __restrict__ partials = static_cast<float*>(a.y);
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    const int group = blockIdx.z, split = blockIdx.y, splits = gridDim.y;
+    const int group = warp % G, gwarp = warp / G, gwarps = warps / G;
+    const int split = blockIdx.y, splits = gridDim.y;
     long long c;
     int worker, workers;
     if (CHANNELS_LAST) {
         c = blockIdx.x * 32LL + lane;  // a warp covers 32 channels: coalesced loads
-        worker = warp;
-        workers = warps;
+        worker = gwarp;
+        workers = gwarps;
     } else {
         c = blockIdx.x;
-        worker = threadIdx.x;
-        workers = blockDim.x;
+        worker = gwarp * 32 + lane;
+        workers = gwarps * 32;
     }
     const bool live = c < a.c;
     const int runs = (a.ow + V - 1) / V;
     const long long items = a.n * a.od * a.oh * runs;
     const long long lo = items * split / splits, hi = items * (split + 1) / splits;
     const long long ispatial = (long long)a.id * a.ih * a.iw;
-    const long long ospatial = (long long)a.od * a.oh * a.ow;
     const long long step = CHANNELS_LAST ? a.c : 1;  // elements between W neighbours
 
     float acc[RB][KW];
@@ -83,11 +89,11 @@ __global__ void __launch_bounds__(256) wgrad_dwconv(ConvArgs a, EpiArgs) {
             const int id = od * a.sd - a.pd + kd * a.dd;
             const int ih = oh * a.sh - a.ph + kh * a.dh;
             if (id < 0 || id >= a.id || ih < 0 || ih >= a.ih) continue;
-            const T* xr = x + ibase + ((long long)id * a.ih + ih) * a.iw * step;
+            const T* xr = x + ibase + ((long long)id * a.ih + ih) * a.iw * step + iw0 * step;
             float xs[SPAN];
             if (interior) {
 #pragma unroll
-                for (int j = 0; j < SPAN; ++j) xs[j] = to_f32(__ldg(xr + (long long)(iw0 + j) * step));
+                for (int j = 0; j < SPAN; ++j) xs[j] = to_f32(__ldg(xr + j * step));
 #pragma unroll
                 for (int k = 0; k < KW; ++k)
 #pragma unroll
@@ -98,7 +104,7 @@ __global__ void __launch_bounds__(256) wgrad_dwconv(ConvArgs a, EpiArgs) {
 #pragma unroll
                 for (int j = 0; j < SPAN; ++j) {
                     const int p = iw0 + j;
-                    xs[j] = (p >= 0 && p < a.iw) ? to_f32(__ldg(xr + (long long)p * step)) : 0.f;
+                    xs[j] = (p >= 0 && p < a.iw) ? to_f32(__ldg(xr + j * step)) : 0.f;
                 }
 #pragma unroll
                 for (int k = 0; k < KW; ++k)
@@ -113,8 +119,9 @@ __global__ void __launch_bounds__(256) wgrad_dwconv(ConvArgs a, EpiArgs) {
     }
 
     // Block sum of each accumulator in a fixed order: CF, a butterfly within each warp
-    // then the warps in order; CL (a channel per lane), the warps in order.
-    __shared__ float red[8][32];
+    // then the group's warps in order; CL (a channel per lane), the group's warps in
+    // order. Warp g (< G) adds group g's warps.
+    __shared__ float red[16][32];
     float* out = partials + ((long long)split * a.c + c) * (TAPS + 1);
 #pragma unroll
     for (int i = 0; i < NACC; ++i) {
@@ -126,13 +133,13 @@ __global__ void __launch_bounds__(256) wgrad_dwconv(ConvArgs a, EpiArgs) {
         }
         red[warp][lane] = v;
         __syncthreads();
-        if (warp == 0) {
+        if (warp < G) {
             float s = 0.f;
             const int l = CHANNELS_LAST ? lane : 0;
-            for (int w = 0; w < warps; ++w) s += red[w][l];
-            const int q = group * RB + r;
+            for (int w = warp; w < warps; w += G) s += red[w][l];
+            const int q = warp * RB + r;
             const bool is_bias = i == RB * KW;
-            if (live && (CHANNELS_LAST || lane == 0) && (is_bias ? group == 0 : q < ROWS))
+            if (live && (CHANNELS_LAST || lane == 0) && (is_bias ? warp == 0 : q < ROWS))
                 out[is_bias ? TAPS : q * KW + k] = s;
         }
         __syncthreads();

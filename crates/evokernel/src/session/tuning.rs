@@ -9,7 +9,7 @@ use crate::backend::{rotation_sets, ProblemData};
 use crate::bench::time_one;
 use crate::cuda::run::{DeviceProblem, KernelRun};
 use crate::cuda::CudaDevice;
-use crate::engine::{with_epilogue, ConvProblem};
+use crate::engine::ConvProblem;
 use crate::error::{Error, Result};
 use crate::spec::ConvSpec;
 use crate::tune::{search, CacheEntry, SearchProgress, Strategy, TrialRecord, TuneCache};
@@ -148,7 +148,10 @@ impl Session {
             });
         };
         let dev: &CudaDevice = dev;
-        let conv = ConvProblem::new(spec.clone()).with_epilogue(opts.epilogue);
+        let conv = ConvProblem::new(spec.clone())
+            .with_epilogue(super::pass_epilogue(opts.pass, opts.epilogue))
+            .with_pass(opts.pass);
+        conv.check()?;
         let sets = rotation_sets(&conv, self.cache_bytes());
         self.check_memory(&conv, sets)?;
         progress(TuneEvent::Stage("generating inputs and the oracle"));
@@ -160,6 +163,12 @@ impl Session {
         let target = engine.tune_target();
         let mut rows = Vec::new();
         for v in registry().into_iter().filter(|v| opts.wants(v.name())) {
+            // The problem v's kernel computes (grad-input on a forward variant: the
+            // flipped twin's forward, whose tuned results it shares).
+            let Some(kernel) = crate::dispatch::kernel_problem(v, &conv) else {
+                continue;
+            };
+            let spec = &kernel.spec;
             if v.applies(spec).is_err() {
                 continue;
             }
@@ -167,7 +176,7 @@ impl Session {
             let hash = kernel_hash(v, &target.nvrtc);
             let default = v.default_config(spec);
             if !plan.retune {
-                if let Some(e) = cache.get_current(&target, &conv.key(), v.name(), &hash) {
+                if let Some(e) = cache.get_current(&target, &kernel.key(), v.name(), &hash) {
                     rows.push(TuneRow {
                         variant: v.name().to_string(),
                         from_cache: true,
@@ -192,7 +201,6 @@ impl Session {
                 variant: v.name(),
                 space: size,
             });
-            let jit = dev.jit();
             let cost = |c: &Config| -> std::result::Result<f64, String> {
                 let mut run = KernelRun::new(&dp, engine, c).map_err(|e| e.to_string())?;
                 let verdict = check(&mut run, &problem, &reference).map_err(|e| e.to_string())?;
@@ -209,17 +217,9 @@ impl Session {
             let result = std::thread::scope(|scope| {
                 // Compile the next candidates on other cores while this thread times.
                 let prepare = |configs: &[Config]| {
-                    let work: Vec<String> = configs
-                        .iter()
-                        .filter_map(|c| v.specialization(spec, c).ok())
-                        .map(|e| with_epilogue(&e, &conv.epilogue))
-                        .collect();
-                    scope.spawn(move || {
-                        use rayon::prelude::*;
-                        work.par_iter().for_each(|expr| {
-                            let _ = jit.compile(v.name(), v.source(), expr);
-                        });
-                    });
+                    let work: Vec<(ConvProblem, Config)> =
+                        configs.iter().map(|c| (conv.clone(), c.clone())).collect();
+                    scope.spawn(move || engine.precompile(&work));
                 };
                 search(
                     all,
@@ -254,7 +254,7 @@ impl Session {
                 cache.record(CacheEntry {
                     device: target.device.clone(),
                     driver: target.driver.clone(),
-                    spec_key: conv.key(),
+                    spec_key: kernel.key(),
                     variant: v.name().to_string(),
                     config: Instance::new(spec, best.clone()).to_string(),
                     ms: *ms,

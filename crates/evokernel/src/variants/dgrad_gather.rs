@@ -42,11 +42,11 @@ impl Variant for DgradGather {
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
+        let [sd, sh, sw] = spec.stride3();
         Ok(format!(
-            "dgrad_gather_dwconv<{}, {}, {kd}, {kh}, {kw}, {}>",
+            "dgrad_gather_dwconv<{}, {}, {kd}, {kh}, {kw}, {sd}, {sh}, {sw}>",
             cuda_type(spec.dtype()),
             channels_last(spec),
-            u8::from(spec.stride3() == [1, 1, 1])
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, sms: u32) -> Result<Launch> {

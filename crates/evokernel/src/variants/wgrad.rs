@@ -1,8 +1,9 @@
 //! `wgrad`: grad-weight and grad-bias, deterministic (kernels/wgrad.cu): blocks sum
 //! fixed slices of each channel's batch and outputs into f32 partials, a second kernel
 //! adds the `splits` partials of each weight in order. Parameters: `run` outputs per
-//! work item along W (inputs held in registers), `rows` tap rows (kd, kh) per block
-//! (accumulators: rows x KW), `splits` slices of the reduction domain, `block` threads.
+//! work item along W (inputs held in registers), `rows` tap rows (kd, kh) per thread
+//! (accumulators: rows x KW; the block has one group of `warps` warps per `rows` tap
+//! rows), `splits` slices of the reduction domain.
 
 use super::{channels_last, cuda_type, grid_x, Config, FinalizeKernel, Launch, Param, Variant};
 use crate::error::{Error, Result};
@@ -12,14 +13,16 @@ use crate::spec::{ConvSpec, Layout};
 pub struct Wgrad;
 
 typed_params!(Params {
-    block,
     rows,
     run,
-    splits
+    splits,
+    warps
 });
 
 /// Most accumulators (tap rows x KW) a thread keeps; mirrors the kernel's static_assert.
-const MAX_ACCUMULATORS: usize = 160;
+const MAX_ACCUMULATORS: usize = 64;
+/// Most tap-row groups (warps) a block has (512 threads); mirrors the kernel.
+const MAX_GROUPS: usize = 16;
 
 impl Wgrad {
     /// Blocks along x: one per channel (CF) or per 32 channels (CL).
@@ -33,6 +36,11 @@ impl Wgrad {
     fn tap_rows(spec: &ConvSpec) -> usize {
         let [kd, kh, _] = spec.kernel3();
         kd * kh
+    }
+
+    /// Tap-row groups of a block for `rows` tap rows per thread.
+    fn groups(spec: &ConvSpec, rows: usize) -> usize {
+        Self::tap_rows(spec).div_ceil(rows.max(1))
     }
 
     /// Work items of one channel: output rows x runs of `run` outputs.
@@ -64,28 +72,27 @@ impl Variant for Wgrad {
                 "a kernel {kw} wide needs more than {MAX_ACCUMULATORS} accumulators per thread"
             ));
         }
+        if Self::groups(spec, MAX_ACCUMULATORS / kw) > MAX_GROUPS {
+            return Err(format!(
+                "{} tap rows of {kw} taps need more than {MAX_GROUPS} groups of a block",
+                Self::tap_rows(spec)
+            ));
+        }
         Ok(())
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         let (rows, kw) = (Self::tap_rows(spec), spec.kernel3()[2]);
-        // Tap-row groups: all rows in one block, or split in 2-4 near-equal groups.
-        let mut groups: Vec<i64> = (1..=4)
-            .map(|k| rows.div_ceil(k))
-            .filter(|&r| r * kw <= MAX_ACCUMULATORS)
+        let mut per_thread: Vec<i64> = (1..=MAX_GROUPS)
+            .map(|g| rows.div_ceil(g))
+            .filter(|&r| r * kw <= MAX_ACCUMULATORS && Self::groups(spec, r) <= MAX_GROUPS)
             .map(|r| r as i64)
             .collect();
-        if groups.is_empty() {
-            groups.push((MAX_ACCUMULATORS / kw).max(1) as i64);
-        }
-        groups.dedup();
+        per_thread.sort_unstable();
+        per_thread.dedup();
         vec![
             Param {
-                name: "block",
-                values: vec![128, 256],
-            },
-            Param {
                 name: "rows",
-                values: groups,
+                values: per_thread,
             },
             Param {
                 name: "run",
@@ -95,30 +102,42 @@ impl Variant for Wgrad {
                 name: "splits",
                 values: vec![1, 2, 4, 8, 16, 32, 64],
             },
+            // Warps per tap-row group.
+            Param {
+                name: "warps",
+                values: vec![1, 2, 4, 8],
+            },
         ]
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
+        let kw = spec.kernel3()[2];
         let space = self.space(spec);
-        let rows = space[1].values[0] as usize;
-        let run = if spec.kernel3()[2] >= 5 { 8 } else { 16 };
+        // About 16-25 accumulators a thread (the seed: 5 tap rows of 5, 3 groups).
+        let rows = space[0]
+            .values
+            .iter()
+            .copied()
+            .filter(|&r| r as usize * kw <= 25)
+            .max()
+            .unwrap_or(space[0].values[0]);
+        let groups = Self::groups(spec, rows as usize);
+        let warps = (8 / groups).clamp(1, MAX_GROUPS / groups);
+        let run = if kw >= 5 { 8 } else { 16 };
         // About 4 blocks per SM of a 132-SM H100, never slices of under 64 items.
-        let groups = Self::tap_rows(spec).div_ceil(rows);
-        let blocks = Self::channel_blocks(spec) * groups;
+        let blocks = Self::channel_blocks(spec);
         let want = (4 * 132usize).div_ceil(blocks.max(1));
-        let most = (Self::items(spec, run) / 64).max(1);
-        let cap = most.min(64);
+        let cap = (Self::items(spec, run) / 64).clamp(1, 64);
         let mut splits = 1usize;
         while splits < want && splits * 2 <= cap {
             splits *= 2;
         }
-        let splits = splits as i64;
         Config::new(
             self.name(),
             &[
-                ("block", 256),
-                ("rows", rows as i64),
+                ("rows", rows),
                 ("run", run as i64),
-                ("splits", splits),
+                ("splits", splits as i64),
+                ("warps", warps as i64),
             ],
         )
     }
@@ -144,6 +163,13 @@ impl Variant for Wgrad {
                 spec.kernel3()[2]
             ));
         }
+        if Self::groups(spec, p.rows) * p.warps > MAX_GROUPS {
+            return Err(format!(
+                "{} groups of {} warps exceed a block of {MAX_GROUPS} warps",
+                Self::groups(spec, p.rows),
+                p.warps
+            ));
+        }
         Ok(())
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
@@ -154,14 +180,14 @@ impl Variant for Wgrad {
                 spec: spec.to_string(),
                 reason,
             })?;
-        let groups = Self::tap_rows(spec).div_ceil(p.rows);
+        let threads = Self::groups(spec, p.rows) * p.warps * 32;
         Ok(Launch {
             grid: (
                 grid_x(self, spec, Self::channel_blocks(spec))?,
                 p.splits as u32,
-                groups as u32,
+                1,
             ),
-            block: (p.block as u32, 1, 1),
+            block: (threads as u32, 1, 1),
             shared_bytes: 0,
         })
     }
