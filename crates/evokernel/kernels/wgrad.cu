@@ -10,14 +10,14 @@
 // of its tap rows a thread loads the SPAN inputs the run's taps read into registers once
 // and does V * KW multiply-adds from them (accumulators: RB x KW). Unrolling all tap
 // rows in one thread (run 66) made a loop body too large for the instruction cache and
-// ran the seed 25x slower than its FMA bound.
+// ran the seed 25x slower than its FMA bound). At most 256 threads, 3 blocks an SM.
 // Arguments: a.x = input, a.w = grad_output, a.y = the f32 partials; the forward's
 // geometry; grid (channel blocks, splits), block G * (warps per group) warps. grad-bias
 // is always summed (group 0, a few adds per item), so one specialization serves both;
 // wgrad_finalize's EPI bit 2 writes it.
-template <typename T, bool CHANNELS_LAST, int KD, int KH, int KW, int SW, int DIL_W, int V,
-          int RB, int EPI>
-__global__ void __launch_bounds__(512) wgrad_dwconv(ConvArgs a, EpiArgs) {
+template <typename I, typename T, bool CHANNELS_LAST, int KD, int KH, int KW, int SW, int DIL_W,
+          int V, int RB>
+__device__ __forceinline__ void wgrad_body(const ConvArgs& a) {
     constexpr int TAPS = KD * KH * KW;
     constexpr int ROWS = KD * KH;  // tap rows (kd, kh)
     constexpr int G = (ROWS + RB - 1) / RB;  // tap-row groups
@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(512) wgrad_dwconv(ConvArgs a, EpiArgs) {
     constexpr int NACC = RB * KW + 1;
     static_assert(RB >= 1 && RB <= ROWS, "a tap-row group holds 1..KD*KH rows");
     static_assert(RB * KW <= 64, "accumulators must fit the registers");
-    static_assert(G <= 16, "at most 16 tap-row groups (512 threads)");
+    static_assert(G <= 8, "at most 8 tap-row groups (256 threads)");
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ gy = static_cast<const T*>(a.w);
     float* __restrict__ partials = static_cast<float*>(a.y);
@@ -45,9 +45,9 @@ __global__ void __launch_bounds__(512) wgrad_dwconv(ConvArgs a, EpiArgs) {
         workers = gwarps * 32;
     }
     const bool live = c < a.c;
-    const int runs = (a.ow + V - 1) / V;
-    const long long items = a.n * a.od * a.oh * runs;
-    const long long lo = items * split / splits, hi = items * (split + 1) / splits;
+    const I runs = (I)((a.ow + V - 1) / V);
+    const long long all = a.n * a.od * a.oh * (long long)runs;
+    const I lo = (I)(all * split / splits), hi = (I)(all * (split + 1) / splits);
     const long long ispatial = (long long)a.id * a.ih * a.iw;
     const long long step = CHANNELS_LAST ? a.c : 1;  // elements between W neighbours
 
@@ -58,13 +58,16 @@ __global__ void __launch_bounds__(512) wgrad_dwconv(ConvArgs a, EpiArgs) {
         for (int k = 0; k < KW; ++k) acc[r][k] = 0.f;
     float bacc = 0.f;
 
-    for (long long it = lo + worker; live && it < hi; it += workers) {
-        const long long row = it / runs;
+    for (I it = lo + worker; live && it < hi; it += workers) {
+        // I is 32-bit where the items fit: 64-bit divisions here cost more than the
+        // item's multiply-adds.
+        const I row = it / runs;
         const int ow0 = (int)(it - row * runs) * V;
-        const int oh = (int)(row % a.oh);
-        const long long t = row / a.oh;
-        const int od = (int)(t % a.od);
-        const long long n = t / a.od;
+        const I t = row / (I)a.oh;
+        const int oh = (int)(row - t * (I)a.oh);
+        const I n_ = t / (I)a.od;
+        const int od = (int)(t - n_ * (I)a.od);
+        const long long n = (long long)n_;
         const long long orow = CHANNELS_LAST
             ? ((n * a.od + od) * a.oh + oh) * (long long)a.ow * a.c + c
             : ((n * a.c + c) * a.od + od) * (long long)a.oh * a.ow + (long long)oh * a.ow;
@@ -121,7 +124,7 @@ __global__ void __launch_bounds__(512) wgrad_dwconv(ConvArgs a, EpiArgs) {
     // Block sum of each accumulator in a fixed order: CF, a butterfly within each warp
     // then the group's warps in order; CL (a channel per lane), the group's warps in
     // order. Warp g (< G) adds group g's warps.
-    __shared__ float red[16][32];
+    __shared__ float red[8][32];
     float* out = partials + ((long long)split * a.c + c) * (TAPS + 1);
 #pragma unroll
     for (int i = 0; i < NACC; ++i) {
@@ -144,6 +147,16 @@ __global__ void __launch_bounds__(512) wgrad_dwconv(ConvArgs a, EpiArgs) {
         }
         __syncthreads();
     }
+}
+
+template <typename T, bool CHANNELS_LAST, int KD, int KH, int KW, int SW, int DIL_W, int V,
+          int RB, int EPI>
+__global__ void __launch_bounds__(256, 3) wgrad_dwconv(ConvArgs a, EpiArgs) {
+    const long long items = a.n * a.od * a.oh * (long long)((a.ow + V - 1) / V);
+    if (items + (long long)blockDim.x < 2147483647LL)
+        wgrad_body<unsigned, T, CHANNELS_LAST, KD, KH, KW, SW, DIL_W, V, RB>(a);
+    else
+        wgrad_body<long long, T, CHANNELS_LAST, KD, KH, KW, SW, DIL_W, V, RB>(a);
 }
 
 // Adds the SPLITS partials of each weight (and of grad-bias) in split order and rounds

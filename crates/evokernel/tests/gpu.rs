@@ -487,16 +487,14 @@ fn backward_passes_on_the_public_and_channels_last_suites() {
         .chain(channels_last_suite().unwrap())
     {
         for pass in [Pass::Dgrad, Pass::Wgrad] {
-            for bias in [false, true] {
-                let conv = ConvProblem::new(case.spec.clone())
-                    .with_epilogue(Epilogue {
-                        bias: bias && pass == Pass::Wgrad,
-                        ..Epilogue::NONE
-                    })
-                    .with_pass(pass);
-                for v in registry() {
-                    todo.push((conv.clone(), engine.config_for(v, &conv).0));
-                }
+            let conv = ConvProblem::new(case.spec.clone())
+                .with_epilogue(Epilogue {
+                    bias: pass == Pass::Wgrad,
+                    ..Epilogue::NONE
+                })
+                .with_pass(pass);
+            for v in registry() {
+                todo.push((conv.clone(), engine.config_for(v, &conv).0));
             }
         }
     }
@@ -507,9 +505,10 @@ fn backward_passes_on_the_public_and_channels_last_suites() {
         .chain(channels_last_suite().unwrap());
     let mut checked = 0;
     for (i, case) in cases.enumerate() {
+        // grad-input through every kernel that serves it; grad-weight with grad-bias.
+        // Half the cases with NaN/Inf in the input and grad_output.
         for pass in [Pass::Dgrad, Pass::Wgrad] {
-            checked += verify_pass(&engine, &case.name, &case.spec, pass, true, 11, false);
-            checked += verify_pass(&engine, &case.name, &case.spec, pass, false, 12, i % 2 == 0);
+            checked += verify_pass(&engine, &case.name, &case.spec, pass, true, 11, i % 2 == 0);
         }
     }
     eprintln!("{checked} backward kernel checks over both suites");

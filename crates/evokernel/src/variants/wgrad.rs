@@ -21,8 +21,8 @@ typed_params!(Params {
 
 /// Most accumulators (tap rows x KW) a thread keeps; mirrors the kernel's static_assert.
 const MAX_ACCUMULATORS: usize = 64;
-/// Most tap-row groups (warps) a block has (512 threads); mirrors the kernel.
-const MAX_GROUPS: usize = 16;
+/// Most warps a block has (256 threads); mirrors the kernel.
+const MAX_GROUPS: usize = 8;
 
 impl Wgrad {
     /// Blocks along x: one per channel (CF) or per 32 channels (CL).
