@@ -177,11 +177,89 @@ def _setup_context(ctx, inputs, output):
     ctx.conf = (stride, padding, dilation, activation, residual is not None)
 
 
+def _device_stream(t: Tensor):
+    """The extension's device (-1: the CPU) and torch's current stream on it."""
+    if t.is_cuda:
+        device = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        return device, torch.cuda.current_stream(t.device).cuda_stream
+    return -1, 0
+
+
+@torch.library.custom_op("evokernel::depthwise_conv_dgrad", mutates_args=())
+def _depthwise_conv_dgrad(
+    grad: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    stride: List[int],
+    padding: List[int],
+    dilation: List[int],
+) -> Tensor:
+    """grad-input of the plain convolution (x gives the shape, dtype and layout only)."""
+    cl = _channels_last(x)
+    grad = _dense(grad.to(x.dtype), cl)
+    weight = _dense(weight, False)
+    grad_x = _empty(list(x.shape), x, cl)
+    device, stream = _device_stream(x)
+    _ext.conv_dgrad(
+        grad.data_ptr(),
+        weight.data_ptr(),
+        grad_x.data_ptr(),
+        device,
+        stream,
+        _spec(x, weight, stride, padding, dilation, cl),
+    )
+    return grad_x
+
+
+@_depthwise_conv_dgrad.register_fake
+def _(grad, x, weight, stride, padding, dilation):
+    return _empty(list(x.shape), x, _channels_last(x))
+
+
+@torch.library.custom_op("evokernel::depthwise_conv_wgrad", mutates_args=())
+def _depthwise_conv_wgrad(
+    grad: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    stride: List[int],
+    padding: List[int],
+    dilation: List[int],
+) -> Tuple[Tensor, Tensor]:
+    """grad-weight and grad-bias of the plain convolution, deterministic (weight gives
+    the shape only)."""
+    cl = _channels_last(x)
+    x = _dense(x, cl)
+    grad = _dense(grad.to(x.dtype), cl)
+    grad_w = torch.empty(weight.shape, dtype=x.dtype, device=x.device)
+    grad_b = torch.empty(weight.shape[0], dtype=x.dtype, device=x.device)
+    device, stream = _device_stream(x)
+    _ext.conv_wgrad(
+        x.data_ptr(),
+        grad.data_ptr(),
+        grad_w.data_ptr(),
+        grad_b.data_ptr(),
+        device,
+        stream,
+        _spec(x, weight, stride, padding, dilation, cl),
+    )
+    return grad_w, grad_b
+
+
+@_depthwise_conv_wgrad.register_fake
+def _(grad, x, weight, stride, padding, dilation):
+    return (
+        torch.empty(weight.shape, dtype=x.dtype, device=x.device),
+        torch.empty(weight.shape[0], dtype=x.dtype, device=x.device),
+    )
+
+
 def _backward(ctx, grad):
+    """evokernel's backward kernels: grad-input (the forward kernels on the flipped
+    weight where strides are 1) and the deterministic grad-weight with grad-bias, on the
+    gradient at the pre-activation (its derivative applied in PyTorch, the
+    pre-activation recomputed with evokernel's forward)."""
     x, weight, bias = ctx.saved_tensors
     stride, padding, dilation, activation, has_residual = ctx.conf
-    dims = x.dim() - 2
-    # d(act)/dz at the pre-activation z, recomputed with evokernel's forward.
     if activation != "none":
         z = _depthwise_conv(x, weight, bias, None, stride, padding, dilation, "none")
         if activation == "relu":
@@ -192,34 +270,15 @@ def _backward(ctx, grad):
             grad_z = torch.ops.aten.gelu_backward(grad, z, approximate="tanh")
     else:
         grad_z = grad
-    # The padding as an explicit pad (PyTorch's convolution is symmetric only).
-    pad = []
-    for i in reversed(range(dims)):
-        pad += [padding[2 * i], padding[2 * i + 1]]
-    x_padded = F.pad(x, pad) if any(pad) else x
     need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    grad_x_padded, grad_w, _ = torch.ops.aten.convolution_backward(
-        grad_z.to(x.dtype),
-        x_padded,
-        weight,
-        None,
-        stride,
-        [0] * dims,
-        dilation,
-        False,
-        [0] * dims,
-        x.shape[1],
-        [need_x, need_w, False],
-    )
-    grad_x = None
+    need_b = bias is not None and ctx.needs_input_grad[2]
+    grad_x = grad_w = grad_b = None
     if need_x:
-        index = [slice(None), slice(None)] + [
-            slice(padding[2 * i], padding[2 * i] + x.shape[2 + i]) for i in range(dims)
-        ]
-        grad_x = grad_x_padded[tuple(index)]
-    grad_b = None
-    if bias is not None and ctx.needs_input_grad[2]:
-        grad_b = grad_z.sum(dim=[0] + list(range(2, grad_z.dim()))).to(bias.dtype)
+        grad_x = _depthwise_conv_dgrad(grad_z, x, weight, stride, padding, dilation)
+    if need_w or need_b:
+        gw, gb = _depthwise_conv_wgrad(grad_z, x, weight, stride, padding, dilation)
+        grad_w = gw if need_w else None
+        grad_b = gb.to(bias.dtype) if need_b else None
     grad_r = grad if has_residual and ctx.needs_input_grad[3] else None
     return grad_x, grad_w, grad_b, grad_r, None, None, None, None
 

@@ -12,7 +12,7 @@ use evokernel::engine::ConvPointers;
 use evokernel::tensor::TensorData;
 use evokernel::{
     Activation, ConvParams, ConvProblem, ConvSpec, DType, Engine, Epilogue, Error, HostTensor,
-    Layout,
+    Layout, Pass,
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -148,9 +148,8 @@ fn conv_forward(
                 .then(|| unsafe { host_from_ptr(residual, spec.dtype(), &spec.output_shape()) })
                 .transpose()?;
             let out = plan.run_host(&xh, &wh, bh.as_ref(), rh.as_ref())?;
-            let bytes = out.as_bytes();
             // SAFETY: `y` addresses an output tensor of exactly these bytes.
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), y as *mut u8, bytes.len()) };
+            unsafe { store(&out, y) };
             Ok(())
         } else {
             let engine = cuda_engine(device as usize)?;
@@ -168,11 +167,125 @@ fn conv_forward(
             unsafe { plan.run_raw(&ptrs, stream as evokernel::cuda::RawStream) }
         }
     };
+    detached(py, run)
+}
+
+/// Runs `run` with the GIL released, a panic turned into a RuntimeError.
+fn detached(py: Python<'_>, run: impl FnOnce() -> Result<(), Error> + Send) -> PyResult<()> {
     py.detach(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)))
         .map_err(|_| {
             PyRuntimeError::new_err("evokernel panicked (a bug); the output is not valid")
         })?
         .map_err(to_py)
+}
+
+/// Copies a host tensor's bytes to `ptr`.
+///
+/// # Safety
+/// `ptr` must address a writable buffer of at least the tensor's bytes.
+unsafe fn store(t: &HostTensor, ptr: u64) {
+    let bytes = t.as_bytes();
+    std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr as *mut u8, bytes.len());
+}
+
+/// grad-input: the gradient of the forward (no epilogue: the caller applied the
+/// activation's derivative) with respect to its input, from `grad_output` and `w` into
+/// `grad_input`. Devices and streams as in `conv_forward`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn conv_dgrad(
+    py: Python<'_>,
+    grad_output: u64,
+    w: u64,
+    grad_input: u64,
+    device: i64,
+    stream: u64,
+    spec: SpecArgs,
+) -> PyResult<()> {
+    let problem = spec
+        .problem("none", false, false)
+        .map_err(to_py)?
+        .with_pass(Pass::Dgrad);
+    detached(py, move || {
+        let spec = &problem.spec;
+        if device < 0 {
+            let plan = cpu_engine().plan(&problem)?;
+            // SAFETY: contiguous tensors of exactly these shapes and dtype, alive for the call.
+            let (gy, wh) = unsafe {
+                (
+                    host_from_ptr(grad_output, spec.dtype(), &spec.output_shape())?,
+                    host_from_ptr(w, spec.dtype(), &spec.weight_shape())?,
+                )
+            };
+            let gx = plan.dgrad_host(&gy, &wh)?;
+            // SAFETY: `grad_input` addresses an input-shaped tensor of this dtype.
+            unsafe { store(&gx, grad_input) };
+            Ok(())
+        } else {
+            let plan = cuda_engine(device as usize)?.plan(&problem)?;
+            let ptrs = ConvPointers {
+                grad_output,
+                w,
+                grad_input,
+                ..ConvPointers::default()
+            };
+            // SAFETY: device tensors of these shapes, alive until the stream has run.
+            unsafe { plan.run_raw(&ptrs, stream as evokernel::cuda::RawStream) }
+        }
+    })
+}
+
+/// grad-weight and grad-bias (deterministic: the same bits every run) from the input
+/// `x` and `grad_output` into `grad_weight` and `grad_bias`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn conv_wgrad(
+    py: Python<'_>,
+    x: u64,
+    grad_output: u64,
+    grad_weight: u64,
+    grad_bias: u64,
+    device: i64,
+    stream: u64,
+    spec: SpecArgs,
+) -> PyResult<()> {
+    let problem = spec
+        .problem("none", true, false)
+        .map_err(to_py)?
+        .with_pass(Pass::Wgrad);
+    detached(py, move || {
+        let spec = &problem.spec;
+        if device < 0 {
+            let plan = cpu_engine().plan(&problem)?;
+            // SAFETY: contiguous tensors of exactly these shapes and dtype, alive for the call.
+            let (xh, gy) = unsafe {
+                (
+                    host_from_ptr(x, spec.dtype(), &spec.input_shape())?,
+                    host_from_ptr(grad_output, spec.dtype(), &spec.output_shape())?,
+                )
+            };
+            let (gw, gb) = plan.wgrad_host(&xh, &gy)?;
+            // SAFETY: weight-shaped and [C] tensors of this dtype.
+            unsafe {
+                store(&gw, grad_weight);
+                if let Some(gb) = gb {
+                    store(&gb, grad_bias);
+                }
+            }
+            Ok(())
+        } else {
+            let plan = cuda_engine(device as usize)?.plan(&problem)?;
+            let ptrs = ConvPointers {
+                x,
+                grad_output,
+                grad_weight,
+                grad_bias,
+                ..ConvPointers::default()
+            };
+            // SAFETY: device tensors of these shapes, alive until the stream has run.
+            unsafe { plan.run_raw(&ptrs, stream as evokernel::cuda::RawStream) }
+        }
+    })
 }
 
 /// The instance the engine picks for a problem on a device (-1: the CPU), as its name.
@@ -204,6 +317,8 @@ fn output_dims(spec: SpecArgs) -> PyResult<Vec<usize>> {
 fn _evokernel(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(conv_forward, m)?)?;
     m.add_function(wrap_pyfunction!(plan_name, m)?)?;
+    m.add_function(wrap_pyfunction!(conv_dgrad, m)?)?;
+    m.add_function(wrap_pyfunction!(conv_wgrad, m)?)?;
     m.add_function(wrap_pyfunction!(output_dims, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

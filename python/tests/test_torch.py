@@ -123,6 +123,44 @@ def test_opcheck(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_backward_ops(device):
+    """The backward kernels are ops of their own (so torch.compile traces the backward
+    too): their schemas, fakes and dispatch pass opcheck."""
+    torch.manual_seed(4)
+    cases = [
+        ((2, 3, 7, 9), (3, 1, 3, 3), [1, 1], [1, 1, 1, 1], [1, 1], None),
+        ((1, 4, 11), (4, 1, 4), [2], [3, 0], [1], None),
+        ((1, 8, 3, 5, 6), (8, 1, 2, 3, 3), [1, 2, 1], [0, 0, 1, 1, 1, 1], [1, 1, 1], torch.channels_last_3d),
+    ]
+    for xs, ws, stride, padding, dilation, fmt in cases:
+        x = torch.randn(*xs, device=device)
+        w = torch.randn(*ws, device=device)
+        if fmt is not None:
+            x = x.to(memory_format=fmt)
+        y = evokernel.depthwise_conv(x, w, None, stride, [(padding[2 * i], padding[2 * i + 1]) for i in range(len(stride))], dilation)
+        g = torch.randn_like(y)
+        for op in (torch.ops.evokernel.depthwise_conv_dgrad.default, torch.ops.evokernel.depthwise_conv_wgrad.default):
+            torch.library.opcheck(op, (g, x, w, stride, padding, dilation))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_weight_gradient_is_deterministic(device):
+    torch.manual_seed(5)
+    x = torch.randn(2, 16, 9, 20, 24, device=device, dtype=torch.bfloat16)
+    w = torch.randn(16, 1, 3, 5, 5, device=device, dtype=torch.bfloat16)
+    b = torch.randn(16, device=device, dtype=torch.bfloat16)
+    g = torch.randn(2, 16, 7, 20, 24, device=device, dtype=torch.bfloat16)
+    pads = [0, 0, 2, 2, 2, 2]
+    first = torch.ops.evokernel.depthwise_conv_wgrad(g, x, w, [1, 1, 1], pads, [1, 1, 1])
+    again = torch.ops.evokernel.depthwise_conv_wgrad(g, x, w, [1, 1, 1], pads, [1, 1, 1])
+    for a, e in zip(first, again):
+        assert torch.equal(a.view(torch.int16), e.view(torch.int16))
+    want = torch.ops.aten.convolution_backward(g.double(), x.double(), w.double(), [16], [1, 1, 1], [0, 2, 2], [1, 1, 1], False, [0, 0, 0], 16, [False, True, True])
+    assert rel_l2(first[0], want[1]) < 2e-2
+    assert rel_l2(first[1], want[2]) < 2e-2
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_torch_compile_fullgraph(device):
     torch.manual_seed(3)
     x = torch.randn(2, 8, 10, 12, device=device)

@@ -42,11 +42,16 @@ pub fn report(
             Err(e) => return Some(Err(Error::Profiler { message: e.clone() })),
         };
         bar.set_message(format!("{}: {} under ncu", case.name, row.name));
-        let spec = &cases.iter().find(|(n, _)| *n == case.name)?.1;
+        // Backward cases are named "<case> <pass>" (measure::run).
+        let spec = &cases
+            .iter()
+            .find(|(n, _)| *n == case.name || format!("{n} {}", case.pass) == case.name)?
+            .1;
         let variant = registry().into_iter().find(|v| v.name() == row.name)?;
         let mut args = vec!["bench".to_string()];
         args.extend(spec_flags(spec));
         args.extend(["--only".into(), row.name.clone()]);
+        args.extend(["--pass".into(), case.pass.name().into()]);
         if let Some(cfg) = &row.config {
             args.extend(["--config".into(), cfg.clone()]);
         }
