@@ -72,7 +72,7 @@ impl std::str::FromStr for PassChoice {
             .map_err(|_| Error::Parse {
                 what: "--pass",
                 text: s.to_string(),
-                expected: "forward, dgrad, wgrad or all".into(),
+                expected: "expected forward, dgrad, wgrad or all".into(),
             })
     }
 }

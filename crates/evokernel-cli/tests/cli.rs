@@ -212,6 +212,64 @@ fn verify_and_bench_a_small_spec_on_the_cpu() {
     assert_eq!(text.matches("PASS").count(), 2, "{text}");
 }
 
+/// `--pass all` checks the forward, grad-input and grad-weight (with grad-bias under
+/// --bias) of a strided, dilated, asymmetrically padded spec; the report says each pass.
+#[test]
+fn verify_every_pass_on_the_cpu() {
+    let dir = std::env::temp_dir().join(format!("evokernel-cli-pass-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("r.json");
+    let out = evokernel(&[
+        "verify",
+        "--backend",
+        "cpu",
+        "--pass",
+        "all",
+        "--bias",
+        "--activation",
+        "silu",
+        "--json",
+        json.to_str().unwrap(),
+        "--input",
+        "6x11x13",
+        "--channels",
+        "5",
+        "--batch",
+        "2",
+        "--kernel",
+        "3x3x4",
+        "--stride",
+        "1x2x1",
+        "--dilation",
+        "1x1x2",
+        "--padding",
+        "2:0,1,3:1",
+        "--layout",
+        "channels-last",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(text.matches("PASS").count(), 3, "{text}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let passes: Vec<&str> = report["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["pass"].as_str().unwrap())
+        .collect();
+    assert_eq!(passes, ["forward", "dgrad", "wgrad"]);
+    assert!(report["cases"][2]["key"]
+        .as_str()
+        .unwrap()
+        .ends_with("+wgrad+bias"));
+    rejects(&["verify", "--pass", "backward"], "--pass");
+}
+
 #[test]
 fn plots_a_recorded_h100_report() {
     // A real report from the H100 machine (docs/results), embedded so the staged test runs anywhere.

@@ -904,6 +904,97 @@ mod tests {
         ));
     }
 
+    /// Backward plans on the CPU against the f64 oracles: a strided, dilated,
+    /// asymmetrically padded spec in both layouts.
+    #[test]
+    fn backward_plans_match_the_oracles() {
+        use crate::reference::{bias_grad_reference, dgrad_reference, wgrad_reference};
+        let engine = Engine::cpu();
+        for layout in [crate::Layout::ChannelsFirst, crate::Layout::ChannelsLast] {
+            let spec = ConvParams {
+                n: 2,
+                c: 3,
+                input: vec![5, 9, 11],
+                kernel: vec![2, 3, 3],
+                stride: vec![1, 2, 1],
+                dilation: vec![1, 1, 2],
+                padding: vec![[1, 0], [1, 1], [2, 1]],
+                layout,
+                dtype: crate::DType::F32,
+            }
+            .validate()
+            .unwrap();
+            let x = HostTensor::random_normal(spec.dtype(), &spec.input_shape(), 1);
+            let w = HostTensor::random_normal(spec.dtype(), &spec.weight_shape(), 2);
+            let gy = HostTensor::random_normal(spec.dtype(), &spec.output_shape(), 3);
+            let dgrad = engine
+                .plan(&ConvProblem::new(spec.clone()).with_pass(Pass::Dgrad))
+                .unwrap();
+            let gx = dgrad.dgrad_host(&gy, &w).unwrap();
+            let want = dgrad_reference(&spec, &gy, &w).unwrap();
+            assert!(crate::compare(&gx, &want).unwrap().passes(spec.dtype()));
+            let wgrad = engine
+                .plan(
+                    &ConvProblem::new(spec.clone())
+                        .with_pass(Pass::Wgrad)
+                        .with_epilogue(Epilogue {
+                            bias: true,
+                            ..Epilogue::NONE
+                        }),
+                )
+                .unwrap();
+            let (gw, gb) = wgrad.wgrad_host(&x, &gy).unwrap();
+            let want = wgrad_reference(&spec, &x, &gy).unwrap();
+            assert!(crate::compare(&gw, &want).unwrap().passes(spec.dtype()));
+            let want = bias_grad_reference(&spec, &gy).unwrap();
+            assert!(crate::compare(&gb.unwrap(), &want)
+                .unwrap()
+                .passes(spec.dtype()));
+            // A plan runs only its own pass.
+            assert!(dgrad.run_host(&x, &w, None, None).is_err());
+            assert!(wgrad.dgrad_host(&gy, &w).is_err());
+        }
+    }
+
+    #[test]
+    fn backward_problems_take_only_the_epilogue_their_pass_has() {
+        let spec = small();
+        let engine = Engine::cpu();
+        let silu = Epilogue {
+            activation: Activation::Silu,
+            ..Epilogue::NONE
+        };
+        let bias = Epilogue {
+            bias: true,
+            ..Epilogue::NONE
+        };
+        let problem = |pass, e| {
+            ConvProblem::new(spec.clone())
+                .with_pass(pass)
+                .with_epilogue(e)
+        };
+        for (pass, e, ok) in [
+            (Pass::Dgrad, Epilogue::NONE, true),
+            (Pass::Dgrad, bias, false),
+            (Pass::Wgrad, bias, true),
+            (Pass::Wgrad, silu, false),
+            (Pass::Forward, silu, true),
+        ] {
+            let p = problem(pass, e);
+            assert_eq!(engine.plan(&p).is_ok(), ok, "{p}");
+            if !ok {
+                let err = engine.plan(&p).err().unwrap();
+                assert!(err.is_user_input(), "{err}");
+            }
+        }
+        let keys: Vec<String> = Pass::ALL
+            .iter()
+            .map(|&pass| problem(pass, Epilogue::NONE).key())
+            .collect();
+        assert_eq!(keys[0], spec.key());
+        assert!(keys[1].ends_with("+dgrad") && keys[2].ends_with("+wgrad"));
+    }
+
     #[test]
     fn epilogue_expression_appends_the_code() {
         let e = Epilogue {
