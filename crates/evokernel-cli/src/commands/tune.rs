@@ -2,7 +2,7 @@
 
 use evokernel::backend::BackendChoice;
 use evokernel::session::{Options, Session, TuneEvent, TunePlan};
-use evokernel::{ConvSpec, Error};
+use evokernel::{ConvSpec, Error, Pass};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::args::Common;
@@ -23,7 +23,22 @@ pub fn run(
         dev.name, dev.backend, dev.detail, opts.seed
     );
     let mut reports = Vec::new();
-    for (name, spec) in &cases {
+    // One tuning per pass asked for (`--pass all`: the forward, grad-input, grad-weight).
+    let mut runs = Vec::new();
+    for pass in common.pass.passes() {
+        for (name, spec) in &cases {
+            let name = match pass {
+                Pass::Forward => name.clone(),
+                _ => format!("{name} {pass}"),
+            };
+            runs.push((pass, name, spec));
+        }
+    }
+    for (pass, name, spec) in runs {
+        let opts = &Options {
+            pass,
+            ..opts.clone()
+        };
         let bar = ProgressBar::new(1);
         bar.set_style(
             ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} eta {eta}")
@@ -54,7 +69,7 @@ pub fn run(
                 ));
             }
         };
-        let report = session.tune(name, spec, opts, plan, &mut on_event);
+        let report = session.tune(&name, spec, opts, plan, &mut on_event);
         bar.finish_and_clear();
         let report = report?;
         if let Some(w) = &report.cache_warning {
