@@ -17,6 +17,7 @@ from .torch import (  # noqa: F401
     convert,
     depthwise_conv,
     plan_name,
+    tune,
 )
 
 __version__ = _evokernel.__version__

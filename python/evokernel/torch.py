@@ -374,6 +374,37 @@ def plan_name(
     return _ext.plan_name(device, spec, act, bias is not None, residual)
 
 
+def tune(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    stride: IntOrSeq = 1,
+    padding: Padding = 0,
+    dilation: IntOrSeq = 1,
+    activation: Optional[str] = None,
+    residual: bool = False,
+    passes: Sequence[str] = ("forward", "dgrad", "wgrad"),
+    search: str = "auto",
+    max_seconds: float = 60.0,
+) -> list:
+    """Tunes the kernels of this call on x's GPU, for each pass in `passes` (forward,
+    dgrad, wgrad; the backward passes are what autograd runs), verifying every candidate
+    against the oracle. The best configs go to the tune cache the `evokernel` CLI shares
+    (`$EVOKERNEL_CACHE_DIR/tune.json`); later calls use them. Returns the tuning reports
+    (dicts: per variant the default and tuned config and their times)."""
+    import json
+
+    stride_l, pads, dilation_l, act = _arguments(x, weight, bias, None, stride, padding, dilation, activation)
+    if not x.is_cuda:
+        raise ValueError("tune needs CUDA tensors: the CPU backend has no kernel configs to tune")
+    if isinstance(passes, str):
+        passes = (passes,)
+    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    spec = _spec(x, weight, stride_l, pads, dilation_l, _channels_last(x))
+    torch.cuda.synchronize(x.device)
+    return json.loads(_ext.tune(device, spec, act, bias is not None, residual, list(passes), search, float(max_seconds)))
+
+
 def _module(base):
     class Depthwise(base):
         """A drop-in for the depthwise `torch.nn.ConvNd` (groups == in == out channels,

@@ -33,8 +33,9 @@ fn cpu_engine() -> &'static Engine {
 
 /// One engine per GPU, opened on first use (on the device's primary context, the one
 /// PyTorch uses, so its pointers are valid there).
+static GPUS: OnceLock<Mutex<HashMap<usize, Arc<Engine>>>> = OnceLock::new();
+
 fn cuda_engine(ordinal: usize) -> Result<Arc<Engine>, Error> {
-    static GPUS: OnceLock<Mutex<HashMap<usize, Arc<Engine>>>> = OnceLock::new();
     let map = GPUS.get_or_init(|| Mutex::new(HashMap::new()));
     let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(e) = map.get(&ordinal) {
@@ -43,6 +44,15 @@ fn cuda_engine(ordinal: usize) -> Result<Arc<Engine>, Error> {
     let engine = Arc::new(Engine::cuda(ordinal)?.with_forced_from_env(&[])?);
     map.insert(ordinal, Arc::clone(&engine));
     Ok(engine)
+}
+
+/// Drops GPU `ordinal`'s engine (its plans and tune cache); the next call opens a new one.
+fn forget_cuda_engine(ordinal: usize) {
+    if let Some(map) = GPUS.get() {
+        map.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&ordinal);
+    }
 }
 
 /// A host tensor copied from `len` elements of `dtype` at `ptr`.
@@ -288,6 +298,60 @@ fn conv_wgrad(
     })
 }
 
+/// Tunes a problem's kernels on GPU `device` (each pass in `passes`: forward, dgrad,
+/// wgrad), recording the best configs in the tune cache the CLI shares (`tune.json`);
+/// the plans built afterwards use them. Returns the reports as JSON.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn tune(
+    py: Python<'_>,
+    device: i64,
+    spec: SpecArgs,
+    activation: &str,
+    bias: bool,
+    residual: bool,
+    passes: Vec<String>,
+    search: &str,
+    max_seconds: f64,
+) -> PyResult<String> {
+    if device < 0 {
+        return Err(PyValueError::new_err(
+            "tuning needs a CUDA device: the CPU backend has no kernel configs to tune",
+        ));
+    }
+    let problem = spec.problem(activation, bias, residual).map_err(to_py)?;
+    let passes = passes
+        .iter()
+        .map(|p| p.parse::<Pass>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(to_py)?;
+    let plan = evokernel::session::TunePlan {
+        search: search.parse().map_err(to_py)?,
+        max_seconds,
+        ..Default::default()
+    };
+    let out = std::sync::Mutex::new(String::new());
+    detached(py, || {
+        let mut session = evokernel::session::Session::open_cuda(device as usize)?;
+        let mut reports = Vec::new();
+        for pass in passes {
+            let opts = evokernel::session::Options {
+                epilogue: problem.epilogue,
+                pass,
+                ..Default::default()
+            };
+            let name = format!("{} {pass}", problem.spec);
+            reports.push(session.tune(&name, &problem.spec, &opts, &plan, &mut |_| {})?);
+        }
+        *out.lock().unwrap_or_else(|e| e.into_inner()) =
+            serde_json::to_string(&reports).unwrap_or_default();
+        // Plans built from now on read the new tune results.
+        forget_cuda_engine(device as usize);
+        Ok(())
+    })?;
+    Ok(out.into_inner().unwrap_or_default())
+}
+
 /// The instance the engine picks for a problem on a device (-1: the CPU), as its name.
 #[pyfunction]
 fn plan_name(
@@ -319,6 +383,7 @@ fn _evokernel(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plan_name, m)?)?;
     m.add_function(wrap_pyfunction!(conv_dgrad, m)?)?;
     m.add_function(wrap_pyfunction!(conv_wgrad, m)?)?;
+    m.add_function(wrap_pyfunction!(tune, m)?)?;
     m.add_function(wrap_pyfunction!(output_dims, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

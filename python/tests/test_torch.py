@@ -160,6 +160,61 @@ def test_weight_gradient_is_deterministic(device):
     assert rel_l2(first[1], want[2]) < 2e-2
 
 
+def test_tune_needs_a_gpu_and_says_so():
+    x = torch.randn(1, 4, 8, 8)
+    w = torch.randn(4, 1, 3, 3)
+    with pytest.raises(ValueError, match="CUDA"):
+        evokernel.tune(x, w, padding=1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_tune_records_results_the_next_call_uses(tmp_path, monkeypatch):
+    monkeypatch.setenv("EVOKERNEL_CACHE_DIR", str(tmp_path))
+    x = torch.randn(2, 16, 12, 20, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(16, 1, 3, 3, device="cuda", dtype=torch.bfloat16)
+    reports = evokernel.tune(x, w, padding=1, passes=("forward", "wgrad"), max_seconds=5)
+    assert len(reports) == 2 and all(r["rows"] for r in reports)
+    assert (tmp_path / "tune.json").exists()
+    y = evokernel.depthwise_conv(x, w, padding=1)
+    assert rel_l2(y, torch.nn.functional.conv2d(x.double(), w.double(), padding=1, groups=16)) < 1e-2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_capture_and_two_streams():
+    """The op (forward and backward) replays inside a CUDA graph, and two streams running
+    it at once get the same results as one."""
+    torch.manual_seed(6)
+    x = torch.randn(2, 32, 6, 16, 20, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(32, 1, 3, 5, 5, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    pads = (0, 2, 2)
+    y0 = evokernel.depthwise_conv(x, w, padding=pads)
+    gx0, gw0 = torch.autograd.grad(y0.float().square().sum(), (x, w))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm up on a side stream, as capture requires
+        for _ in range(2):
+            y = evokernel.depthwise_conv(x, w, padding=pads)
+            torch.autograd.grad(y.float().square().sum(), (x, w))
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = evokernel.depthwise_conv(x, w, padding=pads)
+        gxg, gwg = torch.autograd.grad(yg.float().square().sum(), (x, w))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(yg, y0) and torch.equal(gxg, gx0) and torch.equal(gwg, gw0)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    outs = [None, None]
+    for i, st in enumerate(streams):
+        st.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(st):
+            outs[i] = evokernel.depthwise_conv(x.detach() * (i + 1), w.detach(), padding=pads)
+    torch.cuda.synchronize()
+    for i in range(2):
+        want = evokernel.depthwise_conv(x.detach() * (i + 1), w.detach(), padding=pads)
+        assert torch.equal(outs[i], want)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_torch_compile_fullgraph(device):
     torch.manual_seed(3)

@@ -98,16 +98,17 @@ impl Session {
         };
         match choice {
             BackendChoice::Cpu => Ok(cpu(None)),
-            BackendChoice::Cuda => Self::open_cuda(),
+            BackendChoice::Cuda => Self::open_cuda(0),
             BackendChoice::Auto => match crate::cuda::probe() {
                 Err(_) => Ok(cpu(None)),
-                Ok(()) => Self::open_cuda().or_else(|e| Ok(cpu(Some(e.to_string())))),
+                Ok(()) => Self::open_cuda(0).or_else(|e| Ok(cpu(Some(e.to_string())))),
             },
         }
     }
 
-    fn open_cuda() -> Result<Self> {
-        let dev = Arc::new(CudaDevice::open(0)?);
+    /// A session on GPU `ordinal`.
+    pub fn open_cuda(ordinal: usize) -> Result<Self> {
+        let dev = Arc::new(CudaDevice::open(ordinal)?);
         let i = dev.info().clone();
         Ok(Session {
             device: DeviceInfo {
