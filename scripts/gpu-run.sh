@@ -50,6 +50,10 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       LIMIT=300 step bwd_memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel verify --suite public --pass all --only dgrad_gather --only wgrad --only depth_reuse --only depth_reuse_fma_cl --only smem_tile
       LIMIT=200 step bwd_racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 40 --kernel 3x5x5 --padding 0,2,2 --pass all --only wgrad --only dgrad_gather --only depth_reuse
       LIMIT=200 step bwd_racecheck_cl compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 40 --kernel 3x5x5 --padding 0,2,2 --layout channels-last --pass all --only wgrad --only dgrad_gather ;;
+    blocks)
+      # Training steps of the X3D and video-VAE blocks with and without convert (needs the
+      # wheel in .gpu/, as the python step).
+      LIMIT=300 step blocks bash -c 'python3 -m pip install -q --no-deps --target /tmp/evk-py .gpu/evokernel-*.whl && PYTHONPATH=/tmp/evk-py python3 python/examples/train_blocks.py --iters 10' ;;
     profile) LIMIT=400 step profile .gpu/evokernel profile ${PROFILE_ARGS:-} --json "$out/profile.json" --out "$out/profile-plots" ;;
     tune)
       # Evolutionary vs exhaustive on one variant's space (TUNE_VARIANT, default the
@@ -75,7 +79,7 @@ done
 cat "$out/smi.txt"
 grep -E "test result|FAILED|panicked|^== " "$out/tests.log" 2>/dev/null | head -30
 for f in memcheck racecheck racecheck_cl bwd_memcheck bwd_racecheck bwd_racecheck_cl; do [ -f "$out/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$out/$f.log" | head -5; done
-for f in devices torch run suite suite_cl engine python dgrad wgrad torch_bwd; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
+for f in devices torch run suite suite_cl engine python blocks dgrad wgrad torch_bwd; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
 [ -f "$out/sweep.txt" ] && cat "$out/sweep.txt"
 [ -f "$out/bwd-summary.txt" ] && cat "$out/bwd-summary.txt"
 [ -f "$out/tune-summary.log" ] && cut -c1-230 "$out/tune-summary.log"
