@@ -8,23 +8,9 @@ import sys
 
 import torch
 
+from torch_baseline import time_ms  # one timing protocol for every PyTorch reference
+
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-
-
-def time_ms(fn, warmup=5, iters=30):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
 
 
 def out_size(i, k, s, d, pb, pa):

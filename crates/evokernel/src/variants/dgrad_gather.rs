@@ -2,7 +2,9 @@
 //! (kernels/dgrad_gather.cu). Applies to every spec; strided specs need it (unit-stride
 //! specs also run as the forward of the flipped kernel, which is faster).
 
-use super::{channels_last, cuda_type, grid_stride_launch, Config, Launch, Param, Variant};
+use super::{
+    channels_last, cuda_type, grid_stride_launch, grid_stride_space, Config, Launch, Param, Variant,
+};
 use crate::error::Result;
 use crate::pass::Pass;
 use crate::spec::ConvSpec;
@@ -25,16 +27,7 @@ impl Variant for DgradGather {
         Ok(())
     }
     fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
-        vec![
-            Param {
-                name: "block",
-                values: vec![128, 256],
-            },
-            Param {
-                name: "waves",
-                values: vec![4, 8, 16, 32],
-            },
-        ]
+        grid_stride_space()
     }
     fn default_config(&self, _spec: &ConvSpec) -> Config {
         Config::new(self.name(), &[("block", 256), ("waves", 16)])

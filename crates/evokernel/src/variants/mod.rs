@@ -433,6 +433,22 @@ pub(crate) fn default_launches(
     }
 }
 
+/// The space of a grid-stride kernel: threads per block, and blocks per SM in the grid
+/// (naive, dgrad_gather).
+pub(crate) fn grid_stride_space() -> Vec<Param> {
+    vec![
+        Param {
+            name: "block",
+            values: vec![128, 256],
+        },
+        // Blocks per SM in the grid-stride loop's grid.
+        Param {
+            name: "waves",
+            values: vec![4, 8, 16, 32],
+        },
+    ]
+}
+
 /// A grid-stride kernel's launch: `threads` work items in blocks of `block`, at most
 /// `waves` blocks per SM (naive, row_reuse).
 pub(crate) fn grid_stride_launch(threads: u64, block: u64, waves: u64, sms: u32) -> Launch {

@@ -1,6 +1,8 @@
 //! `naive`: one thread per output element (kernels/naive.cu). Applies to every spec.
 
-use super::{channels_last, cuda_type, grid_stride_launch, Config, Launch, Param, Variant};
+use super::{
+    channels_last, cuda_type, grid_stride_launch, grid_stride_space, Config, Launch, Param, Variant,
+};
 use crate::error::Result;
 use crate::spec::ConvSpec;
 
@@ -19,17 +21,7 @@ impl Variant for Naive {
         Ok(())
     }
     fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
-        vec![
-            Param {
-                name: "block",
-                values: vec![128, 256],
-            },
-            // Blocks per SM in the grid-stride loop's grid.
-            Param {
-                name: "waves",
-                values: vec![4, 8, 16, 32],
-            },
-        ]
+        grid_stride_space()
     }
     fn default_config(&self, _spec: &ConvSpec) -> Config {
         Config::new("naive", &[("block", 256), ("waves", 16)])
