@@ -10,6 +10,7 @@ pre-activation output).
 
 from __future__ import annotations
 
+import warnings
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -252,6 +253,47 @@ def _(grad, x, weight, stride, padding, dilation):
     )
 
 
+_WARNED = set()
+
+
+def _backward_supported(x, weight, stride, padding, dilation, pass_name) -> bool:
+    """Whether an evokernel GPU kernel computes this backward pass; where none does (the
+    grad-weight kernel keeps at most 64 taps of 8 tap-row groups in registers: a 31x31
+    kernel exceeds it) PyTorch's backward runs instead, with one warning per problem."""
+    if not x.is_cuda or torch.compiler.is_compiling():
+        return True
+    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    spec = _spec(x, weight, stride, padding, dilation, _channels_last(x))
+    why = _ext.unsupported(device, spec, pass_name)
+    if why is None:
+        return True
+    key = (pass_name, repr(spec))
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(f"evokernel: {pass_name} of this convolution runs on PyTorch's backward: {why}")
+    return False
+
+
+def _aten_backward(grad_z, x, weight, stride, padding, dilation, need_x, need_w):
+    """PyTorch's convolution backward (symmetric padding only: the input is padded
+    explicitly and grad-input cropped back)."""
+    dims = x.dim() - 2
+    pad = []
+    for i in reversed(range(dims)):
+        pad += [padding[2 * i], padding[2 * i + 1]]
+    x_padded = torch.nn.functional.pad(x, pad) if any(pad) else x
+    gx, gw, _ = torch.ops.aten.convolution_backward(
+        grad_z.to(x.dtype), x_padded, weight, None, stride, [0] * dims, dilation, False,
+        [0] * dims, x.shape[1], [need_x, need_w, False],
+    )
+    if need_x:
+        index = [slice(None), slice(None)] + [
+            slice(padding[2 * i], padding[2 * i] + x.shape[2 + i]) for i in range(dims)
+        ]
+        gx = gx[tuple(index)]
+    return gx, gw
+
+
 def _backward(ctx, grad):
     """evokernel's backward kernels: grad-input (the forward kernels on the flipped
     weight where strides are 1) and the deterministic grad-weight with grad-bias, on the
@@ -273,9 +315,16 @@ def _backward(ctx, grad):
     need_b = bias is not None and ctx.needs_input_grad[2]
     grad_x = grad_w = grad_b = None
     if need_x:
-        grad_x = _depthwise_conv_dgrad(grad_z, x, weight, stride, padding, dilation)
+        if _backward_supported(x, weight, stride, padding, dilation, "dgrad"):
+            grad_x = _depthwise_conv_dgrad(grad_z, x, weight, stride, padding, dilation)
+        else:
+            grad_x = _aten_backward(grad_z, x, weight, stride, padding, dilation, True, False)[0]
     if need_w or need_b:
-        gw, gb = _depthwise_conv_wgrad(grad_z, x, weight, stride, padding, dilation)
+        if _backward_supported(x, weight, stride, padding, dilation, "wgrad"):
+            gw, gb = _depthwise_conv_wgrad(grad_z, x, weight, stride, padding, dilation)
+        else:
+            gw = _aten_backward(grad_z, x, weight, stride, padding, dilation, False, True)[1]
+            gb = grad_z.sum(dim=[0] + list(range(2, grad_z.dim())))
         grad_w = gw if need_w else None
         grad_b = gb.to(bias.dtype) if need_b else None
     grad_r = grad if has_residual and ctx.needs_input_grad[3] else None

@@ -370,6 +370,22 @@ fn plan_name(
     name.map_err(to_py)
 }
 
+/// Why no GPU kernel can compute `pass` of a plain problem on `device`, or None when
+/// one can (dispatch only: nothing is compiled). The CPU backend takes every problem.
+#[pyfunction]
+fn unsupported(device: i64, spec: SpecArgs, pass: &str) -> PyResult<Option<String>> {
+    let pass = pass.parse::<Pass>().map_err(to_py)?;
+    let problem = spec
+        .problem("none", pass == Pass::Wgrad, false)
+        .map_err(to_py)?
+        .with_pass(pass);
+    if device < 0 {
+        return Ok(None);
+    }
+    let engine = cuda_engine(device as usize).map_err(to_py)?;
+    Ok(engine.choose(&problem).err().map(|e| e.to_string()))
+}
+
 /// The output's spatial sizes of a problem, or the ValueError its validation gives (the
 /// Python side asks before it allocates anything).
 #[pyfunction]
@@ -384,6 +400,7 @@ fn _evokernel(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(conv_dgrad, m)?)?;
     m.add_function(wrap_pyfunction!(conv_wgrad, m)?)?;
     m.add_function(wrap_pyfunction!(tune, m)?)?;
+    m.add_function(wrap_pyfunction!(unsupported, m)?)?;
     m.add_function(wrap_pyfunction!(output_dims, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

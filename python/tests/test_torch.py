@@ -160,6 +160,22 @@ def test_weight_gradient_is_deterministic(device):
     assert rel_l2(first[1], want[2]) < 2e-2
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_backward_without_a_gpu_kernel_falls_back_with_a_warning():
+    """A 31x31 kernel (RepLKNet) has no grad-weight kernel on the GPU: its gradients come
+    from PyTorch's backward, said once, and are right."""
+    torch.manual_seed(7)
+    x = torch.randn(2, 8, 28, 28, device="cuda", requires_grad=True)
+    w = torch.randn(8, 1, 31, 31, device="cuda", requires_grad=True)
+    y = evokernel.depthwise_conv(x, w, padding=15)
+    with pytest.warns(UserWarning, match="wgrad"):
+        gx, gw = torch.autograd.grad(y.square().sum(), (x, w))
+    xr, wr = (t.detach().double().requires_grad_() for t in (x, w))
+    ref = torch.nn.functional.conv2d(xr, wr, padding=15, groups=8)
+    ex, ew = torch.autograd.grad(ref.square().sum(), (xr, wr))
+    assert rel_l2(gx, ex) < 1e-4 and rel_l2(gw, ew) < 1e-4
+
+
 def test_tune_needs_a_gpu_and_says_so():
     x = torch.randn(1, 4, 8, 8)
     w = torch.randn(4, 1, 3, 3)
