@@ -1,0 +1,14 @@
+//! The fp8 scaled GEMM, evokernel's second kind of problem (issue 18): the problem
+//! (`spec`), the e4m3 element (`fp8`), B prepacked for the kernels (`pack`), and the f64
+//! oracle with the CPU backend's GEMM and the accuracy gate (`reference`). The GPU
+//! kernels and the cuBLASLt baseline come next, as plans of the same engine.
+
+pub mod fp8;
+pub mod pack;
+pub mod reference;
+pub mod spec;
+
+pub use fp8::{E4m3, E4M3_MAX};
+pub use pack::PackedB;
+pub use reference::{gemm_gate, scaled_mm_cpu, scaled_mm_reference, GemmVerdict, ScaledMmData};
+pub use spec::{ScaledMmSpec, Scaling, SCALE_BLOCK};

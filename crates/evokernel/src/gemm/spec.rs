@@ -1,0 +1,215 @@
+//! The scaled fp8 GEMM as a problem: `D[M, N] = scale_a * scale_b * (A[M, K] @ B[K, N])
+//! (+ bias[N])`, A and B float8 e4m3, f32 accumulation, D in bf16, f16 or f32.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::spec::DType;
+
+/// Block size of block-wise scaling along K (and along N for B): 1x128 scales on A,
+/// 128x128 on B, the form fp8 LLM training uses.
+pub const SCALE_BLOCK: usize = 128;
+
+/// How A and B are scaled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scaling {
+    /// One scale for A, one for B.
+    PerTensor,
+    /// One scale per row of A ([M]) and per column of B ([N]).
+    RowWise,
+    /// One scale per 1x128 block of A ([M, K/128]) and per 128x128 block of B
+    /// ([K/128, N/128]), rounded up at the edges.
+    BlockWise,
+}
+
+impl Scaling {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scaling::PerTensor => "per-tensor",
+            Scaling::RowWise => "rowwise",
+            Scaling::BlockWise => "blockwise",
+        }
+    }
+}
+
+impl FromStr for Scaling {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "per-tensor" | "tensor" | "pertensor" => Ok(Scaling::PerTensor),
+            "rowwise" | "row-wise" | "row" => Ok(Scaling::RowWise),
+            "blockwise" | "block-wise" | "block" => Ok(Scaling::BlockWise),
+            _ => Err(Error::parse(
+                "scaling",
+                s,
+                "expected per-tensor, rowwise or blockwise",
+            )),
+        }
+    }
+}
+
+/// A validated scaled-GEMM problem.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ScaledMmSpec {
+    m: usize,
+    n: usize,
+    k: usize,
+    scaling: Scaling,
+    out: DType,
+    bias: bool,
+}
+
+impl ScaledMmSpec {
+    /// `Err` names the size that is wrong: every size from 1 to 2^31 - 1, and K a
+    /// multiple of 16 (one fp8 MMA step; the 16-byte rows TMA loads).
+    pub fn new(m: i64, n: i64, k: i64, scaling: Scaling, out: DType, bias: bool) -> Result<Self> {
+        let size = |what: &str, v: i64| -> Result<usize> {
+            if v < 1 || v > i32::MAX as i64 {
+                return Err(Error::InvalidSpec {
+                    field: what.into(),
+                    value: v.to_string(),
+                    expected: "a size from 1 to 2147483647".into(),
+                });
+            }
+            Ok(v as usize)
+        };
+        let (m, n, k) = (size("m", m)?, size("n", n)?, size("k", k)?);
+        if k % 16 != 0 {
+            return Err(Error::InvalidSpec {
+                field: "k".into(),
+                value: k.to_string(),
+                expected: "a multiple of 16 (pad K with zeros)".into(),
+            });
+        }
+        Ok(ScaledMmSpec {
+            m,
+            n,
+            k,
+            scaling,
+            out,
+            bias,
+        })
+    }
+
+    pub fn m(&self) -> usize {
+        self.m
+    }
+    pub fn n(&self) -> usize {
+        self.n
+    }
+    pub fn k(&self) -> usize {
+        self.k
+    }
+    pub fn scaling(&self) -> Scaling {
+        self.scaling
+    }
+    pub fn out_dtype(&self) -> DType {
+        self.out
+    }
+    pub fn has_bias(&self) -> bool {
+        self.bias
+    }
+
+    /// Shapes of A's and B's scale tensors (row-major).
+    pub fn scale_shapes(&self) -> (Vec<usize>, Vec<usize>) {
+        let kb = self.k.div_ceil(SCALE_BLOCK);
+        match self.scaling {
+            Scaling::PerTensor => (vec![1], vec![1]),
+            Scaling::RowWise => (vec![self.m], vec![self.n]),
+            Scaling::BlockWise => (vec![self.m, kb], vec![kb, self.n.div_ceil(SCALE_BLOCK)]),
+        }
+    }
+
+    /// The scale of A at (row i, k) and of B at (k, column j): indices into the scale
+    /// tensors of `scale_shapes`.
+    pub fn scale_index_a(&self, i: usize, k: usize) -> usize {
+        match self.scaling {
+            Scaling::PerTensor => 0,
+            Scaling::RowWise => i,
+            Scaling::BlockWise => i * self.k.div_ceil(SCALE_BLOCK) + k / SCALE_BLOCK,
+        }
+    }
+    pub fn scale_index_b(&self, k: usize, j: usize) -> usize {
+        match self.scaling {
+            Scaling::PerTensor => 0,
+            Scaling::RowWise => j,
+            Scaling::BlockWise => {
+                (k / SCALE_BLOCK) * self.n.div_ceil(SCALE_BLOCK) + j / SCALE_BLOCK
+            }
+        }
+    }
+
+    /// 2 FLOPs per multiply-add.
+    pub fn flops(&self) -> u64 {
+        2 * (self.m * self.n * self.k) as u64
+    }
+
+    /// A and B read once (1 byte each), D written once, the scales and bias read.
+    pub fn min_bytes(&self) -> u64 {
+        let (sa, sb) = self.scale_shapes();
+        let scales: usize = sa.iter().product::<usize>() + sb.iter().product::<usize>();
+        (self.m * self.k
+            + self.k * self.n
+            + self.m * self.n * self.out.size_bytes()
+            + 4 * scales
+            + if self.bias {
+                self.n * self.out.size_bytes()
+            } else {
+                0
+            }) as u64
+    }
+
+    /// A stable identifier for caches and reports.
+    pub fn key(&self) -> String {
+        format!(
+            "smm-m{}-n{}-k{}-{}-{}{}",
+            self.m,
+            self.n,
+            self.k,
+            self.scaling.name(),
+            self.out,
+            if self.bias { "+bias" } else { "" }
+        )
+    }
+}
+
+impl fmt::Display for ScaledMmSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "scaled-mm {}x{}x{} e4m3 {} -> {}{}",
+            self.m,
+            self.n,
+            self.k,
+            self.scaling.name(),
+            self.out,
+            if self.bias { " +bias" } else { "" }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_validated_with_the_field_named() {
+        let e = ScaledMmSpec::new(0, 8, 16, Scaling::RowWise, DType::Bf16, false).unwrap_err();
+        assert!(e.to_string().contains('m'), "{e}");
+        let e = ScaledMmSpec::new(8, 8, 20, Scaling::RowWise, DType::Bf16, false).unwrap_err();
+        assert!(e.to_string().contains("multiple of 16"), "{e}");
+        assert!(e.is_user_input());
+        let s = ScaledMmSpec::new(16, 4096, 4096, Scaling::BlockWise, DType::Bf16, true).unwrap();
+        assert_eq!(s.scale_shapes(), (vec![16, 32], vec![32, 32]));
+        assert_eq!(s.key(), "smm-m16-n4096-k4096-blockwise-bf16+bias");
+        assert_eq!(s.flops(), 2 * 16 * 4096 * 4096);
+        assert_eq!(s.scale_index_b(300, 129), 2 * 32 + 1);
+        for name in ["per-tensor", "rowwise", "blockwise"] {
+            assert_eq!(name.parse::<Scaling>().unwrap().name(), name);
+        }
+    }
+}
