@@ -11,4 +11,4 @@ pub mod spec;
 pub use fp8::{E4m3, E4M3_MAX};
 pub use pack::PackedB;
 pub use reference::{gemm_gate, scaled_mm_cpu, scaled_mm_reference, GemmVerdict, ScaledMmData};
-pub use spec::{ScaledMmSpec, Scaling, SCALE_BLOCK};
+pub use spec::{gemm_suite, ScaledMmSpec, Scaling, GEMM_SUITE, SCALE_BLOCK};

@@ -192,9 +192,51 @@ impl fmt::Display for ScaledMmSpec {
     }
 }
 
+/// The embedded GEMM suite (`suite/gemm.json`): squares and LLM projection shapes.
+pub const GEMM_SUITE: &str = include_str!("../../../../suite/gemm.json");
+
+/// The GEMM suite's cases with one scaling mode and output dtype, as (name, spec).
+pub fn gemm_suite(scaling: Scaling, out: DType) -> Result<Vec<(String, ScaledMmSpec)>> {
+    #[derive(Deserialize)]
+    struct Case {
+        name: String,
+        m: i64,
+        n: i64,
+        k: i64,
+    }
+    #[derive(Deserialize)]
+    struct Suite {
+        cases: Vec<Case>,
+    }
+    let suite: Suite = serde_json::from_str(GEMM_SUITE).map_err(|e| Error::Suite {
+        path: "suite/gemm.json".into(),
+        message: e.to_string(),
+    })?;
+    suite
+        .cases
+        .into_iter()
+        .map(|c| {
+            Ok((
+                c.name,
+                ScaledMmSpec::new(c.m, c.n, c.k, scaling, out, false)?,
+            ))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gemm_suite_has_the_issues_shapes() {
+        let cases = gemm_suite(Scaling::RowWise, DType::Bf16).unwrap();
+        assert_eq!(cases.len(), 3 + 4 * 5);
+        assert!(cases
+            .iter()
+            .any(|(_, s)| (s.m(), s.n(), s.k()) == (16, 28672, 8192)));
+        assert!(cases.iter().all(|(_, s)| s.k() % SCALE_BLOCK == 0));
+    }
 
     #[test]
     fn sizes_are_validated_with_the_field_named() {
