@@ -55,8 +55,12 @@ pub fn dgrad_cpu(
 }
 
 /// grad-weight: `grad_w[c, k]` sums `x[n, c, o * stride + k * dilation - pad] * gy[n, c, o]`
-/// over the batch and the outputs whose tap k lands in the input. One task per weight
-/// element; rows summed in f32, rows added in f64 (the order is fixed).
+/// over the batch and the outputs whose tap k lands in the input. One task per channel
+/// and tap row (kd, kh): for each output row it takes the dot products of the
+/// grad_output row with the input row shifted by each kw (contiguous slices with unit W
+/// stride, summed in 8 f32 lanes so they vectorize), rows summed in f32 and added in f64.
+/// The order is fixed: the same bits every run. (The first version, one task per weight
+/// element with per-element index arithmetic, took 825 ms where the forward takes 24.)
 pub fn wgrad_cpu(
     spec: &ConvSpec,
     input: &HostTensor,
@@ -66,56 +70,106 @@ pub fn wgrad_cpu(
     input.expect("input", spec.dtype(), spec.input_len())?;
     grad_output.expect("grad_output", spec.dtype(), spec.output_len())?;
     grad_weight.expect("grad_weight", spec.dtype(), spec.weight_len())?;
-    let x = widen(input);
-    let gy = widen(grad_output);
-    let (stride, dil, pad, inp) = (
-        spec.stride3(),
-        spec.dilation3(),
-        spec.pad_before3(),
-        spec.input3(),
-    );
-    let [_, kh, kw] = spec.kernel3();
-    let [od, oh, ow] = spec.output3();
-    let values: Vec<f32> = (0..spec.weight_len())
+    // Both operands channels-first in f32, so every row is a contiguous slice.
+    let x = channels_first_f32(spec, input, spec.input3());
+    let gy = channels_first_f32(spec, grad_output, spec.output3());
+    let (stride, dil, pad) = (spec.stride3(), spec.dilation3(), spec.pad_before3());
+    let [id_, ih_, iw_] = spec.input3();
+    let [od_, oh_, ow_] = spec.output3();
+    let [kd, kh, kw] = spec.kernel3();
+    let (ispatial, ospatial) = (id_ * ih_ * iw_, od_ * oh_ * ow_);
+    let rows: Vec<Vec<f32>> = (0..spec.c() * kd * kh)
         .into_par_iter()
-        .map(|i| {
-            let (c, tap) = (i / spec.taps(), i % spec.taps());
-            let k = [tap / (kh * kw), (tap / kw) % kh, tap % kw];
-            // Outputs along each dim whose tap k lands inside the input.
-            let range = |j: usize, o: usize| -> (usize, usize) {
-                // o * s + k * d - p in [0, inp): o from ceil((p - k d) / s) on.
-                let first = (pad[j] as i64 - (k[j] * dil[j]) as i64).max(0) as usize;
-                let lo = first.div_ceil(stride[j]);
-                let last = inp[j] as i64 - 1 + pad[j] as i64 - (k[j] * dil[j]) as i64;
-                let hi = if last < 0 {
-                    0
-                } else {
-                    (last as usize / stride[j] + 1).min(o)
-                };
-                (lo.min(hi), hi)
-            };
-            let ((d0, d1), (h0, h1), (w0, w1)) = (range(0, od), range(1, oh), range(2, ow));
-            let mut total = 0.0f64;
+        .map(|task| {
+            let (c, a, b) = (task / (kd * kh), (task / kh) % kd, task % kh);
+            let mut total = vec![0f64; kw];
+            let mut row_sum = vec![0f32; kw];
             for n in 0..spec.n() {
-                for d in d0..d1 {
-                    let zd = d * stride[0] + k[0] * dil[0] - pad[0];
-                    for h in h0..h1 {
-                        let zh = h * stride[1] + k[1] * dil[1] - pad[1];
-                        let mut row = 0.0f32;
-                        for w in w0..w1 {
-                            let zw = w * stride[2] + k[2] * dil[2] - pad[2];
-                            row += x[spec.input_index(n, c, zd, zh, zw)]
-                                * gy[spec.output_index(n, c, d, h, w)];
+                let xb = &x[(n * spec.c() + c) * ispatial..][..ispatial];
+                let gb = &gy[(n * spec.c() + c) * ospatial..][..ospatial];
+                for d in 0..od_ {
+                    let Some(zd) = spec.tap_input(0, d, a) else {
+                        continue;
+                    };
+                    for h in 0..oh_ {
+                        let Some(zh) = spec.tap_input(1, h, b) else {
+                            continue;
+                        };
+                        let g = &gb[(d * oh_ + h) * ow_..][..ow_];
+                        let xr = &xb[(zd * ih_ + zh) * iw_..][..iw_];
+                        row_sum.iter_mut().for_each(|v| *v = 0.0);
+                        for (e, acc) in row_sum.iter_mut().enumerate() {
+                            // Outputs w whose tap e lands inside the row.
+                            let off = (e * dil[2]) as i64 - pad[2] as i64;
+                            let lo = if off >= 0 {
+                                0
+                            } else {
+                                ((-off) as usize).div_ceil(stride[2])
+                            };
+                            let last = iw_ as i64 - 1 - off;
+                            if last < 0 {
+                                continue;
+                            }
+                            let hi = (last as usize / stride[2] + 1).min(ow_);
+                            if lo >= hi {
+                                continue;
+                            }
+                            let start = (lo * stride[2]) as i64 + off;
+                            *acc = if stride[2] == 1 {
+                                dot(&g[lo..hi], &xr[start as usize..start as usize + hi - lo])
+                            } else {
+                                (lo..hi)
+                                    .map(|w| g[w] * xr[((w * stride[2]) as i64 + off) as usize])
+                                    .sum()
+                            };
                         }
-                        total += row as f64;
+                        for (t, r) in total.iter_mut().zip(&row_sum) {
+                            *t += *r as f64;
+                        }
                     }
                 }
             }
-            total as f32
+            total.into_iter().map(|t| t as f32).collect()
         })
         .collect();
+    let values: Vec<f32> = rows.into_iter().flatten().collect();
     store(grad_weight, &values);
     Ok(())
+}
+
+/// A dot product in 8 f32 lanes (a fixed order, so it vectorizes and repeats exactly).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for ((lane, p), q) in lanes.iter_mut().zip(x).zip(y) {
+            *lane += p * q;
+        }
+    }
+    let mut tail = 0f32;
+    for (x, y) in ra.iter().zip(rb) {
+        tail += x * y;
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// A tensor of `spec`'s layout with spatial sizes `dims` as f32 in [N, C, D, H, W] order.
+fn channels_first_f32(spec: &ConvSpec, t: &HostTensor, dims: [usize; 3]) -> Vec<f32> {
+    let v = widen(t);
+    if spec.layout() == crate::spec::Layout::ChannelsFirst {
+        return v;
+    }
+    let (c, spatial) = (spec.c(), dims[0] * dims[1] * dims[2]);
+    let mut out = vec![0f32; v.len()];
+    for n in 0..spec.n() {
+        for p in 0..spatial {
+            for ch in 0..c {
+                out[(n * c + ch) * spatial + p] = v[(n * spatial + p) * c + ch];
+            }
+        }
+    }
+    out
 }
 
 /// grad-bias of the fused epilogue: `grad_b[c]` sums `gy[n, c, o]` over the batch and
