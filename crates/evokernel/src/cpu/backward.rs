@@ -220,8 +220,15 @@ pub fn flip_kernel(spec: &ConvSpec, weight: &HostTensor) -> Result<HostTensor> {
     Ok(flipped)
 }
 
+/// The tensor's elements as f32 (one match on the dtype, then a slice conversion: an
+/// element-wise `get_f64` made widening most of the CPU grad-weight's time).
 fn widen(t: &HostTensor) -> Vec<f32> {
-    (0..t.len()).map(|i| t.get_f64(i) as f32).collect()
+    use half::slice::HalfFloatSliceExt;
+    match t.data() {
+        TensorData::F32(v) => v.clone(),
+        TensorData::Bf16(v) => v.to_f32_vec(),
+        TensorData::F16(v) => v.to_f32_vec(),
+    }
 }
 
 fn store(t: &mut HostTensor, values: &[f32]) {
