@@ -160,15 +160,28 @@ fn channels_first_f32(spec: &ConvSpec, t: &HostTensor, dims: [usize; 3]) -> Vec<
     if spec.layout() == crate::spec::Layout::ChannelsFirst {
         return v;
     }
+    // A task per 16 channels of one sample: each reads a 64-byte run of channels per
+    // position (every cache line of the input once) and writes 16 output rows.
+    const GROUP: usize = 16;
     let (c, spatial) = (spec.c(), dims[0] * dims[1] * dims[2]);
     let mut out = vec![0f32; v.len()];
-    for n in 0..spec.n() {
-        for p in 0..spatial {
-            for ch in 0..c {
-                out[(n * c + ch) * spatial + p] = v[(n * spatial + p) * c + ch];
-            }
-        }
-    }
+    out.par_chunks_mut(spatial * c)
+        .enumerate()
+        .for_each(|(n, sample)| {
+            sample
+                .par_chunks_mut(GROUP * spatial)
+                .enumerate()
+                .for_each(|(g, rows)| {
+                    let c0 = g * GROUP;
+                    let width = (c - c0).min(GROUP);
+                    for p in 0..spatial {
+                        let src = &v[(n * spatial + p) * c + c0..][..width];
+                        for (k, &x) in src.iter().enumerate() {
+                            rows[k * spatial + p] = x;
+                        }
+                    }
+                });
+        });
     out
 }
 
