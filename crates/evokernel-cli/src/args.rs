@@ -79,7 +79,7 @@ impl std::str::FromStr for PassChoice {
 
 #[derive(Args)]
 pub struct ProblemArgs {
-    /// Suite file of cases (the format of suite/public.json; `public` and `channels-last` name the embedded suites); replaces the spec flags
+    /// Suite file of cases (the format of suite/public.json; `public`, `channels-last` and `models` name the embedded suites); replaces the spec flags
     #[arg(long, value_name = "FILE", conflicts_with_all = ["input", "kernel", "channels", "batch", "stride", "dilation", "padding", "layout", "dtype"])]
     pub suite: Option<PathBuf>,
     /// Only the suite cases with this name (repeatable)

@@ -60,6 +60,15 @@ pub fn channels_last_suite() -> Result<Vec<SuiteCase>> {
     )
 }
 
+/// Depthwise convolutions as real models run them (`suite/models.json`, a copy of
+/// shared/suite/models.json), embedded: `--suite models`.
+pub const MODELS_SUITE: &str = include_str!("../../../suite/models.json");
+
+/// The embedded models suite's cases.
+pub fn models_suite() -> Result<Vec<SuiteCase>> {
+    parse_suite(MODELS_SUITE, Path::new("<embedded models suite>"))
+}
+
 /// The spec of the public-suite case `name` (tests).
 #[cfg(test)]
 pub(crate) fn public_case(name: &str) -> ConvSpec {
@@ -72,8 +81,8 @@ pub(crate) fn public_case(name: &str) -> ConvSpec {
 }
 
 /// Reads and validates every case of a suite file; the first bad case is an error
-/// naming the case and the field. The names `public` and `channels-last` mean the
-/// embedded suites (unless a file of that name exists).
+/// naming the case and the field. The names `public`, `channels-last` and `models`
+/// mean the embedded suites (unless a file of that name exists).
 pub fn load_suite(path: &Path) -> Result<Vec<SuiteCase>> {
     if !path.exists() {
         if path == Path::new("public") {
@@ -81,6 +90,9 @@ pub fn load_suite(path: &Path) -> Result<Vec<SuiteCase>> {
         }
         if path == Path::new("channels-last") {
             return channels_last_suite();
+        }
+        if path == Path::new("models") {
+            return models_suite();
         }
     }
     let io = |source| Error::Io {
@@ -201,6 +213,25 @@ mod tests {
     fn endless_files_are_refused() {
         let e = load_suite(Path::new("/dev/zero")).unwrap_err().to_string();
         assert!(e.contains("larger than"), "{e}");
+    }
+
+    /// The models suite loads by name, and the GPU grad-weight kernel refuses only its
+    /// 31x31 RepLKNet layer (more taps than 8 tap-row groups of 64 accumulators).
+    #[test]
+    fn models_suite_parses_and_grad_weight_refuses_only_replknet() {
+        use crate::variants::Variant;
+        let cases = load_suite(Path::new("models")).unwrap();
+        assert_eq!(cases.len(), 9);
+        let wgrad = crate::variants::Wgrad;
+        for c in &cases {
+            let takes = wgrad.applies(&c.spec);
+            assert_eq!(
+                takes.is_err(),
+                c.name == "replknet-31x31",
+                "{}: {takes:?}",
+                c.name
+            );
+        }
     }
 
     #[test]
