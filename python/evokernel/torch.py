@@ -253,7 +253,9 @@ def _(grad, x, weight, stride, padding, dilation):
     )
 
 
-_WARNED = set()
+# (device, spec, pass) -> whether a GPU kernel serves it: asked of the engine once per
+# problem, not on every backward call.
+_SUPPORTED = {}
 
 
 def _backward_supported(x, weight, stride, padding, dilation, pass_name) -> bool:
@@ -264,14 +266,13 @@ def _backward_supported(x, weight, stride, padding, dilation, pass_name) -> bool
         return True
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     spec = _spec(x, weight, stride, padding, dilation, _channels_last(x))
-    why = _ext.unsupported(device, spec, pass_name)
-    if why is None:
-        return True
-    key = (pass_name, repr(spec))
-    if key not in _WARNED:
-        _WARNED.add(key)
-        warnings.warn(f"evokernel: {pass_name} of this convolution runs on PyTorch's backward: {why}")
-    return False
+    key = (device, repr(spec), pass_name)
+    if key not in _SUPPORTED:
+        why = _ext.unsupported(device, spec, pass_name)
+        _SUPPORTED[key] = why is None
+        if why is not None:
+            warnings.warn(f"evokernel: {pass_name} of this convolution runs on PyTorch's backward: {why}")
+    return _SUPPORTED[key]
 
 
 def _aten_backward(grad_z, x, weight, stride, padding, dilation, need_x, need_w):

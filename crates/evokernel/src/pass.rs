@@ -6,8 +6,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::epilogue::Epilogue;
 use crate::error::{Error, Result};
-use crate::spec::ConvSpec;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -41,26 +41,17 @@ impl Pass {
         }
     }
 
-    /// Bytes any implementation must move: forward, input + weight read and output
-    /// written; dgrad, grad_output + weight read and grad_input written; wgrad, input +
-    /// grad_output read and grad_weight written.
-    /// Every pass touches each of the three tensors once.
-    pub fn min_bytes(self, spec: &ConvSpec) -> u64 {
-        spec.min_bytes()
-    }
-
-    /// Each pass does the forward's multiply-adds (grad-input sums w * gy over the same
-    /// (output, tap) pairs; grad-weight sums x * gy over them), 2 FLOPs each.
-    pub fn flops(self, spec: &ConvSpec) -> u64 {
-        spec.flops()
-    }
-
-    /// The operands the pass reads and the one it writes, by name (for messages).
-    pub fn operands(self) -> (&'static [&'static str], &'static str) {
+    /// What of `epilogue` this pass takes: the forward all of it, grad-input nothing,
+    /// grad-weight the bias (whose gradient it computes alongside). The one rule both
+    /// `ConvProblem::check` and the measuring commands (which narrow `--bias` etc.) use.
+    pub fn epilogue(self, epilogue: Epilogue) -> Epilogue {
         match self {
-            Pass::Forward => (&["input", "weight"], "output"),
-            Pass::Dgrad => (&["grad_output", "weight"], "grad_input"),
-            Pass::Wgrad => (&["input", "grad_output"], "grad_weight"),
+            Pass::Forward => epilogue,
+            Pass::Dgrad => Epilogue::NONE,
+            Pass::Wgrad => Epilogue {
+                bias: epilogue.bias,
+                ..Epilogue::NONE
+            },
         }
     }
 }

@@ -24,8 +24,12 @@ pub(crate) enum Lowering {
     /// The forward kernel on the problem's spec.
     Forward,
     /// grad-input as the forward of `twin` (unit strides, mirrored padding) on the
-    /// flipped weight, which `flip` writes into the workspace first.
-    DgradFlipped { twin: ConvSpec, flip: LoadedKernel },
+    /// flipped weight, which `flip` writes into the workspace at byte `offset` first.
+    DgradFlipped {
+        twin: Box<ConvSpec>,
+        flip: LoadedKernel,
+        offset: u64,
+    },
     /// A grad-input kernel on the problem's spec.
     Dgrad,
     /// A grad-weight kernel's partials, then `finalize` adds them.
@@ -170,11 +174,12 @@ impl CudaPlan {
             (Pass::Dgrad, Pass::Forward) => {
                 let flip = next()?;
                 // The flipped weight, 256-byte aligned after any workspace of the kernel.
-                workspace_bytes = workspace_bytes.div_ceil(256) * 256
-                    + spec.weight_len() * spec.dtype().size_bytes();
+                let offset = workspace_bytes.div_ceil(256) * 256;
+                workspace_bytes = offset + spec.weight_len() * spec.dtype().size_bytes();
                 Lowering::DgradFlipped {
-                    twin: kernel_spec.clone(),
+                    twin: Box::new(kernel_spec.clone()),
                     flip,
+                    offset: offset as u64,
                 }
             }
             (Pass::Dgrad, _) => Lowering::Dgrad,
@@ -216,13 +221,8 @@ impl CudaPlan {
                     residual: ptrs.residual,
                 },
             ),
-            Lowering::DgradFlipped { twin, .. } => (
-                ConvArgs::new(
-                    twin,
-                    ptrs.grad_output,
-                    flipped_at(ws, self),
-                    ptrs.grad_input,
-                )?,
+            Lowering::DgradFlipped { twin, offset, .. } => (
+                ConvArgs::new(twin, ptrs.grad_output, ws + offset, ptrs.grad_input)?,
                 none,
             ),
             Lowering::Dgrad => (
@@ -283,8 +283,8 @@ impl CudaPlan {
         // the flag and the workspace are the plan's or the call's own buffers, sized
         // by the plan.
         unsafe {
-            if let Lowering::DgradFlipped { flip, .. } = &self.lowering {
-                let f = ConvArgs::new(spec, 0, ptrs.w, flipped_at(ws, self))?;
+            if let Lowering::DgradFlipped { flip, offset, .. } = &self.lowering {
+                let f = ConvArgs::new(spec, 0, ptrs.w, ws + offset)?;
                 self.dev.launch_on(flip, &f, &none, stream)?;
             }
             self.dev.launch_on(&self.kernel, &args, &epi, stream)?;
@@ -298,13 +298,4 @@ impl CudaPlan {
         }
         Ok(())
     }
-}
-
-/// Where the flipped weight sits in the workspace: after the kernel's own scratch.
-fn flipped_at(ws: u64, plan: &CudaPlan) -> u64 {
-    let w = match &plan.lowering {
-        Lowering::DgradFlipped { twin, .. } => twin.weight_len() * twin.dtype().size_bytes(),
-        _ => 0,
-    };
-    ws + (plan.workspace_bytes - w) as u64
 }

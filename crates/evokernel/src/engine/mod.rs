@@ -76,13 +76,7 @@ impl ConvProblem {
     /// `Err` when the epilogue does not fit the pass: grad-input fuses nothing, and
     /// grad-weight only a bias (whose gradient it computes).
     pub fn check(&self) -> Result<()> {
-        let e = &self.epilogue;
-        let ok = match self.pass {
-            Pass::Forward => true,
-            Pass::Dgrad => e.is_none(),
-            Pass::Wgrad => e.activation == crate::epilogue::Activation::None && !e.residual,
-        };
-        if ok {
+        if self.pass.epilogue(self.epilogue) == self.epilogue {
             return Ok(());
         }
         Err(Error::parse(
@@ -112,7 +106,8 @@ impl ConvProblem {
     /// Bytes any implementation must move: the spec's, plus the bias and the residual.
     pub fn min_bytes(&self) -> u64 {
         let e = self.spec.dtype().size_bytes() as u64;
-        let mut bytes = self.pass.min_bytes(&self.spec);
+        // Every pass touches each of the three tensors once.
+        let mut bytes = self.spec.min_bytes();
         if self.epilogue.bias {
             bytes += self.spec.c() as u64 * e;
         }
@@ -122,8 +117,10 @@ impl ConvProblem {
         bytes
     }
 
+    /// Each pass does the forward's multiply-adds (grad-input sums w * gy, grad-weight
+    /// x * gy, over the same (output, tap) pairs).
     pub fn flops(&self) -> u64 {
-        self.pass.flops(&self.spec)
+        self.spec.flops()
     }
 }
 

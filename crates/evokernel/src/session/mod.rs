@@ -42,7 +42,7 @@ pub struct Options {
     #[serde(default)]
     pub epilogue: Epilogue,
     /// The pass every case measures (`--pass`); the epilogue is narrowed to what the
-    /// pass takes (`pass_epilogue`).
+    /// pass takes (`Pass::epilogue`).
     #[serde(default)]
     pub pass: Pass,
 }
@@ -184,7 +184,7 @@ impl Session {
     ) -> Result<CaseReport> {
         crate::variants::check_forced(&opts.configs, spec)?;
         let conv = ConvProblem::new(spec.clone())
-            .with_epilogue(pass_epilogue(opts.pass, opts.epilogue))
+            .with_epilogue(opts.pass.epilogue(opts.epilogue))
             .with_pass(opts.pass);
         conv.check()?;
         let sets = if opts.time {
@@ -259,26 +259,28 @@ impl Session {
                     }
                     rows.push(row);
                 }
-                progress("compiling the kernels");
-                let todo: Vec<(ConvProblem, Config)> = registry()
-                    .into_iter()
-                    .filter(|v| opts.wants(v.name()))
-                    .filter(|v| {
-                        kernel_problem(*v, &conv).is_some_and(|k| v.applies(&k.spec).is_ok())
-                    })
-                    .map(|v| (conv.clone(), engine.config_for(v, &conv).0))
-                    .collect();
-                engine.precompile(&todo);
+                // The candidates of this pass (variants of other passes are not
+                // candidates, not skips) with their configs, compiled ahead on all cores.
+                let mut candidates = Vec::new();
                 for v in registry().into_iter().filter(|v| opts.wants(v.name())) {
-                    // Variants of other passes are not candidates, not skips.
                     let Some(kernel) = kernel_problem(v, &conv) else {
                         continue;
                     };
-                    if let Err(reason) = v.applies(&kernel.spec) {
-                        skipped.push((v.name().to_string(), reason));
-                        continue;
+                    match v.applies(&kernel.spec) {
+                        Err(reason) => skipped.push((v.name().to_string(), reason)),
+                        Ok(()) => {
+                            let (config, source) = engine.config_for(v, &conv);
+                            candidates.push((v, config, source));
+                        }
                     }
-                    let (config, source) = engine.config_for(v, &conv);
+                }
+                progress("compiling the kernels");
+                let todo: Vec<(ConvProblem, Config)> = candidates
+                    .iter()
+                    .map(|(_, c, _)| (conv.clone(), c.clone()))
+                    .collect();
+                engine.precompile(&todo);
+                for (v, config, source) in candidates {
                     progress(&format!("compiling {config}"));
                     let mut run = match KernelRun::new(&dp, engine, &config) {
                         Ok(run) => run,
@@ -373,19 +375,6 @@ impl Session {
             None => cpu_llc_bytes(),
             Some(d) => d.info().l2_bytes,
         }
-    }
-}
-
-/// What of `epilogue` a pass takes: the forward all of it, grad-input nothing,
-/// grad-weight the bias (its gradient is computed alongside).
-pub fn pass_epilogue(pass: Pass, epilogue: Epilogue) -> Epilogue {
-    match pass {
-        Pass::Forward => epilogue,
-        Pass::Dgrad => Epilogue::NONE,
-        Pass::Wgrad => Epilogue {
-            bias: epilogue.bias,
-            ..Epilogue::NONE
-        },
     }
 }
 

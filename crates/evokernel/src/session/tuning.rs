@@ -149,7 +149,7 @@ impl Session {
         };
         let dev: &CudaDevice = dev;
         let conv = ConvProblem::new(spec.clone())
-            .with_epilogue(super::pass_epilogue(opts.pass, opts.epilogue))
+            .with_epilogue(opts.pass.epilogue(opts.epilogue))
             .with_pass(opts.pass);
         conv.check()?;
         let sets = rotation_sets(&conv, self.cache_bytes());
