@@ -47,8 +47,8 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       LIMIT=300 step torch_bwd python3 scripts/torch_backward.py suite/public.json "$out/torch-bwd.json"
       python3 scripts/backward_summary.py "$out/torch-bwd.json" "$out/dgrad.json" "$out/wgrad.json" > "$out/bwd-summary.txt" 2>&1 ;;
     bwdcheck)
-      LIMIT=300 step bwd_memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel verify --suite public --pass all --only dgrad_gather --only wgrad --only depth_reuse --only depth_reuse_fma_cl --only smem_tile
-      LIMIT=200 step bwd_racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 40 --kernel 3x5x5 --padding 0,2,2 --pass all --only wgrad --only dgrad_gather --only depth_reuse
+      LIMIT=300 step bwd_memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel verify --suite public --pass all --only dgrad_gather --only wgrad --only wgrad_mma --only depth_reuse --only depth_reuse_fma_cl --only smem_tile
+      LIMIT=200 step bwd_racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 40 --kernel 3x5x5 --padding 0,2,2 --pass all --only wgrad --only wgrad_mma --only dgrad_gather --only depth_reuse
       LIMIT=200 step bwd_racecheck_cl compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 40 --kernel 3x5x5 --padding 0,2,2 --layout channels-last --pass all --only wgrad --only dgrad_gather ;;
     blocks)
       # Training steps of the X3D and video-VAE blocks with and without convert (needs the

@@ -60,8 +60,9 @@ def main():
                 torch.backends.cudnn.enabled = cudnn
                 torch.backends.cudnn.benchmark = cudnn
                 try:
+                    # time_ms gives (median, min, max): the median, as evokernel reports.
                     ms = time_ms(lambda: torch.ops.aten.convolution_backward(
-                        gy, x, w, None, stride, padding, dil, False, [0] * len(stride), groups, mask))
+                        gy, x, w, None, stride, padding, dil, False, [0] * len(stride), groups, mask))[0]
                 except Exception as e:  # noqa: BLE001
                     print(f"{c['name']} {pass_name} cudnn={cudnn}: {e}")
                     continue

@@ -93,7 +93,14 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
         "row_reuse" => (15, "outputs down a column (one output row: nothing shared)"),
         // Strided/dilated tiles lost to naive on odd-dilated (0.086 vs 0.061 ms, run 23).
         "smem_tile" => (16, "shared-memory tiles"),
-        "wgrad" => (0, "the grad-weight kernel"),
+        // Tensor cores where there are tap rows to fill the MMA's 16 rows with; 1-D rows
+        // leave 15 of 16 empty.
+        "wgrad_mma" if spec.kernel3()[0] * spec.kernel3()[1] >= 3 => (
+            0,
+            "grad-weight on tensor cores (input rows kept in registers)",
+        ),
+        "wgrad_mma" => (2, "grad-weight on tensor cores (few tap rows)"),
+        "wgrad" => (1, "the grad-weight kernel"),
         // Behind the forward kernels on the flipped twin wherever those apply.
         "dgrad_gather" => (
             20,

@@ -54,6 +54,7 @@ mod streaming;
 mod streaming_cl;
 mod tensor_core;
 mod wgrad;
+mod wgrad_mma;
 
 pub use channels_last::ChannelsLast;
 pub use depth_reuse::DepthReuse;
@@ -68,6 +69,7 @@ pub use streaming::Streaming;
 pub use streaming_cl::StreamingCl;
 pub use tensor_core::TensorCore;
 pub use wgrad::Wgrad;
+pub use wgrad_mma::WgradMma;
 
 /// Dynamic shared memory a block may opt into on sm_90 (227 KiB).
 pub(crate) const MAX_SHARED: usize = 227 * 1024;
@@ -549,6 +551,7 @@ pub fn registry() -> Vec<&'static dyn Variant> {
         &DepthReuseFmaCl,
         &DgradGather,
         &Wgrad,
+        &WgradMma,
     ]
 }
 
@@ -888,6 +891,7 @@ depth_reuse_fma 5b8a6c065ab91aa874f47b83918bc2bc
 depth_reuse_fma_cl 4be8943b33033b764bf88a74ad1acfb8
 dgrad_gather 5fc50c8418cde94ba899e1ae3e272897
 wgrad b5a24f932b367234c4ae2847e59b7059
+wgrad_mma c8ec0ec87e1d330cda1ea99222f86996
 ";
 
     #[test]

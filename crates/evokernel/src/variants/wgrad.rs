@@ -202,17 +202,22 @@ impl Variant for Wgrad {
         sms: u32,
     ) -> Result<Option<FinalizeKernel>> {
         let p = Params::parse(self, spec, config)?;
-        let launch = super::grid_stride_launch((spec.c() * (spec.taps() + 1)) as u64, 256, 8, sms);
-        Ok(Some(FinalizeKernel {
-            name: "wgrad_finalize",
-            source: self.source(),
-            expr: format!(
-                "wgrad_finalize_dwconv<{}, {}, {}>",
-                cuda_type(spec.dtype()),
-                spec.taps(),
-                p.splits
-            ),
-            launch,
-        }))
+        Ok(Some(finalize(spec, p.splits, sms)))
+    }
+}
+
+/// The sum of `splits` partials [splits][C][taps + 1] into grad-weight (and grad-bias),
+/// in split order: wgrad.cu's second kernel, shared by every grad-weight variant that
+/// writes partials in that layout.
+pub(crate) fn finalize(spec: &ConvSpec, splits: usize, sms: u32) -> FinalizeKernel {
+    FinalizeKernel {
+        name: "wgrad_finalize",
+        source: Wgrad.source(),
+        expr: format!(
+            "wgrad_finalize_dwconv<{}, {}, {splits}>",
+            cuda_type(spec.dtype()),
+            spec.taps(),
+        ),
+        launch: super::grid_stride_launch((spec.c() * (spec.taps() + 1)) as u64, 256, 8, sms),
     }
 }
