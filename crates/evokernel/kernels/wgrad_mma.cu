@@ -16,9 +16,17 @@
 //
 // The K order inside an MMA is free as long as A and B agree: thread (g = lane / 4,
 // q = lane % 4) holds k = {2q, 2q+1, 2q+8, 2q+9}, mapped here to columns 4q..4q+3 of the
-// step, so A's part is one 8-byte load per row. B's part reads the warp's copy of the
-// grad-output row in shared memory (zero margins, so Toeplitz entries past the tile read
-// 0), stored twice, one element apart, so each thread's pairs are 4-byte aligned.
+// step, so A's part is one 8-byte load per row. B's part reads the grad-output row where
+// the ring put it (zero margins, so Toeplitz entries past the tile read 0): 3 aligned
+// 4-byte words and two byte-permutes per step. Where KD*KH < 16, A's last row is all
+// ones, so C's row 15, column 0 sums the grad-output: grad-bias for free.
+//
+// Each output row's new input rows and its grad-output row arrive through a per-warp ring
+// of R slots in shared memory, copied R - 1 rows ahead with cp.async (8-byte chunks,
+// zero-filled where out of range), so the loads' latency hides behind the MMAs of the
+// rows before (run 70: loading them at the top of the row left the seed latency-bound at
+// 0.683 ms). Data that is not 8-byte aligned in whole 4-column chunks is copied by the
+// same ring synchronously, element by element.
 //
 // Work item: (n, od, a band of BK*KH output rows, a tile of TW outputs along W). Zeros
 // that stand in for padding, the tile's edges and the Toeplitz corners multiply real
@@ -33,21 +41,42 @@ struct WgradMmaTile {
     static_assert(TW >= 4, "k-steps too few for the kernel width");
 };
 
-template <typename T, int KD, int KH, int KW, int DW, int KS, int NT, int BK, bool VEC>
+// One ring slot: KD input rows of 16*KS columns, then the grad-output row between zero
+// margins (LEFT before: the Toeplitz reads reach (8*NT - 1)*DW + 4 elements left of the
+// tile, the last one for the word below an odd start; zeros after it up to 16*KS + 4
+// columns). Mirrored by WgradMma::shared_bytes.
+template <int KD, int KS, int NT, int DW, int TW>
+struct WgradMmaRing {
+    static constexpr int XROW = 16 * KS;
+    static constexpr int LEFT = ((4 + (8 * NT - 1) * DW + 3) / 4) * 4;
+    static constexpr int GY = KD * XROW + LEFT;        // the grad-output row's first element
+    static constexpr int SLOT = GY + 16 * KS + 4 + 4;  // a multiple of 4: 8-byte aligned
+    static constexpr int XCH = KD * 4 * KS;            // 8-byte chunks of the input rows
+    static constexpr int GCH = TW / 4;                 // 8-byte chunks of the grad-output row
+    static_assert(SLOT % 4 == 0 && GY % 4 == 0, "8-byte aligned copies");
+};
+
+__device__ __forceinline__ void cp_async8_zfill(unsigned dst, const void* src, bool ok) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(ok ? 8 : 0));
+}
+
+__device__ __forceinline__ unsigned pack4(const unsigned short* h) {
+    return h[0] | ((unsigned)h[1] << 16);
+}
+
+template <typename T, int KD, int KH, int KW, int DW, int KS, int NT, int BK, int R, bool VEC>
 __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short* smem) {
     constexpr int ROWS = KD * KH;
     constexpr int TAPS = ROWS * KW;
     constexpr int TW = WgradMmaTile<KS, KW, DW>::TW;
+    using Ring = WgradMmaRing<KD, KS, NT, DW, TW>;
     constexpr int BH = BK * KH;  // output rows of a band
-    constexpr int GW = (TW + 31) / 32;  // grad-output elements a lane stages per row
-    // Grad-output row buffer: LEFT zeros, TW values, zeros to 16*KS (+2 for the copy).
-    constexpr int LEFT = ((3 + (8 * NT - 1) * DW + 1) / 2) * 2;
-    constexpr int GLEN = LEFT + 16 * KS + 2;
-    // The second copy GOFF elements on, GOFF*2 bytes = 64 mod 128: the two copies' reads
-    // fall in different banks.
-    constexpr int GOFF = ((GLEN + 63) / 64) * 64 + 32;
+    constexpr bool ONES = ROWS < 16;  // A's row 15 all ones: C[15][0] is grad-bias
+    constexpr int XK = (Ring::XCH + 31) / 32, GK = (Ring::GCH + 31) / 32;
     static_assert(ROWS <= 16, "KD*KH tap rows fill one 16-row MMA tile");
     static_assert(KW <= 8 * NT && NT <= 2, "N tiles of 8 taps");
+    static_assert(R == 2 || R == 4 || R == 8, "a power-of-two ring");
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ gy = static_cast<const T*>(a.w);
     float* __restrict__ partials = static_cast<float*>(a.y);
@@ -56,13 +85,15 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
     const int g = lane >> 2, q = lane & 3;
     const long long c = blockIdx.x;
     const int split = blockIdx.y, splits = gridDim.y;
-    // Per-warp shared memory: the two copies of the grad-output row, then f32 sums.
-    unsigned short* gbuf = smem + warp * (GOFF + GLEN);
-    float* wacc_all = reinterpret_cast<float*>(smem + warps * (GOFF + GLEN));
+    // Shared memory: every warp's ring, then every warp's f32 sums.
+    unsigned short* ring = smem + warp * (R * Ring::SLOT);
+    float* wacc_all = reinterpret_cast<float*>(smem + warps * (R * Ring::SLOT));
     float* wacc = wacc_all + warp * (TAPS + 1);
-    for (int i = lane; i < GOFF + GLEN; i += 32) gbuf[i] = 0;
+    // Zero margins once: the copies only ever write the rows and the row's TW values.
+    for (int i = lane; i < R * Ring::SLOT; i += 32) ring[i] = 0;
     for (int i = lane; i < TAPS + 1; i += 32) wacc[i] = 0.f;
     __syncwarp();
+    const unsigned ring_s = (unsigned)__cvta_generic_to_shared(ring);
 
     const int bands = (a.oh + BH - 1) / BH, tiles = (a.ow + TW - 1) / TW;
     const long long items = a.n * a.od * (long long)bands * tiles;
@@ -70,7 +101,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
     const long long plane = (long long)a.ih * a.iw;
     // The columns' offset from the tile's first output: floor4(ow0 - pw) + pw - ow0, the
     // same for every tile (TW is a multiple of 4).
-    const int off = ((-a.pw) & ~3) + a.pw;  // -pw rounded down to a multiple of 4, + pw
+    const int off = ((-a.pw) & ~3) + a.pw;
     // This thread's A rows: m = g and g + 8 -> (kd, slot).
     int kd_r[2], slot_r[2];
     bool row_live[2];
@@ -81,16 +112,28 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
         slot_r[j] = m % KH;
         row_live[j] = m < ROWS;
     }
-    // B reads: element (k-step s, column 4q + e, tap n) is the row buffer at
-    // LEFT + off + 16 s + 4q + e - n * DW; pairs from the copy where they are aligned.
-    // Copy 1 holds element i at GOFF + i - 1: an odd start is even there.
-    const unsigned short* bptr[NT];
+    // B: element (k-step s, column 4q + e, tap n) is the slot's grad-output row at
+    // GY + off + 16 s + 4q + e - n DW (relative to the tile's first output). Read as the
+    // three 4-byte words from the even element at or below, shifted by one element where
+    // the start is odd.
+    int bword[NT];
+    unsigned bsel[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-        const int base = LEFT + off + 4 * q - (t * 8 + g) * DW;
-        bptr[t] = (base & 1) ? gbuf + GOFF + base - 1 : gbuf + base;
+        const int base = Ring::GY + off + 4 * q - (t * 8 + g) * DW;
+        bword[t] = base & ~1;
+        bsel[t] = (base & 1) ? 0x5432u : 0x3210u;
+    }
+    // This lane's copies of a row: input chunk i = lane + 32 k is depth i / (4 KS),
+    // columns 4 (i % (4 KS)) .. + 3.
+    int xch_at[XK];
+#pragma unroll
+    for (int k = 0; k < XK; ++k) {
+        const int i = lane + 32 * k, kd = i / (4 * KS), ch = i - kd * (4 * KS);
+        xch_at[k] = kd * Ring::XROW + 4 * ch;
     }
     float bacc = 0.f;
+    const unsigned one = IsBf16<T>::value ? 0x3F803F80u : 0x3C003C00u;
 
     for (long long it = lo + warp; it < hi; it += warps) {
         const int tile = (int)(it % tiles);
@@ -103,53 +146,107 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
         const int cb = ow0 + off - a.pw;  // first input column of the item's K range
         const T* xc = x + (n * a.c + c) * (long long)a.id * plane;
         const T* gyp = gy + ((n * a.c + c) * a.od + od) * (long long)a.oh * a.ow;
-        const T* xp[2];
+        // Per chunk: its source at input row 0 and whether its depth and columns exist.
+        const T* xsrc[XK];
+        bool xok[XK];
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const int id = od * a.sd - a.pd + kd_r[j] * a.dd;
-            const bool ok = row_live[j] && id >= 0 && id < a.id;
-            xp[j] = ok ? xc + id * plane : nullptr;
+        for (int k = 0; k < XK; ++k) {
+            const int i = lane + 32 * k, kd = i / (4 * KS), col = cb + (xch_at[k] - kd * Ring::XROW);
+            const int id = od * a.sd - a.pd + kd * a.dd;
+            xok[k] = i < Ring::XCH && id >= 0 && id < a.id && col >= 0 && col < a.iw;
+            xsrc[k] = xok[k] ? xc + id * plane + col : x;
         }
+        // Copies band row rr's new input rows (one per depth) and its grad-output row into
+        // ring slot rr mod R: one commit group per row, empty past the band.
+        auto issue = [&](int rr) {
+            const int oh = oh0 + rr;
+            if (oh < oh1) {
+                const int ih = oh - a.ph + KH - 1;
+                const bool ihok = ih >= 0 && ih < a.ih;
+                const int slot = (rr & (R - 1)) * Ring::SLOT;
+                if constexpr (VEC) {
+#pragma unroll
+                    for (int k = 0; k < XK; ++k)
+                        if (lane + 32 * k < Ring::XCH)
+                            cp_async8_zfill(ring_s + 2u * (slot + xch_at[k]),
+                                            xok[k] && ihok ? xsrc[k] + (long long)ih * a.iw : x,
+                                            xok[k] && ihok);
+#pragma unroll
+                    for (int k = 0; k < GK; ++k) {
+                        const int i = lane + 32 * k, ow = ow0 + 4 * i;
+                        if (i < Ring::GCH)
+                            cp_async8_zfill(ring_s + 2u * (slot + Ring::GY + 4 * i),
+                                            ow < a.ow ? gyp + (long long)oh * a.ow + ow : gy,
+                                            ow < a.ow);
+                    }
+                } else {
+                    // Element by element, masked: rows of any width and alignment.
+                    for (int i = lane; i < Ring::XCH; i += 32) {
+                        const int kd = i / (4 * KS), ch = i - kd * (4 * KS), col = cb + 4 * ch;
+                        const int id = od * a.sd - a.pd + kd * a.dd;
+                        const bool ok = ihok && id >= 0 && id < a.id;
+                        unsigned short h[4];
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            h[e] = ok && col + e >= 0 && col + e < a.iw
+                                ? __ldg(reinterpret_cast<const unsigned short*>(
+                                      xc + id * plane + (long long)ih * a.iw + col + e))
+                                : (unsigned short)0;
+                        *reinterpret_cast<uint2*>(ring + slot + kd * Ring::XROW + 4 * ch) =
+                            make_uint2(pack4(h), pack4(h + 2));
+                    }
+                    for (int i = lane; i < Ring::GCH; i += 32) {
+                        const int ow = ow0 + 4 * i;
+                        unsigned short h[4];
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            h[e] = ow + e < a.ow
+                                ? __ldg(reinterpret_cast<const unsigned short*>(
+                                      gyp + (long long)oh * a.ow + ow + e))
+                                : (unsigned short)0;
+                        *reinterpret_cast<uint2*>(ring + slot + Ring::GY + 4 * i) =
+                            make_uint2(pack4(h), pack4(h + 2));
+                    }
+                }
+            }
+            cp_async_commit();
+        };
         unsigned af[KS][4];
 #pragma unroll
         for (int s = 0; s < KS; ++s)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) af[s][e] = 0u;
-        // Loads input row ih into this thread's A row j (zeros where out of range).
-        auto load_row = [&](int j, int ih) {
-            const bool ok = xp[j] != nullptr && ih >= 0 && ih < a.ih;
-            const T* src = ok ? xp[j] + (long long)ih * a.iw : nullptr;
+            for (int e = 0; e < 4; ++e) af[s][e] = (ONES && e % 2 == 1 && g == 7) ? one : 0u;
+        // The previous item's readers of the ring are done before it is refilled.
+        __syncwarp();
+#pragma unroll
+        for (int rr = 0; rr < R - 1; ++rr) issue(rr);
+        // The band's first output row also reads input rows oh0 - ph + 0..KH-2 (slots
+        // 0..KH-2): straight from global memory into A.
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            if (!row_live[j] || slot_r[j] >= KH - 1) continue;
+            const int id = od * a.sd - a.pd + kd_r[j] * a.dd, ih = oh0 - a.ph + slot_r[j];
+            const bool ok = id >= 0 && id < a.id && ih >= 0 && ih < a.ih;
+            const T* src = xc + id * plane + (long long)ih * a.iw;
 #pragma unroll
             for (int s = 0; s < KS; ++s) {
                 const int col = cb + 16 * s + 4 * q;
-                unsigned lo2 = 0u, hi2 = 0u;
-                if (VEC) {
-                    // 4-column chunks are wholly inside or outside the row (iw % 4 == 0).
-                    if (ok && col >= 0 && col < a.iw) {
-                        const uint2 v = __ldg(reinterpret_cast<const uint2*>(src + col));
-                        lo2 = v.x;
-                        hi2 = v.y;
-                    }
-                } else if (ok) {
-                    unsigned short h[4];
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int cc = col + e;
-                        h[e] = (cc >= 0 && cc < a.iw)
-                            ? __ldg(reinterpret_cast<const unsigned short*>(src + cc))
-                            : (unsigned short)0;
-                    }
-                    lo2 = h[0] | ((unsigned)h[1] << 16);
-                    hi2 = h[2] | ((unsigned)h[3] << 16);
+                unsigned short h[4];
+                if (VEC && ok && col >= 0 && col < a.iw) {
+                    const uint2 v = __ldg(reinterpret_cast<const uint2*>(src + col));
+                    af[s][j] = v.x;
+                    af[s][j + 2] = v.y;
+                    continue;
                 }
-                af[s][j] = lo2;
-                af[s][j + 2] = hi2;
-            }
-        };
-        // The first KH-1 rows of the band's first output row: slots 0..KH-2.
 #pragma unroll
-        for (int j = 0; j < 2; ++j)
-            if (slot_r[j] < KH - 1) load_row(j, oh0 - a.ph + slot_r[j]);
+                for (int e = 0; e < 4; ++e)
+                    h[e] = !VEC && ok && col + e >= 0 && col + e < a.iw
+                        ? __ldg(reinterpret_cast<const unsigned short*>(src + col + e))
+                        : (unsigned short)0;
+                af[s][j] = pack4(h);
+                af[s][j + 2] = pack4(h + 2);
+            }
+        }
 
         float acc[KH][NT][4];
 #pragma unroll
@@ -159,53 +256,47 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[p][t][e] = 0.f;
 
-        // Grad-output row values this lane stages, loaded one row ahead.
-        unsigned short gnext[GW];
-        auto fetch_gy = [&](int oh) {
-#pragma unroll
-            for (int k = 0; k < GW; ++k) {
-                const int e = lane + 32 * k, ow = ow0 + e;
-                gnext[k] = (oh < oh1 && e < TW && ow < a.ow)
-                    ? __ldg(reinterpret_cast<const unsigned short*>(gyp + (long long)oh * a.ow + ow))
-                    : (unsigned short)0;
-            }
-        };
-        fetch_gy(oh0);
-
         for (int ohb = oh0; ohb < oh1; ohb += KH) {
 #pragma unroll
             for (int p = 0; p < KH; ++p) {
-                const int oh = ohb + p;
+                const int oh = ohb + p, rr = oh - oh0;
                 if (oh >= oh1) break;
-                // Stage this row's grad-output (both copies), then fetch the next.
+                // Slot (rr - 1) mod R was read by the row before: refill it R - 1 ahead.
                 __syncwarp();
-#pragma unroll
-                for (int k = 0; k < GW; ++k) {
-                    const int e = lane + 32 * k;
-                    if (e < TW) {
-                        gbuf[LEFT + e] = gnext[k];
-                        gbuf[GOFF + LEFT + e - 1] = gnext[k];
-                        T v;
-                        *reinterpret_cast<unsigned short*>(&v) = gnext[k];
-                        bacc += to_f32(v);
+                issue(rr + R - 1);
+                cp_async_wait<R - 1>();
+                __syncwarp();
+                const unsigned short* src = ring + (rr & (R - 1)) * Ring::SLOT;
+                if constexpr (!ONES) {
+                    for (int e = lane; e < TW; e += 32) {
+                        T tv;
+                        *reinterpret_cast<unsigned short*>(&tv) = src[Ring::GY + e];
+                        bacc += to_f32(tv);
                     }
                 }
-                __syncwarp();
-                fetch_gy(oh + 1);
                 // The new input row of each depth enters slot (p + KH - 1) mod KH.
                 const int snew = (p + KH - 1) % KH;
 #pragma unroll
                 for (int j = 0; j < 2; ++j)
-                    if (slot_r[j] == snew) load_row(j, oh - a.ph + KH - 1);
+                    if (slot_r[j] == snew && row_live[j]) {
+                        const unsigned short* xr = src + kd_r[j] * Ring::XROW + 4 * q;
 #pragma unroll
-                for (int s = 0; s < KS; ++s) {
+                        for (int s2 = 0; s2 < KS; ++s2) {
+                            const uint2 v = *reinterpret_cast<const uint2*>(xr + 16 * s2);
+                            af[s2][j] = v.x;
+                            af[s2][j + 2] = v.y;
+                        }
+                    }
+#pragma unroll
+                for (int s2 = 0; s2 < KS; ++s2) {
 #pragma unroll
                     for (int t = 0; t < NT; ++t) {
-                        const unsigned short* bp = bptr[t] + 16 * s;
+                        const unsigned* w = reinterpret_cast<const unsigned*>(src + bword[t] + 16 * s2);
+                        const unsigned w0 = w[0], w1 = w[1], w2 = w[2];
                         unsigned b[2];
-                        b[0] = *reinterpret_cast<const unsigned*>(bp);
-                        b[1] = *reinterpret_cast<const unsigned*>(bp + 2);
-                        Mma<T>::run(acc[p][t], af[s], b);
+                        b[0] = __byte_perm(w0, w1, bsel[t]);
+                        b[1] = __byte_perm(w1, w2, bsel[t]);
+                        Mma<T>::run(acc[p][t], af[s2], b);
                     }
                 }
             }
@@ -239,6 +330,11 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                 }
                 wacc[tap] += s;
             }
+            if constexpr (ONES) {
+                for (int oh = oh0; oh < oh1; ++oh)
+                    for (int ow = ow0 + lane; ow < owe; ow += 32)
+                        bacc += to_f32(gyp[(long long)oh * a.ow + ow]);
+            }
         } else {
             // Unrotate: output row phase p found tap kh in slot (p + kh) mod KH. Within
             // one phase the threads' taps are distinct; phases go in order.
@@ -256,6 +352,11 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                         }
                     }
                 __syncwarp();
+            }
+            // C[15][0]: the ones row against the untapped grad-output column.
+            if (ONES && lane == 28) {
+#pragma unroll
+                for (int p = 0; p < KH; ++p) bacc += acc[p][0][2];
             }
         }
         __syncwarp();
@@ -275,13 +376,15 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
     }
 }
 
-template <typename T, int KD, int KH, int KW, int DW, int KS, int NT, int BK, int EPI>
+template <typename T, int KD, int KH, int KW, int DW, int KS, int NT, int BK, int R, int EPI>
 __global__ void __launch_bounds__(256, 2) wgrad_mma_dwconv(ConvArgs a, EpiArgs) {
     extern __shared__ __align__(16) unsigned short wgrad_mma_smem[];
-    // 8-byte input loads need 4-column chunks that rows never straddle.
-    const bool vec = a.iw % 4 == 0 && (reinterpret_cast<unsigned long long>(a.x) & 7) == 0;
+    // 8-byte copies need 4-column chunks that rows never straddle, in both tensors.
+    const bool vec = a.iw % 4 == 0 && a.ow % 4 == 0 &&
+                     ((reinterpret_cast<unsigned long long>(a.x) |
+                       reinterpret_cast<unsigned long long>(a.w)) & 7) == 0;
     if (vec)
-        wgrad_mma_body<T, KD, KH, KW, DW, KS, NT, BK, true>(a, wgrad_mma_smem);
+        wgrad_mma_body<T, KD, KH, KW, DW, KS, NT, BK, R, true>(a, wgrad_mma_smem);
     else
-        wgrad_mma_body<T, KD, KH, KW, DW, KS, NT, BK, false>(a, wgrad_mma_smem);
+        wgrad_mma_body<T, KD, KH, KW, DW, KS, NT, BK, R, false>(a, wgrad_mma_smem);
 }

@@ -891,7 +891,7 @@ depth_reuse_fma 5b8a6c065ab91aa874f47b83918bc2bc
 depth_reuse_fma_cl 4be8943b33033b764bf88a74ad1acfb8
 dgrad_gather 5fc50c8418cde94ba899e1ae3e272897
 wgrad b5a24f932b367234c4ae2847e59b7059
-wgrad_mma c8ec0ec87e1d330cda1ea99222f86996
+wgrad_mma 8af488654afec433084ae587d4d936d0
 ";
 
     #[test]

@@ -4,7 +4,8 @@
 //! matrix (N = the KW taps), along W (K); input rows stay in registers while the rows
 //! that read them pass. Deterministic, with wgrad's partials and finalize. Parameters:
 //! `ks` k-steps of 16 columns per W tile, `bk` output rows per work item in units of KH,
-//! `warps` per block (one channel), `splits` slices of each channel's items.
+//! `ring` slots of each warp's cp.async ring (rows in flight + 1), `warps` per block (one
+//! channel), `splits` slices of each channel's items.
 
 use super::{cuda_type, grid_x, Config, FinalizeKernel, Launch, Param, Variant};
 use crate::error::{Error, Result};
@@ -16,6 +17,7 @@ pub struct WgradMma;
 typed_params!(Params {
     ks,
     bk,
+    ring,
     warps,
     splits
 });
@@ -51,14 +53,14 @@ impl WgradMma {
         spec.n() * od * oh.div_ceil(bh) * ow.div_ceil(Self::tile_width(spec, ks).max(1))
     }
 
-    /// Shared bytes of a block: per warp two copies of a grad-output row and the f32
-    /// sums (mirrors the kernel's GLEN, GOFF).
-    fn shared_bytes(spec: &ConvSpec, ks: usize, warps: usize) -> usize {
+    /// Shared bytes of a block: per warp a ring of `ring` slots (KD input rows and a
+    /// grad-output row between zero margins each) and the f32 sums (mirrors the kernel's
+    /// WgradMmaRing).
+    fn shared_bytes(spec: &ConvSpec, ks: usize, ring: usize, warps: usize) -> usize {
         let dw = spec.dilation3()[2];
-        let left = (3 + (8 * Self::n_tiles(spec) - 1) * dw).div_ceil(2) * 2;
-        let glen = left + 16 * ks + 2;
-        let goff = glen.div_ceil(64) * 64 + 32;
-        warps * ((goff + glen) * 2 + (spec.taps() + 1) * 4)
+        let left = (4 + (8 * Self::n_tiles(spec) - 1) * dw).div_ceil(4) * 4;
+        let slot = spec.kernel3()[0] * 16 * ks + left + 16 * ks + 8;
+        warps * (ring * slot * 2 + (spec.taps() + 1) * 4)
     }
 }
 
@@ -129,6 +131,10 @@ impl Variant for WgradMma {
                 values: bk,
             },
             Param {
+                name: "ring",
+                values: vec![2, 4, 8],
+            },
+            Param {
                 name: "warps",
                 values: vec![2, 4, 8],
             },
@@ -181,6 +187,7 @@ impl Variant for WgradMma {
             &[
                 ("ks", ks),
                 ("bk", bk),
+                ("ring", 4),
                 ("warps", warps as i64),
                 ("splits", splits as i64),
             ],
@@ -190,12 +197,13 @@ impl Variant for WgradMma {
         let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "wgrad_mma_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}>",
+            "wgrad_mma_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             spec.dilation3()[2],
             p.ks,
             Self::n_tiles(spec),
-            p.bk
+            p.bk,
+            p.ring
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
@@ -210,7 +218,7 @@ impl Variant for WgradMma {
         Ok(Launch {
             grid: (grid_x(self, spec, spec.c())?, p.splits as u32, 1),
             block: (p.warps as u32 * 32, 1, 1),
-            shared_bytes: Self::shared_bytes(spec, p.ks, p.warps) as u32,
+            shared_bytes: Self::shared_bytes(spec, p.ks, p.ring, p.warps) as u32,
         })
     }
     fn workspace_bytes(&self, spec: &ConvSpec, config: &Config) -> Result<usize> {
@@ -257,7 +265,10 @@ mod tests {
     fn the_seed_takes_one_tile_per_row_and_one_band_per_plane() {
         let seed = crate::spec::ConvParams::seed().validate().unwrap();
         let c = WgradMma.default_config(&seed);
-        assert_eq!(c.to_string(), "wgrad_mma:bk=10,ks=6,splits=2,warps=4");
+        assert_eq!(
+            c.to_string(),
+            "wgrad_mma:bk=10,ks=6,ring=4,splits=2,warps=4"
+        );
         assert_eq!(WgradMma::items(&seed, 6, 10), 59);
     }
 }
