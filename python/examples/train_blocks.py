@@ -10,7 +10,9 @@ block with its depthwise convolution replaced by an identity.
     expansion 2.25 (x3d-m's stage 3 widths).
 
 Usage: python3 train_blocks.py [--device cuda] [--small] [--iters N]
-Prints one line per block and variant: median ms of forward + backward (+ SGD step).
+Prints one line per block and variant: median ms of forward + backward (+ SGD step), and
+one line per block for its depthwise layer alone (forward + backward: grad-input,
+grad-weight and grad-bias) through torch's nn.Conv3d and through evokernel's module.
 `--small` shrinks every shape (a smoke run on the CPU; CI runs it that way)."""
 import argparse
 import statistics
@@ -76,6 +78,25 @@ def step_ms(model, x, iters: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
+def layer_ms(layer, shape, dtype, dev, iters: int, warmup: int = 3) -> float:
+    """Forward + backward of one layer on a fresh input that needs its gradient."""
+    x = torch.randn(*shape, device=dev, dtype=dtype, requires_grad=True)
+    times = []
+    for i in range(warmup + iters):
+        if x.is_cuda:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        y = layer(x)
+        y.backward(torch.ones_like(y))
+        if x.is_cuda:
+            torch.cuda.synchronize()
+        if i >= warmup:
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -89,6 +110,11 @@ def main():
                       (1, 32, 7, 9, 16) if args.small else (1, 512, 61, 45, 80), 1),
         "x3d": (lambda: X3dBottleneck(16 if args.small else 192),
                 (2, 16, 4, 8, 8) if args.small else (4, 192, 16, 56, 56), 0),
+    }
+    # The depthwise layer's input: the block's input, widened by the X3D expansion.
+    layer_inputs = {
+        "video-vae": (1, 32, 7, 9, 16) if args.small else (1, 512, 61, 45, 80),
+        "x3d": (2, 36, 4, 8, 8) if args.small else (4, 432, 16, 56, 56),
     }
     print(f"torch {torch.__version__}, evokernel {evokernel.__version__}, {dev}, {dtype}")
     results = {}
@@ -112,6 +138,14 @@ def main():
         ratio = row["pytorch"] / row["evokernel"]
         print(f"{name:10} rel diff {same:.1e}  " + "  ".join(f"{k} {v:.3f} ms" for k, v in row.items())
               + f"  speedup {ratio:.1f}x, {row['evokernel'] / row['bound (identity)']:.2f}x the bound")
+        torch_layer, evk_layer = base.dw, converted.dw
+        layer = {
+            "pytorch": layer_ms(torch_layer, layer_inputs[name], dtype, dev, args.iters),
+            "evokernel": layer_ms(evk_layer, layer_inputs[name], dtype, dev, args.iters),
+        }
+        results[name + " layer"] = layer
+        print(f"{name + ' dw':10} forward + backward: pytorch {layer['pytorch']:.3f} ms  "
+              f"evokernel {layer['evokernel']:.3f} ms  speedup {layer['pytorch'] / layer['evokernel']:.1f}x")
     return results
 
 

@@ -146,7 +146,10 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
         const int cb = ow0 + off - a.pw;  // first input column of the item's K range
         const T* xc = x + (n * a.c + c) * (long long)a.id * plane;
         const T* gyp = gy + ((n * a.c + c) * a.od + od) * (long long)a.oh * a.ow;
-        // Per chunk: its source at input row 0 and whether its depth and columns exist.
+        // Per chunk: its source at the band's first new input row (advanced one row per
+        // issued row: issue() is called for rows 0, 1, 2, ... in order) and whether its
+        // depth and columns exist; the same for the grad-output chunk.
+        const int ih_first = oh0 - a.ph + KH - 1;
         const T* xsrc[XK];
         bool xok[XK];
 #pragma unroll
@@ -154,10 +157,16 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
             const int i = lane + 32 * k, kd = i / (4 * KS), col = cb + (xch_at[k] - kd * Ring::XROW);
             const int id = od * a.sd - a.pd + kd * a.dd;
             xok[k] = i < Ring::XCH && id >= 0 && id < a.id && col >= 0 && col < a.iw;
-            xsrc[k] = xok[k] ? xc + id * plane + col : x;
+            xsrc[k] = xc + id * plane + (long long)ih_first * a.iw + col;
         }
-        // Copies band row rr's new input rows (one per depth) and its grad-output row into
-        // ring slot rr mod R: one commit group per row, empty past the band.
+        const T* gsrc[GK];
+        bool gok[GK];
+#pragma unroll
+        for (int k = 0; k < GK; ++k) {
+            const int i = lane + 32 * k, ow = ow0 + 4 * i;
+            gok[k] = i < Ring::GCH && ow < a.ow;
+            gsrc[k] = gyp + (long long)oh0 * a.ow + ow;
+        }
         auto issue = [&](int rr) {
             const int oh = oh0 + rr;
             if (oh < oh1) {
@@ -165,19 +174,24 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                 const bool ihok = ih >= 0 && ih < a.ih;
                 const int slot = (rr & (R - 1)) * Ring::SLOT;
                 if constexpr (VEC) {
+                    const unsigned dst = ring_s + 2u * slot;
+                    // Only lanes with a chunk copy: a zero-filled copy past the slot's
+                    // rows would land in the next slot.
 #pragma unroll
-                    for (int k = 0; k < XK; ++k)
-                        if (lane + 32 * k < Ring::XCH)
-                            cp_async8_zfill(ring_s + 2u * (slot + xch_at[k]),
-                                            xok[k] && ihok ? xsrc[k] + (long long)ih * a.iw : x,
-                                            xok[k] && ihok);
+                    for (int k = 0; k < XK; ++k) {
+                        if (lane + 32 * k < Ring::XCH) {
+                            const bool ok = xok[k] && ihok;
+                            // Source-size 0 reads nothing; the address is kept inside x.
+                            cp_async8_zfill(dst + 2u * xch_at[k], ok ? xsrc[k] : x, ok);
+                        }
+                        xsrc[k] += a.iw;
+                    }
 #pragma unroll
                     for (int k = 0; k < GK; ++k) {
-                        const int i = lane + 32 * k, ow = ow0 + 4 * i;
-                        if (i < Ring::GCH)
-                            cp_async8_zfill(ring_s + 2u * (slot + Ring::GY + 4 * i),
-                                            ow < a.ow ? gyp + (long long)oh * a.ow + ow : gy,
-                                            ow < a.ow);
+                        if (lane + 32 * k < Ring::GCH)
+                            cp_async8_zfill(dst + 2u * (Ring::GY + 4 * (lane + 32 * k)),
+                                            gok[k] ? gsrc[k] : gy, gok[k]);
+                        gsrc[k] += a.ow;
                     }
                 } else {
                     // Element by element, masked: rows of any width and alignment.
@@ -279,12 +293,14 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
 #pragma unroll
                 for (int j = 0; j < 2; ++j)
                     if (slot_r[j] == snew && row_live[j]) {
-                        const unsigned short* xr = src + kd_r[j] * Ring::XROW + 4 * q;
+                        // (ptxas merges each pair into one 8-byte load and moves the
+                        // halves into a0/a2; volatile 4-byte loads kept the moves: no fewer instructions).
+                        const unsigned* xr = reinterpret_cast<const unsigned*>(
+                            src + kd_r[j] * Ring::XROW + 4 * q);
 #pragma unroll
                         for (int s2 = 0; s2 < KS; ++s2) {
-                            const uint2 v = *reinterpret_cast<const uint2*>(xr + 16 * s2);
-                            af[s2][j] = v.x;
-                            af[s2][j + 2] = v.y;
+                            af[s2][j] = xr[8 * s2];
+                            af[s2][j + 2] = xr[8 * s2 + 1];
                         }
                     }
 #pragma unroll

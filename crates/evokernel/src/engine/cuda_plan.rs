@@ -41,7 +41,11 @@ pub(crate) struct CudaPlan {
     pub(crate) dev: Arc<CudaDevice>,
     pub(crate) instance: Instance,
     pub(crate) kernel: LoadedKernel,
-    repair: Option<(LoadedKernel, CudaSlice<u8>)>,
+    /// The repair kernel, its flag buffer and the flag's address, read once here: taking
+    /// a buffer's address through cudarc records events on the context's legacy stream,
+    /// which a launch must not do while torch captures a CUDA graph on another stream
+    /// (cudaErrorStreamCaptureImplicit).
+    repair: Option<(LoadedKernel, CudaSlice<u8>, u64)>,
     lowering: Lowering,
     pub(crate) workspace_bytes: usize,
     /// A fresh number per launch, so a flag left by an earlier launch means nothing.
@@ -186,7 +190,9 @@ impl CudaPlan {
             (Pass::Wgrad, _) => Lowering::Wgrad { finalize: next()? },
         };
         let repair = if variant.needs_repair() {
-            Some((next()?, dev.alloc(4)?))
+            let flag = dev.alloc(4)?;
+            let at = dev.device_ptr(&flag);
+            Some((next()?, flag, at))
         } else {
             None
         };
@@ -274,8 +280,8 @@ impl CudaPlan {
             residual: 0,
         };
         let (mut args, epi) = self.main_args(problem, ptrs, ws)?;
-        if let Some((_, flag)) = &self.repair {
-            args.flag = self.dev.device_ptr(flag);
+        if let Some((_, _, flag)) = &self.repair {
+            args.flag = *flag;
             let e = self.epoch.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
             args.epoch = e.max(1);
         }
@@ -288,7 +294,7 @@ impl CudaPlan {
                 self.dev.launch_on(flip, &f, &none, stream)?;
             }
             self.dev.launch_on(&self.kernel, &args, &epi, stream)?;
-            if let Some((r, _)) = &self.repair {
+            if let Some((r, _, _)) = &self.repair {
                 self.dev.launch_on(r, &args, &epi, stream)?;
             }
             if let Lowering::Wgrad { finalize } = &self.lowering {
