@@ -1,7 +1,11 @@
 """Which evokernel op breaks CUDA graph capture (run on the GPU machine): captures one op
-per process (forward, grad-input, grad-weight) after a warm-up on a side stream, as
+per process (forward, grad-input, grad-weight; then forward + autograd.grad through
+evokernel and, as a control, through F.conv3d) after a warm-up on a side stream, as
 test_cuda_graph_capture_and_two_streams does, and prints ok or the error.
-Usage: python3 scripts/capture_probe.py [forward|dgrad|wgrad]  (no argument: all three)"""
+Usage: python3 scripts/capture_probe.py [forward|dgrad|wgrad|autograd|autograd-torch][-first]
+(-first: once on the default stream before the warm-up; no argument: all of them).
+Run 79 (H100): every one captures and replays; the same sequence inside pytest
+(test_cuda_graph_capture_and_two_streams, even alone) still fails."""
 import subprocess
 import sys
 
@@ -11,16 +15,26 @@ import torch
 def run(which):
     import evokernel  # noqa: F401  (registers torch.ops.evokernel)
     torch.manual_seed(6)
-    x = torch.randn(2, 32, 6, 16, 20, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(32, 1, 3, 5, 5, device="cuda", dtype=torch.bfloat16)
+    grad = which.startswith("autograd")
+    # NAME-first: the op runs once on the default stream before the warm-up.
+    x = torch.randn(2, 32, 6, 16, 20, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
+    w = torch.randn(32, 1, 3, 5, 5, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
     gy = torch.randn(2, 32, 4, 16, 20, device="cuda", dtype=torch.bfloat16)
     pads, ones = [0, 0, 2, 2, 2, 2], [1, 1, 1]
     ops = {
         "forward": lambda: evokernel.depthwise_conv(x, w, padding=(0, 2, 2)),
         "dgrad": lambda: torch.ops.evokernel.depthwise_conv_dgrad(gy, x, w, ones, pads, ones),
         "wgrad": lambda: torch.ops.evokernel.depthwise_conv_wgrad(gy, x, w, ones, pads, ones),
+        "autograd": lambda: torch.autograd.grad(
+            evokernel.depthwise_conv(x, w, padding=(0, 2, 2)).float().square().sum(), (x, w)),
+        "autograd-torch": lambda: torch.autograd.grad(
+            torch.nn.functional.conv3d(x, w, padding=(0, 2, 2), groups=32).float().square().sum(),
+            (x, w)),
     }
-    op = ops[which]
+    op = ops[which.replace("-first", "")] if which.endswith("-first") else ops[which]
+    if which.endswith("-first"):
+        op()  # once on the default (legacy) stream first, as the pytest does
+        torch.cuda.synchronize()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -42,5 +56,6 @@ if __name__ == "__main__":
     if len(sys.argv) > 1:
         run(sys.argv[1])
     else:
-        for w in ("forward", "dgrad", "wgrad"):
+        for w in ("forward", "dgrad", "wgrad", "autograd", "autograd-torch", "autograd-first",
+                  "autograd-torch-first", "forward-first", "dgrad-first", "wgrad-first"):
             subprocess.run([sys.executable, __file__, w], check=False)

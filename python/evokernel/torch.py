@@ -200,13 +200,16 @@ def _depthwise_conv_dgrad(
     weight = _dense(weight, False)
     grad_x = _empty(list(x.shape), x, cl)
     device, stream = _device_stream(x)
+    spec = _spec(x, weight, stride, padding, dilation, cl)
+    ws = _workspace(x, device, spec, "dgrad")
     _ext.conv_dgrad(
         grad.data_ptr(),
         weight.data_ptr(),
         grad_x.data_ptr(),
         device,
         stream,
-        _spec(x, weight, stride, padding, dilation, cl),
+        spec,
+        0 if ws is None else ws.data_ptr(),
     )
     return grad_x
 
@@ -233,6 +236,8 @@ def _depthwise_conv_wgrad(
     grad_w = torch.empty(weight.shape, dtype=x.dtype, device=x.device)
     grad_b = torch.empty(weight.shape[0], dtype=x.dtype, device=x.device)
     device, stream = _device_stream(x)
+    spec = _spec(x, weight, stride, padding, dilation, cl)
+    ws = _workspace(x, device, spec, "wgrad")
     _ext.conv_wgrad(
         x.data_ptr(),
         grad.data_ptr(),
@@ -240,7 +245,8 @@ def _depthwise_conv_wgrad(
         grad_b.data_ptr(),
         device,
         stream,
-        _spec(x, weight, stride, padding, dilation, cl),
+        spec,
+        0 if ws is None else ws.data_ptr(),
     )
     return grad_w, grad_b
 
@@ -251,6 +257,17 @@ def _(grad, x, weight, stride, padding, dilation):
         torch.empty(weight.shape, dtype=x.dtype, device=x.device),
         torch.empty(weight.shape[0], dtype=x.dtype, device=x.device),
     )
+
+
+def _workspace(x, device, spec, pass_name):
+    """The backward call's scratch (the flipped weight, grad-weight's partials) from
+    torch's allocator on the current stream: under CUDA graph capture that is the
+    capture's private pool. None where the call needs none. Asked of the plan on every
+    call (a cached plan: a lookup), as tuning can change the plan and its scratch."""
+    if device < 0:
+        return None
+    n = _ext.workspace_bytes(device, spec, pass_name)
+    return torch.empty(n, dtype=torch.uint8, device=x.device) if n > 0 else None
 
 
 # (device, spec, pass) -> whether a GPU kernel serves it: asked of the engine once per

@@ -200,7 +200,8 @@ unsafe fn store(t: &HostTensor, ptr: u64) {
 
 /// grad-input: the gradient of the forward (no epilogue: the caller applied the
 /// activation's derivative) with respect to its input, from `grad_output` and `w` into
-/// `grad_input`. Devices and streams as in `conv_forward`.
+/// `grad_input`. Devices and streams as in `conv_forward`; `workspace` (0: none) holds
+/// at least `workspace_bytes` for the problem, from the caller's allocator.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 fn conv_dgrad(
@@ -211,6 +212,7 @@ fn conv_dgrad(
     device: i64,
     stream: u64,
     spec: SpecArgs,
+    workspace: u64,
 ) -> PyResult<()> {
     let problem = spec
         .problem("none", false, false)
@@ -237,6 +239,7 @@ fn conv_dgrad(
                 grad_output,
                 w,
                 grad_input,
+                workspace,
                 ..ConvPointers::default()
             };
             // SAFETY: device tensors of these shapes, alive until the stream has run.
@@ -258,6 +261,7 @@ fn conv_wgrad(
     device: i64,
     stream: u64,
     spec: SpecArgs,
+    workspace: u64,
 ) -> PyResult<()> {
     let problem = spec
         .problem("none", true, false)
@@ -290,6 +294,7 @@ fn conv_wgrad(
                 grad_output,
                 grad_weight,
                 grad_bias,
+                workspace,
                 ..ConvPointers::default()
             };
             // SAFETY: device tensors of these shapes, alive until the stream has run.
@@ -386,6 +391,30 @@ fn unsupported(device: i64, spec: SpecArgs, pass: &str) -> PyResult<Option<Strin
     Ok(engine.choose(&problem).err().map(|e| e.to_string()))
 }
 
+/// Device scratch bytes a backward call of `pass` needs on GPU `device` (0 on the CPU):
+/// the caller allocates it with its own allocator, which under CUDA graph capture is
+/// torch's capture-aware pool (the plan's own stream-ordered allocation reused memory
+/// freed outside the capture on another stream: cudaErrorStreamCaptureImplicit).
+#[pyfunction]
+fn workspace_bytes(py: Python<'_>, device: i64, spec: SpecArgs, pass: &str) -> PyResult<usize> {
+    let pass = pass.parse::<Pass>().map_err(to_py)?;
+    let problem = spec
+        .problem("none", pass == Pass::Wgrad, false)
+        .map_err(to_py)?
+        .with_pass(pass);
+    if device < 0 {
+        return Ok(0);
+    }
+    let mut bytes = 0;
+    detached(py, || {
+        bytes = cuda_engine(device as usize)?
+            .plan(&problem)?
+            .workspace_bytes();
+        Ok(())
+    })?;
+    Ok(bytes)
+}
+
 /// The output's spatial sizes of a problem, or the ValueError its validation gives (the
 /// Python side asks before it allocates anything).
 #[pyfunction]
@@ -401,6 +430,7 @@ fn _evokernel(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(conv_wgrad, m)?)?;
     m.add_function(wrap_pyfunction!(tune, m)?)?;
     m.add_function(wrap_pyfunction!(unsupported, m)?)?;
+    m.add_function(wrap_pyfunction!(workspace_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(output_dims, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -890,7 +890,7 @@ depth_reuse_cl ec6936de43dfbdb5292e4be68d905a56
 depth_reuse_fma 5b8a6c065ab91aa874f47b83918bc2bc
 depth_reuse_fma_cl 4be8943b33033b764bf88a74ad1acfb8
 dgrad_gather 5fc50c8418cde94ba899e1ae3e272897
-wgrad b5a24f932b367234c4ae2847e59b7059
+wgrad badf840f551ecfd4a62d6ce5bf4add9f
 wgrad_mma 8af488654afec433084ae587d4d936d0
 ";
 
