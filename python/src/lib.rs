@@ -214,10 +214,7 @@ fn conv_dgrad(
     spec: SpecArgs,
     workspace: u64,
 ) -> PyResult<()> {
-    let problem = spec
-        .problem("none", false, false)
-        .map_err(to_py)?
-        .with_pass(Pass::Dgrad);
+    let problem = plain_problem(spec, "dgrad")?;
     detached(py, move || {
         let spec = &problem.spec;
         if device < 0 {
@@ -263,10 +260,7 @@ fn conv_wgrad(
     spec: SpecArgs,
     workspace: u64,
 ) -> PyResult<()> {
-    let problem = spec
-        .problem("none", true, false)
-        .map_err(to_py)?
-        .with_pass(Pass::Wgrad);
+    let problem = plain_problem(spec, "wgrad")?;
     detached(py, move || {
         let spec = &problem.spec;
         if device < 0 {
@@ -379,11 +373,7 @@ fn plan_name(
 /// one can (dispatch only: nothing is compiled). The CPU backend takes every problem.
 #[pyfunction]
 fn unsupported(device: i64, spec: SpecArgs, pass: &str) -> PyResult<Option<String>> {
-    let pass = pass.parse::<Pass>().map_err(to_py)?;
-    let problem = spec
-        .problem("none", pass == Pass::Wgrad, false)
-        .map_err(to_py)?
-        .with_pass(pass);
+    let problem = plain_problem(spec, pass)?;
     if device < 0 {
         return Ok(None);
     }
@@ -391,17 +381,22 @@ fn unsupported(device: i64, spec: SpecArgs, pass: &str) -> PyResult<Option<Strin
     Ok(engine.choose(&problem).err().map(|e| e.to_string()))
 }
 
-/// Device scratch bytes a backward call of `pass` needs on GPU `device` (0 on the CPU):
-/// the caller allocates it with its own allocator, which under CUDA graph capture is
-/// torch's capture-aware pool (the plan's own stream-ordered allocation reused memory
-/// freed outside the capture on another stream: cudaErrorStreamCaptureImplicit).
-#[pyfunction]
-fn workspace_bytes(py: Python<'_>, device: i64, spec: SpecArgs, pass: &str) -> PyResult<usize> {
+/// The problem of `pass` (forward, dgrad, wgrad) with no epilogue but grad-bias for
+/// grad-weight: what the backward ops compute.
+fn plain_problem(spec: SpecArgs, pass: &str) -> PyResult<ConvProblem> {
     let pass = pass.parse::<Pass>().map_err(to_py)?;
-    let problem = spec
+    Ok(spec
         .problem("none", pass == Pass::Wgrad, false)
         .map_err(to_py)?
-        .with_pass(pass);
+        .with_pass(pass))
+}
+
+/// Device scratch bytes a backward call of `pass` needs on GPU `device` (0 on the CPU),
+/// for the caller to allocate with its own allocator (torch's caching allocator, whose
+/// pools CUDA graph capture knows) rather than the plan's stream-ordered allocation.
+#[pyfunction]
+fn workspace_bytes(py: Python<'_>, device: i64, spec: SpecArgs, pass: &str) -> PyResult<usize> {
+    let problem = plain_problem(spec, pass)?;
     if device < 0 {
         return Ok(0);
     }
