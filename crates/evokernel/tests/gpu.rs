@@ -630,3 +630,120 @@ fn grad_weight_is_bit_identical_across_runs() {
         );
     }
 }
+
+/// The safe device-buffer API of the backward passes: the same bits as the host path
+/// (which goes through it with no workspace) with the caller's workspace, and every
+/// short buffer refused with the operand's name before anything launches.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn backward_device_buffers_match_the_host_path_and_check_sizes() {
+    use evokernel::engine::{DgradBuffers, WgradBuffers};
+    let engine = Engine::cuda(0).unwrap();
+    let dev = engine.device().unwrap();
+    let mut p = ConvParams::seed();
+    p.c = 24;
+    p.input = vec![9, 20, 36];
+    let spec = p.validate().unwrap();
+    let x = HostTensor::random_normal(spec.dtype(), &spec.input_shape(), 1);
+    let w = HostTensor::random_normal(spec.dtype(), &spec.weight_shape(), 2);
+    let gy = HostTensor::random_normal(spec.dtype(), &spec.output_shape(), 3);
+    let (dx, dw, dgy) = (
+        dev.upload(&x).unwrap(),
+        dev.upload(&w).unwrap(),
+        dev.upload(&gy).unwrap(),
+    );
+
+    let dgrad = engine
+        .plan(&ConvProblem::new(spec.clone()).with_pass(Pass::Dgrad))
+        .unwrap();
+    let mut dgx = dev.alloc(x.size_bytes()).unwrap();
+    let mut ws = dev.alloc(dgrad.workspace_bytes().max(1)).unwrap();
+    dgrad
+        .dgrad(
+            DgradBuffers {
+                grad_output: &dgy,
+                w: &dw,
+                grad_input: &mut dgx,
+                workspace: Some(&mut ws),
+            },
+            dev.stream(),
+        )
+        .unwrap();
+    let mut gx = HostTensor::zeros(spec.dtype(), &spec.input_shape());
+    dev.download(&dgx, &mut gx).unwrap();
+    assert_eq!(gx.data(), dgrad.dgrad_host(&gy, &w).unwrap().data());
+    let mut short = dev.alloc(x.size_bytes() - 2).unwrap();
+    let e = dgrad
+        .dgrad(
+            DgradBuffers {
+                grad_output: &dgy,
+                w: &dw,
+                grad_input: &mut short,
+                workspace: None,
+            },
+            dev.stream(),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("grad_input"), "{e}");
+
+    let problem = ConvProblem::new(spec.clone())
+        .with_epilogue(Epilogue {
+            bias: true,
+            ..Epilogue::NONE
+        })
+        .with_pass(Pass::Wgrad);
+    let wgrad = engine.plan(&problem).unwrap();
+    assert!(
+        wgrad.workspace_bytes() > 0,
+        "grad-weight sums partials in scratch"
+    );
+    let mut dgw = dev.alloc(w.size_bytes()).unwrap();
+    let mut dgb = dev.alloc(spec.c() * spec.dtype().size_bytes()).unwrap();
+    let mut ws = dev.alloc(wgrad.workspace_bytes()).unwrap();
+    wgrad
+        .wgrad(
+            WgradBuffers {
+                x: &dx,
+                grad_output: &dgy,
+                grad_weight: &mut dgw,
+                grad_bias: Some(&mut dgb),
+                workspace: Some(&mut ws),
+            },
+            dev.stream(),
+        )
+        .unwrap();
+    let mut gw = HostTensor::zeros(spec.dtype(), &spec.weight_shape());
+    let mut gb = HostTensor::zeros(spec.dtype(), &[spec.c()]);
+    dev.download(&dgw, &mut gw).unwrap();
+    dev.download(&dgb, &mut gb).unwrap();
+    let (hw, hb) = wgrad.wgrad_host(&x, &gy).unwrap();
+    assert_eq!(gw.data(), hw.data());
+    assert_eq!(gb.data(), hb.unwrap().data());
+    let mut small = dev.alloc(wgrad.workspace_bytes() - 4).unwrap();
+    let e = wgrad
+        .wgrad(
+            WgradBuffers {
+                x: &dx,
+                grad_output: &dgy,
+                grad_weight: &mut dgw,
+                grad_bias: Some(&mut dgb),
+                workspace: Some(&mut small),
+            },
+            dev.stream(),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("workspace"), "{e}");
+    let e = wgrad
+        .wgrad(
+            WgradBuffers {
+                x: &dx,
+                grad_output: &dgy,
+                grad_weight: &mut dgw,
+                grad_bias: None,
+                workspace: None,
+            },
+            dev.stream(),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("grad_bias"), "{e}");
+}

@@ -40,7 +40,7 @@ use crate::dispatch::{choose, config_for, Choice, Source};
 use crate::epilogue::{check_operand, Epilogue};
 use crate::error::{Error, Result};
 use crate::pass::Pass;
-use crate::spec::ConvSpec;
+use crate::spec::{ConvSpec, DType};
 use crate::tensor::HostTensor;
 use crate::tune::{TuneCache, TuneTarget};
 use crate::variants::{forced_configs, Config, Variant};
@@ -467,6 +467,54 @@ pub struct ConvBuffers<'a> {
     pub residual: Option<&'a CudaSlice<u8>>,
 }
 
+/// Device buffers of one grad-input call ([`Plan::dgrad`]); sizes are checked. Without
+/// a `workspace` (at least [`Plan::workspace_bytes`]) the plan allocates its scratch
+/// on the stream.
+pub struct DgradBuffers<'a> {
+    pub grad_output: &'a CudaSlice<u8>,
+    pub w: &'a CudaSlice<u8>,
+    pub grad_input: &'a mut CudaSlice<u8>,
+    pub workspace: Option<&'a mut CudaSlice<u8>>,
+}
+
+/// Device buffers of one grad-weight call ([`Plan::wgrad`]): `grad_bias` exactly when
+/// the plan's problem has a bias; the workspace as for [`DgradBuffers`].
+pub struct WgradBuffers<'a> {
+    pub x: &'a CudaSlice<u8>,
+    pub grad_output: &'a CudaSlice<u8>,
+    pub grad_weight: &'a mut CudaSlice<u8>,
+    pub grad_bias: Option<&'a mut CudaSlice<u8>>,
+    pub workspace: Option<&'a mut CudaSlice<u8>>,
+}
+
+/// `Err` unless a buffer of `len` bytes holds `elems` elements of `dtype`.
+fn need_bytes(what: &'static str, len: usize, elems: usize, dtype: DType) -> Result<()> {
+    let want = elems * dtype.size_bytes();
+    if len < want {
+        return Err(Error::TensorMismatch {
+            what,
+            expected: format!("at least {want} bytes ({elems} x {dtype})"),
+            got: format!("{len} bytes"),
+        });
+    }
+    Ok(())
+}
+
+/// The presence a plan's problem asks of an optional operand, as an error otherwise.
+fn presence(what: &'static str, wanted: bool, given: bool, kind: &str) -> Result<()> {
+    if wanted == given {
+        return Ok(());
+    }
+    Err(Error::TensorMismatch {
+        what,
+        expected: format!(
+            "{} (as the plan's epilogue says)",
+            if wanted { kind } else { "none" }
+        ),
+        got: if wanted { "none" } else { kind }.into(),
+    })
+}
+
 impl Plan {
     pub fn problem(&self) -> &ConvProblem {
         &self.problem
@@ -636,15 +684,16 @@ impl Plan {
             PlanImpl::Cuda(c) => {
                 let dev = &c.dev;
                 let (dgy, dw) = (dev.upload(grad_output)?, dev.upload(w)?);
-                let dgx = dev.alloc(grad_input.size_bytes())?;
-                let ptrs = ConvPointers {
-                    grad_output: dev.device_ptr(&dgy),
-                    w: dev.device_ptr(&dw),
-                    grad_input: dev.device_ptr(&dgx),
-                    ..ConvPointers::default()
-                };
-                // SAFETY: as in run_host_into.
-                unsafe { self.run_raw(&ptrs, dev.stream().cu_stream())? };
+                let mut dgx = dev.alloc(grad_input.size_bytes())?;
+                self.dgrad(
+                    DgradBuffers {
+                        grad_output: &dgy,
+                        w: &dw,
+                        grad_input: &mut dgx,
+                        workspace: None,
+                    },
+                    dev.stream(),
+                )?;
                 dev.download(&dgx, grad_input)
             }
         }
@@ -706,20 +755,21 @@ impl Plan {
             PlanImpl::Cuda(c) => {
                 let dev = &c.dev;
                 let (dx, dgy) = (dev.upload(x)?, dev.upload(grad_output)?);
-                let dgw = dev.alloc(grad_weight.size_bytes())?;
-                let dgb = match &grad_bias {
+                let mut dgw = dev.alloc(grad_weight.size_bytes())?;
+                let mut dgb = match &grad_bias {
                     Some(gb) => Some(dev.alloc(gb.size_bytes())?),
                     None => None,
                 };
-                let ptrs = ConvPointers {
-                    x: dev.device_ptr(&dx),
-                    grad_output: dev.device_ptr(&dgy),
-                    grad_weight: dev.device_ptr(&dgw),
-                    grad_bias: dgb.as_ref().map_or(0, |b| dev.device_ptr(b)),
-                    ..ConvPointers::default()
-                };
-                // SAFETY: as in run_host_into.
-                unsafe { self.run_raw(&ptrs, dev.stream().cu_stream())? };
+                self.wgrad(
+                    WgradBuffers {
+                        x: &dx,
+                        grad_output: &dgy,
+                        grad_weight: &mut dgw,
+                        grad_bias: dgb.as_mut(),
+                        workspace: None,
+                    },
+                    dev.stream(),
+                )?;
                 dev.download(&dgw, grad_weight)?;
                 if let (Some(gb), Some(d)) = (grad_bias, dgb.as_ref()) {
                     dev.download(d, gb)?;
@@ -735,33 +785,16 @@ impl Plan {
         self.expect_pass(Pass::Forward, "run")?;
         let spec = &self.problem.spec;
         let epi = &self.problem.epilogue;
-        let e = spec.dtype().size_bytes();
-        let need = |what: &'static str, len: usize, elems: usize| -> Result<()> {
-            if len < elems * e {
-                return Err(Error::TensorMismatch {
-                    what,
-                    expected: format!("at least {} bytes ({elems} x {})", elems * e, spec.dtype()),
-                    got: format!("{len} bytes"),
-                });
+        let dt = spec.dtype();
+        need_bytes("input", bufs.x.len(), spec.input_len(), dt)?;
+        need_bytes("weight", bufs.w.len(), spec.weight_len(), dt)?;
+        need_bytes("output", bufs.y.len(), spec.output_len(), dt)?;
+        let operand = |what: &'static str, wanted: bool, b: Option<&CudaSlice<u8>>, elems| {
+            presence(what, wanted, b.is_some(), "a buffer")?;
+            match b {
+                Some(b) => need_bytes(what, b.len(), elems, dt).map(|_| b.device_ptr(stream).0),
+                None => Ok(0),
             }
-            Ok(())
-        };
-        need("input", bufs.x.len(), spec.input_len())?;
-        need("weight", bufs.w.len(), spec.weight_len())?;
-        need("output", bufs.y.len(), spec.output_len())?;
-        let operand = |what: &'static str, wanted: bool, b: Option<&CudaSlice<u8>>, elems| match (
-            wanted, b,
-        ) {
-            (true, Some(b)) => need(what, b.len(), elems).map(|_| b.device_ptr(stream).0),
-            (false, None) => Ok(0),
-            _ => Err(Error::TensorMismatch {
-                what,
-                expected: format!(
-                    "{} (as the plan's epilogue says)",
-                    if wanted { "a buffer" } else { "none" }
-                ),
-                got: if wanted { "none" } else { "a buffer" }.into(),
-            }),
         };
         let ptrs = ConvPointers {
             bias: operand("bias", epi.bias, bufs.bias, spec.c())?,
@@ -773,6 +806,87 @@ impl Plan {
         };
         // SAFETY: every pointer addresses a live buffer of at least the bytes the spec
         // needs (checked above), and they stay borrowed for the call.
+        unsafe { self.run_raw(&ptrs, stream.cu_stream()) }
+    }
+
+    /// The caller's workspace, checked against the plan's need (0 = the plan allocates).
+    fn workspace_ptr(
+        &self,
+        workspace: Option<&mut CudaSlice<u8>>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<u64> {
+        match workspace {
+            None => Ok(0),
+            Some(ws) => {
+                let want = self.workspace_bytes();
+                if ws.len() < want {
+                    return Err(Error::TensorMismatch {
+                        what: "workspace",
+                        expected: format!("at least {want} bytes (Plan::workspace_bytes)"),
+                        got: format!("{} bytes", ws.len()),
+                    });
+                }
+                Ok(if want == 0 {
+                    0
+                } else {
+                    ws.device_ptr_mut(stream).0
+                })
+            }
+        }
+    }
+
+    /// grad-input of a dgrad plan on device buffers, enqueued on `stream`.
+    pub fn dgrad(&self, bufs: DgradBuffers<'_>, stream: &Arc<CudaStream>) -> Result<()> {
+        self.expect_pass(Pass::Dgrad, "dgrad")?;
+        let spec = &self.problem.spec;
+        let dt = spec.dtype();
+        need_bytes("grad_output", bufs.grad_output.len(), spec.output_len(), dt)?;
+        need_bytes("weight", bufs.w.len(), spec.weight_len(), dt)?;
+        need_bytes("grad_input", bufs.grad_input.len(), spec.input_len(), dt)?;
+        let ptrs = ConvPointers {
+            grad_output: bufs.grad_output.device_ptr(stream).0,
+            w: bufs.w.device_ptr(stream).0,
+            grad_input: bufs.grad_input.device_ptr_mut(stream).0,
+            workspace: self.workspace_ptr(bufs.workspace, stream)?,
+            ..ConvPointers::default()
+        };
+        // SAFETY: every pointer addresses a live buffer of at least the bytes the spec
+        // (and the plan, for the workspace) needs, checked above, borrowed for the call.
+        unsafe { self.run_raw(&ptrs, stream.cu_stream()) }
+    }
+
+    /// grad-weight (and grad-bias, when the problem has a bias) of a wgrad plan on
+    /// device buffers, enqueued on `stream`. Deterministic: the same bits every call.
+    pub fn wgrad(&self, bufs: WgradBuffers<'_>, stream: &Arc<CudaStream>) -> Result<()> {
+        self.expect_pass(Pass::Wgrad, "wgrad")?;
+        let spec = &self.problem.spec;
+        let dt = spec.dtype();
+        need_bytes("input", bufs.x.len(), spec.input_len(), dt)?;
+        need_bytes("grad_output", bufs.grad_output.len(), spec.output_len(), dt)?;
+        need_bytes("grad_weight", bufs.grad_weight.len(), spec.weight_len(), dt)?;
+        let wants_bias = self.problem.epilogue.bias;
+        presence(
+            "grad_bias",
+            wants_bias,
+            bufs.grad_bias.is_some(),
+            "a buffer",
+        )?;
+        let grad_bias = match bufs.grad_bias {
+            Some(gb) => {
+                need_bytes("grad_bias", gb.len(), spec.c(), dt)?;
+                gb.device_ptr_mut(stream).0
+            }
+            None => 0,
+        };
+        let ptrs = ConvPointers {
+            x: bufs.x.device_ptr(stream).0,
+            grad_output: bufs.grad_output.device_ptr(stream).0,
+            grad_weight: bufs.grad_weight.device_ptr_mut(stream).0,
+            grad_bias,
+            workspace: self.workspace_ptr(bufs.workspace, stream)?,
+            ..ConvPointers::default()
+        };
+        // SAFETY: as in dgrad.
         unsafe { self.run_raw(&ptrs, stream.cu_stream()) }
     }
 
