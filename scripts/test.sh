@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-nvrtc.sh   # NVRTC + CUDA headers from PyPI into .nvrtc/, for the kernel-compile test
+./scripts/install-vulkan.sh  # a Vulkan loader + Mesa's lavapipe, for the Vulkan backend's tests
 export LD_LIBRARY_PATH="$PWD/.nvrtc/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings

@@ -473,7 +473,7 @@ pub fn profile(report: &ProfileReport) -> String {
             Cell::new(k.diagnosis.as_ref().map_or("-", |d| d.verdict.as_str())),
         ]);
     }
-    out + "\n" + &t.to_string()
+    out + "\n" + t.to_string().as_str()
 }
 
 #[cfg(test)]

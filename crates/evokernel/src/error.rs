@@ -46,6 +46,10 @@ pub enum Error {
     #[error("backend '{backend}' is not available: {reason}")]
     BackendUnavailable { backend: String, reason: String },
 
+    /// A Vulkan call failed; `result` is the VkResult's name.
+    #[error("Vulkan error {result} in {call}")]
+    Vulkan { call: &'static str, result: String },
+
     /// A CUDA call failed; `name` is the CUDA error name.
     #[error("CUDA error {name} in {call}")]
     Cuda { call: String, name: String },
@@ -127,7 +131,10 @@ impl Error {
     /// available or failed, 4 for a kernel that does not compile (a defect of evokernel).
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::BackendUnavailable { .. } | Error::Cuda { .. } | Error::Profiler { .. } => 3,
+            Error::BackendUnavailable { .. }
+            | Error::Cuda { .. }
+            | Error::Vulkan { .. }
+            | Error::Profiler { .. } => 3,
             Error::Compile { .. } => 4,
             _ => 2,
         }

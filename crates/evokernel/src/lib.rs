@@ -67,6 +67,8 @@ pub mod tensor;
 pub mod tune;
 pub mod variants;
 pub mod verify;
+#[cfg(feature = "vulkan")]
+pub mod vulkan;
 
 pub use engine::{ConvProblem, Engine, Plan};
 pub use epilogue::{Activation, Epilogue};

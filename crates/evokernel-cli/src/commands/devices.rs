@@ -1,4 +1,5 @@
-//! `evokernel devices`: the GPUs, or why there are none, and the libraries found.
+//! `evokernel devices`: the CUDA GPUs and Vulkan devices, or why there are none, and the
+//! libraries found.
 
 use std::path::PathBuf;
 
@@ -21,6 +22,23 @@ pub fn run(json: Option<PathBuf>) -> Result<bool, Error> {
         );
     } else {
         println!("{}", table::devices(&survey.gpus));
+    }
+    match &survey.vulkan_unavailable {
+        Some(why) => println!("no Vulkan: {why}"),
+        None => {
+            for d in &survey.vulkan {
+                println!(
+                    "Vulkan {}: {} ({}), API {}, {} B shared a workgroup, subgroup {}, {} B push constants",
+                    d.index,
+                    d.name,
+                    d.kind,
+                    d.api_version,
+                    d.max_shared_bytes,
+                    d.subgroup_size,
+                    d.max_push_constant_bytes
+                );
+            }
+        }
     }
     println!(
         "NVRTC {}, cuDNN {}, CPU backend {}",

@@ -468,6 +468,11 @@ pub struct Survey {
     pub cudnn_version: Option<String>,
     /// The CPU backend's instruction set (it always works).
     pub cpu_backend: String,
+    /// Vulkan devices (the Vulkan backend, started: issue 19).
+    #[cfg(feature = "vulkan")]
+    pub vulkan: Vec<crate::vulkan::VulkanDeviceInfo>,
+    /// Why there is no Vulkan, when there is none.
+    pub vulkan_unavailable: Option<String>,
 }
 
 /// Looks for GPUs and libraries; never fails (what is missing is in the answer).
@@ -476,12 +481,23 @@ pub fn survey() -> Survey {
         Ok(g) => (g, None),
         Err(e) => (Vec::new(), Some(e.to_string())),
     };
+    #[cfg(feature = "vulkan")]
+    let (vulkan, vulkan_unavailable) = match crate::vulkan::list_vulkan_devices() {
+        Ok(v) if v.is_empty() => (v, Some("a Vulkan loader but no device".into())),
+        Ok(v) => (v, None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    #[cfg(not(feature = "vulkan"))]
+    let vulkan_unavailable = Some("built without the vulkan feature".to_string());
     Survey {
         gpus,
         cuda_unavailable,
         nvrtc_version: libs::nvrtc_version().ok().map(|(a, b)| format!("{a}.{b}")),
         cudnn_version: cudnn::version(),
         cpu_backend: format!("cpu-{}", crate::cpu::Isa::detect().name()),
+        #[cfg(feature = "vulkan")]
+        vulkan,
+        vulkan_unavailable,
     }
 }
 

@@ -1,0 +1,456 @@
+//! One Vulkan device: instance, the physical device's limits, a logical device with one
+//! compute queue, host-visible buffers and a one-shot compute dispatch.
+
+use std::ffi::CStr;
+use std::sync::Arc;
+
+use ash::vk;
+
+use super::vk_err;
+use crate::error::{Error, Result};
+
+/// What a Vulkan device reports (the limits the kernels' spaces are pruned by).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct VulkanDeviceInfo {
+    pub index: usize,
+    pub name: String,
+    pub kind: String,
+    pub api_version: String,
+    pub driver_version: u32,
+    /// Shared memory a workgroup may use (bytes).
+    pub max_shared_bytes: u32,
+    pub max_workgroup_invocations: u32,
+    pub max_push_constant_bytes: u32,
+    pub subgroup_size: u32,
+    pub timestamp_period_ns: f32,
+}
+
+/// The loader and an instance; dropped in order (instance first).
+struct Instance {
+    _entry: ash::Entry,
+    instance: ash::Instance,
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        // SAFETY: every object made from the instance was destroyed before (the devices
+        // hold an Arc to it).
+        unsafe { self.instance.destroy_instance(None) };
+    }
+}
+
+fn open_instance() -> Result<Arc<Instance>> {
+    // SAFETY: loads libvulkan.so.1 with the platform's dynamic loader.
+    let entry = unsafe { ash::Entry::load() }.map_err(|e| Error::BackendUnavailable {
+        backend: "vulkan".into(),
+        reason: format!(
+            "no Vulkan loader ({e}); install libvulkan1 and a driver (scripts/install-vulkan.sh \
+             installs Mesa's lavapipe)"
+        ),
+    })?;
+    let app = vk::ApplicationInfo::default()
+        .application_name(c"evokernel")
+        .api_version(vk::make_api_version(0, 1, 1, 0));
+    let info = vk::InstanceCreateInfo::default().application_info(&app);
+    // SAFETY: a valid create-info with no extensions or layers.
+    let instance =
+        unsafe { entry.create_instance(&info, None) }.map_err(vk_err("vkCreateInstance"))?;
+    Ok(Arc::new(Instance {
+        _entry: entry,
+        instance,
+    }))
+}
+
+fn describe(inst: &ash::Instance, index: usize, pd: vk::PhysicalDevice) -> VulkanDeviceInfo {
+    let mut subgroup = vk::PhysicalDeviceSubgroupProperties::default();
+    let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut subgroup);
+    // SAFETY: `pd` came from this instance; Vulkan 1.1 has the properties2 query.
+    unsafe { inst.get_physical_device_properties2(pd, &mut props2) };
+    let p = props2.properties;
+    let subgroup_size = subgroup.subgroup_size;
+    // SAFETY: device_name is a NUL-terminated array filled by the driver.
+    let name = unsafe { CStr::from_ptr(p.device_name.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    let v = p.api_version;
+    VulkanDeviceInfo {
+        index,
+        name,
+        kind: format!("{:?}", p.device_type),
+        api_version: format!(
+            "{}.{}.{}",
+            vk::api_version_major(v),
+            vk::api_version_minor(v),
+            vk::api_version_patch(v)
+        ),
+        driver_version: p.driver_version,
+        max_shared_bytes: p.limits.max_compute_shared_memory_size,
+        max_workgroup_invocations: p.limits.max_compute_work_group_invocations,
+        max_push_constant_bytes: p.limits.max_push_constants_size,
+        subgroup_size,
+        timestamp_period_ns: p.limits.timestamp_period,
+    }
+}
+
+/// Every Vulkan device the loader finds (none, not an error, where there is a loader
+/// but no driver).
+pub fn list_vulkan_devices() -> Result<Vec<VulkanDeviceInfo>> {
+    let inst = open_instance()?;
+    // SAFETY: a live instance.
+    let pds = unsafe { inst.instance.enumerate_physical_devices() }
+        .map_err(vk_err("vkEnumeratePhysicalDevices"))?;
+    Ok(pds
+        .into_iter()
+        .enumerate()
+        .map(|(i, pd)| describe(&inst.instance, i, pd))
+        .collect())
+}
+
+/// A logical device with one compute queue.
+pub struct VulkanDevice {
+    info: VulkanDeviceInfo,
+    memory: vk::PhysicalDeviceMemoryProperties,
+    queue: vk::Queue,
+    family: u32,
+    device: ash::Device,
+    /// Kept alive past the device (dropped after it).
+    _instance: Arc<Instance>,
+}
+
+impl Drop for VulkanDevice {
+    fn drop(&mut self) {
+        // SAFETY: callers' objects (buffers, pipelines) are destroyed when their calls
+        // end; the queue is idle after every dispatch (fence waited).
+        unsafe { self.device.destroy_device(None) };
+    }
+}
+
+/// A host-visible, coherent storage buffer, mapped for its whole life.
+pub(crate) struct HostBuffer<'d> {
+    dev: &'d VulkanDevice,
+    pub(crate) buffer: vk::Buffer,
+    memory: vk::DeviceMemory,
+    ptr: *mut u8,
+    pub(crate) bytes: usize,
+}
+
+impl HostBuffer<'_> {
+    pub(crate) fn write(&mut self, data: &[u8]) {
+        assert!(data.len() <= self.bytes);
+        // SAFETY: the mapping covers `bytes` bytes; no dispatch is running.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr, data.len()) };
+    }
+    pub(crate) fn read(&self, out: &mut [u8]) {
+        assert!(out.len() <= self.bytes);
+        // SAFETY: as in write; coherent memory, the fence was waited.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr, out.as_mut_ptr(), out.len()) };
+    }
+}
+
+impl Drop for HostBuffer<'_> {
+    fn drop(&mut self) {
+        // SAFETY: no dispatch uses the buffer any more (each waits on its fence).
+        unsafe {
+            self.dev.device.unmap_memory(self.memory);
+            self.dev.device.destroy_buffer(self.buffer, None);
+            self.dev.device.free_memory(self.memory, None);
+        }
+    }
+}
+
+impl VulkanDevice {
+    /// Opens device `index` of [`list_vulkan_devices`].
+    pub fn open(index: usize) -> Result<Self> {
+        let instance = open_instance()?;
+        let inst = &instance.instance;
+        // SAFETY: a live instance.
+        let pds = unsafe { inst.enumerate_physical_devices() }
+            .map_err(vk_err("vkEnumeratePhysicalDevices"))?;
+        let pd = *pds.get(index).ok_or_else(|| Error::BackendUnavailable {
+            backend: "vulkan".into(),
+            reason: format!("no Vulkan device {index} ({} found)", pds.len()),
+        })?;
+        let info = describe(inst, index, pd);
+        // SAFETY: `pd` belongs to `inst`.
+        let families = unsafe { inst.get_physical_device_queue_family_properties(pd) };
+        let family = families
+            .iter()
+            .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
+            .ok_or_else(|| Error::BackendUnavailable {
+                backend: "vulkan".into(),
+                reason: format!("{} has no compute queue", info.name),
+            })? as u32;
+        let priorities = [1.0f32];
+        let queues = [vk::DeviceQueueCreateInfo::default()
+            .queue_family_index(family)
+            .queue_priorities(&priorities)];
+        let create = vk::DeviceCreateInfo::default().queue_create_infos(&queues);
+        // SAFETY: valid create-info for a queue family the device has.
+        let device =
+            unsafe { inst.create_device(pd, &create, None) }.map_err(vk_err("vkCreateDevice"))?;
+        // SAFETY: queue 0 of a family created above.
+        let queue = unsafe { device.get_device_queue(family, 0) };
+        // SAFETY: `pd` belongs to `inst`.
+        let memory = unsafe { inst.get_physical_device_memory_properties(pd) };
+        Ok(VulkanDevice {
+            info,
+            memory,
+            queue,
+            family,
+            device,
+            _instance: instance,
+        })
+    }
+
+    pub fn info(&self) -> &VulkanDeviceInfo {
+        &self.info
+    }
+
+    /// A host-visible coherent storage buffer of `bytes` (at least 4).
+    pub(crate) fn host_buffer(&self, bytes: usize) -> Result<HostBuffer<'_>> {
+        let size = bytes.max(4) as u64;
+        let info = vk::BufferCreateInfo::default()
+            .size(size)
+            .usage(vk::BufferUsageFlags::STORAGE_BUFFER)
+            .sharing_mode(vk::SharingMode::EXCLUSIVE);
+        let d = &self.device;
+        // SAFETY: valid create-info; every object is destroyed by HostBuffer's drop.
+        unsafe {
+            let buffer = d
+                .create_buffer(&info, None)
+                .map_err(vk_err("vkCreateBuffer"))?;
+            let req = d.get_buffer_memory_requirements(buffer);
+            let want =
+                vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
+            let Some(kind) = (0..self.memory.memory_type_count).find(|&i| {
+                req.memory_type_bits & (1 << i) != 0
+                    && self.memory.memory_types[i as usize]
+                        .property_flags
+                        .contains(want)
+            }) else {
+                d.destroy_buffer(buffer, None);
+                return Err(Error::BackendUnavailable {
+                    backend: "vulkan".into(),
+                    reason: format!("{} has no host-visible coherent memory", self.info.name),
+                });
+            };
+            let alloc = vk::MemoryAllocateInfo::default()
+                .allocation_size(req.size)
+                .memory_type_index(kind);
+            let memory = match d.allocate_memory(&alloc, None) {
+                Ok(m) => m,
+                Err(e) => {
+                    d.destroy_buffer(buffer, None);
+                    return Err(vk_err("vkAllocateMemory")(e));
+                }
+            };
+            let mapped = d
+                .bind_buffer_memory(buffer, memory, 0)
+                .and_then(|_| d.map_memory(memory, 0, size, vk::MemoryMapFlags::empty()));
+            match mapped {
+                Ok(ptr) => Ok(HostBuffer {
+                    dev: self,
+                    buffer,
+                    memory,
+                    ptr: ptr.cast(),
+                    bytes: size as usize,
+                }),
+                Err(e) => {
+                    d.destroy_buffer(buffer, None);
+                    d.free_memory(memory, None);
+                    Err(vk_err("vkMapMemory")(e))
+                }
+            }
+        }
+    }
+
+    /// Runs `spirv`'s `main` once over `groups` workgroups with the storage buffers bound
+    /// at bindings 0.. of set 0 and `push` as push constants; waits for it.
+    pub(crate) fn dispatch(
+        &self,
+        spirv: &[u32],
+        buffers: &[&HostBuffer<'_>],
+        push: &[u8],
+        groups: u32,
+    ) -> Result<()> {
+        let d = &self.device;
+        let mut cleanup = Cleanup {
+            d: Some(d),
+            ..Cleanup::default()
+        };
+        // SAFETY: each object is created from valid create-infos and destroyed by
+        // `cleanup` after the fence wait (or on the error path before any submit).
+        unsafe {
+            let module = d
+                .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(spirv), None)
+                .map_err(vk_err("vkCreateShaderModule"))?;
+            cleanup.module = module;
+            let bindings: Vec<_> = (0..buffers.len() as u32)
+                .map(|b| {
+                    vk::DescriptorSetLayoutBinding::default()
+                        .binding(b)
+                        .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                        .descriptor_count(1)
+                        .stage_flags(vk::ShaderStageFlags::COMPUTE)
+                })
+                .collect();
+            let set_layout = d
+                .create_descriptor_set_layout(
+                    &vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings),
+                    None,
+                )
+                .map_err(vk_err("vkCreateDescriptorSetLayout"))?;
+            cleanup.set_layout = set_layout;
+            let ranges = [vk::PushConstantRange::default()
+                .stage_flags(vk::ShaderStageFlags::COMPUTE)
+                .size(push.len() as u32)];
+            let layouts = [set_layout];
+            let layout = d
+                .create_pipeline_layout(
+                    &vk::PipelineLayoutCreateInfo::default()
+                        .set_layouts(&layouts)
+                        .push_constant_ranges(&ranges),
+                    None,
+                )
+                .map_err(vk_err("vkCreatePipelineLayout"))?;
+            cleanup.layout = layout;
+            let stage = vk::PipelineShaderStageCreateInfo::default()
+                .stage(vk::ShaderStageFlags::COMPUTE)
+                .module(module)
+                .name(c"main");
+            let pipeline = d
+                .create_compute_pipelines(
+                    vk::PipelineCache::null(),
+                    &[vk::ComputePipelineCreateInfo::default()
+                        .stage(stage)
+                        .layout(layout)],
+                    None,
+                )
+                .map_err(|(_, e)| vk_err("vkCreateComputePipelines")(e))?[0];
+            cleanup.pipeline = pipeline;
+            let sizes = [vk::DescriptorPoolSize::default()
+                .ty(vk::DescriptorType::STORAGE_BUFFER)
+                .descriptor_count(buffers.len() as u32)];
+            let pool = d
+                .create_descriptor_pool(
+                    &vk::DescriptorPoolCreateInfo::default()
+                        .max_sets(1)
+                        .pool_sizes(&sizes),
+                    None,
+                )
+                .map_err(vk_err("vkCreateDescriptorPool"))?;
+            cleanup.pool = pool;
+            let set = d
+                .allocate_descriptor_sets(
+                    &vk::DescriptorSetAllocateInfo::default()
+                        .descriptor_pool(pool)
+                        .set_layouts(&layouts),
+                )
+                .map_err(vk_err("vkAllocateDescriptorSets"))?[0];
+            let infos: Vec<[vk::DescriptorBufferInfo; 1]> = buffers
+                .iter()
+                .map(|b| {
+                    [vk::DescriptorBufferInfo::default()
+                        .buffer(b.buffer)
+                        .range(vk::WHOLE_SIZE)]
+                })
+                .collect();
+            let writes: Vec<_> = infos
+                .iter()
+                .enumerate()
+                .map(|(i, info)| {
+                    vk::WriteDescriptorSet::default()
+                        .dst_set(set)
+                        .dst_binding(i as u32)
+                        .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                        .buffer_info(info)
+                })
+                .collect();
+            d.update_descriptor_sets(&writes, &[]);
+            let cmd_pool = d
+                .create_command_pool(
+                    &vk::CommandPoolCreateInfo::default().queue_family_index(self.family),
+                    None,
+                )
+                .map_err(vk_err("vkCreateCommandPool"))?;
+            cleanup.cmd_pool = cmd_pool;
+            let cmd = d
+                .allocate_command_buffers(
+                    &vk::CommandBufferAllocateInfo::default()
+                        .command_pool(cmd_pool)
+                        .level(vk::CommandBufferLevel::PRIMARY)
+                        .command_buffer_count(1),
+                )
+                .map_err(vk_err("vkAllocateCommandBuffers"))?[0];
+            d.begin_command_buffer(
+                cmd,
+                &vk::CommandBufferBeginInfo::default()
+                    .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+            )
+            .map_err(vk_err("vkBeginCommandBuffer"))?;
+            d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, pipeline);
+            d.cmd_bind_descriptor_sets(cmd, vk::PipelineBindPoint::COMPUTE, layout, 0, &[set], &[]);
+            d.cmd_push_constants(cmd, layout, vk::ShaderStageFlags::COMPUTE, 0, push);
+            d.cmd_dispatch(cmd, groups, 1, 1);
+            // Shader writes visible to the host reads after the fence.
+            let barrier = vk::MemoryBarrier::default()
+                .src_access_mask(vk::AccessFlags::SHADER_WRITE)
+                .dst_access_mask(vk::AccessFlags::HOST_READ);
+            d.cmd_pipeline_barrier(
+                cmd,
+                vk::PipelineStageFlags::COMPUTE_SHADER,
+                vk::PipelineStageFlags::HOST,
+                vk::DependencyFlags::empty(),
+                &[barrier],
+                &[],
+                &[],
+            );
+            d.end_command_buffer(cmd)
+                .map_err(vk_err("vkEndCommandBuffer"))?;
+            let fence = d
+                .create_fence(&vk::FenceCreateInfo::default(), None)
+                .map_err(vk_err("vkCreateFence"))?;
+            cleanup.fence = fence;
+            let cmds = [cmd];
+            d.queue_submit(
+                self.queue,
+                &[vk::SubmitInfo::default().command_buffers(&cmds)],
+                fence,
+            )
+            .map_err(vk_err("vkQueueSubmit"))?;
+            d.wait_for_fences(&[fence], true, u64::MAX)
+                .map_err(vk_err("vkWaitForFences"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Destroys a dispatch's objects (null handles are skipped) when it ends, errors included.
+#[derive(Default)]
+struct Cleanup<'d> {
+    d: Option<&'d ash::Device>,
+    module: vk::ShaderModule,
+    set_layout: vk::DescriptorSetLayout,
+    layout: vk::PipelineLayout,
+    pipeline: vk::Pipeline,
+    pool: vk::DescriptorPool,
+    cmd_pool: vk::CommandPool,
+    fence: vk::Fence,
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        let Some(d) = self.d else { return };
+        // SAFETY: the objects were made by `d` and, past the fence wait (or before any
+        // submit), are no longer in use; destroying a null handle is a no-op.
+        unsafe {
+            d.destroy_fence(self.fence, None);
+            d.destroy_command_pool(self.cmd_pool, None);
+            d.destroy_descriptor_pool(self.pool, None);
+            d.destroy_pipeline(self.pipeline, None);
+            d.destroy_pipeline_layout(self.layout, None);
+            d.destroy_descriptor_set_layout(self.set_layout, None);
+            d.destroy_shader_module(self.module, None);
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! The Vulkan backend (issue 19), started: the loader opened at run time (`ash`, no link
+//! to libvulkan), devices listed with the limits the kernels must respect (read from the
+//! device, never assumed), GLSL compiled to SPIR-V at run time (`shader`), and the
+//! portable naive depthwise forward verified against the oracle (`naive`). Tested on
+//! Mesa's lavapipe (CPU) in CI; not yet on the H100's driver nor on AMD hardware.
+
+mod device;
+pub mod naive;
+pub mod shader;
+
+pub use device::{list_vulkan_devices, VulkanDevice, VulkanDeviceInfo};
+
+use crate::error::Error;
+
+/// A failed Vulkan call as an error naming the call and the VkResult.
+pub(crate) fn vk_err(call: &'static str) -> impl Fn(ash::vk::Result) -> Error {
+    move |r| Error::Vulkan {
+        call,
+        result: format!("{r:?}"),
+    }
+}

@@ -1,0 +1,125 @@
+//! The Vulkan backend on whatever Vulkan device is here: Mesa's lavapipe (CPU) in CI
+//! (scripts/install-vulkan.sh installs it), the H100's driver on the GPU machine. The
+//! naive shader against the f64 oracle: the public suite's cases shrunk to small sizes
+//! (the same kernels, strides, dilations, paddings and layouts) and seeded random specs,
+//! with NaN/Inf in some inputs.
+
+use evokernel::reference::conv_reference;
+use evokernel::suite::public_suite;
+use evokernel::tensor::SplitMix64;
+use evokernel::vulkan::naive::conv_vulkan_naive;
+use evokernel::vulkan::{list_vulkan_devices, VulkanDevice};
+use evokernel::{compare, ConvParams, ConvSpec, DType, HostTensor, Layout};
+
+fn device() -> VulkanDevice {
+    let devices = list_vulkan_devices()
+        .unwrap_or_else(|e| panic!("{e}\n(run scripts/install-vulkan.sh, or ./scripts/test.sh)"));
+    assert!(
+        !devices.is_empty(),
+        "a Vulkan loader but no device: run scripts/install-vulkan.sh (Mesa's lavapipe)"
+    );
+    for d in &devices {
+        eprintln!("vulkan device: {d:?}");
+    }
+    VulkanDevice::open(0).unwrap()
+}
+
+fn check(dev: &VulkanDevice, name: &str, spec: &ConvSpec, seed: u64, non_finite: bool) {
+    let mut x = HostTensor::random_normal(DType::F32, &spec.input_shape(), seed);
+    let w = HostTensor::random_normal(DType::F32, &spec.weight_shape(), seed + 1);
+    if non_finite {
+        let mut rng = SplitMix64::new(seed);
+        for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let i = (rng.next_u64() % x.len() as u64) as usize;
+            x.set_f64(i, v);
+        }
+    }
+    let y = conv_vulkan_naive(dev, spec, &x, &w).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let want = conv_reference(spec, &x, &w).unwrap();
+    let c = compare(&y, &want).unwrap();
+    assert!(c.passes(DType::F32), "{name} {spec}: {c:?}");
+}
+
+#[test]
+fn naive_shader_matches_the_oracle_on_the_public_suite_shrunk() {
+    let dev = device();
+    for (i, case) in public_suite().unwrap().into_iter().enumerate() {
+        let s = &case.spec;
+        // The case's kernel, strides, dilations, paddings and layout on a small input.
+        let dims = s.spatial_dims();
+        let keep = |a: [usize; 3]| a[3 - dims..].iter().map(|&v| v as i64).collect::<Vec<_>>();
+        let (pb, pa) = (keep(s.pad_before3()), keep(s.pad_after3()));
+        let kernel = keep(s.kernel3());
+        let dilation = keep(s.dilation3());
+        let input: Vec<i64> = (0..dims)
+            .map(|d| (dilation[d] * (kernel[d] - 1) + 1 - pb[d] - pa[d]).max(1) + 6 + d as i64)
+            .collect();
+        let p = ConvParams {
+            n: 2,
+            c: 5,
+            input,
+            kernel,
+            stride: keep(s.stride3()),
+            dilation,
+            padding: (0..dims).map(|d| [pb[d], pa[d]]).collect(),
+            layout: s.layout(),
+            dtype: DType::F32,
+        };
+        let spec = p.validate().unwrap();
+        check(&dev, &case.name, &spec, 10 + i as u64, i % 3 == 0);
+    }
+}
+
+#[test]
+fn naive_shader_matches_the_oracle_on_random_specs() {
+    let dev = device();
+    let mut rng = SplitMix64::new(2026);
+    let mut pick = |lo: u64, hi: u64| lo + rng.next_u64() % (hi - lo + 1);
+    let mut checked = 0;
+    for i in 0..40u64 {
+        let dims = pick(1, 3) as usize;
+        let mut p = ConvParams {
+            n: pick(1, 2) as i64,
+            c: pick(1, 12) as i64,
+            input: vec![],
+            kernel: vec![],
+            stride: vec![],
+            dilation: vec![],
+            padding: vec![],
+            layout: if pick(0, 1) == 0 {
+                Layout::ChannelsFirst
+            } else {
+                Layout::ChannelsLast
+            },
+            dtype: DType::F32,
+        };
+        for _ in 0..dims {
+            let k = pick(1, 5) as i64;
+            let (s, dl) = (pick(1, 3) as i64, pick(1, 2) as i64);
+            let (pb, pa) = (pick(0, 3) as i64, pick(0, 3) as i64);
+            p.input
+                .push(((dl * (k - 1) + 1) - pb - pa).max(1) + pick(0, 12) as i64);
+            p.kernel.push(k);
+            p.stride.push(s);
+            p.dilation.push(dl);
+            p.padding.push([pb, pa]);
+        }
+        if let Ok(spec) = p.validate() {
+            check(&dev, &format!("random #{i}"), &spec, 100 + i, i % 4 == 0);
+            checked += 1;
+        }
+    }
+    assert!(checked >= 30, "only {checked} random specs were valid");
+}
+
+#[test]
+fn devices_report_their_limits() {
+    let devices = list_vulkan_devices().unwrap();
+    assert!(!devices.is_empty());
+    for d in devices {
+        assert!(d.max_shared_bytes >= 16 * 1024, "{d:?}");
+        assert!(d.max_push_constant_bytes >= 128, "{d:?}");
+        assert!(d.max_workgroup_invocations >= 128, "{d:?}");
+        assert!(d.subgroup_size >= 1, "{d:?}");
+    }
+}
