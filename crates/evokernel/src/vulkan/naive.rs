@@ -89,7 +89,7 @@ pub fn conv_vulkan_naive(
         channels_last: (spec.layout() == Layout::ChannelsLast) as i32,
         total,
     };
-    let spirv = super::shader::compile_compute("naive", SOURCE)?;
+    let (spirv, _) = super::shader::compile_compute_cached("naive", SOURCE)?;
     let mut bx = dev.host_buffer(x.size_bytes())?;
     let mut bw = dev.host_buffer(w.size_bytes())?;
     let mut y = HostTensor::zeros(spec.dtype(), &spec.output_shape());

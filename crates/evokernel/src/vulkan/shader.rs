@@ -1,10 +1,44 @@
 //! GLSL compute shaders to SPIR-V at run time with glslang (the C++ compiler built by the
 //! `glslang` crate: cooperative matrices, subgroups, specialization constants, none of
-//! which naga's GLSL front end has).
+//! which naga's GLSL front end has), cached on disk like the CUBINs
+//! (`<cache>/spirv/<name>-<hash>.spv`, the hash over the source and the target).
 
+use crate::cache::{cache_dir, stable_hash, write_atomic};
 use crate::error::{Error, Result};
 
-/// SPIR-V words of a compute shader; `name` labels errors.
+/// What every cached SPIR-V depends on besides its source (a new target or compiler
+/// changes it).
+const TARGET: &str = "vulkan1.1-spirv1.3-glslang0.6";
+
+/// SPIR-V words of a compute shader, from the disk cache when it has them; `name` labels
+/// errors and cache files. The bool says whether they came from the cache.
+pub fn compile_compute_cached(name: &str, source: &str) -> Result<(Vec<u32>, bool)> {
+    let path = cache_dir().join("spirv").join(format!(
+        "{name}-{}.spv",
+        stable_hash(&[source.as_bytes(), TARGET.as_bytes()])
+    ));
+    if let Ok(bytes) = std::fs::read(&path) {
+        if !bytes.is_empty() && bytes.len() % 4 == 0 {
+            let words: Vec<u32> = bytes
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            if words[0] == SPIRV_MAGIC {
+                return Ok((words, true));
+            }
+        }
+    }
+    let words = compile_compute(name, source)?;
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    // A cache that cannot be written costs a recompile next time, nothing more.
+    let _ = write_atomic(&path, &bytes);
+    Ok((words, false))
+}
+
+/// The first word of every SPIR-V module.
+pub const SPIRV_MAGIC: u32 = 0x0723_0203;
+
+/// SPIR-V words of a compute shader (no cache); `name` labels errors.
 pub fn compile_compute(name: &str, source: &str) -> Result<Vec<u32>> {
     use glslang::{
         Compiler, CompilerOptions, Shader, ShaderInput, ShaderSource, ShaderStage, SourceLanguage,
@@ -44,10 +78,24 @@ mod tests {
     #[test]
     fn the_naive_shader_compiles_and_errors_carry_the_log() {
         let words = compile_compute("naive", super::super::naive::SOURCE).unwrap();
-        assert_eq!(words[0], 0x0723_0203, "SPIR-V magic");
+        assert_eq!(words[0], SPIRV_MAGIC);
         let e = compile_compute("broken", "#version 450\nvoid main() { undefined_x = 1; }")
             .unwrap_err()
             .to_string();
         assert!(e.contains("broken") && e.contains("undefined_x"), "{e}");
+    }
+
+    #[test]
+    fn a_second_compile_comes_from_the_disk_cache() {
+        // A source no other test compiles: its own cache entry.
+        let src = format!(
+            "{}\n// cache probe {}\n",
+            super::super::naive::SOURCE,
+            std::process::id()
+        );
+        let (a, hit_a) = compile_compute_cached("cache-probe", &src).unwrap();
+        let (b, hit_b) = compile_compute_cached("cache-probe", &src).unwrap();
+        assert!(!hit_a && hit_b);
+        assert_eq!(a, b);
     }
 }
