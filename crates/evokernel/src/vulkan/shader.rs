@@ -87,9 +87,13 @@ mod tests {
 
     #[test]
     fn a_second_compile_comes_from_the_disk_cache() {
-        // A source no other test compiles: its own cache entry.
+        // A source no other run compiled: its own cache entry.
+        let nonce = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
         let src = format!(
-            "{}\n// cache probe {}\n",
+            "{}\n// cache probe {} {nonce}\n",
             super::super::naive::SOURCE,
             std::process::id()
         );
