@@ -7,7 +7,7 @@
 use evokernel::reference::conv_reference;
 use evokernel::suite::public_suite;
 use evokernel::tensor::SplitMix64;
-use evokernel::vulkan::naive::conv_vulkan_naive;
+use evokernel::vulkan::naive::{conv_vulkan_naive, conv_vulkan_naive_timed};
 use evokernel::vulkan::{list_vulkan_devices, VulkanDevice};
 use evokernel::{compare, ConvParams, ConvSpec, DType, HostTensor, Layout};
 
@@ -122,4 +122,30 @@ fn devices_report_their_limits() {
         assert!(d.max_workgroup_invocations >= 128, "{d:?}");
         assert!(d.subgroup_size >= 1, "{d:?}");
     }
+}
+
+/// Timestamps around the dispatch give its device time (lavapipe has them): positive and
+/// finite (speed itself is the bench's business, not a test's).
+#[test]
+fn dispatches_are_timed_by_timestamps() {
+    let dev = device();
+    let time = |c: i64| {
+        let mut p = ConvParams::seed();
+        p.c = c;
+        p.input = vec![9, 20, 24];
+        p.dtype = DType::F32;
+        let spec = p.validate().unwrap();
+        let x = HostTensor::random_normal(DType::F32, &spec.input_shape(), 1);
+        let w = HostTensor::random_normal(DType::F32, &spec.weight_shape(), 2);
+        let (_, ms) = conv_vulkan_naive_timed(&dev, &spec, &x, &w).unwrap();
+        let ms = ms.expect("the compute queue writes timestamps");
+        assert!(ms.is_finite() && ms > 0.0, "{ms}");
+        ms
+    };
+    let (small, large) = (time(2), time(64));
+    eprintln!(
+        "naive on {}: 2 channels {small:.3} ms, 64 channels {large:.3} ms",
+        dev.info().name
+    );
+    assert!(large > small, "32x the work took {large} vs {small} ms");
 }

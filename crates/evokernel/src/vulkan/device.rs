@@ -112,6 +112,8 @@ pub struct VulkanDevice {
     memory: vk::PhysicalDeviceMemoryProperties,
     queue: vk::Queue,
     family: u32,
+    /// The compute queue writes timestamps (its family's timestamp_valid_bits > 0).
+    timestamps: bool,
     device: ash::Device,
     /// Kept alive past the device (dropped after it).
     _instance: Arc<Instance>,
@@ -180,6 +182,7 @@ impl VulkanDevice {
                 backend: "vulkan".into(),
                 reason: format!("{} has no compute queue", info.name),
             })? as u32;
+        let timestamps = families[family as usize].timestamp_valid_bits > 0;
         let priorities = [1.0f32];
         let queues = [vk::DeviceQueueCreateInfo::default()
             .queue_family_index(family)
@@ -197,6 +200,7 @@ impl VulkanDevice {
             memory,
             queue,
             family,
+            timestamps,
             device,
             _instance: instance,
         })
@@ -265,14 +269,16 @@ impl VulkanDevice {
     }
 
     /// Runs `spirv`'s `main` once over `groups` workgroups with the storage buffers bound
-    /// at bindings 0.. of set 0 and `push` as push constants; waits for it.
+    /// at bindings 0.. of set 0 and `push` as push constants; waits for it. Returns the
+    /// dispatch's device time in ms from two timestamps around it, where the queue has
+    /// timestamps.
     pub(crate) fn dispatch(
         &self,
         spirv: &[u32],
         buffers: &[&HostBuffer<'_>],
         push: &[u8],
         groups: u32,
-    ) -> Result<()> {
+    ) -> Result<Option<f64>> {
         let d = &self.device;
         let mut cleanup = Cleanup {
             d: Some(d),
@@ -388,10 +394,31 @@ impl VulkanDevice {
                     .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
             )
             .map_err(vk_err("vkBeginCommandBuffer"))?;
+            if self.timestamps {
+                let queries = d
+                    .create_query_pool(
+                        &vk::QueryPoolCreateInfo::default()
+                            .query_type(vk::QueryType::TIMESTAMP)
+                            .query_count(2),
+                        None,
+                    )
+                    .map_err(vk_err("vkCreateQueryPool"))?;
+                cleanup.queries = queries;
+                d.cmd_reset_query_pool(cmd, queries, 0, 2);
+                d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::TOP_OF_PIPE, queries, 0);
+            }
             d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, pipeline);
             d.cmd_bind_descriptor_sets(cmd, vk::PipelineBindPoint::COMPUTE, layout, 0, &[set], &[]);
             d.cmd_push_constants(cmd, layout, vk::ShaderStageFlags::COMPUTE, 0, push);
             d.cmd_dispatch(cmd, groups, 1, 1);
+            if self.timestamps {
+                d.cmd_write_timestamp(
+                    cmd,
+                    vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                    cleanup.queries,
+                    1,
+                );
+            }
             // Shader writes visible to the host reads after the fence.
             let barrier = vk::MemoryBarrier::default()
                 .src_access_mask(vk::AccessFlags::SHADER_WRITE)
@@ -420,8 +447,21 @@ impl VulkanDevice {
             .map_err(vk_err("vkQueueSubmit"))?;
             d.wait_for_fences(&[fence], true, u64::MAX)
                 .map_err(vk_err("vkWaitForFences"))?;
+            if !self.timestamps {
+                return Ok(None);
+            }
+            let mut ticks = [0u64; 2];
+            d.get_query_pool_results(
+                cleanup.queries,
+                0,
+                &mut ticks,
+                vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+            )
+            .map_err(vk_err("vkGetQueryPoolResults"))?;
+            let ns =
+                ticks[1].saturating_sub(ticks[0]) as f64 * self.info.timestamp_period_ns as f64;
+            Ok(Some(ns * 1e-6))
         }
-        Ok(())
     }
 }
 
@@ -436,6 +476,7 @@ struct Cleanup<'d> {
     pool: vk::DescriptorPool,
     cmd_pool: vk::CommandPool,
     fence: vk::Fence,
+    queries: vk::QueryPool,
 }
 
 impl Drop for Cleanup<'_> {
@@ -444,6 +485,7 @@ impl Drop for Cleanup<'_> {
         // SAFETY: the objects were made by `d` and, past the fence wait (or before any
         // submit), are no longer in use; destroying a null handle is a no-op.
         unsafe {
+            d.destroy_query_pool(self.queries, None);
             d.destroy_fence(self.fence, None);
             d.destroy_command_pool(self.cmd_pool, None);
             d.destroy_descriptor_pool(self.pool, None);

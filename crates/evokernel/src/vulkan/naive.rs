@@ -59,6 +59,17 @@ pub fn conv_vulkan_naive(
     x: &HostTensor,
     w: &HostTensor,
 ) -> Result<HostTensor> {
+    conv_vulkan_naive_timed(dev, spec, x, w).map(|(y, _)| y)
+}
+
+/// As [`conv_vulkan_naive`], with the dispatch's device time in ms (timestamps around
+/// it; None where the device's compute queue has none).
+pub fn conv_vulkan_naive_timed(
+    dev: &VulkanDevice,
+    spec: &ConvSpec,
+    x: &HostTensor,
+    w: &HostTensor,
+) -> Result<(HostTensor, Option<f64>)> {
     if spec.dtype() != DType::F32 {
         return Err(Error::BackendUnavailable {
             backend: "vulkan".into(),
@@ -97,7 +108,7 @@ pub fn conv_vulkan_naive(
     bx.write(x.as_bytes());
     bw.write(w.as_bytes());
     let groups = total.div_ceil(WORKGROUP).clamp(1, 65_535);
-    dev.dispatch(&spirv, &[&bx, &bw, &by], &push.bytes(), groups)?;
+    let ms = dev.dispatch(&spirv, &[&bx, &bw, &by], &push.bytes(), groups)?;
     by.read(y.as_bytes_mut());
-    Ok(y)
+    Ok((y, ms))
 }
