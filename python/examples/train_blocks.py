@@ -59,18 +59,14 @@ class X3dBottleneck(nn.Module):
         return self.post(self.dw(self.expand(x))) + x
 
 
-def step_ms(model, x, iters: int, warmup: int = 3) -> float:
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    cuda = x.is_cuda
+def median_ms(step, cuda: bool, iters: int, warmup: int = 3) -> float:
+    """Median wall time of `step()` after `warmup` untimed calls (synchronized on CUDA)."""
     times = []
     for i in range(warmup + iters):
         if cuda:
             torch.cuda.synchronize()
         t = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        y = model(x)
-        y.float().square().mean().backward()
-        opt.step()
+        step()
         if cuda:
             torch.cuda.synchronize()
         if i >= warmup:
@@ -78,23 +74,29 @@ def step_ms(model, x, iters: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def layer_ms(layer, shape, dtype, dev, iters: int, warmup: int = 3) -> float:
+def step_ms(model, x, iters: int) -> float:
+    """One SGD training step of the block: forward, backward, update."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        model(x).float().square().mean().backward()
+        opt.step()
+
+    return median_ms(step, x.is_cuda, iters)
+
+
+def layer_ms(layer, shape, dtype, dev, iters: int) -> float:
     """Forward + backward of one layer on a fresh input that needs its gradient."""
     x = torch.randn(*shape, device=dev, dtype=dtype, requires_grad=True)
-    times = []
-    for i in range(warmup + iters):
-        if x.is_cuda:
-            torch.cuda.synchronize()
-        t = time.perf_counter()
+
+    def step():
         x.grad = None
         layer.zero_grad(set_to_none=True)
         y = layer(x)
         y.backward(torch.ones_like(y))
-        if x.is_cuda:
-            torch.cuda.synchronize()
-        if i >= warmup:
-            times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+
+    return median_ms(step, x.is_cuda, iters)
 
 
 def main():

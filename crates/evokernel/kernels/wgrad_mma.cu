@@ -61,7 +61,8 @@ __device__ __forceinline__ void cp_async8_zfill(unsigned dst, const void* src, b
                  "r"(ok ? 8 : 0));
 }
 
-__device__ __forceinline__ unsigned pack4(const unsigned short* h) {
+// Two 16-bit elements (their bits) as one 32-bit fragment register, h[0] in the low half.
+__device__ __forceinline__ unsigned pack_pair(const unsigned short* h) {
     return h[0] | ((unsigned)h[1] << 16);
 }
 
@@ -207,7 +208,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                                       xc + id * plane + (long long)ih * a.iw + col + e))
                                 : (unsigned short)0;
                         *reinterpret_cast<uint2*>(ring + slot + kd * Ring::XROW + 4 * ch) =
-                            make_uint2(pack4(h), pack4(h + 2));
+                            make_uint2(pack_pair(h), pack_pair(h + 2));
                     }
                     for (int i = lane; i < Ring::GCH; i += 32) {
                         const int ow = ow0 + 4 * i;
@@ -219,7 +220,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                                       gyp + (long long)oh * a.ow + ow + e))
                                 : (unsigned short)0;
                         *reinterpret_cast<uint2*>(ring + slot + Ring::GY + 4 * i) =
-                            make_uint2(pack4(h), pack4(h + 2));
+                            make_uint2(pack_pair(h), pack_pair(h + 2));
                     }
                 }
             }
@@ -257,8 +258,8 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                     h[e] = !VEC && ok && col + e >= 0 && col + e < a.iw
                         ? __ldg(reinterpret_cast<const unsigned short*>(src + col + e))
                         : (unsigned short)0;
-                af[s][j] = pack4(h);
-                af[s][j + 2] = pack4(h + 2);
+                af[s][j] = pack_pair(h);
+                af[s][j + 2] = pack_pair(h + 2);
             }
         }
 

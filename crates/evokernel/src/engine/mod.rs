@@ -730,17 +730,12 @@ impl Plan {
         x.expect("input", spec.dtype(), spec.input_len())?;
         grad_output.expect("grad_output", spec.dtype(), spec.output_len())?;
         grad_weight.expect("grad_weight", spec.dtype(), spec.weight_len())?;
-        let wants_bias = self.problem.epilogue.bias;
-        if wants_bias != grad_bias.is_some() {
-            return Err(Error::TensorMismatch {
-                what: "grad_bias",
-                expected: format!(
-                    "{} (as the plan's epilogue says)",
-                    if wants_bias { "a tensor" } else { "none" }
-                ),
-                got: if wants_bias { "none" } else { "a tensor" }.into(),
-            });
-        }
+        presence(
+            "grad_bias",
+            self.problem.epilogue.bias,
+            grad_bias.is_some(),
+            "a tensor",
+        )?;
         if let Some(gb) = grad_bias.as_deref() {
             gb.expect("grad_bias", spec.dtype(), spec.c())?;
         }
@@ -864,10 +859,9 @@ impl Plan {
         need_bytes("input", bufs.x.len(), spec.input_len(), dt)?;
         need_bytes("grad_output", bufs.grad_output.len(), spec.output_len(), dt)?;
         need_bytes("grad_weight", bufs.grad_weight.len(), spec.weight_len(), dt)?;
-        let wants_bias = self.problem.epilogue.bias;
         presence(
             "grad_bias",
-            wants_bias,
+            self.problem.epilogue.bias,
             bufs.grad_bias.is_some(),
             "a buffer",
         )?;
