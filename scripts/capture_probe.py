@@ -2,10 +2,14 @@
 per process (forward, grad-input, grad-weight; then forward + autograd.grad through
 evokernel and, as a control, through F.conv3d) after a warm-up on a side stream, as
 test_cuda_graph_capture_and_two_streams does, and prints ok or the error.
-Usage: python3 scripts/capture_probe.py [forward|dgrad|wgrad|autograd|autograd-torch][-first]
-(-first: once on the default stream before the warm-up; no argument: all of them).
-Run 79 (H100): every one captures and replays; the same sequence inside pytest
-(test_cuda_graph_capture_and_two_streams, even alone) still fails."""
+Usage: python3 scripts/capture_probe.py [forward|dgrad|wgrad|autograd|autograd-torch][-first|-keep]
+(-first: once on the default stream before the warm-up; -keep: that first output, and so
+its graph, kept alive through the capture; no argument: all of them).
+Run 79 (H100): every one captures and replays. The test failed (run 81) because it kept
+its first output alive: that graph holds the leaves' grad accumulators, which remember
+the legacy stream of their first forward, and the captured backward then makes the legacy
+stream wait on the capture (CUDAGuardImpl::block in autograd's evaluate_function). The
+-keep cases show it for evokernel and F.conv3d alike."""
 import subprocess
 import sys
 
@@ -13,10 +17,9 @@ import torch
 
 
 def run(which):
-    import evokernel  # noqa: F401  (registers torch.ops.evokernel)
+    import evokernel  # registers torch.ops.evokernel
     torch.manual_seed(6)
     grad = which.startswith("autograd")
-    # NAME-first: the op runs once on the default stream before the warm-up.
     x = torch.randn(2, 32, 6, 16, 20, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
     w = torch.randn(32, 1, 3, 5, 5, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
     gy = torch.randn(2, 32, 4, 16, 20, device="cuda", dtype=torch.bfloat16)
@@ -31,9 +34,16 @@ def run(which):
             torch.nn.functional.conv3d(x, w, padding=(0, 2, 2), groups=32).float().square().sum(),
             (x, w)),
     }
-    op = ops[which.replace("-first", "")] if which.endswith("-first") else ops[which]
+    op = ops[which.replace("-first", "").replace("-keep", "")]
+    kept = None
     if which.endswith("-first"):
-        op()  # once on the default (legacy) stream first, as the pytest does
+        op()  # once on the default (legacy) stream first
+        torch.cuda.synchronize()
+    elif which.endswith("-keep"):
+        fwd = evokernel.depthwise_conv if "torch" not in which else (
+            lambda a, b, padding: torch.nn.functional.conv3d(a, b, padding=padding, groups=32))
+        kept = fwd(x, w, padding=(0, 2, 2))  # its graph stays alive, as a test's y0 would
+        torch.autograd.grad(kept.float().square().sum(), (x, w), retain_graph=True)
         torch.cuda.synchronize()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -57,5 +67,6 @@ if __name__ == "__main__":
         run(sys.argv[1])
     else:
         for w in ("forward", "dgrad", "wgrad", "autograd", "autograd-torch", "autograd-first",
-                  "autograd-torch-first", "forward-first", "dgrad-first", "wgrad-first"):
+                  "autograd-torch-first", "forward-first", "dgrad-first", "wgrad-first",
+                  "autograd-keep", "autograd-torch-keep"):
             subprocess.run([sys.executable, __file__, w], check=False)

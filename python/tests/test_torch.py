@@ -205,6 +205,11 @@ def test_cuda_graph_capture_and_two_streams():
     pads = (0, 2, 2)
     y0 = evokernel.depthwise_conv(x, w, padding=pads)
     gx0, gw0 = torch.autograd.grad(y0.float().square().sum(), (x, w))
+    # Drop y0's graph: it holds x's and w's grad accumulators, which remember the stream of
+    # their first forward (here the legacy default stream); a captured backward reaching
+    # them would make that stream wait on the capture (cudaErrorStreamCaptureImplicit).
+    # F.conv3d fails the same way (scripts/capture_probe.py autograd-torch-keep).
+    y0 = y0.detach()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm up on a side stream, as capture requires
