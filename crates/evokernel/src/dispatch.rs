@@ -101,7 +101,12 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
         ),
         "wgrad_mma" => (2, "grad-weight on tensor cores (few tap rows)"),
         "wgrad" => (1, "the grad-weight kernel"),
-        // Behind the forward kernels on the flipped twin wherever those apply.
+        // Behind the forward kernels on the flipped twin wherever those apply; on
+        // channels-last data a thread per 16 bytes of channels shares the index work.
+        "dgrad_gather_cl" => (
+            19,
+            "the grad-input gather on channels-last data (strided or padded past the kernel)",
+        ),
         "dgrad_gather" => (
             20,
             "the grad-input gather (strided or padded past the kernel)",

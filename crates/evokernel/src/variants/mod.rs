@@ -47,6 +47,7 @@ mod depth_reuse_cl;
 mod depth_reuse_fma;
 mod depth_reuse_fma_cl;
 mod dgrad_gather;
+mod dgrad_gather_cl;
 mod naive;
 mod row_reuse;
 mod smem_tile;
@@ -62,6 +63,7 @@ pub use depth_reuse_cl::DepthReuseCl;
 pub use depth_reuse_fma::DepthReuseFma;
 pub use depth_reuse_fma_cl::DepthReuseFmaCl;
 pub use dgrad_gather::DgradGather;
+pub use dgrad_gather_cl::DgradGatherCl;
 pub use naive::Naive;
 pub use row_reuse::RowReuse;
 pub use smem_tile::SmemTile;
@@ -550,6 +552,7 @@ pub fn registry() -> Vec<&'static dyn Variant> {
         &DepthReuseFma,
         &DepthReuseFmaCl,
         &DgradGather,
+        &DgradGatherCl,
         &Wgrad,
         &WgradMma,
     ]
@@ -890,7 +893,8 @@ depth_reuse_cl ec6936de43dfbdb5292e4be68d905a56
 depth_reuse_fma 5b8a6c065ab91aa874f47b83918bc2bc
 depth_reuse_fma_cl 4be8943b33033b764bf88a74ad1acfb8
 dgrad_gather 5fc50c8418cde94ba899e1ae3e272897
-wgrad badf840f551ecfd4a62d6ce5bf4add9f
+dgrad_gather_cl 5b6d1fea50bd0b8cbc0b7c851fc0049c
+wgrad c79b8b7b0cbfdff9fcf6d09b687c72ae
 wgrad_mma 8af488654afec433084ae587d4d936d0
 ";
 

@@ -100,7 +100,9 @@ impl Variant for Wgrad {
             },
             Param {
                 name: "splits",
-                values: vec![1, 2, 4, 8, 16, 32, 64],
+                // Up to 256: a few channel blocks (channels-last, 32 channels a block)
+                // need many splits to fill the GPU.
+                values: vec![1, 2, 4, 8, 16, 32, 64, 128, 256],
             },
             // Warps per tap-row group.
             Param {
