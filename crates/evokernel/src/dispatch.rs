@@ -100,7 +100,26 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
             "grad-weight on tensor cores (input rows kept in registers)",
         ),
         "wgrad_mma" => (2, "grad-weight on tensor cores (few tap rows)"),
+        // Channels-last grad-weight, same-call A/B against wgrad (docs/perf.md, run 91):
+        // wgrad_cl wins on 3-D specs with many channels (seed-ndhwc 2.43 vs 3.39 ms, x3d
+        // 0.83 vs 0.93) and 1-D specs with thousands of channels (mamba2 0.121 vs 0.148,
+        // hybrid-shortconv 0.428 vs 0.548); it loses elsewhere (video-vae-ndhwc, 128
+        // channels, 2.13 vs 1.73; mobilenet-s2 0.55 vs 0.125; convnext 0.71 vs 0.42;
+        // causal-conv1d-nwc, 2048 channels, 0.178 vs 0.122).
+        "wgrad_cl"
+            if (spec.kernel3()[0] >= 2 && spec.c() >= 192)
+                || (spec.kernel3()[0] * spec.kernel3()[1] == 1 && spec.c() >= 4096) =>
+        {
+            (
+                0,
+                "grad-weight on channels-last data, several channels a lane",
+            )
+        }
         "wgrad" => (1, "the grad-weight kernel"),
+        "wgrad_cl" => (
+            2,
+            "grad-weight on channels-last data (few channels or one depth: wgrad wins)",
+        ),
         // Behind the forward kernels on the flipped twin wherever those apply; on
         // channels-last data a thread per 16 bytes of channels shares the index work.
         "dgrad_gather_cl" => (
@@ -296,6 +315,42 @@ mod tests {
             let c = choose(&case.spec.clone().into(), &h100(), &cache, &[]).unwrap();
             assert_eq!(c.variant, want, "{}: {}", case.name, c.reason);
             assert!(c.reason.starts_with("ranked"));
+        }
+    }
+
+    #[test]
+    fn grad_weight_ranking_pins_the_measured_channels_last_winners() {
+        // Run 91 (docs/perf.md): wgrad_cl against wgrad in the same call.
+        let winners = [
+            ("seed-bf16-ndhwc", "wgrad_cl"),
+            ("mobilenet-s2", "wgrad"),
+            ("x3d-ndhwc", "wgrad_cl"),
+            ("video-vae-ndhwc", "wgrad"),
+            ("convnext-nhwc", "wgrad"),
+            ("mobilenet-s1-nhwc", "wgrad"),
+            ("seed-f16-ndhwc", "wgrad_cl"),
+            ("causal-conv1d-nwc", "wgrad"),
+            ("mamba2-conv1d", "wgrad_cl"),
+            ("hybrid-shortconv", "wgrad_cl"),
+            ("convnext-t-nhwc", "wgrad"),
+            ("efficientnet-k5s2", "wgrad"),
+        ];
+        let cases: Vec<_> = public_suite()
+            .unwrap()
+            .into_iter()
+            .chain(crate::suite::channels_last_suite().unwrap())
+            .chain(crate::suite::models_suite().unwrap())
+            .collect();
+        let cache = empty_cache();
+        for (name, want) in winners {
+            let case = cases.iter().find(|c| c.name == name).unwrap();
+            let problem = ConvProblem {
+                spec: case.spec.clone(),
+                epilogue: Default::default(),
+                pass: Pass::Wgrad,
+            };
+            let c = choose(&problem, &h100(), &cache, &[]).unwrap();
+            assert_eq!(c.variant, want, "{name}: {}", c.reason);
         }
     }
 

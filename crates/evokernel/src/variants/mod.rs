@@ -55,6 +55,7 @@ mod streaming;
 mod streaming_cl;
 mod tensor_core;
 mod wgrad;
+mod wgrad_cl;
 mod wgrad_mma;
 
 pub use channels_last::ChannelsLast;
@@ -71,6 +72,7 @@ pub use streaming::Streaming;
 pub use streaming_cl::StreamingCl;
 pub use tensor_core::TensorCore;
 pub use wgrad::Wgrad;
+pub use wgrad_cl::WgradCl;
 pub use wgrad_mma::WgradMma;
 
 /// Dynamic shared memory a block may opt into on sm_90 (227 KiB).
@@ -554,6 +556,7 @@ pub fn registry() -> Vec<&'static dyn Variant> {
         &DgradGather,
         &DgradGatherCl,
         &Wgrad,
+        &WgradCl,
         &WgradMma,
     ]
 }
@@ -895,6 +898,7 @@ depth_reuse_fma_cl 4be8943b33033b764bf88a74ad1acfb8
 dgrad_gather 5fc50c8418cde94ba899e1ae3e272897
 dgrad_gather_cl 5b6d1fea50bd0b8cbc0b7c851fc0049c
 wgrad c79b8b7b0cbfdff9fcf6d09b687c72ae
+wgrad_cl cf8a747ae51c53e28b3f060ab1a9199a
 wgrad_mma 8af488654afec433084ae587d4d936d0
 ";
 
