@@ -643,3 +643,18 @@ mod random_flags {
         }
     }
 }
+
+#[test]
+fn only_help_names_every_registered_variant() {
+    let out = evokernel(&["bench", "--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    // Every name is followed by a comma (cudnn ends the list), so `wgrad` is not found
+    // inside `wgrad_cl`.
+    for v in evokernel::variants::registry() {
+        assert!(
+            help.contains(&format!(" {},", v.name())),
+            "`--only` help lacks {}",
+            v.name()
+        );
+    }
+}
