@@ -139,29 +139,23 @@ __device__ __forceinline__ void wgrad_cl_walk(const ConvArgs& a, const T* gyr, c
                 wgrad_cl_fetch<T, VEC>(xr[r] + (long long)p * C, ok[r] && p >= 0 && p < a.iw), ring[r][j]);
         }
 
-    Raw gn[U], xn[RB][U][NK > 0 ? NK : 1];
-    auto fetch = [&](int ow0) {
+    for (int ow0 = s0; ow0 < s1; ow0 += U) {
+        // The chunk's loads all issue before its first multiply-add (no branch between).
         const int p0 = ow0 * SW - a.pw;
+        Raw gc[U], xc[RB][U][NK > 0 ? NK : 1];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            gn[u] = wgrad_cl_fetch<T, VEC>(gyr + (long long)(ow0 + u) * C, ow0 + u < s1);
+            gc[u] = wgrad_cl_fetch<T, VEC>(gyr + (long long)(ow0 + u) * C, ow0 + u < s1);
 #pragma unroll
             for (int r = 0; r < RB; ++r)
 #pragma unroll
                 for (int k = 0; k < KW; ++k) {
                     if (wgrad_cl_seen(k, SW, DW, KW)) continue;
                     const int p = p0 + u * SW + k * DW;
-                    xn[r][u][wgrad_cl_new_index(k, SW, DW, KW)] =
+                    xc[r][u][wgrad_cl_new_index(k, SW, DW, KW)] =
                         wgrad_cl_fetch<T, VEC>(xr[r] + (long long)p * C, ok[r] && p >= 0 && p < a.iw);
                 }
         }
-    };
-    for (int ow0 = s0; ow0 < s1; ow0 += U) {
-        // The chunk's loads all issue before its first multiply-add (no branch between).
-        fetch(ow0);
-        const Raw (&gc)[U] = gn;
-        const Raw (&xc)[RB][U][NK > 0 ? NK : 1] = xn;
-        const int p0 = ow0 * SW - a.pw;
         const bool fast = all_ok && p0 >= 0 && p0 + JMAX < a.iw && ow0 + U <= s1;
 #pragma unroll
         for (int u = 0; u < U; ++u) {

@@ -33,13 +33,13 @@ impl Wgrad {
         }
     }
 
-    fn tap_rows(spec: &ConvSpec) -> usize {
+    pub(crate) fn tap_rows(spec: &ConvSpec) -> usize {
         let [kd, kh, _] = spec.kernel3();
         kd * kh
     }
 
     /// Tap-row groups of a block for `rows` tap rows per thread.
-    fn groups(spec: &ConvSpec, rows: usize) -> usize {
+    pub(crate) fn groups(spec: &ConvSpec, rows: usize) -> usize {
         Self::tap_rows(spec).div_ceil(rows.max(1))
     }
 

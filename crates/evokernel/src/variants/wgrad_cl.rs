@@ -34,11 +34,6 @@ const MAX_THREADS: usize = 256;
 const BYTES: [i64; 3] = [16, 8, 4];
 
 impl WgradCl {
-    fn tap_rows(spec: &ConvSpec) -> usize {
-        let [kd, kh, _] = spec.kernel3();
-        kd * kh
-    }
-
     /// Input positions of the ring: the window's span rounded up to a multiple of the W
     /// stride (the kernel's R).
     fn ring(spec: &ConvSpec) -> usize {
@@ -76,17 +71,13 @@ impl WgradCl {
             + (rows * u * Self::new_taps(spec) + u) * (bytes / 4)
     }
 
-    fn groups(spec: &ConvSpec, rows: usize) -> usize {
-        Self::tap_rows(spec).div_ceil(rows.max(1))
-    }
-
     /// Channel vectors of a block: `lanes`, or all of them when there are fewer.
     fn block_lanes(spec: &ConvSpec, bytes: usize, lanes: usize) -> usize {
         lanes.min(spec.c() / Self::vector(spec, bytes)).max(1)
     }
 
     fn threads(spec: &ConvSpec, p: &Params) -> usize {
-        Self::block_lanes(spec, p.bytes, p.lanes) * Self::groups(spec, p.rows) * p.workers
+        Self::block_lanes(spec, p.bytes, p.lanes) * Wgrad::groups(spec, p.rows) * p.workers
     }
 
     fn output_rows(spec: &ConvSpec) -> usize {
@@ -122,16 +113,16 @@ impl Variant for WgradCl {
                 spec.kernel3()[2]
             ));
         }
-        if Self::groups(spec, 1) > MAX_THREADS {
+        if Wgrad::groups(spec, 1) > MAX_THREADS {
             return Err(format!(
                 "{} tap rows exceed a block of {MAX_THREADS} threads",
-                Self::tap_rows(spec)
+                Wgrad::tap_rows(spec)
             ));
         }
         Ok(())
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
-        let rows = Self::tap_rows(spec);
+        let rows = Wgrad::tap_rows(spec);
         let mut per_lane: Vec<i64> = (1..=rows)
             .map(|g| rows.div_ceil(g))
             .filter(|&r| Self::values(spec, 4, r) <= MAX_VALUES)
@@ -176,7 +167,7 @@ impl Variant for WgradCl {
                     && Self::values(spec, b, 1) <= MAX_VALUES
             })
             .unwrap_or(4);
-        let groups = Self::groups(spec, 1);
+        let groups = Wgrad::groups(spec, 1);
         // The most channel vectors a block of at most 256 threads takes with all its groups.
         let lanes = [32usize, 16, 8, 4, 2, 1]
             .into_iter()
@@ -190,14 +181,18 @@ impl Variant for WgradCl {
         // Whole rows where there are enough of them; else the longest segments that give
         // 256 items (1-D: causal-conv1d has 8 rows of 2048).
         let ow = spec.output3()[2];
-        let seg = SEGS[1..]
-            .iter()
-            .rev()
-            .map(|&s| s as usize)
-            .find(|&s| s < ow && Self::output_rows(spec) * ow.div_ceil(s) >= 256)
-            .filter(|_| Self::output_rows(spec) < 256)
-            .unwrap_or(if Self::output_rows(spec) < 256 { 32 } else { 0 });
-        let items = Self::output_rows(spec) * if seg == 0 { 1 } else { ow.div_ceil(seg) };
+        let rows = Self::output_rows(spec);
+        let seg = if rows >= 256 {
+            0
+        } else {
+            SEGS[1..]
+                .iter()
+                .rev()
+                .map(|&s| s as usize)
+                .find(|&s| s < ow && rows * ow.div_ceil(s) >= 256)
+                .unwrap_or(32)
+        };
+        let items = rows * if seg == 0 { 1 } else { ow.div_ceil(seg) };
         // About 4 blocks per SM of a 132-SM H100, each worker at least 4 items, and
         // partials under ~1/16 of the bytes the pass reads.
         let blocks = (spec.c() / Self::vector(spec, bytes)).div_ceil(cv);
@@ -271,7 +266,7 @@ impl Variant for WgradCl {
             grid: (grid_x(self, spec, blocks)?, p.splits as u32, 1),
             block: (
                 cv as u32,
-                Self::groups(spec, p.rows) as u32,
+                Wgrad::groups(spec, p.rows) as u32,
                 p.workers as u32,
             ),
             shared_bytes: 0,
