@@ -16,8 +16,13 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
     run) step run .gpu/evokernel run --json "$out/run.json" ;;
     torch) step torch python3 scripts/torch_baseline.py ;;
     memcheck) LIMIT=400 step memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel verify --suite public --only naive --only channels_last --only smem_tile --only tensor_core --only streaming --only streaming_cl --only depth_reuse --only depth_reuse_fma --only depth_reuse_fma_cl ;;
-    suite) LIMIT=400 step suite .gpu/evokernel bench --suite public --json "$out/suite.json"
-      LIMIT=300 step suite_cl .gpu/evokernel bench --suite channels-last --json "$out/suite-cl.json" ;;
+    suite)
+      # PyTorch's forward on the three suites first, then each suite against the best of
+      # it and cuDNN in process (backend API search and legacy), all in this one call.
+      LIMIT=300 step torch_ref python3 scripts/torch_reference.py "$out/torch-ref.json" suite/public.json suite/channels-last.json suite/models.json --passes forward
+      LIMIT=400 step suite .gpu/evokernel bench --suite public --reference "$out/torch-ref.json" --json "$out/suite.json"
+      LIMIT=300 step suite_cl .gpu/evokernel bench --suite channels-last --reference "$out/torch-ref.json" --json "$out/suite-cl.json"
+      LIMIT=300 step suite_models .gpu/evokernel bench --suite models --reference "$out/torch-ref.json" --json "$out/suite-models.json" ;;
     tunefma)
       # The FMA variants' spaces, exhaustively, on the cases they win.
       export EVOKERNEL_CACHE_DIR=/tmp/evk-tune-cache
@@ -40,12 +45,12 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       # scripts/test-python.sh) into .gpu/ first; pytest runs every test on cuda too.
       LIMIT=400 step python bash -c 'python3 -m pip install -q --no-deps --target /tmp/evk-py .gpu/evokernel-*.whl && cd python/tests && PYTHONPATH=/tmp/evk-py python3 -m pytest -q' ;;
     backward)
-      # Both backward passes on the public suite (every kernel, then the picks) against
-      # PyTorch's backward measured in this same call.
-      LIMIT=${BWD_LIMIT:-300} step dgrad .gpu/evokernel bench --suite public --pass dgrad ${BWD_ARGS:-} --json "$out/dgrad.json"
-      LIMIT=${BWD_LIMIT:-300} step wgrad .gpu/evokernel bench --suite public --pass wgrad ${BWD_ARGS:-} --json "$out/wgrad.json"
-      LIMIT=300 step torch_bwd python3 scripts/torch_backward.py suite/public.json "$out/torch-bwd.json"
-      python3 scripts/backward_summary.py "$out/torch-bwd.json" "$out/dgrad.json" "$out/wgrad.json" > "$out/bwd-summary.txt" 2>&1 ;;
+      # Both backward passes on a suite (BWD_SUITE, default public; every kernel, then
+      # the picks) against cuDNN's backend API and PyTorch's backward, same call.
+      bs=${BWD_SUITE:-public}
+      LIMIT=300 step torch_bwd python3 scripts/torch_reference.py "$out/torch-bwd.json" "suite/$bs.json" --passes dgrad,wgrad
+      LIMIT=${BWD_LIMIT:-300} step dgrad .gpu/evokernel bench --suite "$bs" --pass dgrad --reference "$out/torch-bwd.json" ${BWD_ARGS:-} --json "$out/dgrad.json"
+      LIMIT=${BWD_LIMIT:-300} step wgrad .gpu/evokernel bench --suite "$bs" --pass wgrad --reference "$out/torch-bwd.json" ${BWD_ARGS:-} --json "$out/wgrad.json" ;;
     bwdcheck)
       LIMIT=300 step bwd_memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel verify --suite public --pass all --only dgrad_gather --only wgrad --only wgrad_mma --only depth_reuse --only depth_reuse_fma_cl --only smem_tile
       LIMIT=200 step bwd_racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 40 --kernel 3x5x5 --padding 0,2,2 --pass all --only wgrad --only wgrad_mma --only dgrad_gather --only depth_reuse
@@ -84,9 +89,8 @@ done
 cat "$out/smi.txt"
 grep -E "test result|FAILED|panicked|^== " "$out/tests.log" 2>/dev/null | head -30
 for f in memcheck racecheck racecheck_cl bwd_memcheck bwd_racecheck bwd_racecheck_cl; do [ -f "$out/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$out/$f.log" | head -5; done
-for f in devices torch run suite suite_cl engine python blocks dgrad wgrad torch_bwd; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
+for f in devices torch torch_ref run suite suite_cl suite_models engine python blocks torch_bwd dgrad wgrad; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
 [ -f "$out/sweep.txt" ] && cat "$out/sweep.txt"
-[ -f "$out/bwd-summary.txt" ] && cat "$out/bwd-summary.txt"
 for f in vk_devices vk_tests; do [ -f "$out/$f.log" ] && tail -30 "$out/$f.log"; done
 [ -f "$out/tune-summary.log" ] && cut -c1-230 "$out/tune-summary.log"
 [ -f "$out/profile.log" ] && grep -vE "^[│┌└╞├]" "$out/profile.log" | grep -E "^seed|verdict|next|occupancy|counters" | cut -c1-260 | tail -40

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 use evokernel::backend::BackendChoice;
 use evokernel::bench::Protocol;
+use evokernel::external::ExternalTimes;
 use evokernel::session::Options;
 use evokernel::spec::{parse_dims, parse_padding};
 use evokernel::suite::load_suite;
@@ -38,13 +39,17 @@ pub struct Common {
     /// Fuse a residual add (a random tensor of the output's shape) after the activation
     #[arg(long)]
     pub residual: bool,
-    /// Run only these implementations (repeatable): naive, row_reuse, channels_last, smem_tile, tensor_core, streaming, streaming_cl, depth_reuse, depth_reuse_cl, depth_reuse_fma, depth_reuse_fma_cl, dgrad_gather, dgrad_gather_cl, wgrad, wgrad_cl, wgrad_mma, cudnn
+    /// Run only these implementations (repeatable): naive, row_reuse, channels_last, smem_tile, tensor_core, streaming, streaming_cl, depth_reuse, depth_reuse_cl, depth_reuse_fma, depth_reuse_fma_cl, dgrad_gather, dgrad_gather_cl, wgrad, wgrad_cl, wgrad_mma, cudnn (the backend API's best engine), cudnn-legacy
     #[arg(long = "only", value_name = "NAME")]
     pub only: Vec<String>,
     /// The pass to measure: forward, dgrad (grad-input), wgrad (grad-weight, with
     /// grad-bias under --bias) or all
     #[arg(long, default_value = "forward", value_name = "PASS")]
     pub pass: PassChoice,
+    /// Outside reference times to report and divide by (the JSON scripts/torch_reference.py
+    /// writes: PyTorch's F.convNd and backward, measured in the same GPU call)
+    #[arg(long, value_name = "FILE")]
+    pub reference: Option<PathBuf>,
 }
 
 /// `--pass`: one pass or all three.
@@ -205,6 +210,12 @@ pub fn options(common: &Common, time: bool, iters: usize) -> Result<Options, Err
             residual: common.residual,
         },
         pass: common.pass.passes()[0],
+        references: common
+            .reference
+            .as_deref()
+            .map(ExternalTimes::load)
+            .transpose()?
+            .map(std::sync::Arc::new),
     })
 }
 

@@ -115,6 +115,12 @@ pub fn render(report: &RunReport) -> String {
                 case.flops as f64 / 1e9
             ));
         }
+        for r in &case.references {
+            out.push_str(&format!(
+                "\n{}: {} {:.3} ms (--reference)",
+                case.name, r.name, r.median_ms
+            ));
+        }
         for (name, why) in &case.skipped {
             out.push_str(&format!("\n{}: {name} not run: {why}", case.name));
         }
@@ -127,6 +133,16 @@ pub fn render(report: &RunReport) -> String {
         if let Some(e) = &case.dispatch_error {
             out.push_str(&format!("\n{}: no GPU kernel takes it: {e}", case.name));
         }
+    }
+    let mut sources: Vec<&str> = report
+        .cases
+        .iter()
+        .flat_map(|c| c.references.iter().map(|r| r.source.as_str()))
+        .collect();
+    sources.sort_unstable();
+    sources.dedup();
+    for s in sources {
+        out.push_str(&format!("\nreference times measured by: {s}"));
     }
     if report.cases.len() > 1 {
         if let Some(summary) = dispatch_summary(report) {
@@ -141,9 +157,11 @@ fn chosen(case: &CaseReport) -> Option<&Choice> {
     case.dispatch.as_ref()
 }
 
-/// One row per case: what dispatch picks, its time against the floor and cuDNN, and
-/// the fastest implementation measured when that is another one; then the geometric
-/// mean speedup over cuDNN and how many cases reach half their floor.
+/// One row per case: what dispatch picks, its time against the floor, cuDNN's best
+/// engine and the best reference of all (cuDNN's rows and the outside times of
+/// `--reference`), and the fastest implementation measured when that is another one;
+/// then per pass the geometric mean over the best reference, the cases slower than it,
+/// and how many cases whose floor is >= 20 us reach 50% and 60% of it.
 pub fn dispatch_summary(report: &RunReport) -> Option<String> {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
@@ -155,16 +173,25 @@ pub fn dispatch_summary(report: &RunReport) -> Option<String> {
         "floor ms",
         "% floor",
         "cuDNN ms",
-        "x cuDNN",
+        "best reference",
+        "x best",
         "fastest measured, if another",
     ]);
-    // Per pass: logs of the ratios to cuDNN, cases at half their floor, cases.
-    let mut stats: Vec<(evokernel::Pass, Vec<f64>, usize, usize)> = Vec::new();
+    #[derive(Default)]
+    struct PassStats {
+        logs: Vec<f64>,
+        slower: Vec<String>,
+        big: usize,
+        half: usize,
+        sixty: usize,
+        rows: usize,
+    }
+    let mut stats: Vec<(evokernel::Pass, PassStats)> = Vec::new();
     for case in &report.cases {
         if !stats.iter().any(|s| s.0 == case.pass) {
-            stats.push((case.pass, Vec::new(), 0, 0));
+            stats.push((case.pass, PassStats::default()));
         }
-        let Some((_, logs, half, rows)) = stats.iter_mut().find(|s| s.0 == case.pass) else {
+        let Some((_, s)) = stats.iter_mut().find(|s| s.0 == case.pass) else {
             continue;
         };
         let Some(choice) = chosen(case) else { continue };
@@ -174,19 +201,25 @@ pub fn dispatch_summary(report: &RunReport) -> Option<String> {
             .iter()
             .find(|r| r.config.as_deref() == Some(choice.config.as_str()));
         let cudnn = case.rows.iter().find(|r| r.name == "cudnn").and_then(ms);
+        let best = case.best_reference();
         let time = row.and_then(ms);
         let pct = time.zip(case.floor_ms).map(|(t, f)| 100.0 * f / t);
-        let ratio = time.zip(cudnn).map(|(t, c)| c / t);
+        let ratio = time.zip(best.as_ref()).map(|(t, b)| b.1 / t);
         if let Some(r) = ratio {
-            logs.push(r.ln());
+            s.logs.push(r.ln());
+            if r < 1.0 {
+                s.slower.push(case.name.clone());
+            }
         }
-        if pct.is_some_and(|p| p >= 50.0) {
-            *half += 1;
+        if case.floor_ms.is_some_and(|f| f >= 0.02) {
+            s.big += 1;
+            s.half += usize::from(pct.is_some_and(|p| p >= 50.0));
+            s.sixty += usize::from(pct.is_some_and(|p| p >= 60.0));
         }
         let fastest = case
             .rows
             .iter()
-            .filter(|r| r.name != "cudnn")
+            .filter(|r| r.config.is_some())
             .filter_map(|r| Some((r, ms(r)?)))
             .min_by(|a, b| a.1.total_cmp(&b.1));
         let other = match (fastest, time) {
@@ -195,7 +228,7 @@ pub fn dispatch_summary(report: &RunReport) -> Option<String> {
             }
             _ => String::new(),
         };
-        *rows += 1;
+        s.rows += 1;
         t.add_row(vec![
             Cell::new(&case.name),
             Cell::new(case.pass.name()),
@@ -204,31 +237,47 @@ pub fn dispatch_summary(report: &RunReport) -> Option<String> {
             right(num(case.floor_ms, 3)),
             right(num(pct, 0)),
             right(num(cudnn, 3)),
-            right(num(ratio, 1)),
+            Cell::new(
+                best.map(|(n, b)| format!("{n} {b:.3} ms"))
+                    .unwrap_or_else(|| "-".into()),
+            ),
+            right(num(ratio, 2)),
             Cell::new(other),
         ]);
     }
-    let rows: usize = stats.iter().map(|s| s.3).sum();
-    let any_ratio = stats.iter().any(|s| !s.1.is_empty());
+    let rows: usize = stats.iter().map(|s| s.1.rows).sum();
+    let any_ratio = stats.iter().any(|s| !s.1.logs.is_empty());
     if rows == 0 || !any_ratio && report.cases.iter().all(|c| c.floor_ms.is_none()) {
         return None;
     }
     let mut text = t.to_string();
-    for (pass, logs, half, rows) in &stats {
-        let geomean =
-            (!logs.is_empty()).then(|| (logs.iter().sum::<f64>() / logs.len() as f64).exp());
-        let vs = if logs.is_empty() {
-            "no in-process baseline".to_string()
+    for (pass, s) in &stats {
+        let vs = if s.logs.is_empty() {
+            "no reference measured".to_string()
         } else {
+            let geomean = (s.logs.iter().sum::<f64>() / s.logs.len() as f64).exp();
             format!(
-                "auto vs cuDNN: geometric mean {}x over {} cases (target 8x)",
-                num(geomean, 1),
-                logs.len()
+                "auto vs the best reference: geometric mean {geomean:.2}x over {} cases, \
+                 slower on {}",
+                s.logs.len(),
+                if s.slower.is_empty() {
+                    "none".to_string()
+                } else {
+                    s.slower.join(", ")
+                }
             )
         };
         text.push_str(&format!(
-            "\n{pass}: {vs}; at >= 50% of the floor: {half} of {rows} cases"
+            "\n{pass}: {vs}; of {} cases with a floor >= 20 us, {} at >= 50% and {} at >= 60% \
+             of it ({} cases in all)",
+            s.big, s.half, s.sixty, s.rows
         ));
+    }
+    if !report.cases.iter().any(|c| !c.references.is_empty()) {
+        text.push_str(
+            "\n(best reference: cuDNN in process only; scripts/torch_reference.py and \
+             --reference add PyTorch's times measured in the same GPU call)",
+        );
     }
     Some(text)
 }
@@ -527,15 +576,17 @@ mod tests {
                 .unwrap();
         assert!(report.cases.iter().all(|c| c.dispatch.is_some()));
         let text = dispatch_summary(&report).unwrap();
-        // Picked per case / cuDNN: 93.9, 71.7, 91.4, 5.6, 10.4, 9.1, 58.2, 11.3, 7.1, 8.0.
+        // Picked per case / cuDNN (the legacy API's row then, the only reference that
+        // run had): 93.9, 71.7, 91.4, 5.6, 10.4, 9.1, 58.2, 11.3, 7.1, 8.0.
         assert!(
-            text.contains("geometric mean 20.4x over 10 cases"),
+            text.contains("geometric mean 20.37x over 10 cases, slower on none"),
             "{text}"
         );
         assert!(
-            text.contains("at >= 50% of the floor: 1 of 10 cases"),
+            text.contains("of 9 cases with a floor >= 20 us, 1 at >= 50% and 1 at >= 60%"),
             "{text}"
         );
+        assert!(text.contains("cuDNN in process only"), "{text}");
         // Dispatch picked the fastest everywhere: no case names a faster one.
         let data = text.lines().filter(|l| l.starts_with('│')).skip(1);
         assert!(data.clone().count() == 10, "{text}");
@@ -544,6 +595,22 @@ mod tests {
                 .all(|l| l.rsplit('┆').next().unwrap().trim() == "│"),
             "{text}"
         );
+        // An outside time faster than the pick names the case as slower.
+        let mut with_torch = report.clone();
+        let odd = with_torch
+            .cases
+            .iter_mut()
+            .find(|c| c.name == "odd-dilated")
+            .unwrap();
+        odd.references.push(evokernel::external::ReferenceTime {
+            name: "pytorch-native".into(),
+            median_ms: 0.050,
+            source: "test".into(),
+        });
+        let text = dispatch_summary(&with_torch).unwrap();
+        assert!(text.contains("pytorch-native 0.050 ms"), "{text}");
+        assert!(text.contains("slower on odd-dilated;"), "{text}");
+        assert!(!text.contains("cuDNN in process only"), "{text}");
         let full = render(&report);
         assert!(full.contains("<- auto"), "{full}");
         assert!(

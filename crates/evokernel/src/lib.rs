@@ -55,6 +55,7 @@ pub mod dispatch;
 pub mod engine;
 pub mod epilogue;
 pub mod error;
+pub mod external;
 pub mod gemm;
 pub mod memory;
 pub mod pass;

@@ -9,7 +9,9 @@ use serde::{Deserialize, Serialize};
 use crate::epilogue::Epilogue;
 use crate::error::{Error, Result};
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Pass {
     #[default]

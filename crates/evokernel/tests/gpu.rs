@@ -747,3 +747,76 @@ fn backward_device_buffers_match_the_host_path_and_check_sizes() {
         .unwrap_err();
     assert!(e.to_string().contains("grad_bias"), "{e}");
 }
+
+/// cuDNN's backend API (the `cudnn` reference row) on every pass of the public suite's
+/// cases and of odd specs: an engine is found, its output passes the oracle's gate, and
+/// a second build takes the cached choice. (The bench runs it on every suite case.)
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cudnn_backend_api_passes_every_pass_of_the_suites() {
+    use evokernel::cuda::cudnn_graph::CudnnGraphRun;
+    let engine = Engine::cuda(0).unwrap();
+    let dev = engine.device().unwrap().as_ref();
+    let odd = |input: Vec<i64>, kernel: Vec<i64>, stride: Vec<i64>, padding: Vec<[i64; 2]>| {
+        ConvParams {
+            n: 2,
+            c: 24,
+            dilation: vec![1; input.len()],
+            input,
+            kernel,
+            stride,
+            padding,
+            layout: Layout::ChannelsFirst,
+            dtype: DType::F16,
+        }
+        .validate()
+        .unwrap()
+    };
+    let mut cases: Vec<(String, ConvSpec)> = public_suite()
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.name, c.spec))
+        .collect();
+    // Asymmetric padding with a stride (the forward may take the symmetric twin), and
+    // an asymmetric 1-D causal pad.
+    cases.push((
+        "odd-asym-strided".into(),
+        odd(vec![9, 11], vec![3, 3], vec![2, 2], vec![[0, 2], [1, 1]]),
+    ));
+    cases.push((
+        "odd-causal-1d".into(),
+        odd(vec![37], vec![4], vec![1], vec![[3, 0]]),
+    ));
+    let mut found = 0;
+    for (name, spec) in &cases {
+        for pass in Pass::ALL {
+            let conv = ConvProblem::new(spec.clone()).with_pass(pass);
+            let problem = ProblemData::random_fused(&conv, 5, 1);
+            let reference = oracle(&problem).unwrap();
+            let dp = DeviceProblem::upload(dev, &problem).unwrap();
+            let mut run = match CudnnGraphRun::new(&dp) {
+                Ok(r) => r,
+                Err(e) => {
+                    assert!(pass != Pass::Forward, "{name} forward: {e}");
+                    eprintln!("{name} {pass}: {e}");
+                    continue;
+                }
+            };
+            let verdict = check(&mut run, &problem, &reference).unwrap();
+            assert!(
+                verdict.passed,
+                "{name} {pass} {}: {:?}",
+                run.describe(),
+                verdict.comparison
+            );
+            eprintln!("{name} {pass}: {}", run.describe());
+            found += 1;
+            let again = CudnnGraphRun::new(&dp).unwrap();
+            assert!(again.describe().contains("cached"), "{}", again.describe());
+        }
+    }
+    eprintln!(
+        "cuDNN's backend API ran {found} of {} passes",
+        cases.len() * 3
+    );
+}

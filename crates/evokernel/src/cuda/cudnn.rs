@@ -1,5 +1,8 @@
-//! The cuDNN baseline, called in process: grouped N-d convolution forward with the
-//! algorithm cuDNN's own search (cudnnFindConvolutionForwardAlgorithm) measures fastest.
+//! cuDNN's legacy API, called in process (the `cudnn-legacy` row): grouped N-d
+//! convolution forward with the algorithm its own search
+//! (cudnnFindConvolutionForwardAlgorithm) measures fastest. A weak reference on depthwise
+//! (IMPLICIT_GEMM, 42 ms on the seed): speed claims are against `cudnn_graph`'s best
+//! engine and PyTorch, never against this row alone.
 //!
 //! cuDNN pads symmetrically; an asymmetric spec runs with `max(before, after)` on both
 //! sides into a larger output and is cropped when read back (what PyTorch's explicit
@@ -27,7 +30,7 @@ pub fn version() -> Option<String> {
     }
 }
 
-fn check(call: &str, s: Status) -> Result<()> {
+pub(crate) fn check(call: &str, s: Status) -> Result<()> {
     if s == Status::CUDNN_STATUS_SUCCESS {
         Ok(())
     } else {
@@ -40,9 +43,9 @@ fn check(call: &str, s: Status) -> Result<()> {
 
 macro_rules! raii {
     ($name:ident, $raw:ty, $create:ident, $destroy:ident) => {
-        struct $name($raw);
+        pub(crate) struct $name(pub(crate) $raw);
         impl $name {
-            fn new() -> Result<Self> {
+            pub(crate) fn new() -> Result<Self> {
                 let mut raw: $raw = std::ptr::null_mut();
                 // SAFETY: out-pointer to a fresh handle.
                 check(stringify!($create), unsafe { sys::$create(&mut raw) })?;
@@ -80,7 +83,7 @@ raii!(
     cudnnDestroyConvolutionDescriptor
 );
 
-fn data_type(d: DType) -> DT {
+pub(crate) fn data_type(d: DType) -> DT {
     match d {
         DType::Bf16 => DT::CUDNN_DATA_BFLOAT16,
         DType::F16 => DT::CUDNN_DATA_HALF,
@@ -160,13 +163,19 @@ pub struct CudnnRun<'p, 'd> {
     search: Vec<AlgoTime>,
 }
 
-/// One algorithm as cuDNN's search measured it.
+/// One algorithm (legacy API) or engine config (backend API) as a cuDNN search
+/// measured it.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct AlgoTime {
     pub algorithm: String,
+    /// `SUCCESS`, or why it was not timed.
     pub status: String,
-    pub ms: f32,
+    /// Its time, when it ran.
+    pub ms: Option<f32>,
     pub workspace_bytes: usize,
+    /// Wall time the search spent on it (building its plan and running it).
+    #[serde(default)]
+    pub search_ms: Option<f32>,
 }
 
 impl<'p, 'd> CudnnRun<'p, 'd> {
@@ -288,8 +297,9 @@ impl<'p, 'd> CudnnRun<'p, 'd> {
             .map(|p| AlgoTime {
                 algorithm: format!("{:?}", p.algo).replace("CUDNN_CONVOLUTION_FWD_ALGO_", ""),
                 status: format!("{:?}", p.status).replace("CUDNN_STATUS_", ""),
-                ms: p.time,
+                ms: (p.status == Status::CUDNN_STATUS_SUCCESS).then_some(p.time),
                 workspace_bytes: p.memory,
+                search_ms: None,
             })
             .collect();
         let best = found
@@ -327,7 +337,7 @@ impl<'p, 'd> CudnnRun<'p, 'd> {
 
 impl ConvRun for CudnnRun<'_, '_> {
     fn name(&self) -> String {
-        "cudnn".into()
+        "cudnn-legacy".into()
     }
 
     fn launch(&mut self, set: usize) -> Result<f64> {
@@ -380,7 +390,12 @@ impl ConvRun for CudnnRun<'_, '_> {
 }
 
 /// The part of `full` (output of `sym`) that is the output of `spec`.
-fn crop(spec: &ConvSpec, sym: &ConvSpec, at: [usize; 3], full: &HostTensor) -> HostTensor {
+pub(crate) fn crop(
+    spec: &ConvSpec,
+    sym: &ConvSpec,
+    at: [usize; 3],
+    full: &HostTensor,
+) -> HostTensor {
     if spec.output3() == sym.output3() {
         return full.clone();
     }

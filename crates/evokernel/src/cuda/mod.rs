@@ -5,6 +5,7 @@
 
 pub mod calibrate;
 pub mod cudnn;
+pub mod cudnn_graph;
 pub mod jit;
 pub mod libs;
 pub mod run;

@@ -15,12 +15,14 @@ use crate::backend::{rotation_sets, BackendChoice, ConvRun, CpuRun, ProblemData}
 use crate::bench::{throughput, time_one, time_pair, Ceilings, Protocol};
 use crate::cpu::{self, Isa};
 use crate::cuda::cudnn::CudnnRun;
+use crate::cuda::cudnn_graph::CudnnGraphRun;
 use crate::cuda::run::{DeviceProblem, KernelRun};
 use crate::cuda::CudaDevice;
 use crate::dispatch::kernel_problem;
 use crate::engine::{ConvProblem, Engine};
 use crate::epilogue::Epilogue;
 use crate::error::{Error, Result};
+use crate::external::ExternalTimes;
 use crate::pass::Pass;
 use crate::spec::ConvSpec;
 use crate::variants::{registry, Config};
@@ -36,7 +38,7 @@ pub struct Options {
     pub protocol: Protocol,
     /// Configs to use instead of the variants' defaults (`--config`, `EVOKERNEL_CONFIG`).
     pub configs: Vec<Config>,
-    /// Only these implementations (variant names, `cudnn`); empty means all.
+    /// Only these implementations (variant names, `cudnn`, `cudnn-legacy`); empty means all.
     pub only: Vec<String>,
     /// The fused epilogue every case runs with (`--bias`, `--activation`, `--residual`).
     #[serde(default)]
@@ -45,11 +47,21 @@ pub struct Options {
     /// pass takes (`Pass::epilogue`).
     #[serde(default)]
     pub pass: Pass,
+    /// Times of outside implementations measured in the same GPU call (`--reference`),
+    /// reported beside each case and in the ratio to the best reference.
+    #[serde(skip)]
+    pub references: Option<Arc<ExternalTimes>>,
 }
 
 impl Options {
     fn wants(&self, name: &str) -> bool {
         self.only.is_empty() || self.only.iter().any(|o| o == name)
+    }
+
+    /// The legacy cuDNN row runs when named, or with every implementation: on a plain
+    /// `--only cudnn` the backend API's row is what is wanted.
+    fn wants_legacy(&self) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| o == "cudnn-legacy")
     }
 }
 
@@ -63,6 +75,7 @@ impl Default for Options {
             only: Vec::new(),
             epilogue: Epilogue::NONE,
             pass: Pass::Forward,
+            references: None,
         }
     }
 }
@@ -225,39 +238,50 @@ impl Session {
                     Err(e) => dispatch_error = Some(e.to_string()),
                 }
                 let mut rows = Vec::new();
-                // cuDNN computes the plain convolution only: no baseline with an epilogue.
-                let wants_cudnn =
-                    opts.wants("cudnn") && conv.epilogue.is_none() && conv.pass == Pass::Forward;
-                if opts.wants("cudnn") && !wants_cudnn {
-                    skipped.push((
-                        "cudnn".to_string(),
-                        if conv.pass != Pass::Forward {
-                            "the in-process baseline is the forward only (PyTorch's backward is co-measured by scripts/gpu-run.sh)"
-                        } else {
-                            "the baseline has no fused epilogue"
+                // In process, cuDNN's rows: its backend API's best engine (`cudnn`, the
+                // baseline every kernel is timed against) and its legacy API's search
+                // (`cudnn-legacy`, forward only). Neither fuses an epilogue.
+                let plain = conv.epilogue.is_none();
+                let mut baseline: Option<CudnnGraphRun> = None;
+                if opts.wants("cudnn") && !plain {
+                    skipped.push(("cudnn".into(), "cuDNN has no fused epilogue".into()));
+                } else if opts.wants("cudnn") {
+                    progress("cuDNN: searching engines");
+                    match CudnnGraphRun::new(&dp) {
+                        Err(e) => skipped.push(("cudnn".to_string(), e.to_string())),
+                        Ok(mut b) => {
+                            let mut row = measure(
+                                &mut b, None, &problem, &reference, sets, opts, floor_ms, progress,
+                            )?;
+                            row.note = Some(b.describe());
+                            baseline_search = b.search().to_vec();
+                            let passed = row.verdict.passed;
+                            rows.push(row);
+                            baseline = passed.then_some(b);
                         }
-                        .to_string(),
-                    ));
+                    }
                 }
-                progress("cuDNN: searching algorithms");
-                let mut baseline = match wants_cudnn.then(|| CudnnRun::new(&dp)) {
-                    Some(Ok(b)) => Some(b),
-                    Some(Err(e)) => {
-                        skipped.push(("cudnn".to_string(), e.to_string()));
-                        None
+                if opts.wants("cudnn-legacy") && opts.wants_legacy() {
+                    if !plain || conv.pass != Pass::Forward {
+                        skipped.push((
+                            "cudnn-legacy".into(),
+                            "the legacy API's row is the plain forward only".into(),
+                        ));
+                    } else {
+                        progress("cuDNN legacy: searching algorithms");
+                        match CudnnRun::new(&dp) {
+                            Err(e) => skipped.push(("cudnn-legacy".to_string(), e.to_string())),
+                            Ok(mut b) => {
+                                let base = baseline.as_mut().map(|b| b as &mut dyn ConvRun);
+                                let mut row = measure(
+                                    &mut b, base, &problem, &reference, sets, opts, floor_ms,
+                                    progress,
+                                )?;
+                                row.note = Some(format!("cuDNN legacy API, {}", b.algorithm()));
+                                rows.push(row);
+                            }
+                        }
                     }
-                    None => None,
-                };
-                if let Some(b) = baseline.as_mut() {
-                    let mut row = measure(
-                        b, None, &problem, &reference, sets, opts, floor_ms, progress,
-                    )?;
-                    row.note = Some(format!("cuDNN {}", b.algorithm()));
-                    baseline_search = b.search().to_vec();
-                    if !row.verdict.passed {
-                        baseline = None;
-                    }
-                    rows.push(row);
                 }
                 // The candidates of this pass (variants of other passes are not
                 // candidates, not skips) with their configs, compiled ahead on all cores.
@@ -330,6 +354,11 @@ impl Session {
             dispatch,
             dispatch_error,
             pass: conv.pass,
+            references: opts
+                .references
+                .as_ref()
+                .map(|r| r.times(name, conv.pass))
+                .unwrap_or_default(),
         })
     }
 

@@ -82,11 +82,30 @@ pub struct CaseReport {
     /// The pass the case measured (forward, dgrad, wgrad).
     #[serde(default)]
     pub pass: crate::pass::Pass,
+    /// Outside implementations' times on this case (`--reference`), e.g. PyTorch's.
+    #[serde(default)]
+    pub references: Vec<crate::external::ReferenceTime>,
 }
 
 impl CaseReport {
     pub fn passed(&self) -> bool {
         self.rows.iter().all(|r| r.verdict.passed)
+    }
+
+    /// The fastest reference on this case: the in-process cuDNN rows that passed and
+    /// were timed, and the outside times; `(name, median ms)`.
+    pub fn best_reference(&self) -> Option<(String, f64)> {
+        let cudnn = self
+            .rows
+            .iter()
+            .filter(|r| r.name == "cudnn" || r.name == "cudnn-legacy")
+            .filter(|r| r.verdict.passed)
+            .filter_map(|r| Some((r.name.clone(), r.timing?.median_ms)));
+        let outside = self
+            .references
+            .iter()
+            .map(|r| (r.name.clone(), r.median_ms));
+        cudnn.chain(outside).min_by(|a, b| a.1.total_cmp(&b.1))
     }
 }
 

@@ -674,10 +674,10 @@ pub fn check_forced(forced: &[Config], spec: &ConvSpec) -> Result<()> {
     Ok(())
 }
 
-/// Checks `--only` names: variants, or `cudnn` for the baseline.
+/// Checks `--only` names: variants, or `cudnn` / `cudnn-legacy` for cuDNN's rows.
 pub fn check_only(names: &[String]) -> Result<()> {
     for n in names {
-        if n != "cudnn" {
+        if n != "cudnn" && n != "cudnn-legacy" {
             find(n)?;
         }
     }

@@ -1,0 +1,150 @@
+"""PyTorch's times on every case of some suites, per pass, for `evokernel bench
+--reference FILE` (which reports them beside each case and divides by the fastest
+reference). Runs on the GPU machine, in the same call as the bench.
+
+Per case and pass, two rows:
+  pytorch-native  torch.backends.cudnn.enabled = False (ATen's own depthwise kernels)
+  pytorch-cudnn   cuDNN enabled with benchmark = True (PyTorch picks cuDNN's fastest
+                  engine, or its native kernel where it prefers that)
+The forward is F.conv{1,2,3}d; grad-input and grad-weight are
+torch.ops.aten.convolution_backward with one output mask at a time.
+
+Made as strong as we can: f32 runs without TF32 (our f32 kernels are exact, so is the
+oracle gate), asymmetric padding is applied to the input before timing (only the
+convolution is timed), and input sets rotate past the L2 as evokernel's protocol does
+(CUDA events, 10 warm-up launches, median of 50).
+
+Writes {"source": ..., "cases": {case: {pass: {impl: ms}}}}.
+Usage: python3 scripts/torch_reference.py OUT.json SUITE.json [SUITE.json ...]
+       [--passes forward,dgrad,wgrad]"""
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+# Bytes of inputs to rotate through (twice the H100's 50 MB L2).
+ROTATE_BYTES = 100 << 20
+
+
+def time_ms(fn, warmup=10, iters=50):
+    """Median, min and max of `iters` launches of fn(i), each timed by CUDA events."""
+    for i in range(warmup):
+        fn(i)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn(i)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2], times[0], times[-1]
+
+
+def out_size(i, k, s, d, pb, pa):
+    return (i + pb + pa - d * (k - 1) - 1) // s + 1
+
+
+def case_tensors(c):
+    """Input sets, weight, grad-output sets and the convolution's arguments."""
+    dims = len(c["input"])
+    ones = [1] * dims
+    stride, dil = c.get("stride") or ones, c.get("dilation") or ones
+    pads = c.get("padding") or [[0, 0]] * dims
+    dtype = DTYPES[c["dtype"]]
+    n, ch = c.get("n", 1), c["c"]
+    per_set = n * ch
+    for v in c["input"]:
+        per_set *= v
+    per_set *= torch.tensor([], dtype=dtype).element_size()
+    sets = max(1, min(16, -(-ROTATE_BYTES // per_set)))
+    fmt = None
+    if c.get("layout") == "channels-last":
+        fmt = {1: None, 2: torch.channels_last, 3: torch.channels_last_3d}[dims]
+
+    def fresh(shape):
+        if c.get("layout") == "channels-last" and dims == 1:
+            # NWC: a [N, W, C] tensor seen as [N, C, W], as a user's channels-last 1-D is.
+            t = torch.randn(shape[0], shape[2], shape[1], device="cuda", dtype=dtype)
+            return t.transpose(1, 2)
+        t = torch.randn(*shape, device="cuda", dtype=dtype)
+        return t.to(memory_format=fmt) if fmt is not None else t
+
+    sym = all(p[0] == p[1] for p in pads)
+    padding = [p[0] for p in pads] if sym else [0] * dims
+    xs = []
+    for _ in range(sets):
+        x = fresh([n, ch, *c["input"]])
+        if not sym:
+            flat = []
+            for p in reversed(pads):
+                flat += [p[0], p[1]]
+            x = F.pad(x, flat)
+            x = x.to(memory_format=fmt) if fmt is not None else x
+        xs.append(x)
+    w = fresh([ch, 1, *c["kernel"]])
+    osz = [out_size(xs[0].shape[2 + j], c["kernel"][j], stride[j], dil[j], padding[j], padding[j])
+           for j in range(dims)]
+    gys = [fresh([n, ch, *osz]) for _ in range(sets)]
+    return xs, w, gys, stride, padding, dil, ch, dims
+
+
+def measure(c, passes):
+    xs, w, gys, stride, padding, dil, groups, dims = case_tensors(c)
+    k = len(xs)
+    conv = CONV[dims]
+    row = {}
+    for p in passes:
+        for impl, cudnn in (("pytorch-native", False), ("pytorch-cudnn", True)):
+            torch.backends.cudnn.enabled = cudnn
+            torch.backends.cudnn.benchmark = cudnn
+            if p == "forward":
+                fn = lambda i: conv(xs[i % k], w, None, stride, padding, dil, groups)  # noqa: E731
+            else:
+                mask = [p == "dgrad", p == "wgrad", False]
+                fn = lambda i: torch.ops.aten.convolution_backward(  # noqa: E731
+                    gys[i % k], xs[i % k], w, None, stride, padding, dil, False,
+                    [0] * dims, groups, mask)
+            try:
+                row.setdefault(p, {})[impl] = time_ms(fn)[0]
+            except Exception as e:  # noqa: BLE001
+                print(f"{c['name']} {p} {impl}: {e}", file=sys.stderr)
+    torch.backends.cudnn.enabled = True
+    torch.backends.cudnn.benchmark = False
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("suites", nargs="+")
+    ap.add_argument("--passes", default="forward,dgrad,wgrad")
+    a = ap.parse_args()
+    passes = a.passes.split(",")
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    source = (f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
+              f"{torch.cuda.get_device_name()}")
+    print(source)
+    results = {}
+    for path in a.suites:
+        cases = json.load(open(path))
+        cases = cases["cases"] if isinstance(cases, dict) else cases
+        for c in cases:
+            row = measure(c, passes)
+            results[c["name"]] = row
+            cells = "  ".join(f"{p} " + " ".join(f"{i.split('-')[1]} {ms:.3f}" for i, ms in v.items())
+                              for p, v in row.items())
+            print(f"{c['name']:<22} {cells}", flush=True)
+            torch.cuda.empty_cache()
+    json.dump({"source": source, "cases": results}, open(a.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
