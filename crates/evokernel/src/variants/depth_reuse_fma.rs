@@ -59,6 +59,17 @@ fn shared_bytes(spec: &ConvSpec, config: &Shape) -> usize {
     )
 }
 
+/// The default block: whole rows where a row has at most 32 runs (of the widest
+/// output run), about 256 threads in near-equal bands (seed: 10 x 23).
+fn default_block(spec: &ConvSpec) -> (usize, usize) {
+    let [_, oh, _] = spec.output3();
+    let out_w = out_widths(spec).last().copied().unwrap_or(8);
+    let groups = column_groups(spec, out_w as usize);
+    let tx = groups.div_ceil(groups.div_ceil(32));
+    let ty_cap = (256 / tx).max(1);
+    (tx, oh.div_ceil(oh.div_ceil(ty_cap)))
+}
+
 typed_params!(
     /// A config's numbers, read once.
     Shape {
@@ -141,6 +152,15 @@ impl Variant for DepthReuseFma {
         let [_, oh, _] = spec.output3();
         let widths = out_widths(spec);
         let narrowest = widths.first().copied().unwrap_or(4) as usize;
+        // The default's block shape is always in the space (e.g. 20 x 12 on a 160 x 90
+        // output, which the near-equal splits alone miss).
+        let (tx, ty) = default_block(spec);
+        let with = |mut v: Vec<i64>, x: usize| {
+            v.push(x as i64);
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
         let mut params = vec![
             // Consecutive outputs of one row per thread.
             Param {
@@ -150,11 +170,11 @@ impl Variant for DepthReuseFma {
             // Threads along W (each out_w columns) and along H (one row each).
             Param {
                 name: "tx",
-                values: block_sides(column_groups(spec, narrowest), 64),
+                values: with(block_sides(column_groups(spec, narrowest), 64), tx),
             },
             Param {
                 name: "ty",
-                values: block_sides(oh, 64),
+                values: with(block_sides(oh, 64), ty),
             },
         ];
         params.extend(ring_params(spec, &STAGES));
@@ -166,12 +186,8 @@ impl Variant for DepthReuseFma {
         // with about 256 threads in near-equal bands (seed: 10 x 23). Registers capped for
         // three blocks per SM where the weights are few (x3d 0.124 -> 0.116 ms, video-vae
         // 0.161 -> 0.145), two where they are many (75 taps: 0.531 vs 0.536 with three).
-        let [_, oh, _] = spec.output3();
         let out_w = out_widths(spec).last().copied().unwrap_or(8);
-        let groups = column_groups(spec, out_w as usize);
-        let tx = groups.div_ceil(groups.div_ceil(32));
-        let ty_cap = (256 / tx).max(1);
-        let ty = oh.div_ceil(oh.div_ceil(ty_cap));
+        let (tx, ty) = default_block(spec);
         let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 64);
         let minblocks = if spec.taps() <= 32 { 3 } else { 2 };
         Config::new(

@@ -956,12 +956,27 @@ wgrad_mma 8af488654afec433084ae587d4d936d0
     }
 
     #[test]
-    fn every_variant_has_a_valid_default_for_the_suite() {
-        for case in crate::suite::public_suite().unwrap() {
+    fn every_variant_has_a_valid_default_for_the_suites() {
+        let cases = crate::suite::public_suite()
+            .unwrap()
+            .into_iter()
+            .chain(crate::suite::channels_last_suite().unwrap())
+            .chain(crate::suite::models_suite().unwrap());
+        for case in cases {
             for v in registry() {
+                // A variant that refuses a spec must not do so over its own default.
+                if let Err(why) = v.applies(&case.spec) {
+                    assert!(
+                        !why.contains("cannot parse config"),
+                        "{} {}: {why}",
+                        case.name,
+                        v.name()
+                    );
+                }
                 if v.applies(&case.spec).is_ok() {
                     let cfg = v.default_config(&case.spec);
-                    check_config(v, &case.spec, &cfg).unwrap();
+                    check_config(v, &case.spec, &cfg)
+                        .unwrap_or_else(|e| panic!("{} {}: {e}", case.name, v.name()));
                     v.specialization(&case.spec, &cfg).unwrap();
                     let l = v.launch(&case.spec, &cfg, 132).unwrap();
                     assert!(l.grid.0 > 0 && l.block.0 > 0);
