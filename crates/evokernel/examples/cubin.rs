@@ -2,12 +2,12 @@
 //! SASS without a GPU (scripts/sass.sh runs cuobjdump on it).
 //!
 //! Usage: cargo run --release --example cubin -- CASE VARIANT[:k=v,..] OUT.cubin [EPILOGUE]
-//! (CASE is a case of the public or channels-last suite; without `:k=v` the variant's
+//! (CASE is a case of the public, channels-last or models suite; without `:k=v` the variant's
 //! default config; EPILOGUE e.g. `bias+silu+res`, default none).
 
 use evokernel::cuda::jit::Jit;
 use evokernel::engine::with_epilogue;
-use evokernel::suite::{channels_last_suite, public_suite};
+use evokernel::suite::{channels_last_suite, models_suite, public_suite};
 use evokernel::variants::{registry, Config};
 use evokernel::{Activation, Epilogue};
 
@@ -34,8 +34,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let spec = public_suite()?
         .into_iter()
         .chain(channels_last_suite()?)
+        .chain(models_suite()?)
         .find(|c| &c.name == case)
-        .ok_or_else(|| format!("no case '{case}' in the public or channels-last suite"))?
+        .ok_or_else(|| format!("no case '{case}' in the public, channels-last or models suite"))?
         .spec;
     let name = config.split(':').next().unwrap_or_default();
     let v = registry()

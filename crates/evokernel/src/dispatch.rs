@@ -81,6 +81,13 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
         "streaming_cl" if rows_fill_tiles && spec.taps() >= 27 => {
             (6, "tensor cores on channels-last data (many taps)")
         }
+        // Kernels past the register budget (smem_tile refuses over 128 taps): weights in
+        // shared memory, rows rolled (run 99).
+        "large_kernel" if !few_taps => (7, "shared-memory slices and weights (large kernel)"),
+        "large_kernel" => (
+            18,
+            "shared-memory weights (smem_tile keeps them in registers)",
+        ),
         "smem_tile" if unit_steps && !narrow => {
             (7, "shared-memory tiles (few output rows for tensor cores)")
         }
@@ -337,7 +344,7 @@ mod tests {
             ("mamba2-conv1d", "depth_reuse_fma_cl"),
             ("hybrid-shortconv", "depth_reuse_fma_cl"),
             ("lfm-shortconv-k3", "smem_tile"),
-            ("replknet-31x31", "naive"),
+            ("replknet-31x31", "large_kernel"),
             ("efficientnet-k5s2", "depth_reuse_fma_cl"),
             ("x3d-m-res4", "row_reuse"),
             ("video-vae-decoder", "depth_reuse"),

@@ -48,6 +48,7 @@ mod depth_reuse_fma;
 mod depth_reuse_fma_cl;
 mod dgrad_gather;
 mod dgrad_gather_cl;
+mod large_kernel;
 mod naive;
 mod row_reuse;
 mod smem_tile;
@@ -65,6 +66,7 @@ pub use depth_reuse_fma::DepthReuseFma;
 pub use depth_reuse_fma_cl::DepthReuseFmaCl;
 pub use dgrad_gather::DgradGather;
 pub use dgrad_gather_cl::DgradGatherCl;
+pub use large_kernel::LargeKernel;
 pub use naive::Naive;
 pub use row_reuse::RowReuse;
 pub use smem_tile::SmemTile;
@@ -546,6 +548,7 @@ pub fn registry() -> Vec<&'static dyn Variant> {
         &RowReuse,
         &ChannelsLast,
         &SmemTile,
+        &LargeKernel,
         &TensorCore,
         &Streaming,
         &StreamingCl,
@@ -888,6 +891,7 @@ naive 76f78d2b04e8724b8b662fa062d9f7c4
 row_reuse 315b89855fe9598466c553e517fa5381
 channels_last f55a1bd0a08c7d580ef632e81179fe83
 smem_tile bb2b83c12b5643dd13c7a097112b002a
+large_kernel c53a9cbf41b81dfa94a561db48a39108
 tensor_core 83f90c54e9f7b9edf15e7210ff6a57a6
 streaming 7c4b5ee70cc97753761129ed78bf4994
 streaming_cl 9b1b71bfd5b7d5520dc3d4f58d4a33f8
