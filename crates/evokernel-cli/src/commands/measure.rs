@@ -92,5 +92,15 @@ pub fn run(
     if !all_passed {
         eprintln!("error: some implementations failed verification (see the table)");
     }
+    for case in &report.cases {
+        for r in case.rows.iter().filter(|r| !r.verdict.passed) {
+            if evokernel::session::is_reference_row(&r.name) {
+                eprintln!(
+                    "note: {}: the reference {} missed the gate; it is left out of the best reference",
+                    case.name, r.name
+                );
+            }
+        }
+    }
     Ok(all_passed)
 }

@@ -8,7 +8,9 @@ use serde::{Deserialize, Serialize};
 
 mod report;
 mod tuning;
-pub use report::{CaseReport, DeviceInfo, RowReport, RunReport, REPORT_SCHEMA_VERSION};
+pub use report::{
+    is_reference_row, CaseReport, DeviceInfo, RowReport, RunReport, REPORT_SCHEMA_VERSION,
+};
 pub use tuning::{SearchKind, TuneEvent, TunePlan, TuneReport, TuneRow};
 
 use crate::backend::{rotation_sets, BackendChoice, ConvRun, CpuRun, ProblemData};
