@@ -159,23 +159,48 @@ __global__ void __launch_bounds__(256, 3) wgrad_dwconv(ConvArgs a, EpiArgs) {
         wgrad_body<long long, T, CHANNELS_LAST, KD, KH, KW, SW, DIL_W, V, RB>(a);
 }
 
-// Adds the SPLITS partials of each weight (and of grad-bias) in split order and rounds
-// once to T. a.x = the partials, a.y = grad_weight [C, TAPS], a.w = grad_bias [C] (EPI
-// bit 2) or null.
-template <typename T, int TAPS, int SPLITS, int EPI>
+// Adds the SPLITS partials of each weight (and of grad-bias) and rounds once to T. A
+// block takes 256 / PARTS consecutive slots; the PARTS threads of a slot each sum one
+// contiguous chunk of SPLITS / PARTS splits in split order, then the chunk sums are added
+// in chunk order: a fixed order, so the same bits every run. One thread per slot summing
+// every split ran latency-bound (mobilenet: 1440 slots, a chain of 256 loads each).
+// a.x = the partials, a.y = grad_weight [C, TAPS], a.w = grad_bias [C] (EPI bit 2) or null.
+template <typename T, int TAPS, int SPLITS, int PARTS, int EPI>
 __global__ void __launch_bounds__(256) wgrad_finalize_dwconv(ConvArgs a, EpiArgs) {
+    static_assert(SPLITS % PARTS == 0 && 256 % PARTS == 0, "PARTS divides SPLITS and 256");
+    constexpr int PER_BLOCK = 256 / PARTS;  // slots a block takes per step
+    constexpr int CHUNK = SPLITS / PARTS;
+    __shared__ float sums[256];
     const float* __restrict__ partials = static_cast<const float*>(a.x);
     T* __restrict__ gw = static_cast<T*>(a.y);
     T* __restrict__ gb = static_cast<T*>(const_cast<void*>(a.w));
     constexpr int SLOTS = TAPS + ((EPI & 4) != 0 ? 1 : 0);
     const long long total = a.c * SLOTS;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
+    const int part = threadIdx.x / PER_BLOCK, j = threadIdx.x - part * PER_BLOCK;
+    // The loop bound is the same for every thread of a block: the barriers are uniform.
+    for (long long base = blockIdx.x * (long long)PER_BLOCK; base < total;
+         base += (long long)gridDim.x * PER_BLOCK) {
+        const long long i = base + j;
         const long long c = i / SLOTS;
         const int t = (int)(i - c * SLOTS);
         float s = 0.f;
-        for (int p = 0; p < SPLITS; ++p) s += partials[((long long)p * a.c + c) * (TAPS + 1) + t];
-        if (t < TAPS) gw[c * TAPS + t] = from_f32<T>(s);
-        else gb[c] = from_f32<T>(s);
+        if (i < total) {
+#pragma unroll 8
+            for (int p = part * CHUNK; p < (part + 1) * CHUNK; ++p)
+                s += partials[((long long)p * a.c + c) * (TAPS + 1) + t];
+        }
+        if (PARTS > 1) {
+            sums[threadIdx.x] = s;
+            __syncthreads();
+            if (part == 0) {
+#pragma unroll
+                for (int q = 1; q < PARTS; ++q) s += sums[q * PER_BLOCK + j];
+            }
+            __syncthreads();
+        }
+        if (part == 0 && i < total) {
+            if (t < TAPS) gw[c * TAPS + t] = from_f32<T>(s);
+            else gb[c] = from_f32<T>(s);
+        }
     }
 }

@@ -214,18 +214,49 @@ impl Variant for Wgrad {
     }
 }
 
+/// Threads of wgrad_finalize that share one weight's splits: a power of two dividing
+/// `splits`, about 8 splits each, at most 32 (a block then takes 8 weights).
+fn finalize_parts(splits: usize) -> usize {
+    let mut parts = 1;
+    while parts < 32 && parts * 2 * 8 <= splits && splits.is_multiple_of(parts * 2) {
+        parts *= 2;
+    }
+    parts
+}
+
 /// The sum of `splits` partials [splits][C][taps + 1] into grad-weight (and grad-bias),
-/// in split order: wgrad.cu's second kernel, shared by every grad-weight variant that
+/// in a fixed order: wgrad.cu's second kernel, shared by every grad-weight variant that
 /// writes partials in that layout.
 pub(crate) fn finalize(spec: &ConvSpec, splits: usize, sms: u32) -> FinalizeKernel {
+    let parts = finalize_parts(splits);
+    let slots = (spec.c() * (spec.taps() + 1)) as u64;
+    // A block of 256 threads takes 256 / parts slots.
+    let launch = super::grid_stride_launch(slots * parts as u64, 256, 8, sms);
     FinalizeKernel {
         name: "wgrad_finalize",
         source: Wgrad.source(),
         expr: format!(
-            "wgrad_finalize_dwconv<{}, {}, {splits}>",
+            "wgrad_finalize_dwconv<{}, {}, {splits}, {parts}>",
             cuda_type(spec.dtype()),
             spec.taps(),
         ),
-        launch: super::grid_stride_launch((spec.c() * (spec.taps() + 1)) as u64, 256, 8, sms),
+        launch,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finalize_parts_divide_the_splits_and_the_block() {
+        for splits in [1usize, 2, 3, 6, 8, 16, 24, 64, 256, 2048] {
+            let p = finalize_parts(splits);
+            assert!(splits.is_multiple_of(p) && 256 % p == 0, "{splits}: {p}");
+        }
+        assert_eq!(finalize_parts(8), 1);
+        assert_eq!(finalize_parts(64), 8);
+        assert_eq!(finalize_parts(256), 32);
+        assert_eq!(finalize_parts(2048), 32);
     }
 }
