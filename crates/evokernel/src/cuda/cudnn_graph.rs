@@ -609,49 +609,40 @@ impl<'p, 'd> CudnnGraphRun<'p, 'd> {
                 graph: &graph,
                 outputs,
             };
+            // The cached choice when it still builds and binds, else a search.
             let reuse = cached
                 .as_ref()
                 .filter(|c| c.twin == geometry.twin)
                 .and_then(|c| {
                     let plan = build_plan(&handle, &graph, &c.choice).ok()?;
-                    let (workspace, packs) = state.bind(&plan).ok()?;
-                    Some((plan, workspace, packs, c.choice.clone(), c.search.clone()))
+                    let bound = state.bind(&plan).ok()?;
+                    Some((plan, bound, c.choice.clone(), c.search.clone(), true))
                 });
-            if let Some((plan, workspace, packs, choice, search)) = reuse {
-                let outputs = state.outputs;
-                return Ok(CudnnGraphRun {
-                    problem,
-                    handle,
-                    plan,
-                    packs,
-                    outputs,
-                    _workspace: workspace,
-                    _graph: graph,
-                    geometry,
-                    choice,
-                    search,
-                    cached: true,
-                });
-            }
-            let (search, best) = state.search()?;
-            let Some(choice) = best else {
-                reasons.push(format!(
-                    "{}: no engine built and ran ({} tried)",
-                    geometry.spec,
-                    search.len()
-                ));
-                continue;
+            let (plan, (workspace, packs), choice, search, cached) = match reuse {
+                Some(r) => r,
+                None => {
+                    let (search, best) = state.search()?;
+                    let Some(choice) = best else {
+                        reasons.push(format!(
+                            "{}: no engine built and ran ({} tried)",
+                            geometry.spec,
+                            search.len()
+                        ));
+                        continue;
+                    };
+                    let plan = build_plan(&handle, &graph, &choice)?;
+                    let bound = state.bind(&plan)?;
+                    store_cache(
+                        &key,
+                        &CachedSearch {
+                            choice: choice.clone(),
+                            search: search.clone(),
+                            twin: geometry.twin,
+                        },
+                    );
+                    (plan, bound, choice, search, false)
+                }
             };
-            let plan = build_plan(&handle, &graph, &choice)?;
-            let (workspace, packs) = state.bind(&plan)?;
-            store_cache(
-                &key,
-                &CachedSearch {
-                    choice: choice.clone(),
-                    search: search.clone(),
-                    twin: geometry.twin,
-                },
-            );
             let outputs = state.outputs;
             return Ok(CudnnGraphRun {
                 problem,
@@ -664,7 +655,7 @@ impl<'p, 'd> CudnnGraphRun<'p, 'd> {
                 geometry,
                 choice,
                 search,
-                cached: false,
+                cached,
             });
         }
         Err(unavailable(format!(

@@ -3,12 +3,12 @@
 //! shared memory as f32 (kernels/large_kernel.cu). Any stride and dilation up to 3 along
 //! W; channels-first.
 
-use super::{
-    cuda_type, default_launches, grid_x, input_cols, input_rows, within_shared, Config, Launch,
-    Param, Variant,
-};
+use super::smem_tile::{self, takes_layout_and_w_steps};
+use super::{cuda_type, default_launches, grid_x, within_shared, Config, Launch, Param, Variant};
 use crate::error::Result;
-use crate::spec::{ConvSpec, Layout};
+use crate::spec::ConvSpec;
+#[cfg(test)]
+use crate::spec::Layout;
 
 pub struct LargeKernel;
 
@@ -17,17 +17,8 @@ typed_params!(Params { out_w, block });
 /// The KD slices of padded input rows (as smem_tile lays them out) and the weights, each
 /// kernel row padded to a multiple of 4 floats. Mirrors the kernel.
 fn shared_bytes(spec: &ConvSpec, out_w: usize) -> usize {
-    let [_, oh, ow] = spec.output3();
     let [kd, kh, kw] = spec.kernel3();
-    let sw = spec.stride3()[2];
-    let (pw, iw) = (spec.pad_before3()[2], spec.input3()[2]);
-    let hs = input_rows(spec, oh);
-    let window = input_cols(spec, out_w).div_ceil(4) * 4;
-    let ws = ((ow.div_ceil(out_w) - 1) * out_w * sw + window)
-        .div_ceil(4)
-        .max((pw + iw).div_ceil(4))
-        * 4;
-    (kd * hs * ws + kd * kh * kw.div_ceil(4) * 4) * 4
+    smem_tile::shared_bytes(spec, out_w) + kd * kh * kw.div_ceil(4) * 4 * 4
 }
 
 impl Variant for LargeKernel {
@@ -38,15 +29,7 @@ impl Variant for LargeKernel {
         include_str!("../../kernels/large_kernel.cu")
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
-        if spec.layout() != Layout::ChannelsFirst {
-            return Err("needs a channels-first layout".into());
-        }
-        let (sw, dw) = (spec.stride3()[2], spec.dilation3()[2]);
-        if sw > 3 || dw > 3 {
-            return Err(format!(
-                "stride {sw} and dilation {dw} along W: at most 3 each (compiled into the kernel)"
-            ));
-        }
+        takes_layout_and_w_steps(spec)?;
         within_shared("the slices and weights", shared_bytes(spec, 4))?;
         default_launches(self, spec)
     }

@@ -14,8 +14,8 @@ typed_params!(Params { out_w, block });
 
 /// The KD slices of padded input rows the block's outputs read, as f32. Mirrors the
 /// kernel: rows span (oh - 1) * sh + (kh - 1) * dh + 1; a row holds the whole input row
-/// and every float4 window read.
-fn shared_bytes(spec: &ConvSpec, out_w: usize) -> usize {
+/// and every float4 window read. large_kernel lays its slices out the same way.
+pub(super) fn shared_bytes(spec: &ConvSpec, out_w: usize) -> usize {
     let [_, oh, ow] = spec.output3();
     let kd = spec.kernel3()[0];
     let sw = spec.stride3()[2];
@@ -29,6 +29,21 @@ fn shared_bytes(spec: &ConvSpec, out_w: usize) -> usize {
     kd * hs * ws * 4
 }
 
+/// Channels-first, and the W stride and dilation the kernel compiles in (at most 3):
+/// smem_tile's and large_kernel's common conditions.
+pub(super) fn takes_layout_and_w_steps(spec: &ConvSpec) -> std::result::Result<(), String> {
+    if spec.layout() != Layout::ChannelsFirst {
+        return Err("needs a channels-first layout".into());
+    }
+    let (sw, dw) = (spec.stride3()[2], spec.dilation3()[2]);
+    if sw > 3 || dw > 3 {
+        return Err(format!(
+            "stride {sw} and dilation {dw} along W: at most 3 each (compiled into the kernel)"
+        ));
+    }
+    Ok(())
+}
+
 impl Variant for SmemTile {
     fn name(&self) -> &'static str {
         "smem_tile"
@@ -37,15 +52,7 @@ impl Variant for SmemTile {
         include_str!("../../kernels/smem_tile.cu")
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
-        if spec.layout() != Layout::ChannelsFirst {
-            return Err("needs a channels-first layout".into());
-        }
-        let (sw, dw) = (spec.stride3()[2], spec.dilation3()[2]);
-        if sw > 3 || dw > 3 {
-            return Err(format!(
-                "stride {sw} and dilation {dw} along W: at most 3 each (compiled into the kernel)"
-            ));
-        }
+        takes_layout_and_w_steps(spec)?;
         if spec.taps() > 128 {
             return Err(format!(
                 "{} taps do not fit the register budget (128)",
