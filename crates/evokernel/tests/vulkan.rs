@@ -1,13 +1,15 @@
 //! The Vulkan backend on whatever Vulkan device is here: Mesa's lavapipe (CPU) in CI
 //! (scripts/install-vulkan.sh installs it), the H100's driver on the GPU machine. The
-//! naive shader against the f64 oracle: the public suite's cases shrunk to small sizes
-//! (the same kernels, strides, dilations, paddings and layouts) and seeded random specs,
-//! with NaN/Inf in some inputs.
+//! naive and tiled shaders against the f64 oracle: the public suite's cases shrunk to
+//! small sizes (the same kernels, strides, dilations, paddings and layouts) and seeded
+//! random specs, with NaN/Inf in some inputs; the tiled shader also over its whole
+//! config space (pruned by the device's limits) on a few specs.
 
 use evokernel::reference::conv_reference;
 use evokernel::suite::public_suite;
 use evokernel::tensor::SplitMix64;
 use evokernel::vulkan::naive::{conv_vulkan_naive, conv_vulkan_naive_timed};
+use evokernel::vulkan::tile::{conv_vulkan_tile, TileConfig};
 use evokernel::vulkan::{list_vulkan_devices, VulkanDevice};
 use evokernel::{compare, ConvParams, ConvSpec, DType, HostTensor, Layout};
 
@@ -24,7 +26,26 @@ fn device() -> VulkanDevice {
     VulkanDevice::open(0).unwrap()
 }
 
+/// Which shader a check runs.
+#[derive(Clone, Copy, Debug)]
+enum Shader {
+    Naive,
+    Tile(Option<TileConfig>),
+}
+
 fn check(dev: &VulkanDevice, name: &str, spec: &ConvSpec, seed: u64, non_finite: bool) {
+    check_with(dev, Shader::Naive, name, spec, seed, non_finite);
+    check_with(dev, Shader::Tile(None), name, spec, seed, non_finite);
+}
+
+fn check_with(
+    dev: &VulkanDevice,
+    shader: Shader,
+    name: &str,
+    spec: &ConvSpec,
+    seed: u64,
+    non_finite: bool,
+) {
     let mut x = HostTensor::random_normal(DType::F32, &spec.input_shape(), seed);
     let w = HostTensor::random_normal(DType::F32, &spec.weight_shape(), seed + 1);
     if non_finite {
@@ -34,10 +55,14 @@ fn check(dev: &VulkanDevice, name: &str, spec: &ConvSpec, seed: u64, non_finite:
             x.set_f64(i, v);
         }
     }
-    let y = conv_vulkan_naive(dev, spec, &x, &w).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let y = match shader {
+        Shader::Naive => conv_vulkan_naive(dev, spec, &x, &w),
+        Shader::Tile(config) => conv_vulkan_tile(dev, spec, &x, &w, config).map(|r| r.0),
+    }
+    .unwrap_or_else(|e| panic!("{name} {shader:?}: {e}"));
     let want = conv_reference(spec, &x, &w).unwrap();
     let c = compare(&y, &want).unwrap();
-    assert!(c.passes(DType::F32), "{name} {spec}: {c:?}");
+    assert!(c.passes(DType::F32), "{name} {shader:?} {spec}: {c:?}");
 }
 
 #[test]
@@ -112,6 +137,108 @@ fn naive_shader_matches_the_oracle_on_random_specs() {
     assert!(checked >= 30, "only {checked} random specs were valid");
 }
 
+/// Every config of the tiled shader's space on this device (bands of 1 to 32 rows,
+/// 1-4 outputs an invocation, 32-256 invocations) on specs with partial bands, partial
+/// output runs, strides, dilations and both layouts.
+#[test]
+fn tile_shader_passes_over_its_whole_config_space() {
+    let dev = device();
+    let specs = [
+        ConvParams {
+            n: 2,
+            c: 3,
+            input: vec![4, 11, 13],
+            kernel: vec![3, 3, 5],
+            stride: vec![1, 1, 1],
+            dilation: vec![1, 1, 1],
+            padding: vec![[0, 0], [1, 1], [2, 2]],
+            layout: Layout::ChannelsFirst,
+            dtype: DType::F32,
+        },
+        ConvParams {
+            n: 1,
+            c: 4,
+            input: vec![19, 23],
+            kernel: vec![3, 4],
+            stride: vec![2, 3],
+            dilation: vec![2, 1],
+            padding: vec![[2, 0], [1, 3]],
+            layout: Layout::ChannelsLast,
+            dtype: DType::F32,
+        },
+        ConvParams {
+            n: 3,
+            c: 2,
+            input: vec![37],
+            kernel: vec![4],
+            stride: vec![1],
+            dilation: vec![1],
+            padding: vec![[3, 0]],
+            layout: Layout::ChannelsFirst,
+            dtype: DType::F32,
+        },
+    ];
+    let mut runs = 0;
+    for (i, p) in specs.into_iter().enumerate() {
+        let spec = p.validate().unwrap();
+        let space = TileConfig::space(dev.info(), &spec);
+        // 4 workgroup sizes x 3 output runs x the band heights that fit (1-D: one).
+        assert!(space.len() >= 12, "{spec}: {} configs", space.len());
+        for (j, c) in space.into_iter().enumerate() {
+            let name = format!("spec {i} config {j}");
+            check_with(
+                &dev,
+                Shader::Tile(Some(c)),
+                &name,
+                &spec,
+                50 + i as u64,
+                j % 5 == 0,
+            );
+            runs += 1;
+        }
+    }
+    eprintln!(
+        "tile shader: {runs} (spec, config) pairs pass on {}",
+        dev.info().name
+    );
+}
+
+/// A config the device cannot hold is refused with the reason, before any dispatch.
+#[test]
+fn tile_configs_past_the_device_limits_are_refused() {
+    let dev = device();
+    let spec = ConvParams {
+        n: 1,
+        c: 1,
+        input: vec![8, 4000],
+        kernel: vec![3, 3],
+        stride: vec![1, 1],
+        dilation: vec![1, 1],
+        padding: vec![[1, 1], [1, 1]],
+        layout: Layout::ChannelsFirst,
+        dtype: DType::F32,
+    }
+    .validate()
+    .unwrap();
+    let x = HostTensor::random_normal(DType::F32, &spec.input_shape(), 1);
+    let w = HostTensor::random_normal(DType::F32, &spec.weight_shape(), 2);
+    let too_tall = TileConfig {
+        workgroup: 64,
+        out_w: 4,
+        rows: 32,
+    };
+    let e = conv_vulkan_tile(&dev, &spec, &x, &w, Some(too_tall))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("shared memory") || e.contains("rows"), "{e}");
+    let too_wide = TileConfig {
+        workgroup: 1 << 20,
+        out_w: 4,
+        rows: 1,
+    };
+    assert!(conv_vulkan_tile(&dev, &spec, &x, &w, Some(too_wide)).is_err());
+}
+
 #[test]
 fn devices_report_their_limits() {
     let devices = list_vulkan_devices().unwrap();
@@ -121,6 +248,7 @@ fn devices_report_their_limits() {
         assert!(d.max_push_constant_bytes >= 128, "{d:?}");
         assert!(d.max_workgroup_invocations >= 128, "{d:?}");
         assert!(d.subgroup_size >= 1, "{d:?}");
+        assert!(d.max_workgroup_count[0] >= 65535, "{d:?}");
     }
 }
 

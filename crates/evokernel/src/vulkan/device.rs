@@ -20,6 +20,9 @@ pub struct VulkanDeviceInfo {
     /// Shared memory a workgroup may use (bytes).
     pub max_shared_bytes: u32,
     pub max_workgroup_invocations: u32,
+    /// Workgroups a dispatch may have along x, y, z.
+    #[serde(default)]
+    pub max_workgroup_count: [u32; 3],
     pub max_push_constant_bytes: u32,
     pub subgroup_size: u32,
     pub timestamp_period_ns: f32,
@@ -86,6 +89,7 @@ fn describe(inst: &ash::Instance, index: usize, pd: vk::PhysicalDevice) -> Vulka
         driver_version: p.driver_version,
         max_shared_bytes: p.limits.max_compute_shared_memory_size,
         max_workgroup_invocations: p.limits.max_compute_work_group_invocations,
+        max_workgroup_count: p.limits.max_compute_work_group_count,
         max_push_constant_bytes: p.limits.max_push_constants_size,
         subgroup_size,
         timestamp_period_ns: p.limits.timestamp_period,
@@ -279,6 +283,40 @@ impl VulkanDevice {
         push: &[u8],
         groups: u32,
     ) -> Result<Option<f64>> {
+        self.dispatch_specialized(spirv, &[], buffers, push, [groups, 1])
+    }
+
+    /// As `dispatch`, with specialization constants (`(constant_id, value)`, 4-byte
+    /// values: the config a shader is compiled for) and a 2-D grid of workgroups.
+    pub(crate) fn dispatch_specialized(
+        &self,
+        spirv: &[u32],
+        constants: &[(u32, u32)],
+        buffers: &[&HostBuffer<'_>],
+        push: &[u8],
+        groups: [u32; 2],
+    ) -> Result<Option<f64>> {
+        let max = self.info.max_workgroup_count;
+        if groups[0] > max[0] || groups[1] > max[1] {
+            return Err(Error::BackendUnavailable {
+                backend: "vulkan".into(),
+                reason: format!("{groups:?} workgroups exceed the device's {:?}", &max[..2]),
+            });
+        }
+        let entries: Vec<vk::SpecializationMapEntry> = constants
+            .iter()
+            .enumerate()
+            .map(|(i, &(id, _))| {
+                vk::SpecializationMapEntry::default()
+                    .constant_id(id)
+                    .offset(4 * i as u32)
+                    .size(4)
+            })
+            .collect();
+        let data: Vec<u8> = constants.iter().flat_map(|c| c.1.to_le_bytes()).collect();
+        let specialization = vk::SpecializationInfo::default()
+            .map_entries(&entries)
+            .data(&data);
         let d = &self.device;
         let mut cleanup = Cleanup {
             d: Some(d),
@@ -323,7 +361,8 @@ impl VulkanDevice {
             let stage = vk::PipelineShaderStageCreateInfo::default()
                 .stage(vk::ShaderStageFlags::COMPUTE)
                 .module(module)
-                .name(c"main");
+                .name(c"main")
+                .specialization_info(&specialization);
             let pipeline = d
                 .create_compute_pipelines(
                     vk::PipelineCache::null(),
@@ -410,7 +449,7 @@ impl VulkanDevice {
             d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, pipeline);
             d.cmd_bind_descriptor_sets(cmd, vk::PipelineBindPoint::COMPUTE, layout, 0, &[set], &[]);
             d.cmd_push_constants(cmd, layout, vk::ShaderStageFlags::COMPUTE, 0, push);
-            d.cmd_dispatch(cmd, groups, 1, 1);
+            d.cmd_dispatch(cmd, groups[0], groups[1], 1);
             if self.timestamps {
                 d.cmd_write_timestamp(
                     cmd,

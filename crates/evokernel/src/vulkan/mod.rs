@@ -1,12 +1,14 @@
 //! The Vulkan backend (issue 19), started: the loader opened at run time (`ash`, no link
 //! to libvulkan), devices listed with the limits the kernels must respect (read from the
 //! device, never assumed), GLSL compiled to SPIR-V at run time (`shader`), and the
-//! portable naive depthwise forward verified against the oracle (`naive`). Tested on
+//! portable naive depthwise forward (`naive`) and the tiled one whose config is
+//! specialization constants (`tile`), both verified against the oracle. Tested on
 //! Mesa's lavapipe (CPU) in CI; not yet on the H100's driver nor on AMD hardware.
 
 mod device;
 pub mod naive;
 pub mod shader;
+pub mod tile;
 
 pub use device::{list_vulkan_devices, VulkanDevice, VulkanDeviceInfo};
 

@@ -1,0 +1,270 @@
+//! The tiled depthwise forward on Vulkan (kernels/vulkan/tile.comp): smem_tile's method
+//! in portable GLSL, a workgroup per band of output rows of one plane, the band's input
+//! slices in shared memory. Its config ([`TileConfig`]) goes to the shader as
+//! specialization constants, and its space is pruned by the device's real limits
+//! (shared memory, invocations a workgroup, workgroups a dispatch), never assumed.
+
+use super::device::VulkanDevice;
+use super::VulkanDeviceInfo;
+use crate::error::{Error, Result};
+use crate::spec::{ConvSpec, DType, Layout};
+use crate::tensor::HostTensor;
+
+pub const SOURCE: &str = include_str!("../../kernels/vulkan/tile.comp");
+
+/// One config of the tiled shader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TileConfig {
+    /// Invocations a workgroup.
+    pub workgroup: u32,
+    /// Consecutive outputs of a row an invocation computes.
+    pub out_w: u32,
+    /// Output rows a workgroup's band holds.
+    pub rows: u32,
+}
+
+const WORKGROUPS: [u32; 4] = [32, 64, 128, 256];
+const OUT_WS: [u32; 3] = [1, 2, 4];
+const ROWS: [u32; 6] = [1, 2, 4, 8, 16, 32];
+
+/// The shared tile's rows a slice and floats a row (mirrors tile.comp's HS and WS).
+fn tile_shape(spec: &ConvSpec, c: &TileConfig) -> (usize, usize) {
+    let [_, kh, kw] = spec.kernel3();
+    let (sh, dh) = (spec.stride3()[1], spec.dilation3()[1]);
+    let (sw, dw) = (spec.stride3()[2], spec.dilation3()[2]);
+    let ow = spec.output3()[2];
+    let out_w = c.out_w as usize;
+    let hs = (c.rows as usize - 1) * sh + (kh - 1) * dh + 1;
+    let cols = (ow.div_ceil(out_w) * out_w - 1) * sw + (kw - 1) * dw + 1;
+    let ws = cols.max(spec.pad_before3()[2] + spec.input3()[2]);
+    (hs, ws)
+}
+
+impl TileConfig {
+    /// Shared memory a workgroup of this config needs on `spec`.
+    pub fn shared_bytes(&self, spec: &ConvSpec) -> usize {
+        let (hs, ws) = tile_shape(spec, self);
+        spec.kernel3()[0] * hs * ws * 4
+    }
+
+    /// Why this config cannot run `spec` on a device with `info`'s limits, if it cannot.
+    pub fn fits(
+        &self,
+        info: &VulkanDeviceInfo,
+        spec: &ConvSpec,
+    ) -> std::result::Result<(), String> {
+        if self.workgroup > info.max_workgroup_invocations {
+            return Err(format!(
+                "{} invocations a workgroup, more than the device's {}",
+                self.workgroup, info.max_workgroup_invocations
+            ));
+        }
+        let bytes = self.shared_bytes(spec);
+        if bytes > info.max_shared_bytes as usize {
+            return Err(format!(
+                "a tile of {bytes} bytes, more than the device's {} of shared memory",
+                info.max_shared_bytes
+            ));
+        }
+        if self.rows as usize > spec.output3()[1].next_power_of_two() {
+            return Err(format!(
+                "{} rows a band for {} output rows",
+                self.rows,
+                spec.output3()[1]
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every config that fits `spec` on the device.
+    pub fn space(info: &VulkanDeviceInfo, spec: &ConvSpec) -> Vec<TileConfig> {
+        let mut v = Vec::new();
+        for &workgroup in &WORKGROUPS {
+            for &out_w in &OUT_WS {
+                for &rows in &ROWS {
+                    let c = TileConfig {
+                        workgroup,
+                        out_w,
+                        rows,
+                    };
+                    if c.fits(info, spec).is_ok() {
+                        v.push(c);
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// The default: 4 outputs an invocation, 128 invocations (or the device's most),
+    /// the tallest band that fits the shared memory and about one band's worth of work
+    /// per invocation; an error when not even one row fits.
+    pub fn default_for(info: &VulkanDeviceInfo, spec: &ConvSpec) -> Result<TileConfig> {
+        let space = Self::space(info, spec);
+        let wg = WORKGROUPS
+            .iter()
+            .copied()
+            .filter(|&w| w <= 128 && w <= info.max_workgroup_invocations)
+            .max()
+            .unwrap_or(32);
+        let ow = spec.output3()[2] as u32;
+        let out_w = if ow >= 16 { 4 } else { 1 };
+        let per_row = ow.div_ceil(out_w).max(1);
+        space
+            .iter()
+            .copied()
+            .filter(|c| c.workgroup == wg && c.out_w == out_w)
+            .filter(|c| c.rows == 1 || c.rows * per_row <= 2 * wg)
+            .max_by_key(|c| c.rows)
+            .or_else(|| space.first().copied())
+            .ok_or_else(|| Error::NotApplicable {
+                variant: "vulkan tile".into(),
+                spec: spec.to_string(),
+                reason: format!(
+                    "even one output row's slices exceed the device's {} bytes of shared memory",
+                    info.max_shared_bytes
+                ),
+            })
+    }
+}
+
+fn i32_of(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::BackendUnavailable {
+        backend: "vulkan".into(),
+        reason: format!("{what} {v} exceeds the tile shader's 32-bit indices"),
+    })
+}
+
+/// The forward of `spec` (f32) on `dev` with `config` (None: the default for the
+/// device), with the dispatch's device time in ms where the queue has timestamps.
+pub fn conv_vulkan_tile(
+    dev: &VulkanDevice,
+    spec: &ConvSpec,
+    x: &HostTensor,
+    w: &HostTensor,
+    config: Option<TileConfig>,
+) -> Result<(HostTensor, Option<f64>)> {
+    if spec.dtype() != DType::F32 {
+        return Err(Error::BackendUnavailable {
+            backend: "vulkan".into(),
+            reason: format!("the tiled Vulkan shader takes f32, not {}", spec.dtype()),
+        });
+    }
+    x.expect("input", spec.dtype(), spec.input_len())?;
+    w.expect("weight", spec.dtype(), spec.weight_len())?;
+    let info = dev.info();
+    let config = match config {
+        Some(c) => c,
+        None => TileConfig::default_for(info, spec)?,
+    };
+    config
+        .fits(info, spec)
+        .map_err(|reason| Error::NotApplicable {
+            variant: "vulkan tile".into(),
+            spec: spec.to_string(),
+            reason: format!("{config:?}: {reason}"),
+        })?;
+    i32_of("input length", spec.input_len())?;
+    i32_of("output length", spec.output_len())?;
+    let [od, oh, ow] = spec.output3();
+    let bands = oh.div_ceil(config.rows as usize);
+    let groups = bands * spec.n() * spec.c() * od;
+    let groups_u32 = u32::try_from(groups).map_err(|_| Error::BackendUnavailable {
+        backend: "vulkan".into(),
+        reason: format!("{groups} workgroups exceed 32 bits"),
+    })?;
+    let gx = groups_u32.min(info.max_workgroup_count[0].max(1));
+    let grid = [gx, groups_u32.div_ceil(gx)];
+    let [id, ih, iw] = spec.input3();
+    let (st, dl, pb) = (spec.stride3(), spec.dilation3(), spec.pad_before3());
+    let ints = [
+        spec.n(),
+        spec.c(),
+        id,
+        ih,
+        iw,
+        od,
+        oh,
+        ow,
+        st[0],
+        st[1],
+        dl[0],
+        dl[1],
+        pb[0],
+        pb[1],
+        pb[2],
+        (spec.layout() == Layout::ChannelsLast) as usize,
+    ];
+    let mut push = Vec::with_capacity(68);
+    for v in ints {
+        push.extend_from_slice(&i32_of("a size", v)?.to_le_bytes());
+    }
+    push.extend_from_slice(&groups_u32.to_le_bytes());
+    let (hs, ws) = tile_shape(spec, &config);
+    let [kd, kh, kw] = spec.kernel3();
+    let constants: Vec<(u32, u32)> = [
+        config.workgroup as usize,
+        kd,
+        kh,
+        kw,
+        config.out_w as usize,
+        config.rows as usize,
+        st[2],
+        dl[2],
+        hs,
+        ws,
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, &v)| (i as u32, v as u32))
+    .collect();
+    let (spirv, _) = super::shader::compile_compute_cached("tile", SOURCE)?;
+    let mut bx = dev.host_buffer(x.size_bytes())?;
+    let mut bw = dev.host_buffer(w.size_bytes())?;
+    let mut y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
+    let by = dev.host_buffer(y.size_bytes())?;
+    bx.write(x.as_bytes());
+    bw.write(w.as_bytes());
+    let ms = dev.dispatch_specialized(&spirv, &constants, &[&bx, &bw, &by], &push, grid)?;
+    by.read(y.as_bytes_mut());
+    Ok((y, ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lavapipe_like() -> VulkanDeviceInfo {
+        VulkanDeviceInfo {
+            index: 0,
+            name: "test".into(),
+            kind: "cpu".into(),
+            api_version: "1.3".into(),
+            driver_version: 0,
+            max_shared_bytes: 32 * 1024,
+            max_workgroup_invocations: 1024,
+            max_workgroup_count: [65535, 65535, 65535],
+            max_push_constant_bytes: 128,
+            subgroup_size: 8,
+            timestamp_period_ns: 1.0,
+        }
+    }
+
+    #[test]
+    fn the_space_is_pruned_by_the_devices_shared_memory() {
+        let seed = crate::spec::ConvParams::seed().validate().unwrap();
+        let info = lavapipe_like();
+        let space = TileConfig::space(&info, &seed);
+        assert!(!space.is_empty());
+        assert!(space.iter().all(|c| c.shared_bytes(&seed) <= 32 * 1024));
+        // The seed's 3 slices of 84 floats a row: 4 output rows need 8 input rows (8 KiB),
+        // 32 need 36 (36 KiB, over lavapipe's 32).
+        assert!(space.iter().any(|c| c.rows == 16));
+        assert!(!space.iter().any(|c| c.rows == 32));
+        let d = TileConfig::default_for(&info, &seed).unwrap();
+        assert!(d.fits(&info, &seed).is_ok(), "{d:?}");
+        let mut tiny = info.clone();
+        tiny.max_shared_bytes = 1024;
+        assert!(TileConfig::default_for(&tiny, &seed).is_err());
+    }
+}
