@@ -46,8 +46,9 @@ fn check_with(
     seed: u64,
     non_finite: bool,
 ) {
-    let mut x = HostTensor::random_normal(DType::F32, &spec.input_shape(), seed);
-    let w = HostTensor::random_normal(DType::F32, &spec.weight_shape(), seed + 1);
+    let dtype = spec.dtype();
+    let mut x = HostTensor::random_normal(dtype, &spec.input_shape(), seed);
+    let w = HostTensor::random_normal(dtype, &spec.weight_shape(), seed + 1);
     if non_finite {
         let mut rng = SplitMix64::new(seed);
         for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
@@ -62,7 +63,7 @@ fn check_with(
     .unwrap_or_else(|e| panic!("{name} {shader:?}: {e}"));
     let want = conv_reference(spec, &x, &w).unwrap();
     let c = compare(&y, &want).unwrap();
-    assert!(c.passes(DType::F32), "{name} {shader:?} {spec}: {c:?}");
+    assert!(c.passes(dtype), "{name} {shader:?} {spec}: {c:?}");
 }
 
 #[test]
@@ -201,6 +202,65 @@ fn tile_shader_passes_over_its_whole_config_space() {
         "tile shader: {runs} (spec, config) pairs pass on {}",
         dev.info().name
     );
+}
+
+/// f16 through the tiled shader where the device has 16-bit storage (lavapipe does):
+/// the public suite's cases shrunk, both layouts, NaN/Inf in some; refused with the
+/// reason where it has none. bf16 is refused.
+#[test]
+fn tile_shader_takes_f16_where_the_device_has_16_bit_storage() {
+    let dev = device();
+    let mut checked = 0;
+    for (i, case) in public_suite().unwrap().into_iter().enumerate() {
+        let s = &case.spec;
+        let dims = s.spatial_dims();
+        let keep = |a: [usize; 3]| a[3 - dims..].iter().map(|&v| v as i64).collect::<Vec<_>>();
+        let (pb, pa) = (keep(s.pad_before3()), keep(s.pad_after3()));
+        let (kernel, dilation) = (keep(s.kernel3()), keep(s.dilation3()));
+        let input: Vec<i64> = (0..dims)
+            .map(|d| (dilation[d] * (kernel[d] - 1) + 1 - pb[d] - pa[d]).max(1) + 9 + d as i64)
+            .collect();
+        let spec = ConvParams {
+            n: 2,
+            c: 6,
+            input,
+            kernel,
+            stride: keep(s.stride3()),
+            dilation,
+            padding: (0..dims).map(|d| [pb[d], pa[d]]).collect(),
+            layout: s.layout(),
+            dtype: DType::F16,
+        }
+        .validate()
+        .unwrap();
+        if !dev.info().storage_f16 {
+            let x = HostTensor::random_normal(DType::F16, &spec.input_shape(), 1);
+            let w = HostTensor::random_normal(DType::F16, &spec.weight_shape(), 2);
+            let e = conv_vulkan_tile(&dev, &spec, &x, &w, None).unwrap_err();
+            assert!(e.to_string().contains("16-bit"), "{e}");
+            continue;
+        }
+        check_with(
+            &dev,
+            Shader::Tile(None),
+            &case.name,
+            &spec,
+            70 + i as u64,
+            i % 3 == 1,
+        );
+        checked += 1;
+    }
+    eprintln!("f16 tile on {}: {checked} cases", dev.info().name);
+    let bf16 = ConvParams {
+        dtype: DType::Bf16,
+        input: vec![9, 20, 24],
+        ..ConvParams::seed()
+    }
+    .validate()
+    .unwrap();
+    let x = HostTensor::random_normal(DType::Bf16, &bf16.input_shape(), 1);
+    let w = HostTensor::random_normal(DType::Bf16, &bf16.weight_shape(), 2);
+    assert!(conv_vulkan_tile(&dev, &bf16, &x, &w, None).is_err());
 }
 
 /// A config the device cannot hold is refused with the reason, before any dispatch.

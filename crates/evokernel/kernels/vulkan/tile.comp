@@ -5,7 +5,16 @@
 // each invocation computes OUT_W consecutive outputs of a row from there. The config
 // (workgroup size, OUT_W, ROWS, kernel size, W stride and dilation, the shared tile's
 // shape) is specialization constants: one pipeline per config, sized by the host from
-// the device's limits (vulkan::tile). f32, any stride and dilation, both layouts.
+// the device's limits (vulkan::tile). f32, or f16 buffers with F16 defined (16-bit
+// storage); any stride and dilation, both layouts.
+#ifdef F16
+// Halves in memory (16-bit storage: loads, stores and conversions only), f32 in
+// registers and shared memory.
+#extension GL_EXT_shader_16bit_storage : require
+#define ELEM float16_t
+#else
+#define ELEM float
+#endif
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const int KD = 1;
 layout(constant_id = 2) const int KH = 1;
@@ -17,9 +26,9 @@ layout(constant_id = 7) const int DW = 1;
 layout(constant_id = 8) const int HS = 1;   // shared rows a slice: (ROWS-1)*sh + (KH-1)*dh + 1
 layout(constant_id = 9) const int WS = 1;   // floats a shared row: every column the band reads
 
-layout(std430, set = 0, binding = 0) readonly buffer Input { float x[]; };
-layout(std430, set = 0, binding = 1) readonly buffer Weight { float w[]; };
-layout(std430, set = 0, binding = 2) writeonly buffer Output { float y[]; };
+layout(std430, set = 0, binding = 0) readonly buffer Input { ELEM x[]; };
+layout(std430, set = 0, binding = 1) readonly buffer Weight { ELEM w[]; };
+layout(std430, set = 0, binding = 2) writeonly buffer Output { ELEM y[]; };
 
 // Mirrored by vulkan::tile::Push (same order, 4-byte fields).
 layout(push_constant) uniform Push {
@@ -53,7 +62,7 @@ void main() {
             const uint at = p.channels_last != 0
                 ? (((uint(b) * uint(p.id) + uint(zi)) * uint(p.ih) + uint(yi)) * uint(p.iw) + uint(xi)) * uint(p.c) + uint(ch)
                 : (((uint(b) * uint(p.c) + uint(ch)) * uint(p.id) + uint(zi)) * uint(p.ih) + uint(yi)) * uint(p.iw) + uint(xi);
-            v = x[at];
+            v = float(x[at]);
         }
         tile[i] = v;
     }
@@ -71,7 +80,7 @@ void main() {
             for (int e = 0; e < KH; ++e) {
                 const int base = (a * HS + row * p.sh + e * p.dh) * WS + ow0 * SW;
                 for (int f = 0; f < KW; ++f) {
-                    const float wt = w[((ch * KD + a) * KH + e) * KW + f];
+                    const float wt = float(w[((ch * KD + a) * KH + e) * KW + f]);
                     for (int o = 0; o < OUT_W; ++o)
                         acc[o] = fma(tile[base + o * SW + f * DW], wt, acc[o]);
                 }
@@ -83,7 +92,7 @@ void main() {
             const uint at = p.channels_last != 0
                 ? (((uint(b) * uint(p.od) + uint(d)) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(v)) * uint(p.c) + uint(ch)
                 : (((uint(b) * uint(p.c) + uint(ch)) * uint(p.od) + uint(d)) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(v);
-            y[at] = acc[o];
+            y[at] = ELEM(acc[o]);
         }
     }
 }

@@ -23,6 +23,10 @@ pub struct VulkanDeviceInfo {
     /// Workgroups a dispatch may have along x, y, z.
     #[serde(default)]
     pub max_workgroup_count: [u32; 3],
+    /// Whether storage buffers may hold 16-bit values (`storageBuffer16BitAccess`): the
+    /// f16 kernels need it.
+    #[serde(default)]
+    pub storage_f16: bool,
     pub max_push_constant_bytes: u32,
     pub subgroup_size: u32,
     pub timestamp_period_ns: f32,
@@ -71,6 +75,11 @@ fn describe(inst: &ash::Instance, index: usize, pd: vk::PhysicalDevice) -> Vulka
     unsafe { inst.get_physical_device_properties2(pd, &mut props2) };
     let p = props2.properties;
     let subgroup_size = subgroup.subgroup_size;
+    let mut storage16 = vk::PhysicalDevice16BitStorageFeatures::default();
+    let mut features2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut storage16);
+    // SAFETY: as above; Vulkan 1.1 has the features2 query.
+    unsafe { inst.get_physical_device_features2(pd, &mut features2) };
+    let storage_f16 = storage16.storage_buffer16_bit_access == vk::TRUE;
     // SAFETY: device_name is a NUL-terminated array filled by the driver.
     let name = unsafe { CStr::from_ptr(p.device_name.as_ptr()) }
         .to_string_lossy()
@@ -93,6 +102,7 @@ fn describe(inst: &ash::Instance, index: usize, pd: vk::PhysicalDevice) -> Vulka
         max_push_constant_bytes: p.limits.max_push_constants_size,
         subgroup_size,
         timestamp_period_ns: p.limits.timestamp_period,
+        storage_f16,
     }
 }
 
@@ -191,7 +201,12 @@ impl VulkanDevice {
         let queues = [vk::DeviceQueueCreateInfo::default()
             .queue_family_index(family)
             .queue_priorities(&priorities)];
-        let create = vk::DeviceCreateInfo::default().queue_create_infos(&queues);
+        // 16-bit storage where the device has it (the f16 kernels read and write halves).
+        let mut storage16 = vk::PhysicalDevice16BitStorageFeatures::default()
+            .storage_buffer16_bit_access(info.storage_f16);
+        let create = vk::DeviceCreateInfo::default()
+            .queue_create_infos(&queues)
+            .push_next(&mut storage16);
         // SAFETY: valid create-info for a queue family the device has.
         let device =
             unsafe { inst.create_device(pd, &create, None) }.map_err(vk_err("vkCreateDevice"))?;

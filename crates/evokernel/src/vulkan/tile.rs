@@ -2,7 +2,9 @@
 //! in portable GLSL, a workgroup per band of output rows of one plane, the band's input
 //! slices in shared memory. Its config ([`TileConfig`]) goes to the shader as
 //! specialization constants, and its space is pruned by the device's real limits
-//! (shared memory, invocations a workgroup, workgroups a dispatch), never assumed.
+//! (shared memory, invocations a workgroup, workgroups a dispatch), never assumed. f32,
+//! and f16 where the device has 16-bit storage (read and written as halves, computed in
+//! f32 like the CUDA kernels).
 
 use super::device::VulkanDevice;
 use super::VulkanDeviceInfo;
@@ -128,6 +130,11 @@ impl TileConfig {
     }
 }
 
+/// The shader with its buffers as f16 (f32 in registers and shared memory).
+fn with_f16(source: &str) -> String {
+    source.replacen("#version 450\n", "#version 450\n#define F16 1\n", 1)
+}
+
 fn i32_of(what: &str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::BackendUnavailable {
         backend: "vulkan".into(),
@@ -144,15 +151,24 @@ pub fn conv_vulkan_tile(
     w: &HostTensor,
     config: Option<TileConfig>,
 ) -> Result<(HostTensor, Option<f64>)> {
-    if spec.dtype() != DType::F32 {
-        return Err(Error::BackendUnavailable {
-            backend: "vulkan".into(),
-            reason: format!("the tiled Vulkan shader takes f32, not {}", spec.dtype()),
-        });
-    }
+    let info = dev.info();
+    let source = match spec.dtype() {
+        DType::F32 => SOURCE.to_string(),
+        DType::F16 if info.storage_f16 => with_f16(SOURCE),
+        d => {
+            return Err(Error::BackendUnavailable {
+                backend: "vulkan".into(),
+                reason: format!(
+                    "the tiled Vulkan shader takes f32, and f16 where the device has 16-bit \
+                     storage ({} has {}); not {d}",
+                    info.name,
+                    if info.storage_f16 { "it" } else { "none" }
+                ),
+            })
+        }
+    };
     x.expect("input", spec.dtype(), spec.input_len())?;
     w.expect("weight", spec.dtype(), spec.weight_len())?;
-    let info = dev.info();
     let config = match config {
         Some(c) => c,
         None => TileConfig::default_for(info, spec)?,
@@ -218,7 +234,7 @@ pub fn conv_vulkan_tile(
     .enumerate()
     .map(|(i, &v)| (i as u32, v as u32))
     .collect();
-    let (spirv, _) = super::shader::compile_compute_cached("tile", SOURCE)?;
+    let (spirv, _) = super::shader::compile_compute_cached("tile", &source)?;
     let mut bx = dev.host_buffer(x.size_bytes())?;
     let mut bw = dev.host_buffer(w.size_bytes())?;
     let mut y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
@@ -247,6 +263,7 @@ mod tests {
             max_push_constant_bytes: 128,
             subgroup_size: 8,
             timestamp_period_ns: 1.0,
+            storage_f16: true,
         }
     }
 
