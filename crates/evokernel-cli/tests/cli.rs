@@ -658,3 +658,92 @@ fn only_help_names_every_registered_variant() {
         );
     }
 }
+
+/// `--reference`: outside times reach the report beside their case (by name, per pass),
+/// the summary divides by the fastest and names the cases slower than it; a bad file is
+/// a user error.
+#[test]
+fn reference_times_reach_the_report_and_the_summary() {
+    let dir = std::env::temp_dir().join(format!("evokernel-cli-ref-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let refs = dir.join("torch.json");
+    // A reference far faster than the CPU for odd-dilated, none for causal-conv1d's
+    // forward, one for its grad-input.
+    std::fs::write(
+        &refs,
+        r#"{"source": "test torch", "cases": {
+            "odd-dilated": {"forward": {"pytorch-native": 0.000001, "pytorch-cudnn": 0.000002}},
+            "causal-conv1d": {"dgrad": {"pytorch-native": 1000000.0}}}}"#,
+    )
+    .unwrap();
+    // Two small cases under the public suite's names.
+    let suite = dir.join("suite.json");
+    std::fs::write(
+        &suite,
+        r#"{"cases": [
+            {"name": "odd-dilated", "n": 1, "c": 3, "input": [9, 11], "kernel": [3, 3],
+             "stride": [2, 1], "dilation": [1, 2], "padding": [[1, 1], [2, 2]],
+             "layout": "channels-first", "dtype": "f32"},
+            {"name": "causal-conv1d", "n": 2, "c": 4, "input": [40], "kernel": [4],
+             "stride": [1], "dilation": [1], "padding": [[3, 0]],
+             "layout": "channels-last", "dtype": "bf16"}]}"#,
+    )
+    .unwrap();
+    let json = dir.join("r.json");
+    let out = evokernel(&[
+        "bench",
+        "--backend",
+        "cpu",
+        "--suite",
+        suite.to_str().unwrap(),
+        "--pass",
+        "all",
+        "--iters",
+        "1",
+        "--reference",
+        refs.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("odd-dilated: pytorch-native 0.000 ms (--reference)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("reference times measured by: test torch"),
+        "{text}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let cases = report["cases"].as_array().unwrap();
+    let refs_of = |name: &str| {
+        cases
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no case {name}"))["references"]
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    assert_eq!(refs_of("odd-dilated"), 2);
+    assert_eq!(refs_of("odd-dilated dgrad"), 0);
+    assert_eq!(refs_of("causal-conv1d"), 0);
+    assert_eq!(refs_of("causal-conv1d dgrad"), 1);
+    rejects(
+        &["bench", "--backend", "cpu", "--reference", "/no/such.json"],
+        "reference times",
+    );
+    std::fs::write(&refs, "[]").unwrap();
+    rejects(
+        &[
+            "bench",
+            "--backend",
+            "cpu",
+            "--reference",
+            refs.to_str().unwrap(),
+        ],
+        "torch_reference.py",
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
