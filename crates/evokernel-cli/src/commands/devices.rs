@@ -28,14 +28,16 @@ pub fn run(json: Option<PathBuf>) -> Result<bool, Error> {
         None => {
             for d in &survey.vulkan {
                 println!(
-                    "Vulkan {}: {} ({}), API {}, {} B shared a workgroup, subgroup {}, {} B push constants",
+                    "Vulkan {}: {} ({}), API {}, {} B shared a workgroup, {} invocations a workgroup, subgroup {}, {} B push constants, 16-bit storage {}",
                     d.index,
                     d.name,
                     d.kind,
                     d.api_version,
                     d.max_shared_bytes,
+                    d.max_workgroup_invocations,
                     d.subgroup_size,
-                    d.max_push_constant_bytes
+                    d.max_push_constant_bytes,
+                    if d.storage_f16 { "yes (f16 kernels)" } else { "no (f32 only)" }
                 );
             }
         }
