@@ -66,32 +66,36 @@ fn check_with(
     assert!(c.passes(dtype), "{name} {shader:?} {spec}: {c:?}");
 }
 
+/// A public-suite case's kernel, strides, dilations, paddings and layout on a small input
+/// of `c` channels (each dim `grow` past the smallest the kernel takes) in `dtype`.
+fn shrunk(s: &ConvSpec, c: i64, grow: i64, dtype: DType) -> ConvSpec {
+    let dims = s.spatial_dims();
+    let keep = |a: [usize; 3]| a[3 - dims..].iter().map(|&v| v as i64).collect::<Vec<_>>();
+    let (pb, pa) = (keep(s.pad_before3()), keep(s.pad_after3()));
+    let (kernel, dilation) = (keep(s.kernel3()), keep(s.dilation3()));
+    let input: Vec<i64> = (0..dims)
+        .map(|d| (dilation[d] * (kernel[d] - 1) + 1 - pb[d] - pa[d]).max(1) + grow + d as i64)
+        .collect();
+    ConvParams {
+        n: 2,
+        c,
+        input,
+        kernel,
+        stride: keep(s.stride3()),
+        dilation,
+        padding: (0..dims).map(|d| [pb[d], pa[d]]).collect(),
+        layout: s.layout(),
+        dtype,
+    }
+    .validate()
+    .unwrap()
+}
+
 #[test]
 fn naive_shader_matches_the_oracle_on_the_public_suite_shrunk() {
     let dev = device();
     for (i, case) in public_suite().unwrap().into_iter().enumerate() {
-        let s = &case.spec;
-        // The case's kernel, strides, dilations, paddings and layout on a small input.
-        let dims = s.spatial_dims();
-        let keep = |a: [usize; 3]| a[3 - dims..].iter().map(|&v| v as i64).collect::<Vec<_>>();
-        let (pb, pa) = (keep(s.pad_before3()), keep(s.pad_after3()));
-        let kernel = keep(s.kernel3());
-        let dilation = keep(s.dilation3());
-        let input: Vec<i64> = (0..dims)
-            .map(|d| (dilation[d] * (kernel[d] - 1) + 1 - pb[d] - pa[d]).max(1) + 6 + d as i64)
-            .collect();
-        let p = ConvParams {
-            n: 2,
-            c: 5,
-            input,
-            kernel,
-            stride: keep(s.stride3()),
-            dilation,
-            padding: (0..dims).map(|d| [pb[d], pa[d]]).collect(),
-            layout: s.layout(),
-            dtype: DType::F32,
-        };
-        let spec = p.validate().unwrap();
+        let spec = shrunk(&case.spec, 5, 6, DType::F32);
         check(&dev, &case.name, &spec, 10 + i as u64, i % 3 == 0);
     }
 }
@@ -212,27 +216,7 @@ fn tile_shader_takes_f16_where_the_device_has_16_bit_storage() {
     let dev = device();
     let mut checked = 0;
     for (i, case) in public_suite().unwrap().into_iter().enumerate() {
-        let s = &case.spec;
-        let dims = s.spatial_dims();
-        let keep = |a: [usize; 3]| a[3 - dims..].iter().map(|&v| v as i64).collect::<Vec<_>>();
-        let (pb, pa) = (keep(s.pad_before3()), keep(s.pad_after3()));
-        let (kernel, dilation) = (keep(s.kernel3()), keep(s.dilation3()));
-        let input: Vec<i64> = (0..dims)
-            .map(|d| (dilation[d] * (kernel[d] - 1) + 1 - pb[d] - pa[d]).max(1) + 9 + d as i64)
-            .collect();
-        let spec = ConvParams {
-            n: 2,
-            c: 6,
-            input,
-            kernel,
-            stride: keep(s.stride3()),
-            dilation,
-            padding: (0..dims).map(|d| [pb[d], pa[d]]).collect(),
-            layout: s.layout(),
-            dtype: DType::F16,
-        }
-        .validate()
-        .unwrap();
+        let spec = shrunk(&case.spec, 6, 9, DType::F16);
         if !dev.info().storage_f16 {
             let x = HostTensor::random_normal(DType::F16, &spec.input_shape(), 1);
             let w = HostTensor::random_normal(DType::F16, &spec.weight_shape(), 2);

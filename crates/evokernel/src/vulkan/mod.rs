@@ -14,6 +14,14 @@ pub use device::{list_vulkan_devices, VulkanDevice, VulkanDeviceInfo};
 
 use crate::error::Error;
 
+/// `v` as a shader's 32-bit index, or an error naming the shader and the size.
+pub(crate) fn i32_of(shader: &str, what: &str, v: usize) -> crate::error::Result<i32> {
+    i32::try_from(v).map_err(|_| Error::BackendUnavailable {
+        backend: "vulkan".into(),
+        reason: format!("{what} {v} exceeds the {shader} shader's 32-bit indices"),
+    })
+}
+
 /// A failed Vulkan call as an error naming the call and the VkResult.
 pub(crate) fn vk_err(call: &'static str) -> impl Fn(ash::vk::Result) -> Error {
     move |r| Error::Vulkan {

@@ -46,10 +46,7 @@ impl Push {
 }
 
 fn i32_of(what: &str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::BackendUnavailable {
-        backend: "vulkan".into(),
-        reason: format!("{what} {v} exceeds the naive shader's 32-bit indices"),
-    })
+    super::i32_of("naive", what, v)
 }
 
 /// The forward of `spec` (f32) on `dev`: `x` and `w` host tensors, the output returned.

@@ -136,10 +136,7 @@ fn with_f16(source: &str) -> String {
 }
 
 fn i32_of(what: &str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::BackendUnavailable {
-        backend: "vulkan".into(),
-        reason: format!("{what} {v} exceeds the tile shader's 32-bit indices"),
-    })
+    super::i32_of("tile", what, v)
 }
 
 /// The forward of `spec` (f32) on `dev` with `config` (None: the default for the
