@@ -85,7 +85,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("evk-ext-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("ref.json");
-        // null (a failed measurement) reads as NaN through an Option.
+        // A failed measurement has no entry (the script leaves it out); a NaN in its
+        // place would not be JSON, and the file is refused.
         std::fs::write(&path, json.replace("null", "NaN")).unwrap();
         assert!(ExternalTimes::load(&path).is_err(), "NaN is not JSON");
         std::fs::write(&path, json.replace(", \"pytorch-native\": null", "")).unwrap();

@@ -127,14 +127,22 @@ pub fn symmetric_equivalent(
     Ok((sym, crop))
 }
 
-fn tensor_desc(t: &TensorDesc, spec: &ConvSpec, dims3: [usize; 3]) -> Result<()> {
-    let (n, c) = (spec.n() as i32, spec.c() as i32);
-    let [d, h, w] = dims3.map(|v| v as i32);
-    let dims = [n, c, d, h, w];
+/// Dims and strides of an activation tensor `[n, c, d, h, w]` in the spec's layout (both
+/// cuDNN APIs describe tensors this way).
+pub(crate) fn activation(spec: &ConvSpec, dims3: [usize; 3]) -> ([i64; 5], [i64; 5]) {
+    let (n, c) = (spec.n() as i64, spec.c() as i64);
+    let [d, h, w] = dims3.map(|v| v as i64);
     let strides = match spec.layout() {
         Layout::ChannelsFirst => [c * d * h * w, d * h * w, h * w, w, 1],
         Layout::ChannelsLast => [d * h * w * c, 1, h * w * c, w * c, c],
     };
+    ([n, c, d, h, w], strides)
+}
+
+/// The legacy API's 32-bit descriptor (the caller checked the sizes fit).
+fn tensor_desc(t: &TensorDesc, spec: &ConvSpec, dims3: [usize; 3]) -> Result<()> {
+    let (dims, strides) = activation(spec, dims3);
+    let (dims, strides) = (dims.map(|v| v as i32), strides.map(|v| v as i32));
     // SAFETY: arrays of 5 valid ints.
     check("cudnnSetTensorNdDescriptor", unsafe {
         sys::cudnnSetTensorNdDescriptor(
@@ -474,5 +482,25 @@ mod tests {
         .validate()
         .unwrap();
         assert!(symmetric_equivalent(&spec).is_err());
+    }
+
+    #[test]
+    fn activation_strides_follow_the_layout() {
+        let spec = ConvParams {
+            n: 2,
+            c: 3,
+            input: vec![4, 5],
+            kernel: vec![3, 3],
+            stride: vec![1, 1],
+            dilation: vec![1, 1],
+            padding: vec![[1, 1], [1, 1]],
+            layout: Layout::ChannelsLast,
+            dtype: DType::Bf16,
+        }
+        .validate()
+        .unwrap();
+        let (dims, strides) = activation(&spec, spec.input3());
+        assert_eq!(dims, [2, 3, 1, 4, 5]);
+        assert_eq!(strides, [60, 1, 60, 15, 3]);
     }
 }

@@ -23,13 +23,15 @@ use cudarc::cudnn::sys::{
 use cudarc::driver::CudaSlice;
 use serde::{Deserialize, Serialize};
 
-use super::cudnn::{check, crop, data_type, symmetric_equivalent, version, AlgoTime, Handle};
+use super::cudnn::{
+    activation, check, crop, data_type, symmetric_equivalent, version, AlgoTime, Handle,
+};
 use super::run::DeviceProblem;
 use crate::backend::ConvRun;
 use crate::cache::{cache_dir, write_atomic};
 use crate::error::{Error, Result};
 use crate::pass::Pass;
-use crate::spec::{ConvSpec, DType, Layout};
+use crate::spec::{ConvSpec, DType};
 use crate::tensor::HostTensor;
 
 /// Unique ids of the three tensors in the graph and the variant pack.
@@ -93,7 +95,8 @@ impl Desc {
         Ok(self)
     }
 
-    /// Reads up to `out.len()` elements of an attribute; returns how many there are.
+    /// Reads up to `out.len()` elements of an attribute; returns how many the attribute
+    /// has (which may be more than `out` took).
     fn get<V>(&self, name: Attr, ty: Ty, out: &mut [V]) -> Result<usize> {
         let mut count = 0i64;
         // SAFETY: `out` has room for the requested count of `ty` elements.
@@ -104,11 +107,16 @@ impl Desc {
                 ty,
                 out.len() as i64,
                 &mut count,
-                out.as_mut_ptr() as *mut c_void,
+                // A count-only read passes no array, as the frontend does.
+                if out.is_empty() {
+                    std::ptr::null_mut()
+                } else {
+                    out.as_mut_ptr() as *mut c_void
+                },
             )
         })
         .map_err(|e| with_call(e, &format!("cudnnBackendGetAttribute({name:?})")))?;
-        Ok((count.max(0) as usize).min(out.len()))
+        Ok(count.max(0) as usize)
     }
 
     fn get_i64(&self, name: Attr) -> Result<i64> {
@@ -125,23 +133,6 @@ impl Desc {
         let mut raw: Vec<_> = descs.iter().map(|d| d.0).collect();
         let n = self.get(name, Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR, &mut raw)?;
         Ok(descs.into_iter().take(n).collect())
-    }
-
-    /// How many elements a descriptor-valued attribute has.
-    fn count(&self, name: Attr) -> Result<usize> {
-        let mut count = 0i64;
-        // SAFETY: a zero-element request writes only the count.
-        check("cudnnBackendGetAttribute", unsafe {
-            sys::cudnnBackendGetAttribute(
-                self.0,
-                name,
-                Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                0,
-                &mut count,
-                std::ptr::null_mut(),
-            )
-        })?;
-        Ok(count.max(0) as usize)
     }
 }
 
@@ -175,12 +166,11 @@ impl EngineChoice {
     }
 }
 
-/// The convolution cuDNN is given, and where the wanted output starts in its output.
+/// The convolution cuDNN is given (the problem's spec, or for a forward its symmetric
+/// twin), and where the wanted output starts in its output.
 struct Geometry {
     spec: ConvSpec,
     crop: [usize; 3],
-    /// Whether `spec` is the symmetric twin of an asymmetric spec (forward only).
-    twin: bool,
 }
 
 /// The operation graph of one pass of one spec, with what it refers to kept alive.
@@ -217,17 +207,6 @@ fn tensor(uid: i64, dtype: DType, dims: [i64; 5], strides: [i64; 5]) -> Result<D
         &[16i64],
     )?;
     t.finalize("cudnnBackendFinalize(tensor)")
-}
-
-/// Dims and strides of an activation tensor `[n, c, d, h, w]` in the spec's layout.
-fn activation(spec: &ConvSpec, dims3: [usize; 3]) -> ([i64; 5], [i64; 5]) {
-    let (n, c) = (spec.n() as i64, spec.c() as i64);
-    let [d, h, w] = dims3.map(|v| v as i64);
-    let strides = match spec.layout() {
-        Layout::ChannelsFirst => [c * d * h * w, d * h * w, h * w, w, 1],
-        Layout::ChannelsLast => [d * h * w * c, 1, h * w * c, w * c, c],
-    };
-    ([n, c, d, h, w], strides)
 }
 
 fn build_graph(handle: &Handle, spec: &ConvSpec, pass: Pass) -> Result<Graph> {
@@ -416,22 +395,15 @@ fn choice_of(cfg: &Desc) -> Result<EngineChoice> {
     Ok(EngineChoice { engine, knobs })
 }
 
-/// The engine's numerical notes, as raw cudnnBackendNumericalNote_t values.
-fn notes_of(graph: &Graph, choice: &EngineChoice) -> Result<Vec<u32>> {
-    let cfg = build_config(
-        graph,
-        &EngineChoice {
-            engine: choice.engine,
-            knobs: Vec::new(),
-        },
-    )?;
+/// The config's engine's numerical notes, as raw cudnnBackendNumericalNote_t values.
+fn notes_of(config: &Config) -> Result<Vec<u32>> {
     let mut notes = [0u32; 32];
-    let n = cfg.engine.get(
+    let n = config.engine.get(
         Attr::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
         Ty::CUDNN_TYPE_NUMERICAL_NOTE,
         &mut notes,
     )?;
-    Ok(notes[..n].to_vec())
+    Ok(notes[..n.min(notes.len())].to_vec())
 }
 
 /// Why an engine with these notes is not a fair baseline for `dtype`, if it is not: in
@@ -451,8 +423,7 @@ struct BuiltPlan {
     _config: Config,
 }
 
-fn build_plan(handle: &Handle, graph: &Graph, choice: &EngineChoice) -> Result<BuiltPlan> {
-    let config = build_config(graph, choice)?;
+fn build_plan(handle: &Handle, config: Config) -> Result<BuiltPlan> {
     let plan = Desc::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
     plan.set(
         Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE,
@@ -577,20 +548,16 @@ impl<'p, 'd> CudnnGraphRun<'p, 'd> {
         let mut geometries = vec![Geometry {
             spec: spec.clone(),
             crop: [0; 3],
-            twin: false,
         }];
         if pass == Pass::Forward && spec.pad_before3() != spec.pad_after3() {
             if let Ok((sym, crop)) = symmetric_equivalent(spec) {
-                geometries.push(Geometry {
-                    spec: sym,
-                    crop,
-                    twin: true,
-                });
+                geometries.push(Geometry { spec: sym, crop });
             }
         }
         let cached = load_cache().remove(&key);
         let mut reasons = Vec::new();
         for geometry in geometries {
+            let twin = geometry.spec != *spec;
             let graph = match build_graph(&handle, &geometry.spec, pass) {
                 Ok(g) => g,
                 Err(e) => {
@@ -610,14 +577,11 @@ impl<'p, 'd> CudnnGraphRun<'p, 'd> {
                 outputs,
             };
             // The cached choice when it still builds and binds, else a search.
-            let reuse = cached
-                .as_ref()
-                .filter(|c| c.twin == geometry.twin)
-                .and_then(|c| {
-                    let plan = build_plan(&handle, &graph, &c.choice).ok()?;
-                    let bound = state.bind(&plan).ok()?;
-                    Some((plan, bound, c.choice.clone(), c.search.clone(), true))
-                });
+            let reuse = cached.as_ref().filter(|c| c.twin == twin).and_then(|c| {
+                let plan = build_plan(&handle, build_config(&graph, &c.choice).ok()?).ok()?;
+                let bound = state.bind(&plan).ok()?;
+                Some((plan, bound, c.choice.clone(), c.search.clone(), true))
+            });
             let (plan, (workspace, packs), choice, search, cached) = match reuse {
                 Some(r) => r,
                 None => {
@@ -630,14 +594,14 @@ impl<'p, 'd> CudnnGraphRun<'p, 'd> {
                         ));
                         continue;
                     };
-                    let plan = build_plan(&handle, &graph, &choice)?;
+                    let plan = build_plan(&handle, build_config(&graph, &choice)?)?;
                     let bound = state.bind(&plan)?;
                     store_cache(
                         &key,
                         &CachedSearch {
                             choice: choice.clone(),
                             search: search.clone(),
-                            twin: geometry.twin,
+                            twin,
                         },
                     );
                     (plan, bound, choice, search, false)
@@ -664,6 +628,11 @@ impl<'p, 'd> CudnnGraphRun<'p, 'd> {
         )))
     }
 
+    /// Whether cuDNN runs the symmetric-padding twin of the problem's spec.
+    fn is_twin(&self) -> bool {
+        self.geometry.spec != self.problem.spec
+    }
+
     /// Every engine config the search tried, fastest first, then the ones that failed.
     pub fn search(&self) -> &[AlgoTime] {
         &self.search
@@ -675,7 +644,7 @@ impl<'p, 'd> CudnnGraphRun<'p, 'd> {
         format!(
             "cuDNN backend API, {}{}; {}",
             self.choice.name(),
-            if self.geometry.twin {
+            if self.is_twin() {
                 " on the symmetric-padding twin, cropped"
             } else {
                 ""
@@ -754,7 +723,12 @@ impl<'p, 'd> Partial<'_, 'p, 'd> {
             })() else {
                 continue;
             };
-            let n = heur.count(Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS)?;
+            // A zero-element read gives the count.
+            let n = heur.get::<sys::cudnnBackendDescriptor_t>(
+                Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                &mut [],
+            )?;
             for cfg in heur.get_descs(
                 Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS,
                 Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR,
@@ -801,10 +775,12 @@ impl<'p, 'd> Partial<'_, 'p, 'd> {
             }
             let tried = std::time::Instant::now();
             let timed = (|| -> Result<std::result::Result<f64, String>> {
-                if let Some(why) = excluded(dtype, &notes_of(self.graph, &choice)?) {
+                // One engine config for the notes and the plan.
+                let config = build_config(self.graph, &choice)?;
+                if let Some(why) = excluded(dtype, &notes_of(&config)?) {
                     return Ok(Err(why.to_string()));
                 }
-                let plan = build_plan(self.handle, self.graph, &choice)?;
+                let plan = build_plan(self.handle, config)?;
                 row.workspace_bytes = plan.workspace_bytes;
                 if plan.workspace_bytes > MAX_WORKSPACE {
                     return Ok(Err(format!(
@@ -874,7 +850,7 @@ impl ConvRun for CudnnGraphRun<'_, '_> {
 
     fn output(&mut self, set: usize) -> Result<HostTensor> {
         let p = self.problem;
-        if !self.geometry.twin {
+        if !self.is_twin() {
             return p.download_output(&self.outputs[set]);
         }
         let sym = &self.geometry.spec;
@@ -906,25 +882,5 @@ mod tests {
         assert!(excluded(DType::F32, &tc).is_some());
         assert!(excluded(DType::Bf16, &tc).is_none());
         assert!(excluded(DType::F32, &[]).is_none());
-    }
-
-    #[test]
-    fn activation_strides_follow_the_layout() {
-        let spec = crate::spec::ConvParams {
-            n: 2,
-            c: 3,
-            input: vec![4, 5],
-            kernel: vec![3, 3],
-            stride: vec![1, 1],
-            dilation: vec![1, 1],
-            padding: vec![[1, 1], [1, 1]],
-            layout: Layout::ChannelsLast,
-            dtype: DType::Bf16,
-        }
-        .validate()
-        .unwrap();
-        let (dims, strides) = activation(&spec, spec.input3());
-        assert_eq!(dims, [2, 3, 1, 4, 5]);
-        assert_eq!(strides, [60, 1, 60, 15, 3]);
     }
 }

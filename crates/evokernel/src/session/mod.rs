@@ -59,12 +59,6 @@ impl Options {
     fn wants(&self, name: &str) -> bool {
         self.only.is_empty() || self.only.iter().any(|o| o == name)
     }
-
-    /// The legacy cuDNN row runs when named, or with every implementation: on a plain
-    /// `--only cudnn` the backend API's row is what is wanted.
-    fn wants_legacy(&self) -> bool {
-        self.only.is_empty() || self.only.iter().any(|o| o == "cudnn-legacy")
-    }
 }
 
 impl Default for Options {
@@ -263,7 +257,7 @@ impl Session {
                         }
                     }
                 }
-                if opts.wants("cudnn-legacy") && opts.wants_legacy() {
+                if opts.wants("cudnn-legacy") {
                     if !plain || conv.pass != Pass::Forward {
                         skipped.push((
                             "cudnn-legacy".into(),
