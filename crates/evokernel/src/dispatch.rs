@@ -49,6 +49,7 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
     // 31x31: 34 ms vs naive 3.4, run 98).
     let few_taps = spec.kernel3()[1] * spec.kernel3()[2] <= 128;
     let small_plane = oh * spec.output3()[2] <= 28 * 28;
+    let one_d = od == 1 && oh == 1;
     match v.name() {
         "depth_reuse_fma" if deep && fma_rows => (
             0,
@@ -126,21 +127,24 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
             "grad-weight on tensor cores (input rows kept in registers)",
         ),
         "wgrad_mma" => (2, "grad-weight on tensor cores (few tap rows or narrow rows)"),
+        // Channels-last grad-weight from shared-memory tiles (docs/perf.md, runs 106-110):
+        // wins on every 2-D and 3-D case against wgrad and wgrad_cl (mobilenet-s1-nhwc
+        // 0.063 vs 0.149 ms, convnext-nhwc 0.217 vs 0.417, x3d-ndhwc 0.358 vs 0.823, the
+        // NDHWC seed 1.35 vs 2.26, mobilenet-s2 0.090 vs 0.126); on 1-D rows it loses
+        // (causal-conv1d-nwc 0.155 vs wgrad 0.119, mamba2 0.219 vs wgrad_cl 0.121).
+        "wgrad_tile_cl" if !one_d => (
+            0,
+            "grad-weight on channels-last data from shared-memory tiles",
+        ),
+        "wgrad_tile_cl" => (3, "grad-weight from shared-memory tiles (1-D rows: behind wgrad)"),
         // Channels-last grad-weight, same-call A/B against wgrad (docs/perf.md, run 91):
-        // wgrad_cl wins on 3-D specs with many channels (seed-ndhwc 2.43 vs 3.39 ms, x3d
-        // 0.83 vs 0.93) and 1-D specs with thousands of channels (mamba2 0.121 vs 0.148,
-        // hybrid-shortconv 0.428 vs 0.548); it loses elsewhere (video-vae-ndhwc, 128
-        // channels, 2.13 vs 1.73; mobilenet-s2 0.55 vs 0.125; convnext 0.71 vs 0.42;
-        // causal-conv1d-nwc, 2048 channels, 0.178 vs 0.122).
-        "wgrad_cl"
-            if (spec.kernel3()[0] >= 2 && spec.c() >= 192)
-                || (spec.kernel3()[0] * spec.kernel3()[1] == 1 && spec.c() >= 4096) =>
-        {
-            (
-                0,
-                "grad-weight on channels-last data, several channels a lane",
-            )
-        }
+        // wgrad_cl wins on 1-D specs with thousands of channels (mamba2 0.121 vs 0.148,
+        // hybrid-shortconv 0.428 vs 0.548); it loses elsewhere (causal-conv1d-nwc, 2048
+        // channels, 0.178 vs 0.122).
+        "wgrad_cl" if one_d && spec.c() >= 4096 => (
+            0,
+            "grad-weight on channels-last 1-D data, several channels a lane",
+        ),
         "wgrad" => (1, "the grad-weight kernel"),
         "wgrad_cl" => (
             2,
@@ -365,22 +369,23 @@ mod tests {
 
     #[test]
     fn grad_weight_ranking_pins_the_measured_channels_last_winners() {
-        // Run 91 (docs/perf.md): wgrad_cl against wgrad in the same call; x3d-m-res4
-        // (W 14) from run 101: wgrad 0.347 vs wgrad_mma 0.428 ms.
+        // Runs 106-110 (docs/perf.md): wgrad_tile_cl against wgrad and wgrad_cl in the
+        // same calls on every channels-last case; 1-D rows from run 91; x3d-m-res4 (W 14)
+        // from run 101: wgrad 0.347 vs wgrad_mma 0.428 ms.
         let winners = [
             ("x3d-m-res4", "wgrad"),
-            ("seed-bf16-ndhwc", "wgrad_cl"),
-            ("mobilenet-s2", "wgrad"),
-            ("x3d-ndhwc", "wgrad_cl"),
-            ("video-vae-ndhwc", "wgrad"),
-            ("convnext-nhwc", "wgrad"),
-            ("mobilenet-s1-nhwc", "wgrad"),
-            ("seed-f16-ndhwc", "wgrad_cl"),
+            ("seed-bf16-ndhwc", "wgrad_tile_cl"),
+            ("mobilenet-s2", "wgrad_tile_cl"),
+            ("x3d-ndhwc", "wgrad_tile_cl"),
+            ("video-vae-ndhwc", "wgrad_tile_cl"),
+            ("convnext-nhwc", "wgrad_tile_cl"),
+            ("mobilenet-s1-nhwc", "wgrad_tile_cl"),
+            ("seed-f16-ndhwc", "wgrad_tile_cl"),
             ("causal-conv1d-nwc", "wgrad"),
             ("mamba2-conv1d", "wgrad_cl"),
             ("hybrid-shortconv", "wgrad_cl"),
-            ("convnext-t-nhwc", "wgrad"),
-            ("efficientnet-k5s2", "wgrad"),
+            ("convnext-t-nhwc", "wgrad_tile_cl"),
+            ("efficientnet-k5s2", "wgrad_tile_cl"),
         ];
         let cases: Vec<_> = public_suite()
             .unwrap()

@@ -524,6 +524,111 @@ fn backward_passes_on_the_public_and_channels_last_suites() {
     eprintln!("{checked} backward kernel checks over both suites");
 }
 
+/// Grad-weight where padding and tile tails meet non-finite values: an Inf grad_output at
+/// the first output and a NaN at the last (both corners, where taps read padding), an Inf
+/// input at the last position of the first row (read by the row's last outputs only).
+/// Like PyTorch, padded taps stay finite: every grad-weight kernel, default and tuned-
+/// looking configs (tiles that leave tails), on both layouts.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grad_weight_keeps_padding_out_of_non_finite_values() {
+    let engine = Engine::cuda(0).unwrap();
+    let dev = engine.device().unwrap().as_ref();
+    let mut checked = 0;
+    for (layout, dtype, input, kernel, stride, pad) in [
+        (
+            Layout::ChannelsLast,
+            DType::F16,
+            vec![1, 13, 19],
+            vec![1, 3, 3],
+            vec![1, 1, 1],
+            [0, 1, 1],
+        ),
+        (
+            Layout::ChannelsLast,
+            DType::Bf16,
+            vec![1, 11, 21],
+            vec![1, 7, 7],
+            vec![1, 1, 1],
+            [0, 3, 3],
+        ),
+        (
+            Layout::ChannelsLast,
+            DType::F32,
+            vec![5, 9, 10],
+            vec![3, 3, 3],
+            vec![1, 2, 2],
+            [1, 1, 1],
+        ),
+        (
+            Layout::ChannelsFirst,
+            DType::Bf16,
+            vec![1, 13, 19],
+            vec![1, 3, 3],
+            vec![1, 1, 1],
+            [0, 1, 1],
+        ),
+    ] {
+        let mut p = ConvParams::seed();
+        p.n = 2;
+        p.c = 48;
+        p.layout = layout;
+        p.dtype = dtype;
+        p.input = input;
+        p.kernel = kernel;
+        p.stride = stride;
+        p.padding = pad.iter().map(|&q| [q, q]).collect();
+        let spec = p.validate().unwrap();
+        let conv = ConvProblem::new(spec.clone())
+            .with_epilogue(Epilogue {
+                bias: true,
+                ..Epilogue::NONE
+            })
+            .with_pass(Pass::Wgrad);
+        let mut data = ProblemData::random_fused(&conv, 5, 1);
+        let gy = &mut data.grad_outputs[0];
+        let last = gy.len() - 1;
+        gy.set_f64(0, f64::INFINITY);
+        gy.set_f64(last, f64::NAN);
+        // The last input of the first row, channel 0 (either layout).
+        let iw = spec.input3()[2];
+        let at = match layout {
+            Layout::ChannelsLast => (iw - 1) * spec.c(),
+            Layout::ChannelsFirst => iw - 1,
+        };
+        data.inputs[0].set_f64(at, f64::INFINITY);
+        let want = oracle(&data).unwrap();
+        let dp = DeviceProblem::upload(dev, &data).unwrap();
+        for v in registry().into_iter().filter(|v| v.pass() == Pass::Wgrad) {
+            if v.applies(&spec).is_err() {
+                continue;
+            }
+            let mut configs = vec![v.default_config(&spec)];
+            if v.name() == "wgrad_tile_cl" {
+                // Tiles of 8 x 16 on 9-21 wide planes: tails on both axes.
+                for c in [
+                    "wgrad_tile_cl:vec=4,cb=16,rows=3,th=8,tw=16,workers=2,splits=4",
+                    "wgrad_tile_cl:vec=8,cb=48,rows=1,th=8,tw=16,workers=1,splits=2",
+                ] {
+                    let c: evokernel::variants::Config = c.parse().unwrap();
+                    if evokernel::variants::check_config(v, &spec, &c).is_ok() {
+                        configs.push(c);
+                    }
+                }
+                assert!(configs.len() > 1, "{spec}: no tail config fits");
+            }
+            for cfg in configs {
+                let mut run = KernelRun::new(&dp, &engine, &cfg)
+                    .unwrap_or_else(|e| panic!("{spec} {cfg}: {e}"));
+                let verdict = check(&mut run, &data, &want).unwrap();
+                assert!(verdict.passed, "{spec} {cfg}: {:?}", verdict.comparison);
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("{checked} grad-weight kernels checked with non-finite values at the edges");
+}
+
 /// The engine's pick for each backward pass (and dgrad_gather, which every spec has) on
 /// 300 random specs, a third with NaN/Inf in the inputs and grad_output.
 #[test]

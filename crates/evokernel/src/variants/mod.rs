@@ -58,6 +58,7 @@ mod tensor_core;
 mod wgrad;
 mod wgrad_cl;
 mod wgrad_mma;
+mod wgrad_tile_cl;
 
 pub use channels_last::ChannelsLast;
 pub use depth_reuse::DepthReuse;
@@ -76,6 +77,7 @@ pub use tensor_core::TensorCore;
 pub use wgrad::Wgrad;
 pub use wgrad_cl::WgradCl;
 pub use wgrad_mma::WgradMma;
+pub use wgrad_tile_cl::WgradTileCl;
 
 /// Dynamic shared memory a block may opt into on sm_90 (227 KiB).
 pub(crate) const MAX_SHARED: usize = 227 * 1024;
@@ -561,6 +563,7 @@ pub fn registry() -> Vec<&'static dyn Variant> {
         &Wgrad,
         &WgradCl,
         &WgradMma,
+        &WgradTileCl,
     ]
 }
 
@@ -904,6 +907,7 @@ dgrad_gather_cl 5b6d1fea50bd0b8cbc0b7c851fc0049c
 wgrad c79b8b7b0cbfdff9fcf6d09b687c72ae
 wgrad_cl cf8a747ae51c53e28b3f060ab1a9199a
 wgrad_mma 8af488654afec433084ae587d4d936d0
+wgrad_tile_cl 27ee3e433ed5d086ac505d1234644ffb
 ";
 
     #[test]

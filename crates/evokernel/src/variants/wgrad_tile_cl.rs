@@ -1,0 +1,459 @@
+//! `wgrad_tile_cl`: grad-weight and grad-bias on channels-last data from shared-memory
+//! tiles (kernels/wgrad_tile_cl.cu): a block copies a tile of `th` output rows x `tw`
+//! outputs and `cb` channels, with the input window its taps read, into shared memory
+//! (cp.async, two buffers) and sums it there; deterministic, with wgrad's partials and
+//! finalize. Parameters: `vec` bytes of channels a thread reads (4 or 8), `cb` channels a
+//! block, `rows` tap rows (kd, kh) a thread, `th` and `tw` the tile, `workers` per block
+//! (each takes every workers-th row of the tile; summed in order), `splits` slices of the
+//! items.
+
+use super::wgrad::{finalize, Wgrad};
+use super::{cuda_type, grid_x, within_shared, Config, FinalizeKernel, Launch, Param, Variant};
+use crate::error::{Error, Result};
+use crate::pass::Pass;
+use crate::spec::{ConvSpec, Layout};
+
+pub struct WgradTileCl;
+
+typed_params!(Params {
+    vec,
+    cb,
+    rows,
+    th,
+    tw,
+    workers,
+    splits
+});
+
+/// Accumulators a thread keeps (rows x KW x channels); mirrors the kernel's static_assert.
+const MAX_ACCUMULATORS: usize = 64;
+/// Values a thread holds: accumulators, a tile row's grad_output and input vectors.
+const MAX_VALUES: usize = 160;
+/// Threads of a block; mirrors `__launch_bounds__(256)`.
+const MAX_THREADS: usize = 256;
+const TILE_ROWS: [i64; 4] = [1, 2, 4, 8];
+const TILE_COLS: [i64; 3] = [4, 8, 16];
+
+impl WgradTileCl {
+    /// Channels a thread reads (`bytes` of them).
+    fn vector(spec: &ConvSpec, bytes: usize) -> usize {
+        (bytes / spec.dtype().size_bytes()).max(1)
+    }
+
+    /// Bytes one cp.async moves: the widest of 16, 8, 4 that divides a pixel's channels
+    /// and a block's (a copy never straddles either).
+    fn copy_bytes(spec: &ConvSpec, cb: usize) -> usize {
+        let s = spec.dtype().size_bytes();
+        [16, 8, 4]
+            .into_iter()
+            .find(|&b| (spec.c() * s).is_multiple_of(b) && (cb * s).is_multiple_of(b))
+            .unwrap_or(0)
+    }
+
+    /// Input positions one tile row reads along W (the kernel's WT).
+    fn window_w(spec: &ConvSpec, tw: usize) -> usize {
+        let (kw, sw, dw) = (spec.kernel3()[2], spec.stride3()[2], spec.dilation3()[2]);
+        (tw - 1) * sw + (kw - 1) * dw + 1
+    }
+
+    /// Input rows a tile reads per kernel depth (the kernel's HT).
+    fn window_h(spec: &ConvSpec, th: usize) -> usize {
+        let (kh, sh, dh) = (spec.kernel3()[1], spec.stride3()[1], spec.dilation3()[1]);
+        (th - 1) * sh + (kh - 1) * dh + 1
+    }
+
+    fn values(spec: &ConvSpec, p: &Params) -> usize {
+        let v = Self::vector(spec, p.vec);
+        p.rows * spec.kernel3()[2] * v + (p.tw + Self::window_w(spec, p.tw)) * v
+    }
+
+    fn threads(spec: &ConvSpec, p: &Params) -> usize {
+        p.cb / Self::vector(spec, p.vec) * Wgrad::groups(spec, p.rows) * p.workers
+    }
+
+    fn shared_bytes(spec: &ConvSpec, p: &Params) -> usize {
+        let kd = spec.kernel3()[0];
+        let positions = kd * Self::window_h(spec, p.th) * Self::window_w(spec, p.tw) + p.th * p.tw;
+        // Two buffers; the workers' reduction reuses them (a float a thread).
+        (2 * positions * p.cb * spec.dtype().size_bytes()).max(4 * Self::threads(spec, p))
+    }
+
+    /// Channels a block may take: powers of two and C's near-equal divisions in whole
+    /// 8-byte vectors, at most 256; fewer than 16 only when C itself is (rounded up to a
+    /// vector: the copies zero-fill past C).
+    fn channel_blocks(spec: &ConvSpec) -> Vec<i64> {
+        let c = spec.c();
+        let v8 = Self::vector(spec, 8);
+        let all = c.next_multiple_of(v8);
+        let mut v: Vec<i64> = [16usize, 32, 64, 128, 256]
+            .into_iter()
+            .filter(|&b| b < all)
+            .chain((1..=8).filter(|k| c.is_multiple_of(*k)).map(|k| c / k))
+            .chain([all])
+            .filter(|&b| b.is_multiple_of(v8) && b >= all.min(16) && b <= 256)
+            .map(|b| b as i64)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    fn items(spec: &ConvSpec, th: usize, tw: usize) -> usize {
+        let [od, oh, ow] = spec.output3();
+        spec.n() * od * oh.div_ceil(th) * ow.div_ceil(tw)
+    }
+}
+
+impl Variant for WgradTileCl {
+    fn name(&self) -> &'static str {
+        "wgrad_tile_cl"
+    }
+    fn pass(&self) -> Pass {
+        Pass::Wgrad
+    }
+    fn source(&self) -> &'static str {
+        include_str!("../../kernels/wgrad_tile_cl.cu")
+    }
+    fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
+        if spec.layout() != Layout::ChannelsLast {
+            return Err("needs channels-last data".into());
+        }
+        if !(spec.c() * spec.dtype().size_bytes()).is_multiple_of(4) {
+            return Err(format!(
+                "needs a pixel's channels in whole 4-byte copies; {} channels of {} are not",
+                spec.c(),
+                spec.dtype()
+            ));
+        }
+        if spec.kernel3()[2] * Self::vector(spec, 4) > MAX_ACCUMULATORS {
+            return Err(format!(
+                "a kernel row of {} taps needs more than {MAX_ACCUMULATORS} accumulators a thread",
+                spec.kernel3()[2]
+            ));
+        }
+        self.channel_blocks_fit(spec).ok_or_else(|| {
+            format!(
+                "no tile of {} tap rows fits a block of {MAX_THREADS} threads and its shared memory",
+                Wgrad::tap_rows(spec)
+            )
+        })
+    }
+    fn space(&self, spec: &ConvSpec) -> Vec<Param> {
+        let (rows, kw) = (Wgrad::tap_rows(spec), spec.kernel3()[2]);
+        let v4 = Self::vector(spec, 4);
+        let mut per_thread: Vec<i64> = (1..=rows)
+            .map(|g| rows.div_ceil(g))
+            .filter(|&r| r * kw * v4 <= MAX_ACCUMULATORS)
+            .map(|r| r as i64)
+            .collect();
+        per_thread.sort_unstable();
+        per_thread.dedup();
+        vec![
+            Param {
+                name: "vec",
+                values: vec![4, 8],
+            },
+            Param {
+                name: "cb",
+                values: Self::channel_blocks(spec),
+            },
+            Param {
+                name: "rows",
+                values: per_thread,
+            },
+            Param {
+                name: "th",
+                values: TILE_ROWS.to_vec(),
+            },
+            Param {
+                name: "tw",
+                values: TILE_COLS.to_vec(),
+            },
+            Param {
+                name: "workers",
+                values: vec![1, 2, 4, 8],
+            },
+            Param {
+                name: "splits",
+                values: vec![1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+            },
+        ]
+    }
+    fn default_config(&self, spec: &ConvSpec) -> Config {
+        let kw = spec.kernel3()[2];
+        let space = self.space(spec);
+        let v = Self::vector(spec, 4);
+        // About 16-32 accumulators a thread (3x3: all 3 rows; 7x7: 2; the seed's 3x5x5: 3).
+        let rows = space[2]
+            .values
+            .iter()
+            .map(|&r| r as usize)
+            .filter(|&r| r * kw * v <= 32)
+            .max()
+            .unwrap_or(1);
+        let groups = Wgrad::groups(spec, rows);
+        // The most channels a block of at most 80 threads before workers (tuned, run 110:
+        // mobilenet-s1-nhwc all 144 channels, convnext-nhwc 32, x3d-ndhwc 64, the NDHWC
+        // seed 32).
+        let cb = space[1]
+            .values
+            .iter()
+            .rev()
+            .map(|&b| b as usize)
+            .find(|&b| b / v * groups <= 80)
+            .unwrap_or(space[1].values[0] as usize);
+        // Tall tiles where the kernel is (the halo's KH - 1 rows amortized), wide ones on
+        // 2-D planes (3-D tiles hold KD input planes in shared memory).
+        let [kd, kh, _] = spec.kernel3();
+        let ow = spec.output3()[2];
+        let tw = if ow <= 4 {
+            4
+        } else if kd == 1 && ow >= 32 {
+            16
+        } else {
+            8
+        };
+        let th = if kh >= 5 { 8 } else { 4 };
+        let workers = if cb / v * groups * 2 <= MAX_THREADS {
+            2
+        } else {
+            1
+        };
+        // About 4 blocks per SM of a 132-SM H100, each at least 4 items, and partials
+        // under ~1/16 of the bytes the pass reads.
+        let blocks = spec.c().div_ceil(cb);
+        let want = (4 * 132usize).div_ceil(blocks);
+        let by_items = (Self::items(spec, th, tw) / 4).max(1);
+        let read = (spec.input_len() + spec.output_len()) * spec.dtype().size_bytes();
+        let by_bytes = (read / 16 / Wgrad::partial_bytes(spec, 1)).max(1);
+        let mut splits = 1usize;
+        while splits < want && splits * 2 <= by_items.min(by_bytes).min(512) {
+            splits *= 2;
+        }
+        Config::new(
+            self.name(),
+            &[
+                ("vec", 4),
+                ("cb", cb as i64),
+                ("rows", rows as i64),
+                ("th", th as i64),
+                ("tw", tw as i64),
+                ("workers", workers as i64),
+                ("splits", splits as i64),
+            ],
+        )
+    }
+    fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
+        let p = Params::parse(self, spec, config)?;
+        let [kd, kh, kw] = spec.kernel3();
+        Ok(format!(
+            "wgrad_tile_cl_dwconv<{}, {}, {}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}>",
+            cuda_type(spec.dtype()),
+            Self::vector(spec, p.vec),
+            p.cb,
+            spec.stride3()[2],
+            spec.dilation3()[2],
+            p.rows,
+            p.th,
+            p.tw,
+            Self::copy_bytes(spec, p.cb)
+        ))
+    }
+    fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
+        let p = Params::read(config).map_err(|e| e.to_string())?;
+        let v = Self::vector(spec, p.vec);
+        if !p.cb.is_multiple_of(v) {
+            return Err(format!(
+                "a block of {} channels is not whole {v}-channel vectors",
+                p.cb
+            ));
+        }
+        if Self::copy_bytes(spec, p.cb) == 0 {
+            return Err(format!(
+                "{} channels a block are not whole 4-byte copies",
+                p.cb
+            ));
+        }
+        if p.rows * spec.kernel3()[2] * v > MAX_ACCUMULATORS {
+            return Err(format!(
+                "{} tap rows of {} taps x {v} channels exceed {MAX_ACCUMULATORS} accumulators",
+                p.rows,
+                spec.kernel3()[2]
+            ));
+        }
+        if Self::values(spec, &p) > MAX_VALUES {
+            return Err(format!(
+                "{} values a thread exceed {MAX_VALUES}",
+                Self::values(spec, &p)
+            ));
+        }
+        // Every position's copies need a thread each (the kernel's pstep >= 1).
+        let copies = p.cb * spec.dtype().size_bytes() / Self::copy_bytes(spec, p.cb);
+        if Self::threads(spec, &p) < copies {
+            return Err(format!(
+                "{} threads are fewer than the {copies} copies of a position",
+                Self::threads(spec, &p)
+            ));
+        }
+        if p.workers > p.th {
+            return Err(format!("{} workers for {} tile rows", p.workers, p.th));
+        }
+        if Self::threads(spec, &p) > MAX_THREADS {
+            return Err(format!(
+                "{} threads exceed a block of {MAX_THREADS}",
+                Self::threads(spec, &p)
+            ));
+        }
+        within_shared("the two tile buffers", Self::shared_bytes(spec, &p))
+    }
+    fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
+        let p = Params::parse(self, spec, config)?;
+        self.fits(spec, config)
+            .map_err(|reason| Error::NotApplicable {
+                variant: self.name().into(),
+                spec: spec.to_string(),
+                reason,
+            })?;
+        Ok(Launch {
+            grid: (
+                grid_x(self, spec, spec.c().div_ceil(p.cb))?,
+                p.splits as u32,
+                1,
+            ),
+            block: (
+                (p.cb / Self::vector(spec, p.vec)) as u32,
+                Wgrad::groups(spec, p.rows) as u32,
+                p.workers as u32,
+            ),
+            shared_bytes: Self::shared_bytes(spec, &p) as u32,
+        })
+    }
+    fn workspace_bytes(&self, spec: &ConvSpec, config: &Config) -> Result<usize> {
+        let p = Params::parse(self, spec, config)?;
+        Ok(Wgrad::partial_bytes(spec, p.splits))
+    }
+    fn finalize_kernel(
+        &self,
+        spec: &ConvSpec,
+        config: &Config,
+        sms: u32,
+    ) -> Result<Option<FinalizeKernel>> {
+        let p = Params::parse(self, spec, config)?;
+        Ok(Some(finalize(spec, p.splits, sms)))
+    }
+}
+
+impl WgradTileCl {
+    /// `Some` when the smallest config (one tap row a thread, 16 channels, a 1 x 4 tile)
+    /// fits a block.
+    fn channel_blocks_fit(&self, spec: &ConvSpec) -> Option<()> {
+        let cb = *Self::channel_blocks(spec).first()? as usize;
+        let p = Params {
+            vec: 4,
+            cb,
+            rows: 1,
+            th: 1,
+            tw: 4,
+            workers: 1,
+            splits: 1,
+        };
+        self.fits(spec, &Config::new(self.name(), &p.pairs())).ok()
+    }
+}
+
+impl Params {
+    fn pairs(&self) -> [(&'static str, i64); 7] {
+        [
+            ("vec", self.vec as i64),
+            ("cb", self.cb as i64),
+            ("rows", self.rows as i64),
+            ("th", self.th as i64),
+            ("tw", self.tw as i64),
+            ("workers", self.workers as i64),
+            ("splits", self.splits as i64),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{ConvParams, DType};
+    use crate::suite::{channels_last_suite, models_suite, public_suite};
+
+    fn cl(c: i64, dtype: DType) -> ConvSpec {
+        let mut p = ConvParams::seed();
+        p.layout = Layout::ChannelsLast;
+        p.c = c;
+        p.dtype = dtype;
+        p.validate().unwrap()
+    }
+
+    #[test]
+    fn takes_channels_last_in_whole_4_byte_copies() {
+        assert!(WgradTileCl.applies(&cl(512, DType::Bf16)).is_ok());
+        assert!(WgradTileCl.applies(&cl(7, DType::Bf16)).is_err());
+        assert!(WgradTileCl.applies(&cl(7, DType::F32)).is_ok());
+        let mut p = ConvParams::seed();
+        p.layout = Layout::ChannelsFirst;
+        assert!(WgradTileCl.applies(&p.validate().unwrap()).is_err());
+    }
+
+    #[test]
+    fn defaults_fit_and_launch_on_every_channels_last_case() {
+        let cases = public_suite()
+            .unwrap()
+            .into_iter()
+            .chain(channels_last_suite().unwrap())
+            .chain(models_suite().unwrap());
+        for case in cases {
+            let spec = &case.spec;
+            if WgradTileCl.applies(spec).is_err() {
+                assert_ne!(spec.layout(), Layout::ChannelsLast, "{}", case.name);
+                continue;
+            }
+            let d = WgradTileCl.default_config(spec);
+            WgradTileCl
+                .fits(spec, &d)
+                .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+            let l = WgradTileCl.launch(spec, &d, 132).unwrap();
+            let threads = l.block.0 * l.block.1 * l.block.2;
+            assert!(threads as usize <= MAX_THREADS, "{}: {threads}", case.name);
+            assert!(l.shared_bytes as usize <= super::super::MAX_SHARED);
+        }
+    }
+
+    #[test]
+    fn mobilenet_takes_all_its_channels_in_one_block() {
+        // 144 f16 channels, 3x3: every tap row a thread (18 accumulators), 72 lanes.
+        let mut p = ConvParams::seed();
+        p.layout = Layout::ChannelsLast;
+        p.c = 144;
+        p.dtype = DType::F16;
+        p.input = vec![1, 56, 56];
+        p.kernel = vec![1, 3, 3];
+        p.padding = vec![[0, 0], [1, 1], [1, 1]];
+        let spec = p.validate().unwrap();
+        let d = WgradTileCl.default_config(&spec);
+        assert_eq!((d.get("cb"), d.get("rows")), (Some(144), Some(3)), "{d}");
+        assert_eq!(WgradTileCl::copy_bytes(&spec, 144), 16);
+    }
+
+    #[test]
+    fn oversized_tiles_are_refused_with_the_reason() {
+        let spec = cl(512, DType::F32);
+        let p = Params {
+            vec: 8,
+            cb: 256,
+            rows: 1,
+            th: 8,
+            tw: 16,
+            workers: 8,
+            splits: 1,
+        };
+        let err = WgradTileCl
+            .fits(&spec, &Config::new("wgrad_tile_cl", &p.pairs()))
+            .unwrap_err();
+        assert!(err.contains("threads") || err.contains("shared"), "{err}");
+    }
+}
