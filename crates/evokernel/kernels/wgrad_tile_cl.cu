@@ -306,7 +306,10 @@ __device__ __forceinline__ void wgrad_tile_cl_body(const ConvArgs& a) {
     }
 }
 
-template <typename T, int VEC, int CB, int KD, int KH, int KW, int SW, int DW, int RB, int TH, int TW, int LB, int EPI>
-__global__ void __launch_bounds__(256) wgrad_tile_cl_dwconv(ConvArgs a, EpiArgs) {
+// MINB: blocks of 256 threads an SM must hold, a register cap (1: 255, 2: 128, 3: 85,
+// 4: 64 a thread) for more resident warps.
+template <typename T, int VEC, int CB, int KD, int KH, int KW, int SW, int DW, int RB, int TH, int TW, int LB,
+          int MINB, int EPI>
+__global__ void __launch_bounds__(256, MINB) wgrad_tile_cl_dwconv(ConvArgs a, EpiArgs) {
     wgrad_tile_cl_body<T, VEC, CB, KD, KH, KW, SW, DW, RB, TH, TW, LB>(a);
 }

@@ -607,8 +607,8 @@ fn grad_weight_keeps_padding_out_of_non_finite_values() {
             if v.name() == "wgrad_tile_cl" {
                 // Tiles of 8 x 16 on 9-21 wide planes: tails on both axes.
                 for c in [
-                    "wgrad_tile_cl:vec=4,cb=16,rows=3,th=8,tw=16,workers=2,splits=4",
-                    "wgrad_tile_cl:vec=8,cb=48,rows=1,th=8,tw=16,workers=1,splits=2",
+                    "wgrad_tile_cl:vec=4,cb=16,rows=3,th=8,tw=16,workers=2,splits=4,minblocks=3",
+                    "wgrad_tile_cl:vec=8,cb=48,rows=1,th=8,tw=16,workers=1,splits=2,minblocks=1",
                 ] {
                     let c: evokernel::variants::Config = c.parse().unwrap();
                     if evokernel::variants::check_config(v, &spec, &c).is_ok() {

@@ -907,7 +907,7 @@ dgrad_gather_cl 5b6d1fea50bd0b8cbc0b7c851fc0049c
 wgrad c79b8b7b0cbfdff9fcf6d09b687c72ae
 wgrad_cl cf8a747ae51c53e28b3f060ab1a9199a
 wgrad_mma 8af488654afec433084ae587d4d936d0
-wgrad_tile_cl 27ee3e433ed5d086ac505d1234644ffb
+wgrad_tile_cl f725eb7e089f7ebd0ea3eb9468ca30b9
 ";
 
     #[test]

@@ -22,7 +22,8 @@ typed_params!(Params {
     th,
     tw,
     workers,
-    splits
+    splits,
+    minblocks
 });
 
 /// Accumulators a thread keeps (rows x KW x channels); mirrors the kernel's static_assert.
@@ -177,6 +178,11 @@ impl Variant for WgradTileCl {
                 name: "splits",
                 values: vec![1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
             },
+            // A register cap for more resident warps (the kernel's MINB).
+            Param {
+                name: "minblocks",
+                values: vec![1, 2, 3, 4],
+            },
         ]
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
@@ -203,29 +209,36 @@ impl Variant for WgradTileCl {
             .find(|&b| b / v * groups <= 80)
             .unwrap_or(space[1].values[0] as usize);
         // Tall tiles where the kernel is (the halo's KH - 1 rows amortized), wide ones on
-        // 2-D planes (3-D tiles hold KD input planes in shared memory).
+        // 2-D planes at unit stride (3-D tiles hold KD input planes in shared memory;
+        // mobilenet-s2 at W stride 2: 16 wide 0.115 ms, 8 wide 0.091, run 111).
         let [kd, kh, _] = spec.kernel3();
         let ow = spec.output3()[2];
         let tw = if ow <= 4 {
             4
-        } else if kd == 1 && ow >= 32 {
+        } else if kd == 1 && ow >= 32 && spec.stride3()[2] == 1 {
             16
         } else {
             8
         };
-        let th = if kh >= 5 { 8 } else { 4 };
+        // (efficientnet-k5s2, H stride 2: 4 rows 0.077 ms, 8 rows 0.125; run 112).
+        let th = if kh >= 5 && spec.stride3()[1] == 1 {
+            8
+        } else {
+            4
+        };
         let workers = if cb / v * groups * 2 <= MAX_THREADS {
             2
         } else {
             1
         };
         // About 4 blocks per SM of a 132-SM H100, each at least 4 items, and partials
-        // under ~1/16 of the bytes the pass reads.
+        // under ~1/4 of the bytes the pass reads (convnext-t-nhwc, 49 taps: 1/16 held it
+        // at 32 splits, 0.150 ms; tuned 64 splits of 16 channels 0.098; run 112).
         let blocks = spec.c().div_ceil(cb);
         let want = (4 * 132usize).div_ceil(blocks);
         let by_items = (Self::items(spec, th, tw) / 4).max(1);
         let read = (spec.input_len() + spec.output_len()) * spec.dtype().size_bytes();
-        let by_bytes = (read / 16 / Wgrad::partial_bytes(spec, 1)).max(1);
+        let by_bytes = (read / 4 / Wgrad::partial_bytes(spec, 1)).max(1);
         let mut splits = 1usize;
         while splits < want && splits * 2 <= by_items.min(by_bytes).min(512) {
             splits *= 2;
@@ -240,6 +253,7 @@ impl Variant for WgradTileCl {
                 ("tw", tw as i64),
                 ("workers", workers as i64),
                 ("splits", splits as i64),
+                ("minblocks", 1),
             ],
         )
     }
@@ -247,7 +261,7 @@ impl Variant for WgradTileCl {
         let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "wgrad_tile_cl_dwconv<{}, {}, {}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}>",
+            "wgrad_tile_cl_dwconv<{}, {}, {}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             Self::vector(spec, p.vec),
             p.cb,
@@ -256,7 +270,8 @@ impl Variant for WgradTileCl {
             p.rows,
             p.th,
             p.tw,
-            Self::copy_bytes(spec, p.cb)
+            Self::copy_bytes(spec, p.cb),
+            p.minblocks
         ))
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
@@ -356,13 +371,14 @@ impl WgradTileCl {
             tw: 4,
             workers: 1,
             splits: 1,
+            minblocks: 1,
         };
         self.fits(spec, &Config::new(self.name(), &p.pairs())).ok()
     }
 }
 
 impl Params {
-    fn pairs(&self) -> [(&'static str, i64); 7] {
+    fn pairs(&self) -> [(&'static str, i64); 8] {
         [
             ("vec", self.vec as i64),
             ("cb", self.cb as i64),
@@ -371,6 +387,7 @@ impl Params {
             ("tw", self.tw as i64),
             ("workers", self.workers as i64),
             ("splits", self.splits as i64),
+            ("minblocks", self.minblocks as i64),
         ]
     }
 }
@@ -450,6 +467,7 @@ mod tests {
             tw: 16,
             workers: 8,
             splits: 1,
+            minblocks: 1,
         };
         let err = WgradTileCl
             .fits(&spec, &Config::new("wgrad_tile_cl", &p.pairs()))
