@@ -776,6 +776,21 @@ pub fn valid_configs(v: &dyn Variant, spec: &ConvSpec) -> Vec<Config> {
         .collect()
 }
 
+/// Specs the variants' unit tests share.
+#[cfg(test)]
+pub(crate) mod test_specs {
+    use crate::spec::{ConvParams, ConvSpec, DType, Layout};
+
+    /// The seed problem, channels-last, with `c` channels of `dtype`.
+    pub(crate) fn seed_channels_last(c: i64, dtype: DType) -> ConvSpec {
+        let mut p = ConvParams::seed();
+        p.layout = Layout::ChannelsLast;
+        p.c = c;
+        p.dtype = dtype;
+        p.validate().unwrap()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -294,13 +294,7 @@ mod tests {
     use super::*;
     use crate::spec::{ConvParams, DType};
 
-    fn cl(c: i64, dtype: DType) -> ConvSpec {
-        let mut p = ConvParams::seed();
-        p.layout = Layout::ChannelsLast;
-        p.c = c;
-        p.dtype = dtype;
-        p.validate().unwrap()
-    }
+    use crate::variants::test_specs::seed_channels_last as cl;
 
     #[test]
     fn takes_channels_last_in_whole_lane_vectors() {

@@ -398,13 +398,7 @@ mod tests {
     use crate::spec::{ConvParams, DType};
     use crate::suite::{channels_last_suite, models_suite, public_suite};
 
-    fn cl(c: i64, dtype: DType) -> ConvSpec {
-        let mut p = ConvParams::seed();
-        p.layout = Layout::ChannelsLast;
-        p.c = c;
-        p.dtype = dtype;
-        p.validate().unwrap()
-    }
+    use crate::variants::test_specs::seed_channels_last as cl;
 
     #[test]
     fn takes_channels_last_in_whole_4_byte_copies() {
