@@ -156,3 +156,42 @@ fn warm_compile_comes_from_the_cache() {
     );
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// The scaled GEMM's warp-MMA kernel (issue 18) for sm_90: each scaling mode, output type
+/// and bias with the default config of a suite shape, and every config of the family
+/// that fits (per-tensor, bf16). The e4m3 MMA needs sm_89+; a kernel that does not compile
+/// (or an MMA shape the target refuses) fails CI.
+#[test]
+fn scaled_mm_kernels_compile_for_sm90() {
+    use evokernel::gemm::{mma, MmaConfig, ScaledMmSpec, Scaling};
+    let jit = Jit::new("sm_90")
+        .unwrap_or_else(|e| panic!("{e}\n(run scripts/install-nvrtc.sh, or use ./scripts/test.sh)"))
+        .without_cache();
+    let mut work = BTreeSet::new();
+    for scaling in [Scaling::PerTensor, Scaling::RowWise, Scaling::BlockWise] {
+        for out in mma::OUT_TYPES {
+            for bias in [false, true] {
+                let spec = ScaledMmSpec::new(2048, 4096, 4096, scaling, out, bias).unwrap();
+                work.insert(MmaConfig::default_for(&spec).specialization(&spec));
+            }
+        }
+    }
+    let spec = ScaledMmSpec::new(2048, 4096, 4096, Scaling::PerTensor, DType::Bf16, false).unwrap();
+    let fitting: Vec<MmaConfig> = MmaConfig::space()
+        .into_iter()
+        .filter(|c| c.fits(&spec).is_ok())
+        .collect();
+    assert!(fitting.len() >= 10, "{} configs fit", fitting.len());
+    work.extend(fitting.iter().map(|c| c.specialization(&spec)));
+    for expr in &work {
+        let c = jit
+            .compile("scaled_mm_mma", mma::SOURCE, expr)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(&c.cubin[..4], b"\x7fELF", "{expr}: not a CUBIN");
+        eprintln!(
+            "compiled {expr:<60} {:>7.0} ms, {} bytes",
+            c.millis,
+            c.cubin.len()
+        );
+    }
+}
