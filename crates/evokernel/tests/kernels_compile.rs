@@ -1,5 +1,6 @@
 //! Every registered variant, with its default config on every case of the public and
-//! channels-last suites it applies to, and the calibration kernels must compile for sm_90 with NVRTC. Runs on
+//! channels-last suites it applies to, the calibration kernels and the fp8 GEMM's kernel
+//! must compile for sm_90 with NVRTC. Runs on
 //! CI with no GPU (NVRTC from PyPI, scripts/install-nvrtc.sh); a kernel that does not
 //! compile fails CI.
 
