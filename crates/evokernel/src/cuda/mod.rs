@@ -275,7 +275,12 @@ impl CudaDevice {
     }
 
     pub fn upload(&self, t: &HostTensor) -> Result<CudaSlice<u8>> {
-        self.stream.clone_htod(t.as_bytes()).cuda("cuMemcpyHtoD")
+        self.upload_bytes(t.as_bytes())
+    }
+
+    /// Raw bytes (fp8 operands, a packed B, f32 scales) into a new device buffer.
+    pub fn upload_bytes(&self, bytes: &[u8]) -> Result<CudaSlice<u8>> {
+        self.stream.clone_htod(bytes).cuda("cuMemcpyHtoD")
     }
 
     /// Copies a device buffer into a host tensor of the same byte size.

@@ -64,7 +64,8 @@ impl ScaledMmData {
         }
     }
 
-    fn check(&self, spec: &ScaledMmSpec) -> Result<()> {
+    /// `Err` names the operand whose length does not match `spec`.
+    pub fn check(&self, spec: &ScaledMmSpec) -> Result<()> {
         let (sa, sb) = spec.scale_shapes();
         let want = [
             ("A", spec.m() * spec.k(), self.a.len()),
