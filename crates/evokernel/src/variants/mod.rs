@@ -794,6 +794,18 @@ pub(crate) mod test_specs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn channels_last_grad_weight_variants_take_whole_4_byte_channel_vectors() {
+        use test_specs::seed_channels_last as cl;
+        for v in [&WgradCl as &dyn Variant, &WgradTileCl] {
+            assert!(v.applies(&cl(512, DType::Bf16)).is_ok(), "{}", v.name());
+            assert!(v.applies(&cl(7, DType::Bf16)).is_err(), "{}", v.name());
+            assert!(v.applies(&cl(7, DType::F32)).is_ok(), "{}", v.name());
+            let seed = crate::spec::ConvParams::seed().validate().unwrap();
+            assert!(v.applies(&seed).is_err(), "{}: channels-first", v.name());
+        }
+    }
     use crate::spec::ConvParams;
 
     /// 2^32 (n, c) planes: every per-plane kernel would need more blocks than one launch

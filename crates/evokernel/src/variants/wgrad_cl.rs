@@ -297,16 +297,6 @@ mod tests {
     use crate::variants::test_specs::seed_channels_last as cl;
 
     #[test]
-    fn takes_channels_last_in_whole_lane_vectors() {
-        assert!(WgradCl.applies(&cl(512, DType::Bf16)).is_ok());
-        assert!(WgradCl.applies(&cl(7, DType::Bf16)).is_err());
-        assert!(WgradCl.applies(&cl(7, DType::F32)).is_ok());
-        let mut p = ConvParams::seed();
-        p.layout = Layout::ChannelsFirst;
-        assert!(WgradCl.applies(&p.validate().unwrap()).is_err());
-    }
-
-    #[test]
     fn default_uses_the_widest_vector_that_divides_c_and_fits() {
         // The seed (3x5x5): 16-byte lanes would hold 5 + 5 positions x 8 channels = 80
         // values and 10 fetched vectors of 4 registers (120 > 100); 8-byte lanes hold 60.

@@ -401,16 +401,6 @@ mod tests {
     use crate::variants::test_specs::seed_channels_last as cl;
 
     #[test]
-    fn takes_channels_last_in_whole_4_byte_copies() {
-        assert!(WgradTileCl.applies(&cl(512, DType::Bf16)).is_ok());
-        assert!(WgradTileCl.applies(&cl(7, DType::Bf16)).is_err());
-        assert!(WgradTileCl.applies(&cl(7, DType::F32)).is_ok());
-        let mut p = ConvParams::seed();
-        p.layout = Layout::ChannelsFirst;
-        assert!(WgradTileCl.applies(&p.validate().unwrap()).is_err());
-    }
-
-    #[test]
     fn defaults_fit_and_launch_on_every_channels_last_case() {
         let cases = public_suite()
             .unwrap()
