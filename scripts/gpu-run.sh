@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (with .gpu carried): tests, devices, the seed run, the
-# PyTorch reference, the suite, profile, tuning and the sanitizers (STEPS picks).
+# PyTorch reference, the suite, profile, tuning, the sanitizers and the fp8 GEMM's test
+# (STEPS picks).
 # Logs go to $OUT/logs.tgz (the device returns at most 8 files); a summary prints last.
 set -uo pipefail
 out=/tmp/evk-out
@@ -55,6 +56,12 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       LIMIT=300 step bwd_memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel verify --suite public --pass all --only dgrad_gather --only wgrad --only wgrad_mma --only wgrad_tile_cl --only depth_reuse --only depth_reuse_fma_cl --only smem_tile
       LIMIT=200 step bwd_racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 40 --kernel 3x5x5 --padding 0,2,2 --pass all --only wgrad --only wgrad_mma --only dgrad_gather --only depth_reuse
       LIMIT=200 step bwd_racecheck_cl compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 40 --kernel 3x5x5 --padding 0,2,2 --layout channels-last --pass all --only wgrad --only wgrad_tile_cl --only dgrad_gather ;;
+    gemm)
+      # The fp8 scaled GEMM's warp-MMA kernel against the f64 oracle (every scaling,
+      # output type and bias), then under memcheck and racecheck.
+      LIMIT=300 step gemm .gpu/tests/gpu-* --include-ignored --test-threads=1 scaled_mm
+      LIMIT=400 step gemm_memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/tests/gpu-* --include-ignored --test-threads=1 scaled_mm
+      LIMIT=400 step gemm_racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/tests/gpu-* --include-ignored --test-threads=1 scaled_mm ;;
     vulkan)
       # The Vulkan backend on the NVIDIA driver (scripts/vulkan-nvidia.sh stage before).
       source scripts/vulkan-nvidia.sh env
