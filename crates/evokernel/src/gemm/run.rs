@@ -38,7 +38,6 @@ unsafe impl DeviceRepr for ScaledMmArgs {}
 pub struct ScaledMmRun<'d> {
     dev: &'d CudaDevice,
     spec: ScaledMmSpec,
-    config: MmaConfig,
     kernel: LoadedKernel,
     args: ScaledMmArgs,
     // The buffers `args` points into, alive as long as the run.
@@ -102,7 +101,6 @@ impl<'d> ScaledMmRun<'d> {
         Ok(ScaledMmRun {
             dev,
             spec: spec.clone(),
-            config,
             kernel,
             args,
             _operands: operands,
@@ -127,13 +125,5 @@ impl<'d> ScaledMmRun<'d> {
     /// Milliseconds the host spent packing B (once, outside every launch).
     pub fn pack_ms(&self) -> f64 {
         self.pack_ms
-    }
-
-    pub fn config(&self) -> MmaConfig {
-        self.config
-    }
-
-    pub fn kernel(&self) -> &LoadedKernel {
-        &self.kernel
     }
 }

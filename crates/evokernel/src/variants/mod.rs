@@ -505,20 +505,30 @@ pub trait Variant: Sync {
     fn pass(&self) -> Pass {
         Pass::Forward
     }
+    /// Grad-weight variants that write wgrad's f32 partials [splits][C][taps + 1]: how
+    /// many splits `config` sums into (the workspace holds them, wgrad_finalize adds
+    /// them). `None`: the variant writes its result directly.
+    fn partial_splits(&self, _spec: &ConvSpec, _config: &Config) -> Result<Option<usize>> {
+        Ok(None)
+    }
     /// Device scratch one call needs (the plan allocates it on the call's stream when
     /// the caller passes none).
-    fn workspace_bytes(&self, _spec: &ConvSpec, _config: &Config) -> Result<usize> {
-        Ok(0)
+    fn workspace_bytes(&self, spec: &ConvSpec, config: &Config) -> Result<usize> {
+        Ok(self
+            .partial_splits(spec, config)?
+            .map_or(0, |splits| Wgrad::partial_bytes(spec, splits)))
     }
     /// A second kernel launched after the main one on the same stream (wgrad's sum of
     /// its partials).
     fn finalize_kernel(
         &self,
-        _spec: &ConvSpec,
-        _config: &Config,
-        _sms: u32,
+        spec: &ConvSpec,
+        config: &Config,
+        sms: u32,
     ) -> Result<Option<FinalizeKernel>> {
-        Ok(None)
+        Ok(self
+            .partial_splits(spec, config)?
+            .map(|splits| wgrad::finalize(spec, splits, sms)))
     }
 }
 

@@ -199,18 +199,8 @@ impl Variant for Wgrad {
             shared_bytes: 0,
         })
     }
-    fn workspace_bytes(&self, spec: &ConvSpec, config: &Config) -> Result<usize> {
-        let p = Params::parse(self, spec, config)?;
-        Ok(Self::partial_bytes(spec, p.splits))
-    }
-    fn finalize_kernel(
-        &self,
-        spec: &ConvSpec,
-        config: &Config,
-        sms: u32,
-    ) -> Result<Option<FinalizeKernel>> {
-        let p = Params::parse(self, spec, config)?;
-        Ok(Some(finalize(spec, p.splits, sms)))
+    fn partial_splits(&self, spec: &ConvSpec, config: &Config) -> Result<Option<usize>> {
+        Ok(Some(Params::parse(self, spec, config)?.splits))
     }
 }
 

@@ -6,8 +6,8 @@
 //! every workers-th output row of the block's slice; summed in order), `splits` slices of
 //! the output rows.
 
-use super::wgrad::{finalize, Wgrad};
-use super::{grid_x, Config, FinalizeKernel, Launch, Param, Variant};
+use super::wgrad::Wgrad;
+use super::{grid_x, Config, Launch, Param, Variant};
 use crate::error::{Error, Result};
 use crate::pass::Pass;
 use crate::spec::{ConvSpec, Layout};
@@ -274,18 +274,8 @@ impl Variant for WgradCl {
             shared_bytes: 0,
         })
     }
-    fn workspace_bytes(&self, spec: &ConvSpec, config: &Config) -> Result<usize> {
-        let p = Params::parse(self, spec, config)?;
-        Ok(Wgrad::partial_bytes(spec, p.splits))
-    }
-    fn finalize_kernel(
-        &self,
-        spec: &ConvSpec,
-        config: &Config,
-        sms: u32,
-    ) -> Result<Option<FinalizeKernel>> {
-        let p = Params::parse(self, spec, config)?;
-        Ok(Some(finalize(spec, p.splits, sms)))
+    fn partial_splits(&self, spec: &ConvSpec, config: &Config) -> Result<Option<usize>> {
+        Ok(Some(Params::parse(self, spec, config)?.splits))
     }
 }
 

@@ -7,7 +7,7 @@
 //! `ring` slots of each warp's cp.async ring (rows in flight + 1), `warps` per block (one
 //! channel), `splits` slices of each channel's items.
 
-use super::{cuda_type, grid_x, Config, FinalizeKernel, Launch, Param, Variant};
+use super::{cuda_type, grid_x, Config, Launch, Param, Variant};
 use crate::error::{Error, Result};
 use crate::pass::Pass;
 use crate::spec::{ConvSpec, DType, Layout};
@@ -221,18 +221,8 @@ impl Variant for WgradMma {
             shared_bytes: Self::shared_bytes(spec, p.ks, p.ring, p.warps) as u32,
         })
     }
-    fn workspace_bytes(&self, spec: &ConvSpec, config: &Config) -> Result<usize> {
-        let p = Params::parse(self, spec, config)?;
-        Ok(super::Wgrad::partial_bytes(spec, p.splits))
-    }
-    fn finalize_kernel(
-        &self,
-        spec: &ConvSpec,
-        config: &Config,
-        sms: u32,
-    ) -> Result<Option<FinalizeKernel>> {
-        let p = Params::parse(self, spec, config)?;
-        Ok(Some(super::wgrad::finalize(spec, p.splits, sms)))
+    fn partial_splits(&self, spec: &ConvSpec, config: &Config) -> Result<Option<usize>> {
+        Ok(Some(Params::parse(self, spec, config)?.splits))
     }
 }
 

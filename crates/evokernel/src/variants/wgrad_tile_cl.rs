@@ -7,8 +7,8 @@
 //! (each takes every workers-th row of the tile; summed in order), `splits` slices of the
 //! items.
 
-use super::wgrad::{finalize, Wgrad};
-use super::{cuda_type, grid_x, within_shared, Config, FinalizeKernel, Launch, Param, Variant};
+use super::wgrad::Wgrad;
+use super::{cuda_type, grid_x, within_shared, Config, Launch, Param, Variant};
 use crate::error::{Error, Result};
 use crate::pass::Pass;
 use crate::spec::{ConvSpec, Layout};
@@ -42,13 +42,70 @@ impl WgradTileCl {
     }
 
     /// Bytes one cp.async moves: the widest of 16, 8, 4 that divides a pixel's channels
-    /// and a block's (a copy never straddles either).
-    fn copy_bytes(spec: &ConvSpec, cb: usize) -> usize {
+    /// and a block's (a copy never straddles either); `None` when 4 does not.
+    fn copy_bytes(spec: &ConvSpec, cb: usize) -> Option<usize> {
         let s = spec.dtype().size_bytes();
         [16, 8, 4]
             .into_iter()
             .find(|&b| (spec.c() * s).is_multiple_of(b) && (cb * s).is_multiple_of(b))
-            .unwrap_or(0)
+    }
+
+    /// Tap rows a thread may take: KD * KH's near-equal divisions whose accumulators fit
+    /// with 4-byte vectors.
+    fn rows_per_thread(spec: &ConvSpec) -> Vec<i64> {
+        let (rows, kw) = (Wgrad::tap_rows(spec), spec.kernel3()[2]);
+        let v4 = Self::vector(spec, 4);
+        let mut per_thread: Vec<i64> = (1..=rows)
+            .map(|g| rows.div_ceil(g))
+            .filter(|&r| r * kw * v4 <= MAX_ACCUMULATORS)
+            .map(|r| r as i64)
+            .collect();
+        per_thread.sort_unstable();
+        per_thread.dedup();
+        per_thread
+    }
+
+    /// `Err(reason)` when `p` cannot launch for `spec` (what `fits` says of a config).
+    fn check(spec: &ConvSpec, p: &Params) -> std::result::Result<(), String> {
+        let v = Self::vector(spec, p.vec);
+        if !p.cb.is_multiple_of(v) {
+            return Err(format!(
+                "a block of {} channels is not whole {v}-channel vectors",
+                p.cb
+            ));
+        }
+        let Some(copy) = Self::copy_bytes(spec, p.cb) else {
+            return Err(format!(
+                "{} channels a block are not whole 4-byte copies",
+                p.cb
+            ));
+        };
+        if p.rows * spec.kernel3()[2] * v > MAX_ACCUMULATORS {
+            return Err(format!(
+                "{} tap rows of {} taps x {v} channels exceed {MAX_ACCUMULATORS} accumulators",
+                p.rows,
+                spec.kernel3()[2]
+            ));
+        }
+        let values = Self::values(spec, p);
+        if values > MAX_VALUES {
+            return Err(format!("{values} values a thread exceed {MAX_VALUES}"));
+        }
+        // Every position's copies need a thread each (the kernel's pstep >= 1).
+        let threads = Self::threads(spec, p);
+        let copies = p.cb * spec.dtype().size_bytes() / copy;
+        if threads < copies {
+            return Err(format!(
+                "{threads} threads are fewer than the {copies} copies of a position"
+            ));
+        }
+        if p.workers > p.th {
+            return Err(format!("{} workers for {} tile rows", p.workers, p.th));
+        }
+        if threads > MAX_THREADS {
+            return Err(format!("{threads} threads exceed a block of {MAX_THREADS}"));
+        }
+        within_shared("the two tile buffers", Self::shared_bytes(spec, p))
     }
 
     /// Input positions one tile row reads along W (the kernel's WT).
@@ -132,23 +189,26 @@ impl Variant for WgradTileCl {
                 spec.kernel3()[2]
             ));
         }
-        self.channel_blocks_fit(spec).ok_or_else(|| {
-            format!(
+        // The smallest config: one tap row a thread, the fewest channels, a 1 x 4 tile.
+        let smallest = Self::channel_blocks(spec).first().map(|&cb| Params {
+            vec: 4,
+            cb: cb as usize,
+            rows: 1,
+            th: 1,
+            tw: 4,
+            workers: 1,
+            splits: 1,
+            minblocks: 1,
+        });
+        match smallest {
+            Some(p) if Self::check(spec, &p).is_ok() => Ok(()),
+            _ => Err(format!(
                 "no tile of {} tap rows fits a block of {MAX_THREADS} threads and its shared memory",
                 Wgrad::tap_rows(spec)
-            )
-        })
+            )),
+        }
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
-        let (rows, kw) = (Wgrad::tap_rows(spec), spec.kernel3()[2]);
-        let v4 = Self::vector(spec, 4);
-        let mut per_thread: Vec<i64> = (1..=rows)
-            .map(|g| rows.div_ceil(g))
-            .filter(|&r| r * kw * v4 <= MAX_ACCUMULATORS)
-            .map(|r| r as i64)
-            .collect();
-        per_thread.sort_unstable();
-        per_thread.dedup();
         vec![
             Param {
                 name: "vec",
@@ -160,7 +220,7 @@ impl Variant for WgradTileCl {
             },
             Param {
                 name: "rows",
-                values: per_thread,
+                values: Self::rows_per_thread(spec),
             },
             Param {
                 name: "th",
@@ -187,13 +247,11 @@ impl Variant for WgradTileCl {
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
         let kw = spec.kernel3()[2];
-        let space = self.space(spec);
         let v = Self::vector(spec, 4);
         // About 16-32 accumulators a thread (3x3: all 3 rows; 7x7: 2; the seed's 3x5x5: 3).
-        let rows = space[2]
-            .values
-            .iter()
-            .map(|&r| r as usize)
+        let rows = Self::rows_per_thread(spec)
+            .into_iter()
+            .map(|r| r as usize)
             .filter(|&r| r * kw * v <= 32)
             .max()
             .unwrap_or(1);
@@ -201,13 +259,13 @@ impl Variant for WgradTileCl {
         // The most channels a block of at most 80 threads before workers (tuned, run 110:
         // mobilenet-s1-nhwc all 144 channels, convnext-nhwc 32, x3d-ndhwc 64, the NDHWC
         // seed 32).
-        let cb = space[1]
-            .values
+        let cbs = Self::channel_blocks(spec);
+        let cb = cbs
             .iter()
             .rev()
             .map(|&b| b as usize)
             .find(|&b| b / v * groups <= 80)
-            .unwrap_or(space[1].values[0] as usize);
+            .unwrap_or(cbs[0] as usize);
         // Tall tiles where the kernel is (the halo's KH - 1 rows amortized), wide ones on
         // 2-D planes at unit stride (3-D tiles hold KD input planes in shared memory;
         // mobilenet-s2 at W stride 2: 16 wide 0.115 ms, 8 wide 0.091, run 111).
@@ -243,23 +301,23 @@ impl Variant for WgradTileCl {
         while splits < want && splits * 2 <= by_items.min(by_bytes).min(512) {
             splits *= 2;
         }
-        Config::new(
-            self.name(),
-            &[
-                ("vec", 4),
-                ("cb", cb as i64),
-                ("rows", rows as i64),
-                ("th", th as i64),
-                ("tw", tw as i64),
-                ("workers", workers as i64),
-                ("splits", splits as i64),
-                ("minblocks", 1),
-            ],
-        )
+        let p = Params {
+            vec: 4,
+            cb,
+            rows,
+            th,
+            tw,
+            workers,
+            splits,
+            minblocks: 1,
+        };
+        Config::new(self.name(), &p.pairs())
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
+        // `parse` checked the config (`fits`): the copies exist.
+        let copy = Self::copy_bytes(spec, p.cb).unwrap_or_default();
         Ok(format!(
             "wgrad_tile_cl_dwconv<{}, {}, {}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
@@ -270,56 +328,12 @@ impl Variant for WgradTileCl {
             p.rows,
             p.th,
             p.tw,
-            Self::copy_bytes(spec, p.cb),
+            copy,
             p.minblocks
         ))
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
-        let p = Params::read(config).map_err(|e| e.to_string())?;
-        let v = Self::vector(spec, p.vec);
-        if !p.cb.is_multiple_of(v) {
-            return Err(format!(
-                "a block of {} channels is not whole {v}-channel vectors",
-                p.cb
-            ));
-        }
-        if Self::copy_bytes(spec, p.cb) == 0 {
-            return Err(format!(
-                "{} channels a block are not whole 4-byte copies",
-                p.cb
-            ));
-        }
-        if p.rows * spec.kernel3()[2] * v > MAX_ACCUMULATORS {
-            return Err(format!(
-                "{} tap rows of {} taps x {v} channels exceed {MAX_ACCUMULATORS} accumulators",
-                p.rows,
-                spec.kernel3()[2]
-            ));
-        }
-        if Self::values(spec, &p) > MAX_VALUES {
-            return Err(format!(
-                "{} values a thread exceed {MAX_VALUES}",
-                Self::values(spec, &p)
-            ));
-        }
-        // Every position's copies need a thread each (the kernel's pstep >= 1).
-        let copies = p.cb * spec.dtype().size_bytes() / Self::copy_bytes(spec, p.cb);
-        if Self::threads(spec, &p) < copies {
-            return Err(format!(
-                "{} threads are fewer than the {copies} copies of a position",
-                Self::threads(spec, &p)
-            ));
-        }
-        if p.workers > p.th {
-            return Err(format!("{} workers for {} tile rows", p.workers, p.th));
-        }
-        if Self::threads(spec, &p) > MAX_THREADS {
-            return Err(format!(
-                "{} threads exceed a block of {MAX_THREADS}",
-                Self::threads(spec, &p)
-            ));
-        }
-        within_shared("the two tile buffers", Self::shared_bytes(spec, &p))
+        Self::check(spec, &Params::read(config).map_err(|e| e.to_string())?)
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
         let p = Params::parse(self, spec, config)?;
@@ -343,37 +357,8 @@ impl Variant for WgradTileCl {
             shared_bytes: Self::shared_bytes(spec, &p) as u32,
         })
     }
-    fn workspace_bytes(&self, spec: &ConvSpec, config: &Config) -> Result<usize> {
-        let p = Params::parse(self, spec, config)?;
-        Ok(Wgrad::partial_bytes(spec, p.splits))
-    }
-    fn finalize_kernel(
-        &self,
-        spec: &ConvSpec,
-        config: &Config,
-        sms: u32,
-    ) -> Result<Option<FinalizeKernel>> {
-        let p = Params::parse(self, spec, config)?;
-        Ok(Some(finalize(spec, p.splits, sms)))
-    }
-}
-
-impl WgradTileCl {
-    /// `Some` when the smallest config (one tap row a thread, 16 channels, a 1 x 4 tile)
-    /// fits a block.
-    fn channel_blocks_fit(&self, spec: &ConvSpec) -> Option<()> {
-        let cb = *Self::channel_blocks(spec).first()? as usize;
-        let p = Params {
-            vec: 4,
-            cb,
-            rows: 1,
-            th: 1,
-            tw: 4,
-            workers: 1,
-            splits: 1,
-            minblocks: 1,
-        };
-        self.fits(spec, &Config::new(self.name(), &p.pairs())).ok()
+    fn partial_splits(&self, spec: &ConvSpec, config: &Config) -> Result<Option<usize>> {
+        Ok(Some(Params::parse(self, spec, config)?.splits))
     }
 }
 
@@ -437,7 +422,7 @@ mod tests {
         let spec = p.validate().unwrap();
         let d = WgradTileCl.default_config(&spec);
         assert_eq!((d.get("cb"), d.get("rows")), (Some(144), Some(3)), "{d}");
-        assert_eq!(WgradTileCl::copy_bytes(&spec, 144), 16);
+        assert_eq!(WgradTileCl::copy_bytes(&spec, 144), Some(16));
     }
 
     #[test]
