@@ -3,10 +3,11 @@
 
 use std::path::PathBuf;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use evokernel::backend::BackendChoice;
 use evokernel::bench::Protocol;
 use evokernel::external::ExternalTimes;
+use evokernel::gemm::Scaling;
 use evokernel::session::Options;
 use evokernel::spec::{parse_dims, parse_padding};
 use evokernel::suite::load_suite;
@@ -80,6 +81,38 @@ impl std::str::FromStr for PassChoice {
                 expected: "expected forward, dgrad, wgrad or all".into(),
             })
     }
+}
+
+/// `--op`: which kind of problem a bench measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Op {
+    /// The depthwise convolution (the spec flags or a convolution suite)
+    DepthwiseConv,
+    /// The fp8 scaled GEMM D = scale_a * scale_b * (A @ B) (+ bias), e4m3 inputs
+    ScaledMm,
+}
+
+/// The fp8 scaled GEMM's problem flags (`bench --op scaled-mm`).
+#[derive(Args)]
+pub struct GemmArgs {
+    /// The problem: depthwise-conv or scaled-mm (the fp8 GEMM; --m/--n/--k or --suite gemm)
+    #[arg(long, value_enum, default_value = "depthwise-conv")]
+    pub op: Op,
+    /// GEMM rows of A and D
+    #[arg(long, allow_negative_numbers = true)]
+    pub m: Option<i64>,
+    /// GEMM columns of B and D
+    #[arg(long, allow_negative_numbers = true)]
+    pub n: Option<i64>,
+    /// GEMM depth (a multiple of 16)
+    #[arg(long, allow_negative_numbers = true)]
+    pub k: Option<i64>,
+    /// GEMM scaling: per-tensor, rowwise or blockwise (1x128 on A, 128x128 on B)
+    #[arg(long, default_value = "per-tensor")]
+    pub scaling: Scaling,
+    /// GEMM output type: bf16, f16 or f32
+    #[arg(long, default_value = "bf16")]
+    pub out_dtype: DType,
 }
 
 #[derive(Args)]

@@ -14,7 +14,7 @@ use clap::{Parser, Subcommand};
 use evokernel::session::{SearchKind, TunePlan};
 use evokernel::Error;
 
-use args::{options, Common, ProblemArgs};
+use args::{options, Common, GemmArgs, Op, ProblemArgs};
 
 #[derive(Parser)]
 #[command(
@@ -120,15 +120,19 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
     },
-    /// Verify, then time implementations on a spec or a suite
+    /// Verify, then time implementations on a spec or a suite (convolutions, or the fp8 GEMM with --op scaled-mm)
     #[command(after_help = "Examples:\n  \
         evokernel bench --suite suite/public.json --case convnext-7x7\n  \
-        evokernel bench --input 56x56 --channels 384 --batch 16 --kernel 7x7 --padding 3,3 --iters 100")]
+        evokernel bench --input 56x56 --channels 384 --batch 16 --kernel 7x7 --padding 3,3 --iters 100\n  \
+        evokernel bench --op scaled-mm --m 8192 --n 8192 --k 8192 --scaling rowwise\n  \
+        evokernel bench --op scaled-mm --suite gemm --case square-4096 --json gemm.json")]
     Bench {
         #[command(flatten)]
         common: Common,
         #[command(flatten)]
         problem: ProblemArgs,
+        #[command(flatten)]
+        gemm: GemmArgs,
         /// Timed launches (at least; the timed launches also last at least 200 ms)
         #[arg(long, default_value_t = 50, value_name = "N")]
         iters: usize,
@@ -215,8 +219,31 @@ fn execute(cli: Cli) -> Result<bool, Error> {
         Command::Bench {
             common,
             problem,
+            gemm,
+            iters,
+        } if gemm.op == Op::ScaledMm => {
+            if problem.input.is_some() || problem.kernel.is_some() {
+                return Err(Error::parse(
+                    "--op scaled-mm",
+                    "--input/--kernel",
+                    "the GEMM takes --m, --n and --k (or --suite gemm)",
+                ));
+            }
+            commands::gemm::run(&common, &gemm, problem.suite.as_ref(), &problem.case, iters)
+        }
+        Command::Bench {
+            common,
+            problem,
+            gemm,
             iters,
         } => {
+            if gemm.m.is_some() || gemm.n.is_some() || gemm.k.is_some() {
+                return Err(Error::parse(
+                    "--m/--n/--k",
+                    "given",
+                    "GEMM sizes need --op scaled-mm",
+                ));
+            }
             let opts = options(&common, true, iters)?;
             let cases = problem.cases()?;
             commands::measure::run(common, cases, opts, "bench", None)

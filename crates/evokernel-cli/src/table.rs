@@ -525,6 +525,68 @@ pub fn profile(report: &ProfileReport) -> String {
     out + "\n" + t.to_string().as_str()
 }
 
+/// One row per (GEMM case, candidate config), cuBLASLt's co-measured time beside it.
+pub fn gemm(cases: &[evokernel::gemm::GemmCase]) -> String {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(vec![
+        "case",
+        "M x N x K",
+        "config",
+        "check (rel L2 / max abs)",
+        "ms",
+        "TFLOP/s",
+        "cuBLASLt ms",
+        "cuBLASLt TFLOP/s",
+        "x cuBLASLt",
+        "pack ms",
+    ]);
+    for c in cases {
+        let reference = c.cublaslt.as_ref();
+        for (i, cand) in c.candidates.iter().enumerate() {
+            let best = c.best == Some(i);
+            t.add_row(vec![
+                Cell::new(if i == 0 {
+                    c.name.clone()
+                } else {
+                    String::new()
+                }),
+                Cell::new(format!("{} x {} x {}", c.m, c.n, c.k)),
+                Cell::new(format!("{}{}", cand.config, if best { " *" } else { "" })),
+                Cell::new(format!(
+                    "{} {} / {} ({} pos.)",
+                    if cand.passed { "pass" } else { "FAIL" },
+                    sci(cand.rel_l2),
+                    sci(cand.max_abs),
+                    c.checked
+                )),
+                right(num(cand.timing.map(|t| t.median_ms), 4)),
+                right(num(cand.tflops, 1)),
+                right(num(reference.filter(|_| best).map(|r| r.median_ms), 4)),
+                right(num(reference.filter(|_| best).map(|r| r.tflops), 1)),
+                right(num(cand.vs_cublaslt, 2)),
+                right(format!("{:.1}", cand.pack_ms)),
+            ]);
+        }
+    }
+    let mut out = t.to_string();
+    for c in cases {
+        match (&c.cublaslt, &c.cublaslt_missing) {
+            (Some(r), _) if !r.passed => {
+                out += &format!(
+                    "\n{}: cuBLASLt FAILED the gate (rel L2 {} / max abs {})",
+                    c.name,
+                    sci(r.rel_l2),
+                    sci(r.max_abs)
+                )
+            }
+            (None, Some(why)) => out += &format!("\n{}: no cuBLASLt row: {why}", c.name),
+            _ => {}
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

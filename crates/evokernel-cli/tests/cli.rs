@@ -324,6 +324,61 @@ fn profile_on_the_cpu_says_it_needs_a_gpu() {
     assert!(err.contains("only on a CUDA GPU"), "{err}");
 }
 
+#[test]
+fn bench_of_the_fp8_gemm_checks_its_flags_before_any_gpu_work() {
+    let gemm = |extra: &[&'static str]| {
+        let mut v = vec!["bench", "--op", "scaled-mm"];
+        v.extend(extra);
+        v
+    };
+    rejects(&gemm(&["--m", "64", "--n", "64"]), "give --m M --n N --k K");
+    rejects(
+        &gemm(&["--m", "64", "--n", "64", "--k", "20"]),
+        "multiple of 16",
+    );
+    rejects(&gemm(&["--m", "0", "--n", "64", "--k", "64"]), "m");
+    rejects(&gemm(&["--suite", "gemm", "--case", "nope"]), "square-4096");
+    rejects(
+        &gemm(&["--m", "64", "--n", "64", "--k", "64", "--scaling", "x"]),
+        "rowwise",
+    );
+    rejects(
+        &gemm(&["--m", "64", "--n", "64", "--k", "64", "--only", "naive"]),
+        "applies to convolutions",
+    );
+    rejects(
+        &gemm(&["--input", "6x7", "--kernel", "3"]),
+        "--m, --n and --k",
+    );
+    rejects(
+        &gemm(&[
+            "--m",
+            "64",
+            "--n",
+            "64",
+            "--k",
+            "64",
+            "--config",
+            "naive:block=128",
+        ]),
+        "scaled_mm_mma, not 'naive'",
+    );
+    rejects(&["bench", "--m", "64"], "need --op scaled-mm");
+    let out = evokernel(&gemm(&[
+        "--m",
+        "64",
+        "--n",
+        "64",
+        "--k",
+        "64",
+        "--backend",
+        "cpu",
+    ]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("CUDA GPU only"), "{err}");
+}
+
 /// Runs evokernel with at most `mb` MiB of address space: a problem that is not refused
 /// before it allocates aborts there instead of exiting with a clear line.
 fn evokernel_capped(args: &[&str], env: &[(&str, &str)], mb: u64) -> Output {

@@ -93,7 +93,16 @@ fn drive(
 
 /// Times one implementation alone.
 pub fn time_one(run: &mut dyn ConvRun, sets: usize, protocol: &Protocol) -> Result<Timing> {
-    let samples = drive(protocol, sets, |s| Ok(vec![run.launch(s)?]))?;
+    time_launches(protocol, |s| run.launch(s), sets)
+}
+
+/// Times one launch function alone (`launch(set)` returns its milliseconds).
+pub fn time_launches(
+    protocol: &Protocol,
+    mut launch: impl FnMut(usize) -> Result<f64>,
+    sets: usize,
+) -> Result<Timing> {
+    let samples = drive(protocol, sets, |s| Ok(vec![launch(s)?]))?;
     let v: Vec<f64> = samples.iter().map(|t| t[0]).collect();
     Ok(Timing::from_samples(&v))
 }
@@ -114,9 +123,22 @@ pub fn time_pair(
     sets: usize,
     protocol: &Protocol,
 ) -> Result<PairTiming> {
-    let samples = drive(protocol, sets, |s| {
-        Ok(vec![candidate.launch(s)?, baseline.launch(s)?])
-    })?;
+    time_pair_launches(
+        protocol,
+        |s| candidate.launch(s),
+        |s| baseline.launch(s),
+        sets,
+    )
+}
+
+/// Two launch functions timed in alternation (A B A B), as `time_pair`.
+pub fn time_pair_launches(
+    protocol: &Protocol,
+    mut candidate: impl FnMut(usize) -> Result<f64>,
+    mut baseline: impl FnMut(usize) -> Result<f64>,
+    sets: usize,
+) -> Result<PairTiming> {
+    let samples = drive(protocol, sets, |s| Ok(vec![candidate(s)?, baseline(s)?]))?;
     let a: Vec<f64> = samples.iter().map(|t| t[0]).collect();
     let b: Vec<f64> = samples.iter().map(|t| t[1]).collect();
     let mut ratios: Vec<f64> = samples.iter().map(|t| t[1] / t[0]).collect();

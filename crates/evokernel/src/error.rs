@@ -103,7 +103,8 @@ impl Error {
         }
     }
 
-    pub(crate) fn parse(what: &'static str, text: &str, expected: impl Into<String>) -> Self {
+    /// A flag or text that did not parse: what it was, the text, what was expected.
+    pub fn parse(what: &'static str, text: &str, expected: impl Into<String>) -> Self {
         Error::Parse {
             what,
             text: text.to_string(),

@@ -990,3 +990,49 @@ fn scaled_mm_mma_passes_the_gate() {
     }
     eprintln!("{checked} scaled GEMM runs pass the gate");
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cublaslt_scaled_mm_passes_the_gate_and_benches_beside_the_kernel() {
+    use evokernel::bench::Protocol;
+    use evokernel::cuda::cublaslt::CublasLtScaledMm;
+    use evokernel::gemm::{
+        bench_scaled_mm, gemm_gate, mma, scaled_mm_reference, ScaledMmData, ScaledMmSpec, Scaling,
+    };
+    let engine = Engine::cuda(0).unwrap();
+    let dev = engine.device().unwrap().as_ref();
+    let mut checked = 0;
+    for scaling in [Scaling::PerTensor, Scaling::RowWise, Scaling::BlockWise] {
+        for out in mma::OUT_TYPES {
+            // Block-wise scaling takes no bias epilogue in cuBLASLt on sm_90 (refused).
+            for bias in [false, scaling != Scaling::BlockWise] {
+                for (m, n, k) in [(128, 256, 512), (16, 1024, 4096), (256, 384, 640)] {
+                    let spec = ScaledMmSpec::new(m, n, k, scaling, out, bias).unwrap();
+                    let data = ScaledMmData::random(&spec, (m * n + k) as u64);
+                    let want = scaled_mm_reference(&spec, &data).unwrap();
+                    let mut r = CublasLtScaledMm::new(dev, &spec, &data)
+                        .unwrap_or_else(|e| panic!("{spec}: {e}"));
+                    r.launch().unwrap();
+                    let v = gemm_gate(&r.output().unwrap(), &want).unwrap();
+                    assert!(v.passed, "cuBLASLt {spec}: {v:?}");
+                    checked += 1;
+                }
+            }
+        }
+    }
+    eprintln!("{checked} cuBLASLt runs pass the gate");
+    let spec = ScaledMmSpec::new(
+        1024,
+        2048,
+        1024,
+        Scaling::RowWise,
+        evokernel::DType::Bf16,
+        true,
+    )
+    .unwrap();
+    let case = bench_scaled_mm(dev, "t", &spec, &[], &Protocol::default(), 7).unwrap();
+    assert!(case.passed(), "{case:?}");
+    let r = case.cublaslt.as_ref().expect("a cuBLASLt row");
+    assert!(r.median_ms > 0.0 && case.candidates[0].vs_cublaslt.unwrap() > 0.0);
+    assert!(case.checked > 1024, "sampled positions: {}", case.checked);
+}

@@ -1,6 +1,7 @@
 //! One module per command; each turns parsed flags into library calls and prints.
 
 pub mod devices;
+pub mod gemm;
 pub mod measure;
 pub mod plot;
 pub mod profile;

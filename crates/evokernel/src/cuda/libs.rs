@@ -57,47 +57,78 @@ pub fn cuda_include_dir() -> Result<PathBuf> {
 }
 
 static NVRTC: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+static CUBLASLT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
 
-/// Makes NVRTC loadable: if the loader path has no `libnvrtc`, loads the first one found
-/// under the CUDA roots by absolute path, so that cudarc's later `dlopen("libnvrtc.so.13")`
-/// finds it by its soname. Returns the library used.
+/// Makes a CUDA library loadable: if the loader path has none (`present` says), loads
+/// the first `soname` found under the CUDA roots by absolute path (after `first`, the
+/// libraries it dlopens by soname itself), so that cudarc's later `dlopen(soname)` finds
+/// it. Returns the library used.
+fn ensure_library(
+    soname: &str,
+    first: &[&str],
+    present: impl FnOnce() -> bool,
+) -> std::result::Result<PathBuf, String> {
+    if present() {
+        return Ok(PathBuf::from(format!("{soname} (loader path)")));
+    }
+    let roots = cuda_roots();
+    for root in &roots {
+        for lib in ["lib64", "lib"] {
+            let path = root.join(lib).join(soname);
+            if !path.is_file() {
+                continue;
+            }
+            for dep in first {
+                // SAFETY: loading CUDA libraries runs their initializers, which are sound.
+                if let Ok(b) = unsafe { libloading::Library::new(root.join(lib).join(dep)) } {
+                    std::mem::forget(b);
+                }
+            }
+            // SAFETY: as above.
+            return match unsafe { libloading::Library::new(&path) } {
+                Ok(l) => {
+                    std::mem::forget(l); // stays loaded for the process
+                    Ok(path)
+                }
+                Err(e) => Err(format!("{}: {e}", path.display())),
+            };
+        }
+    }
+    Err(format!(
+        "{soname} is not on the loader path nor under {roots:?}/lib64; set CUDA_HOME or LD_LIBRARY_PATH"
+    ))
+}
+
+/// Makes NVRTC loadable (its builtins first: NVRTC dlopens them by soname at compile
+/// time). Returns the library used.
 pub fn ensure_nvrtc() -> Result<PathBuf> {
     NVRTC
         .get_or_init(|| {
-            // SAFETY: only probes whether a library can be opened.
-            if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-                return Ok(PathBuf::from("libnvrtc (loader path)"));
-            }
-            let roots = cuda_roots();
-            for root in &roots {
-                for lib in ["lib64", "lib"] {
-                    let path = root.join(lib).join("libnvrtc.so.13");
-                    if path.is_file() {
-                        // NVRTC dlopens its builtins by soname at compile time; load them
-                        // first from the same folder so that lookup finds them.
-                        let builtins = root.join(lib).join("libnvrtc-builtins.so.13.0");
-                        // SAFETY: loading NVRTC libraries runs their initializers, which are sound.
-                        if let Ok(b) = unsafe { libloading::Library::new(&builtins) } {
-                            std::mem::forget(b);
-                        }
-                        // SAFETY: as above.
-                        match unsafe { libloading::Library::new(&path) } {
-                            Ok(l) => {
-                                std::mem::forget(l); // stays loaded for the process
-                                return Ok(path);
-                            }
-                            Err(e) => return Err(format!("{}: {e}", path.display())),
-                        }
-                    }
-                }
-            }
-            Err(format!(
-                "libnvrtc.so.13 is not on the loader path nor under {roots:?}/lib64; set CUDA_HOME or run scripts/install-nvrtc.sh"
-            ))
+            ensure_library("libnvrtc.so.13", &["libnvrtc-builtins.so.13.0"], || {
+                // SAFETY: only probes whether a library can be opened.
+                unsafe { cudarc::nvrtc::sys::is_culib_present() }
+            })
+            .map_err(|e| format!("{e}, or run scripts/install-nvrtc.sh"))
         })
         .clone()
         .map_err(|reason| Error::BackendUnavailable {
             backend: "nvrtc".into(),
+            reason,
+        })
+}
+
+/// Makes cuBLASLt loadable (libcublas first, which it links). Returns the library used.
+pub fn ensure_cublaslt() -> Result<PathBuf> {
+    CUBLASLT
+        .get_or_init(|| {
+            ensure_library("libcublasLt.so.13", &["libcublas.so.13"], || {
+                // SAFETY: only probes whether a library can be opened.
+                unsafe { cudarc::cublaslt::sys::is_culib_present() }
+            })
+        })
+        .clone()
+        .map_err(|reason| Error::BackendUnavailable {
+            backend: "cublaslt".into(),
             reason,
         })
 }

@@ -4,6 +4,7 @@
 //! there is no CUDA at all.
 
 pub mod calibrate;
+pub mod cublaslt;
 pub mod cudnn;
 pub mod cudnn_graph;
 pub mod jit;

@@ -20,8 +20,11 @@ pub struct ScaledMmData {
 }
 
 impl ScaledMmData {
-    /// Standard-normal A and B quantized the way a caller would: scaled so the largest
-    /// magnitude of each scaling group maps near 448 (the scale is the inverse).
+    /// A standard normal like activations, B normal with variance 1/K like a layer's
+    /// initialised weights (so D is O(1), as in a network, and the gate's max abs of 1.0
+    /// measures the kernel rather than bf16's rounding of a D of size sqrt(K)), both
+    /// quantized the way a caller would: scaled so the largest magnitude of each scaling
+    /// group maps near 448 (the scale is the inverse).
     pub fn random(spec: &ScaledMmSpec, seed: u64) -> Self {
         let normal = |len: usize, seed: u64| {
             let t = HostTensor::random_normal(crate::DType::F32, &[len], seed);
@@ -29,7 +32,11 @@ impl ScaledMmData {
         };
         let (m, n, k) = (spec.m(), spec.n(), spec.k());
         let a = normal(m * k, seed);
-        let b = normal(k * n, seed ^ 0xb0b);
+        let std_b = 1.0 / (k as f32).sqrt();
+        let b: Vec<f32> = normal(k * n, seed ^ 0xb0b)
+            .into_iter()
+            .map(|v| v * std_b)
+            .collect();
         let (sa, sb) = spec.scale_shapes();
         let mut amax_a = vec![0f32; sa.iter().product()];
         let mut amax_b = vec![0f32; sb.iter().product()];
@@ -93,23 +100,9 @@ impl ScaledMmData {
 
 /// D in f64: sum over k of (a * scale_a) * (b * scale_b), plus the bias.
 pub fn scaled_mm_reference(spec: &ScaledMmSpec, data: &ScaledMmData) -> Result<Vec<f64>> {
-    data.check(spec)?;
-    let (m, n, k) = (spec.m(), spec.n(), spec.k());
-    Ok((0..m * n)
-        .into_par_iter()
-        .map(|idx| {
-            let (i, j) = (idx / n, idx % n);
-            let mut sum = 0f64;
-            for kk in 0..k {
-                let a = data.a[i * k + kk].to_f32() as f64
-                    * data.scale_a[spec.scale_index_a(i, kk)] as f64;
-                let b = data.b[kk * n + j].to_f32() as f64
-                    * data.scale_b[spec.scale_index_b(kk, j)] as f64;
-                sum += a * b;
-            }
-            sum + data.bias.as_ref().map_or(0.0, |b| b[j] as f64)
-        })
-        .collect())
+    let (m, n) = (spec.m(), spec.n());
+    let all: Vec<(usize, usize)> = (0..m * n).map(|idx| (idx / n, idx % n)).collect();
+    scaled_mm_reference_at(spec, data, &all)
 }
 
 /// The CPU backend's GEMM: products in f32, each scaling group's partial sum scaled once
@@ -168,19 +161,101 @@ pub fn gemm_gate(d: &HostTensor, reference: &[f64]) -> Result<GemmVerdict> {
             got: format!("{}", d.len()),
         });
     }
+    Ok(verdict(
+        (0..reference.len()).map(|i| (d.get_f64(i), reference[i])),
+    ))
+}
+
+/// The gate on the sampled positions of a large D ([rows, n] row-major), `reference`
+/// holding the oracle at the same positions.
+pub fn gemm_gate_at(
+    d: &HostTensor,
+    n: usize,
+    positions: &[(usize, usize)],
+    reference: &[f64],
+) -> Result<GemmVerdict> {
+    if positions.len() != reference.len()
+        || positions
+            .iter()
+            .any(|&(i, j)| j >= n || i * n + j >= d.len())
+    {
+        return Err(Error::TensorMismatch {
+            what: "D",
+            expected: format!("{} sampled positions inside it", reference.len()),
+            got: format!("{} positions, D of {} elements", positions.len(), d.len()),
+        });
+    }
+    Ok(verdict(
+        positions
+            .iter()
+            .zip(reference)
+            .map(|(&(i, j), &r)| (d.get_f64(i * n + j), r)),
+    ))
+}
+
+fn verdict(pairs: impl Iterator<Item = (f64, f64)>) -> GemmVerdict {
     let (mut err2, mut ref2, mut max_abs) = (0f64, 0f64, 0f64);
-    for (i, &r) in reference.iter().enumerate() {
-        let e = d.get_f64(i) - r;
+    for (got, r) in pairs {
+        let e = got - r;
         err2 += e * e;
         ref2 += r * r;
         max_abs = max_abs.max(if e.is_nan() { f64::INFINITY } else { e.abs() });
     }
     let rel_l2 = (err2 / ref2.max(f64::MIN_POSITIVE)).sqrt();
-    Ok(GemmVerdict {
+    GemmVerdict {
         rel_l2,
         max_abs,
         passed: rel_l2 <= 0.01 && max_abs <= 1.0,
-    })
+    }
+}
+
+/// Output positions the oracle checks on a problem too large to check whole: the four
+/// corners, the last row and column at random places (the tiles' ragged edges), and
+/// `count` random positions. Deterministic for a seed.
+pub fn sample_positions(spec: &ScaledMmSpec, count: usize, seed: u64) -> Vec<(usize, usize)> {
+    let (m, n) = (spec.m(), spec.n());
+    let mut state = seed ^ 0x9e37_79b9_7f4a_7c15;
+    let mut next = |bound: usize| {
+        // splitmix64: enough spread for picking positions.
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) % bound as u64) as usize
+    };
+    let mut p = vec![(0, 0), (0, n - 1), (m - 1, 0), (m - 1, n - 1)];
+    for _ in 0..count / 8 {
+        p.push((m - 1, next(n)));
+        p.push((next(m), n - 1));
+    }
+    while p.len() < count.max(4) + 2 * (count / 8) {
+        p.push((next(m), next(n)));
+    }
+    p
+}
+
+/// The oracle (`scaled_mm_reference`) at the given output positions only.
+pub fn scaled_mm_reference_at(
+    spec: &ScaledMmSpec,
+    data: &ScaledMmData,
+    positions: &[(usize, usize)],
+) -> Result<Vec<f64>> {
+    data.check(spec)?;
+    let (n, k) = (spec.n(), spec.k());
+    Ok(positions
+        .par_iter()
+        .map(|&(i, j)| {
+            let mut sum = 0f64;
+            for kk in 0..k {
+                let a = data.a[i * k + kk].to_f32() as f64
+                    * data.scale_a[spec.scale_index_a(i, kk)] as f64;
+                let b = data.b[kk * n + j].to_f32() as f64
+                    * data.scale_b[spec.scale_index_b(kk, j)] as f64;
+                sum += a * b;
+            }
+            sum + data.bias.as_ref().map_or(0.0, |b| b[j] as f64)
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -230,7 +305,11 @@ mod tests {
             let t = HostTensor::random_normal(DType::F32, &[len], seed);
             (0..len).map(|i| t.get_f64(i)).collect::<Vec<f64>>()
         };
-        let (a, b) = (orig(m * k, 5), orig(k * n, 5 ^ 0xb0b));
+        let a = orig(m * k, 5);
+        let b: Vec<f64> = orig(k * n, 5 ^ 0xb0b)
+            .into_iter()
+            .map(|v| v * (1.0 / (k as f32).sqrt()) as f64)
+            .collect();
         let (mut err2, mut ref2) = (0f64, 0f64);
         for i in 0..m {
             for j in 0..n {
@@ -259,5 +338,35 @@ mod tests {
         let mut d = scaled_mm_cpu(&spec, &data).unwrap();
         d.set_f64(0, f64::NAN);
         assert!(!gemm_gate(&d, &want).unwrap().passed);
+    }
+
+    #[test]
+    fn the_sampled_gate_sees_what_the_full_gate_sees() {
+        let spec = ScaledMmSpec::new(70, 150, 256, Scaling::RowWise, DType::Bf16, true).unwrap();
+        let data = ScaledMmData::random(&spec, 9);
+        let positions = sample_positions(&spec, 64, 3);
+        assert_eq!(positions, sample_positions(&spec, 64, 3), "deterministic");
+        assert!(positions.len() >= 64 + 4);
+        for corner in [(0, 0), (0, 149), (69, 0), (69, 149)] {
+            assert!(positions.contains(&corner));
+        }
+        assert!(positions.iter().all(|&(i, j)| i < 70 && j < 150));
+        assert!(
+            positions.iter().filter(|p| p.0 == 69).count() > 8,
+            "the last row"
+        );
+        let full = scaled_mm_reference(&spec, &data).unwrap();
+        let at = scaled_mm_reference_at(&spec, &data, &positions).unwrap();
+        for (&(i, j), r) in positions.iter().zip(&at) {
+            assert_eq!(*r, full[i * 150 + j]);
+        }
+        let mut d = scaled_mm_cpu(&spec, &data).unwrap();
+        assert!(gemm_gate_at(&d, 150, &positions, &at).unwrap().passed);
+        // A wrong value at a sampled position fails it; the position list must fit D.
+        let (i, j) = positions[7];
+        d.set_f64(i * 150 + j, 1e3);
+        assert!(!gemm_gate_at(&d, 150, &positions, &at).unwrap().passed);
+        assert!(gemm_gate_at(&d, 150, &positions[1..], &at).is_err());
+        assert!(gemm_gate_at(&d, 149, &positions, &at).is_err());
     }
 }

@@ -2,6 +2,7 @@
 //! (+ bias[N])`, A and B float8 e4m3, f32 accumulation, D in bf16, f16 or f32.
 
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
@@ -197,7 +198,43 @@ pub const GEMM_SUITE: &str = include_str!("../../../../suite/gemm.json");
 
 /// The GEMM suite's cases with one scaling mode and output dtype, as (name, spec).
 pub fn gemm_suite(scaling: Scaling, out: DType) -> Result<Vec<(String, ScaledMmSpec)>> {
+    parse_gemm_suite(
+        GEMM_SUITE,
+        Path::new("suite/gemm.json"),
+        scaling,
+        out,
+        false,
+    )
+}
+
+/// A GEMM suite file (the format of suite/gemm.json; `gemm` names the embedded one),
+/// every case with one scaling mode, output dtype and bias choice.
+pub fn load_gemm_suite(
+    path: &Path,
+    scaling: Scaling,
+    out: DType,
+    bias: bool,
+) -> Result<Vec<(String, ScaledMmSpec)>> {
+    if path == Path::new("gemm") && !path.exists() {
+        return parse_gemm_suite(GEMM_SUITE, Path::new("suite/gemm.json"), scaling, out, bias);
+    }
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        action: "cannot read GEMM suite",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_gemm_suite(&text, path, scaling, out, bias)
+}
+
+fn parse_gemm_suite(
+    text: &str,
+    path: &Path,
+    scaling: Scaling,
+    out: DType,
+    bias: bool,
+) -> Result<Vec<(String, ScaledMmSpec)>> {
     #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
     struct Case {
         name: String,
         m: i64,
@@ -208,9 +245,9 @@ pub fn gemm_suite(scaling: Scaling, out: DType) -> Result<Vec<(String, ScaledMmS
     struct Suite {
         cases: Vec<Case>,
     }
-    let suite: Suite = serde_json::from_str(GEMM_SUITE).map_err(|e| Error::Suite {
-        path: "suite/gemm.json".into(),
-        message: e.to_string(),
+    let suite: Suite = serde_json::from_str(text).map_err(|e| Error::Suite {
+        path: path.to_path_buf(),
+        message: format!("{e} (expected {{\"cases\": [{{\"name\", \"m\", \"n\", \"k\"}}]}})"),
     })?;
     suite
         .cases
@@ -218,7 +255,7 @@ pub fn gemm_suite(scaling: Scaling, out: DType) -> Result<Vec<(String, ScaledMmS
         .map(|c| {
             Ok((
                 c.name,
-                ScaledMmSpec::new(c.m, c.n, c.k, scaling, out, false)?,
+                ScaledMmSpec::new(c.m, c.n, c.k, scaling, out, bias)?,
             ))
         })
         .collect()
