@@ -361,7 +361,7 @@ fn bench_of_the_fp8_gemm_checks_its_flags_before_any_gpu_work() {
             "--config",
             "naive:block=128",
         ]),
-        "scaled_mm_mma, not 'naive'",
+        "scaled_mm_wgmma, not 'naive'",
     );
     rejects(&["bench", "--m", "64"], "need --op scaled-mm");
     let out = evokernel(&gemm(&[

@@ -941,28 +941,49 @@ fn cudnn_backend_api_passes_every_pass_of_the_suites() {
 /// and two others of the family.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn scaled_mm_mma_passes_the_gate() {
+fn scaled_mm_kernels_pass_the_gate() {
     use evokernel::gemm::{
-        gemm_gate, mma, scaled_mm_reference, MmaConfig, ScaledMmData, ScaledMmRun, ScaledMmSpec,
-        Scaling,
+        gemm_gate, mma, scaled_mm_reference, GemmKernel, MmaConfig, ScaledMmData, ScaledMmRun,
+        ScaledMmSpec, Scaling, WgmmaConfig,
     };
     let engine = Engine::cuda(0).unwrap();
     let dev = engine.device().unwrap().as_ref();
     let others = [
-        MmaConfig {
+        GemmKernel::Mma(MmaConfig {
             bm: 64,
             bn: 64,
             bk: 32,
             warps_m: 2,
             warps_n: 2,
-        },
-        MmaConfig {
+        }),
+        GemmKernel::Mma(MmaConfig {
             bm: 128,
             bn: 256,
             bk: 128,
             warps_m: 2,
             warps_n: 4,
-        },
+        }),
+        GemmKernel::Wgmma(WgmmaConfig {
+            bn: 64,
+            consumers: 1,
+            stages: 3,
+            group_m: 1,
+            splits: 1,
+        }),
+        GemmKernel::Wgmma(WgmmaConfig {
+            bn: 256,
+            consumers: 2,
+            stages: 4,
+            group_m: 16,
+            splits: 1,
+        }),
+        GemmKernel::Wgmma(WgmmaConfig {
+            bn: 128,
+            consumers: 2,
+            stages: 5,
+            group_m: 8,
+            splits: 3,
+        }),
     ];
     let mut checked = 0;
     for scaling in [Scaling::PerTensor, Scaling::RowWise, Scaling::BlockWise] {
@@ -972,10 +993,11 @@ fn scaled_mm_mma_passes_the_gate() {
                     let spec = ScaledMmSpec::new(m, n, k, scaling, out, bias).unwrap();
                     let data = ScaledMmData::random(&spec, (m + n + k) as u64);
                     let want = scaled_mm_reference(&spec, &data).unwrap();
-                    let configs = std::iter::once(MmaConfig::default_for(&spec))
+                    let kernels = GemmKernel::ladder(&spec)
+                        .into_iter()
                         .chain(others)
                         .filter(|c| c.fits(&spec).is_ok());
-                    for cfg in configs {
+                    for cfg in kernels {
                         let mut run = ScaledMmRun::new(dev, &spec, &data, cfg)
                             .unwrap_or_else(|e| panic!("{spec} {cfg}: {e}"));
                         run.launch().unwrap();

@@ -196,3 +196,47 @@ fn scaled_mm_kernels_compile_for_sm90() {
         );
     }
 }
+
+/// The wgmma rung for sm_90a: every default (scaling x output x bias, split-K or not) and
+/// every config of the family that fits a square problem, with split-K's finalize.
+#[test]
+fn scaled_mm_wgmma_kernels_compile_for_sm90a() {
+    use evokernel::gemm::{mma, ScaledMmSpec, Scaling, WgmmaConfig};
+    let jit = Jit::new("sm_90")
+        .unwrap_or_else(|e| panic!("{e}\n(run scripts/install-nvrtc.sh, or use ./scripts/test.sh)"))
+        .without_cache();
+    let mut work = BTreeSet::new();
+    for scaling in [Scaling::PerTensor, Scaling::RowWise, Scaling::BlockWise] {
+        for out in mma::OUT_TYPES {
+            for bias in [false, true] {
+                for m in [16, 4096] {
+                    let spec = ScaledMmSpec::new(m, 4096, 4096, scaling, out, bias).unwrap();
+                    let cfg = WgmmaConfig::default_for(&spec);
+                    work.insert(cfg.specialization(&spec));
+                    if cfg.splits > 1 {
+                        work.insert(cfg.finalize_specialization(&spec));
+                    }
+                }
+            }
+        }
+    }
+    let spec = ScaledMmSpec::new(4096, 4096, 4096, Scaling::RowWise, DType::Bf16, false).unwrap();
+    let fitting: Vec<WgmmaConfig> = WgmmaConfig::space()
+        .into_iter()
+        .filter(|c| c.fits(&spec).is_ok() && c.group_m == 8 && c.splits <= 2)
+        .collect();
+    assert!(fitting.len() >= 10, "{} configs fit", fitting.len());
+    work.extend(fitting.iter().map(|c| c.specialization(&spec)));
+    for expr in &work {
+        let c = jit
+            .compile_for(
+                "scaled_mm_wgmma",
+                evokernel::gemm::wgmma::SOURCE,
+                expr,
+                true,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(&c.cubin[..4], b"\x7fELF", "{expr}: not a CUBIN");
+        eprintln!("compiled {expr:<70} {:>7.0} ms", c.millis);
+    }
+}

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use evokernel::gemm::{bench_scaled_mm, load_gemm_suite, GemmCase, MmaConfig, ScaledMmSpec};
+use evokernel::gemm::{bench_scaled_mm, load_gemm_suite, GemmCase, GemmKernel, ScaledMmSpec};
 use evokernel::{Engine, Error};
 use serde::Serialize;
 
@@ -38,7 +38,7 @@ fn refuse_conv_flags(common: &Common) -> Result<(), Error> {
         return Err(Error::parse(
             "--op scaled-mm",
             flag,
-            "this flag applies to convolutions; the GEMM takes --m/--n/--k or --suite, --scaling, --out-dtype, --bias, --config scaled_mm_mma:...",
+            "this flag applies to convolutions; the GEMM takes --m/--n/--k or --suite, --scaling, --out-dtype, --bias, --config scaled_mm_wgmma:...",
         ));
     }
     Ok(())
@@ -96,7 +96,7 @@ pub fn run(
     let configs = common
         .config
         .iter()
-        .map(|c| c.parse::<MmaConfig>())
+        .map(|c| c.parse::<GemmKernel>())
         .collect::<Result<Vec<_>, _>>()?;
     let cases = cases(gemm, suite, only_cases, common.bias)?;
     if common.backend == evokernel::backend::BackendChoice::Cpu {

@@ -60,9 +60,14 @@ impl Jit {
         self.version
     }
 
-    fn options(&self) -> Vec<String> {
+    /// The arch-specific target (`sm_90` -> `sm_90a`): what wgmma and setmaxnreg need.
+    pub fn arch_specific(&self) -> String {
+        format!("{}a", self.arch)
+    }
+
+    fn options(&self, arch: &str) -> Vec<String> {
         vec![
-            format!("--gpu-architecture={}", self.arch),
+            format!("--gpu-architecture={arch}"),
             "--std=c++17".into(),
             "-lineinfo".into(),
             "--dopt=on".into(),
@@ -73,15 +78,32 @@ impl Jit {
     /// Compiles `source` (after the common header) and returns the CUBIN of the
     /// specialization `expr`, e.g. `naive_dwconv<__nv_bfloat16, false, 3, 5, 5>`.
     pub fn compile(&self, name: &str, source: &str, expr: &str) -> Result<Compiled> {
+        self.compile_for(name, source, expr, false)
+    }
+
+    /// `compile`, for the arch-specific target when `arch_specific` (kernels using
+    /// sm_90a-only instructions such as wgmma).
+    pub fn compile_for(
+        &self,
+        name: &str,
+        source: &str,
+        expr: &str,
+        arch_specific: bool,
+    ) -> Result<Compiled> {
         let start = Instant::now();
-        let options = self.options();
+        let arch = if arch_specific {
+            self.arch_specific()
+        } else {
+            self.arch.clone()
+        };
+        let options = self.options(&arch);
         let full = format!("{COMMON_HEADER}\n#line 1 \"{name}.cu\"\n{source}");
         let version = format!("{}.{}", self.version.0, self.version.1);
         let key = stable_hash(&[
             full.as_bytes(),
             expr.as_bytes(),
             options.join(" ").as_bytes(),
-            self.arch.as_bytes(),
+            arch.as_bytes(),
             version.as_bytes(),
         ]);
         let paths = self.cache.as_ref().map(|d| {

@@ -316,7 +316,19 @@ impl CudaDevice {
         expr: &str,
         launch: Launch,
     ) -> Result<LoadedKernel> {
-        let compiled = self.jit.compile(name, source, expr)?;
+        self.load_for(name, source, expr, launch, false)
+    }
+
+    /// `load`, compiled for the arch-specific target when `arch_specific` (sm_90a).
+    pub fn load_for(
+        &self,
+        name: &str,
+        source: &str,
+        expr: &str,
+        launch: Launch,
+        arch_specific: bool,
+    ) -> Result<LoadedKernel> {
+        let compiled = self.jit.compile_for(name, source, expr, arch_specific)?;
         let module = self
             .ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.clone()))

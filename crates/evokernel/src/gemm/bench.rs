@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use super::mma::MmaConfig;
+use super::kernel::GemmKernel;
 use super::reference::{gemm_gate_at, sample_positions, scaled_mm_reference_at};
 use super::run::ScaledMmRun;
 use super::{GemmVerdict, ScaledMmData, ScaledMmSpec};
@@ -89,14 +89,14 @@ fn gate(
     gemm_gate_at(d, spec.n(), positions, want)
 }
 
-/// Verifies and times `configs` (the default config when empty) on one case against
+/// Verifies and times `kernels` (the ladder's defaults when empty) on one case against
 /// cuBLASLt. The candidates are timed one pair-run each against the same cuBLASLt run;
 /// the reference's reported time is from the pairs of the best candidate.
 pub fn bench_scaled_mm(
     dev: &CudaDevice,
     name: &str,
     spec: &ScaledMmSpec,
-    configs: &[MmaConfig],
+    kernels: &[GemmKernel],
     protocol: &Protocol,
     seed: u64,
 ) -> Result<GemmCase> {
@@ -116,15 +116,15 @@ pub fn bench_scaled_mm(
         reference_verdict = Some(gate(&r.output()?, spec, &positions, &want)?);
     }
 
-    let configs: Vec<MmaConfig> = if configs.is_empty() {
-        vec![MmaConfig::default_for(spec)]
+    let kernels: Vec<GemmKernel> = if kernels.is_empty() {
+        GemmKernel::ladder(spec)
     } else {
-        configs.to_vec()
+        kernels.to_vec()
     };
     let mut candidates = Vec::new();
     let mut best: Option<(usize, f64)> = None;
     let mut reference_ms = f64::NAN;
-    for cfg in configs {
+    for cfg in kernels {
         let mut run = ScaledMmRun::new(dev, spec, &data, cfg)?;
         run.launch()?;
         let v = gate(&run.output()?, spec, &positions, &want)?;

@@ -35,33 +35,12 @@ impl fmt::Display for MmaConfig {
     }
 }
 
-impl std::str::FromStr for MmaConfig {
-    type Err = crate::Error;
-    /// `scaled_mm_mma:bm=128,bn=128,bk=64,warps_m=4,warps_n=2` (the `Display` form), every
-    /// parameter given.
-    fn from_str(s: &str) -> crate::error::Result<Self> {
-        let c: crate::variants::Config = s.parse()?;
-        let names = ["bm", "bn", "bk", "warps_m", "warps_n"];
-        let bad = |why: String| crate::Error::parse("config", s, why);
-        if c.variant != "scaled_mm_mma" {
-            return Err(bad(format!(
-                "the fp8 GEMM's kernels are scaled_mm_mma, not '{}'",
-                c.variant
-            )));
-        }
-        if let Some(k) = c.values.keys().find(|k| !names.contains(&k.as_str())) {
-            return Err(bad(format!(
-                "scaled_mm_mma has no parameter '{k}'; its parameters are {}",
-                names.join(", ")
-            )));
-        }
-        let get = |k: &str| -> crate::error::Result<usize> {
-            let v = c.param(k)?;
-            usize::try_from(v)
-                .ok()
-                .filter(|&v| v > 0)
-                .ok_or_else(|| bad(format!("{k} must be positive")))
-        };
+impl MmaConfig {
+    pub const NAMES: [&'static str; 5] = ["bm", "bn", "bk", "warps_m", "warps_n"];
+
+    /// From a parsed `--config` (every parameter given).
+    pub fn from_config(c: &crate::variants::Config) -> crate::error::Result<Self> {
+        let get = |k: &str| super::kernel::positive_param(c, k);
         Ok(MmaConfig {
             bm: get("bm")?,
             bn: get("bn")?,
@@ -70,9 +49,7 @@ impl std::str::FromStr for MmaConfig {
             warps_n: get("warps_n")?,
         })
     }
-}
 
-impl MmaConfig {
     /// Every config of the family: tiles 64-256 x 64-256, K steps of 32-128 bytes, 4 or
     /// 8 warps (those that fit are kept by `fits`).
     pub fn space() -> Vec<MmaConfig> {
@@ -239,31 +216,6 @@ mod tests {
                 assert_eq!(l.grid.1 as usize, spec.m().div_ceil(cfg.bm), "{name}");
                 assert_eq!(l.block.0 as usize, 32 * cfg.warps_m * cfg.warps_n, "{name}");
             }
-        }
-    }
-
-    #[test]
-    fn configs_parse_from_their_display_form() {
-        for cfg in MmaConfig::space() {
-            assert_eq!(cfg.to_string().parse::<MmaConfig>().unwrap(), cfg);
-        }
-        for (text, says) in [
-            ("naive:block=128", "scaled_mm_mma, not 'naive'"),
-            (
-                "scaled_mm_mma:bm=64,bn=64,bk=32,warps_m=2",
-                "missing warps_n",
-            ),
-            (
-                "scaled_mm_mma:bm=64,bn=64,bk=32,warps_m=2,warps_n=2,x=1",
-                "no parameter 'x'",
-            ),
-            (
-                "scaled_mm_mma:bm=-64,bn=64,bk=32,warps_m=2,warps_n=2",
-                "bm must be positive",
-            ),
-        ] {
-            let e = text.parse::<MmaConfig>().unwrap_err().to_string();
-            assert!(e.contains(says), "{text}: {e}");
         }
     }
 

@@ -7,14 +7,17 @@
 
 pub mod bench;
 pub mod fp8;
+pub mod kernel;
 pub mod mma;
 pub mod pack;
 pub mod reference;
 pub mod run;
 pub mod spec;
+pub mod wgmma;
 
 pub use bench::{bench_scaled_mm, GemmCandidate, GemmCase, GemmReference};
 pub use fp8::{E4m3, E4M3_MAX};
+pub use kernel::GemmKernel;
 pub use mma::MmaConfig;
 pub use pack::PackedB;
 pub use reference::{
@@ -23,3 +26,4 @@ pub use reference::{
 };
 pub use run::ScaledMmRun;
 pub use spec::{gemm_suite, load_gemm_suite, ScaledMmSpec, Scaling, GEMM_SUITE, SCALE_BLOCK};
+pub use wgmma::WgmmaConfig;

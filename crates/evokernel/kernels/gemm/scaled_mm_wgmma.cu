@@ -1,0 +1,279 @@
+// scaled_mm_wgmma: D[M, N] = scale_a * scale_b * (A[M, K] @ B[K, N]) (+ bias[N]), A and B
+// float8 e4m3, f32 accumulation, D in TOut: the Hopper rung of the GEMM ladder (issue 18).
+// Warpgroup MMA (`wgmma.mma_async` m64nBNk32 e4m3, both operands from shared memory through
+// 128-byte-swizzled descriptors) fed by a producer warpgroup through a ring of STAGES
+// buffers guarded by mbarriers:
+//   - A [M, K] row-major: one TMA load a stage (`cp.async.bulk.tensor.2d`, box 128 bytes x
+//     BM rows, 128-byte swizzle; rows and K past the end read as zeros);
+//   - B prepacked (src/gemm/pack.rs, tiles of BN rows of 128 bytes, K-major, chunk c of
+//     row r at c ^ (r % 8)): that is TMA's 128-byte swizzle already, so a stage's tile is
+//     one 1-D bulk copy (`cp.async.bulk`), no tensor map.
+// CONSUMERS warpgroups (BM = 64 x CONSUMERS) each own 64 rows x BN columns of D in
+// registers. A stage is one 128-deep K step (128 bytes of e4m3), which is also block-wise
+// scaling's group: under SCALING 2 each stage's products go to `part` (wgmma's scale-d = 0
+// starts it) and are scaled into `acc` once the stage's MMAs have landed.
+// Block order (GROUP_M): blocks run in panels of GROUP_M tile rows so the B tiles a wave
+// reads stay in L2. Split-K (SPLIT): blockIdx.z takes a run of K steps and writes its
+// scaled f32 sums to `partial[z]`; `scaled_mm_splitk_finalize` adds the splits in order
+// (deterministic), adds the bias and converts.
+// Scaling: 0 per-tensor, 1 row-wise (scale_a[row] * scale_b[col]), 2 block-wise
+// (scale_a[row][k / 128] * scale_b[k / 128][col / 128]). bias is f32 [N] or null.
+
+struct alignas(64) SmmTensorMap {
+    unsigned long long opaque[16];  // CUtensorMap, encoded on the host (cuTensorMapEncodeTiled)
+};
+
+struct ScaledMmWgmmaArgs {
+    SmmTensorMap a_map;             // A [M, K] e4m3: box 128 B x BM rows, 128-byte swizzle
+    const unsigned char* b_packed;  // PackedB's bytes for tiles BN x 128
+    void* d;                        // [M, N] TOut
+    const float* scale_a;
+    const float* scale_b;
+    const float* bias;              // [N] or null
+    float* partial;                 // split-K: [splits, M, N] f32; else null
+    int m, n, k;
+    int steps_per_split;            // K steps (128 bytes each) a split takes
+    int splits;                     // splits that have K steps (gridDim.z)
+};
+
+__device__ __forceinline__ unsigned smm_smem_addr(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void smm_bar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+
+__device__ __forceinline__ void smm_bar_expect(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void smm_bar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Waits until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void smm_bar_wait(unsigned bar, unsigned parity) {
+    unsigned done = 0;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+__device__ __forceinline__ void smm_tma_2d(unsigned dst, const SmmTensorMap* map, int x, int y, unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(bar)
+        : "memory");
+}
+
+__device__ __forceinline__ void smm_bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+// A K-major, 128-byte-swizzled operand in shared memory: rows of 128 bytes, 8-row groups
+// 1024 bytes apart (the stride byte offset), the leading offset unused under swizzling.
+__device__ __forceinline__ unsigned long long smm_desc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
+           (1ull << 62);
+}
+
+__device__ __forceinline__ void smm_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void smm_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void smm_wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Tells the compiler a register the async MMA writes is read or written here (so it does
+// not move the access across the wgmma's wait).
+__device__ __forceinline__ void smm_fence_reg(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+__device__ __forceinline__ void smm_wgmma_n64(float* d, unsigned long long da, unsigned long long db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void smm_wgmma_n128(float* d, unsigned long long da, unsigned long long db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void smm_wgmma_n256(float* d, unsigned long long da, unsigned long long db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+template <int BN>
+__device__ __forceinline__ void smm_wgmma(float* d, unsigned long long da, unsigned long long db, int scale_d) {
+    if constexpr (BN == 64) smm_wgmma_n64(d, da, db, scale_d);
+    else if constexpr (BN == 128) smm_wgmma_n128(d, da, db, scale_d);
+    else smm_wgmma_n256(d, da, db, scale_d);
+}
+
+template <typename TOut, int BN, int CONSUMERS, int STAGES, int GROUP_M, int SCALING, bool BIAS, bool SPLIT>
+__global__ void __launch_bounds__((CONSUMERS + 1) * 128, 1) scaled_mm_wgmma(const __grid_constant__ ScaledMmWgmmaArgs p) {
+    constexpr int BM = 64 * CONSUMERS;
+    constexpr int BK = 128;  // bytes of K a stage: the swizzle span and the block-wise group
+    constexpr int A_BYTES = BM * BK, B_BYTES = BN * BK, STAGE_BYTES = A_BYTES + B_BYTES;
+    constexpr int ACC = BN / 2;  // f32 accumulators a thread: 64 rows x BN over 128 threads
+    static_assert(BN == 64 || BN == 128 || BN == 256, "wgmma N of 64, 128 or 256");
+    static_assert(CONSUMERS == 1 || CONSUMERS == 2, "one or two consumer warpgroups");
+    static_assert(STAGES >= 2, "a ring of at least two stages");
+    static_assert(SCALING != 2 || BN <= 128, "block-wise scaling keeps two accumulator sets: BN <= 128");
+    extern __shared__ unsigned char smm_raw[];
+    // The swizzle pattern repeats every 1024 bytes: stages start on 1024-byte boundaries.
+    unsigned char* smem = smm_raw + ((1024 - (smm_smem_addr(smm_raw) & 1023)) & 1023);
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_BYTES);
+    const unsigned full0 = smm_smem_addr(bars), empty0 = full0 + STAGES * 8;
+
+    // Panels of GROUP_M tile rows, N tiles inside a panel.
+    const int tiles_m = (p.m + BM - 1) / BM, tiles_n = (p.n + BN - 1) / BN;
+    const int id = blockIdx.x, per_panel = GROUP_M * tiles_n;
+    const int first_m = (id / per_panel) * GROUP_M;
+    const int panel_rows = min(tiles_m - first_m, GROUP_M);
+    const int m_tile = first_m + (id % per_panel) % panel_rows;
+    const int n_tile = (id % per_panel) / panel_rows;
+    const int m0 = m_tile * BM, n0 = n_tile * BN;
+
+    const int k_steps = (p.k + BK - 1) / BK;
+    const int s_begin = SPLIT ? blockIdx.z * p.steps_per_split : 0;
+    const int s_end = SPLIT ? min(k_steps, s_begin + p.steps_per_split) : k_steps;
+    const int steps = s_end - s_begin;
+
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            smm_bar_init(full0 + 8 * s, 1);
+            smm_bar_init(empty0 + 8 * s, CONSUMERS * 128);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (tid < 128) {
+        // Producer warpgroup: one thread issues every copy.
+        if (tid == 0) {
+            const unsigned char* bsrc = p.b_packed + ((long long)n_tile * k_steps + s_begin) * B_BYTES;
+            for (int it = 0; it < steps; ++it) {
+                const int st = it % STAGES, round = it / STAGES;
+                if (round > 0) smm_bar_wait(empty0 + 8 * st, (round - 1) & 1);
+                const unsigned a_dst = smm_smem_addr(smem + st * STAGE_BYTES);
+                smm_bar_expect(full0 + 8 * st, STAGE_BYTES);
+                smm_tma_2d(a_dst, &p.a_map, (s_begin + it) * BK, m0, full0 + 8 * st);
+                smm_bulk_copy(a_dst + A_BYTES, bsrc + (long long)it * B_BYTES, B_BYTES, full0 + 8 * st);
+            }
+        }
+        return;
+    }
+
+    // Consumer warpgroup c: rows m0 + 64c .. + 63.
+    const int c = tid / 128 - 1, t = tid % 128, warp = t / 32, lane = t % 32;
+    float acc[ACC];
+    float part[SCALING == 2 ? ACC : 1];
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) acc[i] = 0.f;
+    // This thread's rows (two) and the column of its first value in each 8-column block.
+    const int row0 = m0 + 64 * c + warp * 16 + lane / 4, row1 = row0 + 8;
+    const int col_base = n0 + (lane % 4) * 2;
+
+    for (int it = 0; it < steps; ++it) {
+        const int st = it % STAGES;
+        smm_bar_wait(full0 + 8 * st, (it / STAGES) & 1);
+        const unsigned a_at = smm_smem_addr(smem + st * STAGE_BYTES) + c * 64 * BK;
+        const unsigned b_at = smm_smem_addr(smem + st * STAGE_BYTES) + A_BYTES;
+        const unsigned long long da = smm_desc(a_at), db = smm_desc(b_at);
+        smm_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 32; ++kk) {
+            // +32 bytes of K a step: +2 in the descriptor's 16-byte address units.
+            if constexpr (SCALING == 2) smm_wgmma<BN>(part, da + 2 * kk, db + 2 * kk, kk > 0);
+            else smm_wgmma<BN>(acc, da + 2 * kk, db + 2 * kk, it > 0 || kk > 0);
+        }
+        smm_wgmma_commit();
+        if constexpr (SCALING == 2) {
+            smm_wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < ACC; ++i) smm_fence_reg(part[i]);
+            smm_bar_arrive(empty0 + 8 * st);
+            const int kg = s_begin + it, kgroups = k_steps, ngroups = (p.n + 127) / 128;
+            const float sa0 = row0 < p.m ? p.scale_a[(long long)row0 * kgroups + kg] : 0.f;
+            const float sa1 = row1 < p.m ? p.scale_a[(long long)row1 * kgroups + kg] : 0.f;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+                const int cb = min((n0 + 8 * j) / 128, ngroups - 1);
+                const float sb = p.scale_b[(long long)kg * ngroups + cb];
+                acc[4 * j + 0] = fmaf(part[4 * j + 0], sa0 * sb, acc[4 * j + 0]);
+                acc[4 * j + 1] = fmaf(part[4 * j + 1], sa0 * sb, acc[4 * j + 1]);
+                acc[4 * j + 2] = fmaf(part[4 * j + 2], sa1 * sb, acc[4 * j + 2]);
+                acc[4 * j + 3] = fmaf(part[4 * j + 3], sa1 * sb, acc[4 * j + 3]);
+            }
+        } else {
+            // The previous stage's MMAs have landed once at most this one is in flight.
+            smm_wgmma_wait<1>();
+            if (it > 0) smm_bar_arrive(empty0 + 8 * ((it - 1) % STAGES));
+        }
+    }
+    smm_wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) smm_fence_reg(acc[i]);
+
+    // Epilogue from registers: value 4j + 2h + e is (row h, column 8j + 2 (lane % 4) + e).
+    const float st_scale = SCALING == 0 ? p.scale_a[0] * p.scale_b[0] : 1.f;
+    float sa[2] = {1.f, 1.f};
+    if (SCALING == 1) {
+        sa[0] = row0 < p.m ? p.scale_a[row0] : 0.f;
+        sa[1] = row1 < p.m ? p.scale_a[row1] : 0.f;
+    }
+    TOut* d = static_cast<TOut*>(p.d);
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = h ? row1 : row0;
+            if (row >= p.m) continue;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = col_base + 8 * j + e;
+                if (col >= p.n) continue;
+                float v = acc[4 * j + 2 * h + e] * st_scale;
+                if (SCALING == 1) v *= sa[h] * p.scale_b[col];
+                if (SPLIT) {
+                    p.partial[((long long)blockIdx.z * p.m + row) * p.n + col] = v;
+                } else {
+                    if (BIAS) v += p.bias[col];
+                    d[(long long)row * p.n + col] = from_f32<TOut>(v);
+                }
+            }
+        }
+    }
+}
+
+// Split-K's second half: D = sum over splits (in split order: the same bits every run)
+// plus the bias, converted. One thread an element.
+template <typename TOut, bool BIAS>
+__global__ void scaled_mm_splitk_finalize(const __grid_constant__ ScaledMmWgmmaArgs p) {
+    const long long total = (long long)p.m * p.n;
+    TOut* d = static_cast<TOut*>(p.d);
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+        float v = 0.f;
+        for (int z = 0; z < p.splits; ++z) v += p.partial[z * total + i];
+        if (BIAS) v += p.bias[i % p.n];
+        d[i] = from_f32<TOut>(v);
+    }
+}

@@ -1,0 +1,275 @@
+//! `scaled_mm_wgmma` (kernels/gemm/scaled_mm_wgmma.cu): the scaled GEMM on Hopper's
+//! warpgroup MMA, A through TMA and the prepacked B through 1-D bulk copies into a ring of
+//! `stages` buffers, one producer and `consumers` MMA warpgroups. Typed config: the tile
+//! (BM = 64 x `consumers`, `bn`), the ring depth, the block order (`group_m` tile rows a
+//! panel) and split-K (`splits`, with a deterministic finalize). It needs sm_90a.
+
+use std::fmt;
+
+use super::spec::{ScaledMmSpec, Scaling};
+use crate::variants::{cuda_type, within_shared, Launch};
+
+/// The kernel's source (compiled after kernels/common.cuh, like the convolutions').
+pub const SOURCE: &str = include_str!("../../kernels/gemm/scaled_mm_wgmma.cu");
+/// Bytes of K a stage (the 128-byte swizzle span; block-wise scaling's group).
+pub const STEP_K: usize = 128;
+
+/// One config of `scaled_mm_wgmma`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WgmmaConfig {
+    pub bn: usize,
+    pub consumers: usize,
+    pub stages: usize,
+    pub group_m: usize,
+    pub splits: usize,
+}
+
+impl fmt::Display for WgmmaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "scaled_mm_wgmma:bn={},consumers={},stages={},group_m={},splits={}",
+            self.bn, self.consumers, self.stages, self.group_m, self.splits
+        )
+    }
+}
+
+impl WgmmaConfig {
+    pub const NAMES: [&'static str; 5] = ["bn", "consumers", "stages", "group_m", "splits"];
+
+    /// From a parsed `--config` (every parameter given).
+    pub fn from_config(c: &crate::variants::Config) -> crate::error::Result<Self> {
+        let get = |k: &str| super::kernel::positive_param(c, k);
+        Ok(WgmmaConfig {
+            bn: get("bn")?,
+            consumers: get("consumers")?,
+            stages: get("stages")?,
+            group_m: get("group_m")?,
+            splits: get("splits")?,
+        })
+    }
+
+    /// The family: N tiles of 64-256, one or two consumer warpgroups, 3-6 stages, panels
+    /// of 1-16 tile rows, split-K up to 16 (those that fit are kept by `fits`).
+    pub fn space() -> Vec<WgmmaConfig> {
+        let mut v = Vec::new();
+        for bn in [64, 128, 256] {
+            for consumers in [1, 2] {
+                for stages in [3, 4, 5, 6] {
+                    for group_m in [1, 8, 16] {
+                        for splits in [1, 2, 4, 8, 16] {
+                            v.push(WgmmaConfig {
+                                bn,
+                                consumers,
+                                stages,
+                                group_m,
+                                splits,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// A 128 x 128 tile (two consumers), four stages, panels of 8 tile rows; where the
+    /// tiles cannot fill the GPU's 132 SMs (decode-sized M), split-K up to the K steps.
+    pub fn default_for(spec: &ScaledMmSpec) -> WgmmaConfig {
+        let consumers = if spec.m() <= 64 { 1 } else { 2 };
+        let bn = 128;
+        let tiles = spec.m().div_ceil(64 * consumers) * spec.n().div_ceil(bn);
+        let steps = spec.k().div_ceil(STEP_K);
+        let mut splits = 1;
+        while tiles * splits * 2 <= 132 * 2 && splits * 2 <= 16 && steps >= splits * 2 * 4 {
+            splits *= 2;
+        }
+        WgmmaConfig {
+            bn,
+            consumers,
+            stages: 4,
+            group_m: 8,
+            splits,
+        }
+    }
+
+    pub fn bm(&self) -> usize {
+        64 * self.consumers
+    }
+
+    fn stage_bytes(&self) -> usize {
+        (self.bm() + self.bn) * STEP_K
+    }
+
+    /// The ring, 1024 bytes of alignment slack and the barriers.
+    pub fn shared_bytes(&self) -> usize {
+        self.stages * self.stage_bytes() + 1024 + 16 * self.stages
+    }
+
+    /// K steps each split takes (every split gets at least one).
+    pub fn steps_per_split(&self, spec: &ScaledMmSpec) -> usize {
+        spec.k().div_ceil(STEP_K).div_ceil(self.splits)
+    }
+
+    /// Splits that actually get K steps.
+    pub fn live_splits(&self, spec: &ScaledMmSpec) -> usize {
+        spec.k()
+            .div_ceil(STEP_K)
+            .div_ceil(self.steps_per_split(spec))
+    }
+
+    /// `Err(reason)` when this config cannot run `spec`.
+    pub fn fits(&self, spec: &ScaledMmSpec) -> Result<(), String> {
+        if ![64, 128, 256].contains(&self.bn) {
+            return Err(format!("bn {} is not a wgmma N (64, 128, 256)", self.bn));
+        }
+        if !(1..=2).contains(&self.consumers) {
+            return Err(format!("{} consumer warpgroups (1 or 2)", self.consumers));
+        }
+        if !(2..=8).contains(&self.stages) {
+            return Err(format!("{} stages (2 to 8)", self.stages));
+        }
+        if !(1..=64).contains(&self.group_m) {
+            return Err(format!("group_m {} (1 to 64)", self.group_m));
+        }
+        if spec.scaling() == Scaling::BlockWise && self.bn > 128 {
+            return Err("block-wise scaling keeps two accumulator sets: bn <= 128".into());
+        }
+        let steps = spec.k().div_ceil(STEP_K);
+        if !(1..=steps.min(64)).contains(&self.splits) {
+            return Err(format!(
+                "{} splits of {steps} K steps (1 to {})",
+                self.splits,
+                steps.min(64)
+            ));
+        }
+        within_shared("the stage ring", self.shared_bytes())
+    }
+
+    /// The tiles `PackedB::pack` must use for this config: (tile_n, tile_k).
+    pub fn pack_tiles(&self) -> (usize, usize) {
+        (self.bn, STEP_K)
+    }
+
+    /// The NVRTC name expression (with the output type, scaling and bias of `spec`).
+    pub fn specialization(&self, spec: &ScaledMmSpec) -> String {
+        format!(
+            "scaled_mm_wgmma<{}, {}, {}, {}, {}, {}, {}, {}>",
+            cuda_type(spec.out_dtype()),
+            self.bn,
+            self.consumers,
+            self.stages,
+            self.group_m,
+            scaling_code(spec.scaling()),
+            spec.has_bias(),
+            self.splits > 1
+        )
+    }
+
+    /// The split-K finalize's name expression.
+    pub fn finalize_specialization(&self, spec: &ScaledMmSpec) -> String {
+        format!(
+            "scaled_mm_splitk_finalize<{}, {}>",
+            cuda_type(spec.out_dtype()),
+            spec.has_bias()
+        )
+    }
+
+    /// One block a tile (panel order inside), grid.z the splits.
+    pub fn launch(&self, spec: &ScaledMmSpec) -> Launch {
+        let tiles = spec.m().div_ceil(self.bm()) * spec.n().div_ceil(self.bn);
+        Launch {
+            grid: (tiles as u32, 1, self.live_splits(spec) as u32),
+            block: (128 * (self.consumers as u32 + 1), 1, 1),
+            shared_bytes: self.shared_bytes() as u32,
+        }
+    }
+
+    /// The finalize: a grid-stride loop over D.
+    pub fn finalize_launch(&self, spec: &ScaledMmSpec) -> Launch {
+        let blocks = (spec.m() * spec.n()).div_ceil(256).min(132 * 8);
+        Launch {
+            grid: (blocks as u32, 1, 1),
+            block: (256, 1, 1),
+            shared_bytes: 0,
+        }
+    }
+
+    /// Bytes of f32 partial sums split-K needs ([splits, M, N]); 0 without split-K.
+    pub fn workspace_bytes(&self, spec: &ScaledMmSpec) -> usize {
+        if self.splits > 1 {
+            4 * self.live_splits(spec) * spec.m() * spec.n()
+        } else {
+            0
+        }
+    }
+}
+
+pub(crate) fn scaling_code(s: Scaling) -> i32 {
+    match s {
+        Scaling::PerTensor => 0,
+        Scaling::RowWise => 1,
+        Scaling::BlockWise => 2,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gemm::gemm_suite;
+    use crate::DType;
+
+    #[test]
+    fn defaults_fit_the_suite_and_split_decode_shapes() {
+        for scaling in [Scaling::PerTensor, Scaling::RowWise, Scaling::BlockWise] {
+            for (name, spec) in gemm_suite(scaling, DType::Bf16).unwrap() {
+                let cfg = WgmmaConfig::default_for(&spec);
+                cfg.fits(&spec).unwrap_or_else(|e| panic!("{name}: {e}"));
+                let l = cfg.launch(&spec);
+                assert_eq!(l.block.0, 384 - 128 * (2 - cfg.consumers as u32), "{name}");
+                assert_eq!(l.grid.2 as usize, cfg.live_splits(&spec), "{name}");
+                // Every split takes at least one K step, and they cover K.
+                let steps = spec.k().div_ceil(STEP_K);
+                assert!((l.grid.2 as usize - 1) * cfg.steps_per_split(&spec) < steps);
+                assert!(l.grid.2 as usize * cfg.steps_per_split(&spec) >= steps);
+                if spec.m() <= 128 {
+                    assert!(cfg.splits > 1 || l.grid.0 >= 132, "{name}: {cfg}");
+                }
+                if spec.m() >= 2048 {
+                    assert_eq!(cfg.splits, 1, "{name}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn unfit_configs_say_why() {
+        let spec =
+            ScaledMmSpec::new(256, 256, 256, Scaling::BlockWise, DType::Bf16, false).unwrap();
+        let base = WgmmaConfig::default_for(&spec);
+        for (cfg, says) in [
+            (WgmmaConfig { bn: 96, ..base }, "wgmma N"),
+            (WgmmaConfig { bn: 256, ..base }, "bn <= 128"),
+            (WgmmaConfig { splits: 3, ..base }, "3 splits of 2 K steps"),
+            (WgmmaConfig { stages: 1, ..base }, "1 stages"),
+            (
+                WgmmaConfig {
+                    bn: 128,
+                    stages: 8,
+                    ..base
+                },
+                "shared",
+            ),
+        ] {
+            let e = cfg.fits(&spec).unwrap_err();
+            assert!(e.contains(says), "{cfg}: {e}");
+        }
+        assert!(
+            WgmmaConfig::space()
+                .iter()
+                .filter(|c| c.fits(&spec).is_ok())
+                .count()
+                > 20
+        );
+    }
+}
