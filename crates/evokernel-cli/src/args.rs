@@ -216,14 +216,22 @@ impl ProblemArgs {
 /// Most timed launches a command takes (`--iters`): past it a run would not end.
 const MAX_ITERS: usize = 100_000;
 
-pub fn options(common: &Common, time: bool, iters: usize) -> Result<Options, Error> {
-    check_only(&common.only)?;
-    if time && !(1..=MAX_ITERS).contains(&iters) {
+/// The timing protocol of `--iters` (checked: 1 to MAX_ITERS timed launches).
+pub fn protocol(iters: usize) -> Result<Protocol, Error> {
+    if !(1..=MAX_ITERS).contains(&iters) {
         return Err(Error::Parse {
             what: "--iters",
             text: iters.to_string(),
             expected: format!("timed launches from 1 to {MAX_ITERS}"),
         });
+    }
+    Ok(Protocol::default().with_launches(iters))
+}
+
+pub fn options(common: &Common, time: bool, iters: usize) -> Result<Options, Error> {
+    check_only(&common.only)?;
+    if time {
+        protocol(iters)?;
     }
     for path in common.json.iter() {
         check_output_path(path)?;

@@ -553,13 +553,16 @@ pub fn gemm(cases: &[evokernel::gemm::GemmCase]) -> String {
                 }),
                 Cell::new(format!("{} x {} x {}", c.m, c.n, c.k)),
                 Cell::new(format!("{}{}", cand.config, if best { " *" } else { "" })),
-                Cell::new(format!(
-                    "{} {} / {} ({} pos.)",
-                    if cand.passed { "pass" } else { "FAIL" },
-                    sci(cand.rel_l2),
-                    sci(cand.max_abs),
-                    c.checked
-                )),
+                Cell::new(match &cand.skipped {
+                    Some(why) => format!("skipped: {why}"),
+                    None => format!(
+                        "{} {} / {} ({} pos.)",
+                        if cand.passed { "pass" } else { "FAIL" },
+                        sci(cand.rel_l2),
+                        sci(cand.max_abs),
+                        c.checked
+                    ),
+                }),
                 right(num(cand.timing.map(|t| t.median_ms), 4)),
                 right(num(cand.tflops, 1)),
                 right(num(reference.filter(|_| best).map(|r| r.median_ms), 4)),

@@ -364,6 +364,11 @@ fn bench_of_the_fp8_gemm_checks_its_flags_before_any_gpu_work() {
         "scaled_mm_wgmma, not 'naive'",
     );
     rejects(&["bench", "--m", "64"], "need --op scaled-mm");
+    rejects(
+        &gemm(&["--m", "64", "--n", "64", "--k", "64", "--iters", "0"]),
+        "--iters",
+    );
+    // Both rungs' configs parse (no convolution variant check on them).
     let out = evokernel(&gemm(&[
         "--m",
         "64",
@@ -373,6 +378,10 @@ fn bench_of_the_fp8_gemm_checks_its_flags_before_any_gpu_work() {
         "64",
         "--backend",
         "cpu",
+        "--config",
+        "scaled_mm_wgmma:bn=64,consumers=1,stages=3,group_m=1,splits=1",
+        "--config",
+        "scaled_mm_mma:bm=64,bn=64,bk=32,warps_m=2,warps_n=2",
     ]));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");

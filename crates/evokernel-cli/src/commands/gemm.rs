@@ -92,7 +92,10 @@ pub fn run(
     iters: usize,
 ) -> Result<bool, Error> {
     refuse_conv_flags(common)?;
-    let opts = crate::args::options(common, true, iters)?;
+    let protocol = crate::args::protocol(iters)?;
+    if let Some(path) = &common.json {
+        crate::args::check_output_path(path)?;
+    }
     let configs = common
         .config
         .iter()
@@ -114,16 +117,16 @@ pub fn run(
         "evokernel bench --op scaled-mm: {} ({}), seed {}",
         dev.info().name,
         dev.info().arch(),
-        opts.seed
+        common.seed
     );
     let mut report = GemmReport {
         device: dev.info().name.clone(),
-        seed: opts.seed,
+        seed: common.seed,
         cases: Vec::new(),
     };
     for (name, spec) in &cases {
         let bar = spinner(&format!("{name}: {spec}"));
-        let case = bench_scaled_mm(dev, name, spec, &configs, &opts.protocol, opts.seed);
+        let case = bench_scaled_mm(dev, name, spec, &configs, &protocol, common.seed);
         bar.finish_and_clear();
         report.cases.push(case?);
     }

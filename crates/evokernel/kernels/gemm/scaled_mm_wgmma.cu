@@ -9,9 +9,9 @@
 //     row r at c ^ (r % 8)): that is TMA's 128-byte swizzle already, so a stage's tile is
 //     one 1-D bulk copy (`cp.async.bulk`), no tensor map.
 // CONSUMERS warpgroups (BM = 64 x CONSUMERS) each own 64 rows x BN columns of D in
-// registers. A stage is one 128-deep K step (128 bytes of e4m3), which is also block-wise
-// scaling's group: under SCALING 2 each stage's products go to `part` (wgmma's scale-d = 0
-// starts it) and are scaled into `acc` once the stage's MMAs have landed.
+// registers (setmaxnreg moves the producer's registers to them). A stage is one 128-deep K
+// step (128 bytes of e4m3), which is also block-wise scaling's group: under SCALING 2 each
+// stage's products go to `part` (wgmma's scale-d = 0 starts it) and are scaled into `acc`.
 // Block order (GROUP_M): blocks run in panels of GROUP_M tile rows so the B tiles a wave
 // reads stay in L2. Split-K (SPLIT): blockIdx.z takes a run of K steps and writes its
 // scaled f32 sums to `partial[z]`; `scaled_mm_splitk_finalize` adds the splits in order
@@ -135,7 +135,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 128, 1) scaled_mm_wgmma(cons
     static_assert(BN == 64 || BN == 128 || BN == 256, "wgmma N of 64, 128 or 256");
     static_assert(CONSUMERS == 1 || CONSUMERS == 2, "one or two consumer warpgroups");
     static_assert(STAGES >= 2, "a ring of at least two stages");
-    static_assert(SCALING != 2 || BN <= 128, "block-wise scaling keeps two accumulator sets: BN <= 128");
+    static_assert(SCALING != 2 || BN <= 128, "block-wise scaling: a tile inside one 128-column B block");
     extern __shared__ unsigned char smm_raw[];
     // The swizzle pattern repeats every 1024 bytes: stages start on 1024-byte boundaries.
     unsigned char* smem = smm_raw + ((1024 - (smm_smem_addr(smm_raw) & 1023)) & 1023);
@@ -167,7 +167,9 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 128, 1) scaled_mm_wgmma(cons
     __syncthreads();
 
     if (tid < 128) {
-        // Producer warpgroup: one thread issues every copy.
+        // Producer warpgroup: gives its registers to the consumers; one thread issues
+        // every copy.
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (tid == 0) {
             const unsigned char* bsrc = p.b_packed + ((long long)n_tile * k_steps + s_begin) * B_BYTES;
             for (int it = 0; it < steps; ++it) {
@@ -181,18 +183,18 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 128, 1) scaled_mm_wgmma(cons
         }
         return;
     }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
 
     // Consumer warpgroup c: rows m0 + 64c .. + 63.
     const int c = tid / 128 - 1, t = tid % 128, warp = t / 32, lane = t % 32;
     float acc[ACC];
-    float part[SCALING == 2 ? ACC : 1];
-#pragma unroll
-    for (int i = 0; i < ACC; ++i) acc[i] = 0.f;
     // This thread's rows (two) and the column of its first value in each 8-column block.
     const int row0 = m0 + 64 * c + warp * 16 + lane / 4, row1 = row0 + 8;
     const int col_base = n0 + (lane % 4) * 2;
 
-    for (int it = 0; it < steps; ++it) {
+    // Waits for stage `it`, issues its four k32 MMAs into `d` (scale-d 0 on the first when
+    // `fresh`) and commits them as one group.
+    auto issue = [&](int it, float* d, bool fresh) {
         const int st = it % STAGES;
         smm_bar_wait(full0 + 8 * st, (it / STAGES) & 1);
         const unsigned a_at = smm_smem_addr(smem + st * STAGE_BYTES) + c * 64 * BK;
@@ -200,30 +202,51 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 128, 1) scaled_mm_wgmma(cons
         const unsigned long long da = smm_desc(a_at), db = smm_desc(b_at);
         smm_wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BK / 32; ++kk) {
+        for (int kk = 0; kk < BK / 32; ++kk)
             // +32 bytes of K a step: +2 in the descriptor's 16-byte address units.
-            if constexpr (SCALING == 2) smm_wgmma<BN>(part, da + 2 * kk, db + 2 * kk, kk > 0);
-            else smm_wgmma<BN>(acc, da + 2 * kk, db + 2 * kk, it > 0 || kk > 0);
-        }
+            smm_wgmma<BN>(d, da + 2 * kk, db + 2 * kk, fresh && kk == 0 ? 0 : 1);
         smm_wgmma_commit();
-        if constexpr (SCALING == 2) {
+    };
+
+    if constexpr (SCALING == 2) {
+        // Block-wise: each stage's products land in `part`, then are scaled into acc (the
+        // other consumer warpgroup's MMAs run meanwhile). A fold reading `part` while a
+        // later wgmma writes the other set would make ptxas serialize every wgmma (C7514),
+        // so one set, waited for. The scales are loaded a stage ahead: their latency hides
+        // behind the MMAs instead of stalling the fold.
+        float part[ACC];
+#pragma unroll
+        for (int i = 0; i < ACC; ++i) acc[i] = 0.f;
+        const int kgroups = k_steps, ngroups = (p.n + 127) / 128, cb = n0 / 128;  // BN <= 128: one B block
+        auto scales = [&](int it, float* s3) {
+            const int kg = min(s_begin + it, k_steps - 1);
+            s3[0] = row0 < p.m ? p.scale_a[(long long)row0 * kgroups + kg] : 0.f;
+            s3[1] = row1 < p.m ? p.scale_a[(long long)row1 * kgroups + kg] : 0.f;
+            s3[2] = p.scale_b[(long long)kg * ngroups + cb];
+        };
+        float now[3], next[3];
+        scales(0, now);
+        for (int it = 0; it < steps; ++it) {
+            issue(it, part, true);
+            scales(it + 1, next);
             smm_wgmma_wait<0>();
 #pragma unroll
             for (int i = 0; i < ACC; ++i) smm_fence_reg(part[i]);
-            smm_bar_arrive(empty0 + 8 * st);
-            const int kg = s_begin + it, kgroups = k_steps, ngroups = (p.n + 127) / 128;
-            const float sa0 = row0 < p.m ? p.scale_a[(long long)row0 * kgroups + kg] : 0.f;
-            const float sa1 = row1 < p.m ? p.scale_a[(long long)row1 * kgroups + kg] : 0.f;
+            smm_bar_arrive(empty0 + 8 * (it % STAGES));
+            const float s0 = now[0] * now[2], s1 = now[1] * now[2];
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j) {
-                const int cb = min((n0 + 8 * j) / 128, ngroups - 1);
-                const float sb = p.scale_b[(long long)kg * ngroups + cb];
-                acc[4 * j + 0] = fmaf(part[4 * j + 0], sa0 * sb, acc[4 * j + 0]);
-                acc[4 * j + 1] = fmaf(part[4 * j + 1], sa0 * sb, acc[4 * j + 1]);
-                acc[4 * j + 2] = fmaf(part[4 * j + 2], sa1 * sb, acc[4 * j + 2]);
-                acc[4 * j + 3] = fmaf(part[4 * j + 3], sa1 * sb, acc[4 * j + 3]);
+                acc[4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[4 * j + 0]);
+                acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
+                acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
+                acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
             }
-        } else {
+#pragma unroll
+            for (int q = 0; q < 3; ++q) now[q] = next[q];
+        }
+    } else {
+        for (int it = 0; it < steps; ++it) {
+            issue(it, acc, it == 0);
             // The previous stage's MMAs have landed once at most this one is in flight.
             smm_wgmma_wait<1>();
             if (it > 0) smm_bar_arrive(empty0 + 8 * ((it - 1) % STAGES));

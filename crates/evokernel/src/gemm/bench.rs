@@ -31,6 +31,8 @@ pub struct GemmCandidate {
     pub vs_cublaslt: Option<f64>,
     /// Host milliseconds packing B for this config (once, outside every launch).
     pub pack_ms: f64,
+    /// Why the config was not run (it does not fit the case); nothing else is set then.
+    pub skipped: Option<String>,
 }
 
 /// cuBLASLt on one case: its fastest algorithm, its gate, its co-measured time.
@@ -67,7 +69,10 @@ pub struct GemmCase {
 impl GemmCase {
     /// Whether every candidate and the reference passed the gate.
     pub fn passed(&self) -> bool {
-        self.candidates.iter().all(|c| c.passed) && self.cublaslt.as_ref().is_none_or(|r| r.passed)
+        self.candidates
+            .iter()
+            .all(|c| c.passed || c.skipped.is_some())
+            && self.cublaslt.as_ref().is_none_or(|r| r.passed)
     }
 }
 
@@ -125,6 +130,20 @@ pub fn bench_scaled_mm(
     let mut best: Option<(usize, f64)> = None;
     let mut reference_ms = f64::NAN;
     for cfg in kernels {
+        if let Err(reason) = cfg.fits(spec) {
+            candidates.push(GemmCandidate {
+                config: cfg.to_string(),
+                rel_l2: f64::NAN,
+                max_abs: f64::NAN,
+                passed: false,
+                timing: None,
+                tflops: None,
+                vs_cublaslt: None,
+                pack_ms: 0.0,
+                skipped: Some(reason),
+            });
+            continue;
+        }
         let mut run = ScaledMmRun::new(dev, spec, &data, cfg)?;
         run.launch()?;
         let v = gate(&run.output()?, spec, &positions, &want)?;
@@ -137,6 +156,7 @@ pub fn bench_scaled_mm(
             tflops: None,
             vs_cublaslt: None,
             pack_ms: run.pack_ms(),
+            skipped: None,
         };
         if v.passed {
             let (timing, against) = match reference.as_mut() {

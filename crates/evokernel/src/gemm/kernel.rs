@@ -35,13 +35,15 @@ impl std::str::FromStr for GemmKernel {
         let names: &[&str] = match c.variant.as_str() {
             "scaled_mm_mma" => &MmaConfig::NAMES,
             "scaled_mm_wgmma" => &WgmmaConfig::NAMES,
-            other => return Err(Error::parse(
-                "config",
-                s,
-                format!(
+            other => {
+                return Err(Error::parse(
+                    "config",
+                    s,
+                    format!(
                     "the fp8 GEMM's kernels are scaled_mm_mma and scaled_mm_wgmma, not '{other}'"
                 ),
-            )),
+                ))
+            }
         };
         if let Some(k) = c.values.keys().find(|k| !names.contains(&k.as_str())) {
             return Err(Error::parse(
