@@ -57,11 +57,16 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       LIMIT=200 step bwd_racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 40 --kernel 3x5x5 --padding 0,2,2 --pass all --only wgrad --only wgrad_mma --only dgrad_gather --only depth_reuse
       LIMIT=200 step bwd_racecheck_cl compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 40 --kernel 3x5x5 --padding 0,2,2 --layout channels-last --pass all --only wgrad --only wgrad_tile_cl --only dgrad_gather ;;
     gemm)
-      # The fp8 scaled GEMM's warp-MMA kernel against the f64 oracle (every scaling,
-      # output type and bias), then under memcheck and racecheck.
+      # The fp8 scaled GEMM's kernels (mma.sync and wgmma rungs) and cuBLASLt against the
+      # f64 oracle (every scaling, output type and bias), then under memcheck and racecheck.
       LIMIT=300 step gemm .gpu/tests/gpu-* --include-ignored --test-threads=1 scaled_mm
-      LIMIT=400 step gemm_memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/tests/gpu-* --include-ignored --test-threads=1 scaled_mm
-      LIMIT=400 step gemm_racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/tests/gpu-* --include-ignored --test-threads=1 scaled_mm ;;
+      LIMIT=300 step gemm_cublaslt .gpu/tests/gpu-* --include-ignored --test-threads=1 cublaslt_scaled_mm
+      LIMIT=400 step gemm_memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/tests/gpu-* --include-ignored --test-threads=1 scaled_mm_kernels
+      LIMIT=400 step gemm_racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/tests/gpu-* --include-ignored --test-threads=1 scaled_mm_kernels ;;
+    gemmbench)
+      # The GEMM suite, each case's ladder against cuBLASLt in the same call
+      # (GEMM_SCALING: per-tensor, rowwise or blockwise; GEMM_ARGS: e.g. --case square-8192).
+      LIMIT=${GEMM_LIMIT:-500} step gemmbench .gpu/evokernel bench --op scaled-mm --suite gemm --scaling "${GEMM_SCALING:-per-tensor}" ${GEMM_ARGS:-} --json "$out/gemm-${GEMM_SCALING:-per-tensor}.json" ;;
     vulkan)
       # The Vulkan backend on the NVIDIA driver (scripts/vulkan-nvidia.sh stage before).
       source scripts/vulkan-nvidia.sh env

@@ -590,6 +590,45 @@ pub fn gemm(cases: &[evokernel::gemm::GemmCase]) -> String {
     out
 }
 
+/// One line a GEMM case (its fastest passing candidate against cuBLASLt), and the
+/// geometric mean of the ratios.
+pub fn gemm_summary(cases: &[evokernel::gemm::GemmCase]) -> String {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(vec![
+        "case",
+        "best",
+        "ms",
+        "TFLOP/s",
+        "cuBLASLt TFLOP/s",
+        "x cuBLASLt",
+    ]);
+    let mut logs = Vec::new();
+    for c in cases {
+        let best = c.best.map(|i| &c.candidates[i]);
+        if let Some(x) = best.and_then(|b| b.vs_cublaslt) {
+            logs.push(x.ln());
+        }
+        t.add_row(vec![
+            Cell::new(c.name.clone()),
+            Cell::new(best.map_or("-".into(), |b| b.config.clone())),
+            right(num(best.and_then(|b| b.timing.map(|t| t.median_ms)), 4)),
+            right(num(best.and_then(|b| b.tflops), 1)),
+            right(num(c.cublaslt.as_ref().map(|r| r.tflops), 1)),
+            right(num(best.and_then(|b| b.vs_cublaslt), 2)),
+        ]);
+    }
+    let mut out = t.to_string();
+    if !logs.is_empty() {
+        let g = (logs.iter().sum::<f64>() / logs.len() as f64).exp();
+        out += &format!(
+            "\ngeometric mean x cuBLASLt over {} cases: {g:.2}",
+            logs.len()
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

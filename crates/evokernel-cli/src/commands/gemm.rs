@@ -124,13 +124,18 @@ pub fn run(
         seed: common.seed,
         cases: Vec::new(),
     };
+    // Each case's rows as soon as it is measured (a suite of large GEMMs takes minutes).
     for (name, spec) in &cases {
         let bar = spinner(&format!("{name}: {spec}"));
         let case = bench_scaled_mm(dev, name, spec, &configs, &protocol, common.seed);
         bar.finish_and_clear();
-        report.cases.push(case?);
+        let case = case?;
+        println!("{}", table::gemm(std::slice::from_ref(&case)));
+        report.cases.push(case);
     }
-    println!("{}", table::gemm(&report.cases));
+    if report.cases.len() > 1 {
+        println!("{}", table::gemm_summary(&report.cases));
+    }
     if let Some(path) = &common.json {
         write_json_or_keep(path, &report);
     }

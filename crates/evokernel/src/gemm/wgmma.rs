@@ -73,12 +73,17 @@ impl WgmmaConfig {
         v
     }
 
-    /// A 128 x 128 tile (two consumers), four stages, panels of 8 tile rows; where the
+    /// A 128 x 256 tile (two consumers; 128 x 128 where that leaves SMs idle or under
+    /// block-wise scaling), four stages, panels of 8 tile rows; where the
     /// tiles fill less than half the GPU's 132 SMs (decode-sized M and N), split-K up to
     /// filling it (run 7: at M = 128, N = 14336 one split beat two, 0.95x vs 0.72x).
     pub fn default_for(spec: &ScaledMmSpec) -> WgmmaConfig {
         let consumers = if spec.m() <= 64 { 1 } else { 2 };
-        let bn = 128;
+        // 128 x 256 where those tiles still fill the SMs (run 8: 8192^3 1.083 ms vs 1.140
+        // at 128 x 128; at M = 128, N = 14336, 0.85x vs 0.95x of cuBLASLt, too few tiles).
+        let wide = spec.scaling() != Scaling::BlockWise
+            && spec.m().div_ceil(64 * consumers) * spec.n().div_ceil(256) >= 132;
+        let bn = if wide { 256 } else { 128 };
         let tiles = spec.m().div_ceil(64 * consumers) * spec.n().div_ceil(bn);
         let steps = spec.k().div_ceil(STEP_K);
         let mut splits = 1;
