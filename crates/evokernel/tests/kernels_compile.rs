@@ -158,6 +158,25 @@ fn warm_compile_comes_from_the_cache() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// Compiles every specialization of a GEMM kernel for sm_90 (sm_90a when
+/// `arch_specific`), cold (no CUBIN cache); each must give a CUBIN.
+fn compile_every(name: &str, source: &str, work: &BTreeSet<String>, arch_specific: bool) {
+    let jit = Jit::new("sm_90")
+        .unwrap_or_else(|e| panic!("{e}\n(run scripts/install-nvrtc.sh, or use ./scripts/test.sh)"))
+        .without_cache();
+    for expr in work {
+        let c = jit
+            .compile_for(name, source, expr, arch_specific)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(&c.cubin[..4], b"\x7fELF", "{expr}: not a CUBIN");
+        eprintln!(
+            "compiled {expr:<70} {:>7.0} ms, {} bytes",
+            c.millis,
+            c.cubin.len()
+        );
+    }
+}
+
 /// The scaled GEMM's warp-MMA kernel (issue 18) for sm_90: each scaling mode, output type
 /// and bias with the default config of a suite shape, and every config of the family
 /// that fits (per-tensor, bf16). The e4m3 MMA needs sm_89+; a kernel that does not compile
@@ -165,9 +184,6 @@ fn warm_compile_comes_from_the_cache() {
 #[test]
 fn scaled_mm_kernels_compile_for_sm90() {
     use evokernel::gemm::{mma, MmaConfig, ScaledMmSpec, Scaling};
-    let jit = Jit::new("sm_90")
-        .unwrap_or_else(|e| panic!("{e}\n(run scripts/install-nvrtc.sh, or use ./scripts/test.sh)"))
-        .without_cache();
     let mut work = BTreeSet::new();
     for scaling in [Scaling::PerTensor, Scaling::RowWise, Scaling::BlockWise] {
         for out in mma::OUT_TYPES {
@@ -184,17 +200,7 @@ fn scaled_mm_kernels_compile_for_sm90() {
         .collect();
     assert!(fitting.len() >= 10, "{} configs fit", fitting.len());
     work.extend(fitting.iter().map(|c| c.specialization(&spec)));
-    for expr in &work {
-        let c = jit
-            .compile("scaled_mm_mma", mma::SOURCE, expr)
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(&c.cubin[..4], b"\x7fELF", "{expr}: not a CUBIN");
-        eprintln!(
-            "compiled {expr:<60} {:>7.0} ms, {} bytes",
-            c.millis,
-            c.cubin.len()
-        );
-    }
+    compile_every("scaled_mm_mma", mma::SOURCE, &work, false);
 }
 
 /// The wgmma rung for sm_90a: every default (scaling x output x bias, split-K or not) and
@@ -202,9 +208,6 @@ fn scaled_mm_kernels_compile_for_sm90() {
 #[test]
 fn scaled_mm_wgmma_kernels_compile_for_sm90a() {
     use evokernel::gemm::{mma, ScaledMmSpec, Scaling, WgmmaConfig};
-    let jit = Jit::new("sm_90")
-        .unwrap_or_else(|e| panic!("{e}\n(run scripts/install-nvrtc.sh, or use ./scripts/test.sh)"))
-        .without_cache();
     let mut work = BTreeSet::new();
     for scaling in [Scaling::PerTensor, Scaling::RowWise, Scaling::BlockWise] {
         for out in mma::OUT_TYPES {
@@ -227,16 +230,10 @@ fn scaled_mm_wgmma_kernels_compile_for_sm90a() {
         .collect();
     assert!(fitting.len() >= 10, "{} configs fit", fitting.len());
     work.extend(fitting.iter().map(|c| c.specialization(&spec)));
-    for expr in &work {
-        let c = jit
-            .compile_for(
-                "scaled_mm_wgmma",
-                evokernel::gemm::wgmma::SOURCE,
-                expr,
-                true,
-            )
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(&c.cubin[..4], b"\x7fELF", "{expr}: not a CUBIN");
-        eprintln!("compiled {expr:<70} {:>7.0} ms", c.millis);
-    }
+    compile_every(
+        "scaled_mm_wgmma",
+        evokernel::gemm::wgmma::SOURCE,
+        &work,
+        true,
+    );
 }
