@@ -379,7 +379,7 @@ fn bench_of_the_fp8_gemm_checks_its_flags_before_any_gpu_work() {
         "--backend",
         "cpu",
         "--config",
-        "scaled_mm_wgmma:bn=64,consumers=1,stages=3,group_m=1,splits=1",
+        "scaled_mm_wgmma:bn=64,consumers=1,stages=3,group_m=1,splits=1,persistent=1",
         "--config",
         "scaled_mm_mma:bm=64,bn=64,bk=32,warps_m=2,warps_n=2",
     ]));

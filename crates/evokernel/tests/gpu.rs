@@ -969,6 +969,16 @@ fn scaled_mm_kernels_pass_the_gate() {
             stages: 3,
             group_m: 1,
             splits: 1,
+            persistent: 0,
+        }),
+        // Persistent: more tiles than SMs on the 520 x 1100 shape, so blocks loop.
+        GemmKernel::Wgmma(WgmmaConfig {
+            bn: 64,
+            consumers: 1,
+            stages: 3,
+            group_m: 8,
+            splits: 1,
+            persistent: 1,
         }),
         GemmKernel::Wgmma(WgmmaConfig {
             bn: 256,
@@ -976,6 +986,7 @@ fn scaled_mm_kernels_pass_the_gate() {
             stages: 4,
             group_m: 16,
             splits: 1,
+            persistent: 1,
         }),
         GemmKernel::Wgmma(WgmmaConfig {
             bn: 128,
@@ -983,13 +994,19 @@ fn scaled_mm_kernels_pass_the_gate() {
             stages: 5,
             group_m: 8,
             splits: 3,
+            persistent: 1,
         }),
     ];
     let mut checked = 0;
     for scaling in [Scaling::PerTensor, Scaling::RowWise, Scaling::BlockWise] {
         for out in mma::OUT_TYPES {
             for bias in [false, true] {
-                for (m, n, k) in [(100, 200, 272), (16, 1024, 4096), (300, 130, 512)] {
+                for (m, n, k) in [
+                    (100, 200, 272),
+                    (16, 1024, 4096),
+                    (300, 130, 512),
+                    (520, 1100, 384),
+                ] {
                     let spec = ScaledMmSpec::new(m, n, k, scaling, out, bias).unwrap();
                     let data = ScaledMmData::random(&spec, (m + n + k) as u64);
                     let want = scaled_mm_reference(&spec, &data).unwrap();

@@ -12,9 +12,11 @@
 // registers (setmaxnreg moves the producer's registers to them). A stage is one 128-deep K
 // step (128 bytes of e4m3), which is also block-wise scaling's group: under SCALING 2 each
 // stage's products go to `part` (wgmma's scale-d = 0 starts it) and are scaled into `acc`.
-// Block order (GROUP_M): blocks run in panels of GROUP_M tile rows so the B tiles a wave
-// reads stay in L2. Split-K (SPLIT): blockIdx.z takes a run of K steps and writes its
-// scaled f32 sums to `partial[z]`; `scaled_mm_splitk_finalize` adds the splits in order
+// Block order (GROUP_M): tiles run in panels of GROUP_M tile rows so the B tiles a wave
+// reads stay in L2. A block loops over tiles blockIdx.x + i * gridDim.x: one tile with a
+// block a tile, persistent with a block a SM (the ring runs on across tiles, so the
+// producer loads the next tile while the consumers write this one). Split-K (SPLIT):
+// blockIdx.z takes a run of K steps and writes its scaled f32 sums to `partial[z]`; `scaled_mm_splitk_finalize` adds the splits in order
 // (deterministic), adds the bias and converts.
 // Scaling: 0 per-tensor, 1 row-wise (scale_a[row] * scale_b[col]), 2 block-wise
 // (scale_a[row][k / 128] * scale_b[k / 128][col / 128]). bias is f32 [N] or null.
@@ -142,14 +144,15 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 128, 1) scaled_mm_wgmma(cons
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_BYTES);
     const unsigned full0 = smm_smem_addr(bars), empty0 = full0 + STAGES * 8;
 
-    // Panels of GROUP_M tile rows, N tiles inside a panel.
-    const int tiles_m = (p.m + BM - 1) / BM, tiles_n = (p.n + BN - 1) / BN;
-    const int id = blockIdx.x, per_panel = GROUP_M * tiles_n;
-    const int first_m = (id / per_panel) * GROUP_M;
-    const int panel_rows = min(tiles_m - first_m, GROUP_M);
-    const int m_tile = first_m + (id % per_panel) % panel_rows;
-    const int n_tile = (id % per_panel) / panel_rows;
-    const int m0 = m_tile * BM, n0 = n_tile * BN;
+    const int tiles_m = (p.m + BM - 1) / BM, tiles_n = (p.n + BN - 1) / BN, tiles = tiles_m * tiles_n;
+    // Tile `id` in panels of GROUP_M tile rows, N tiles inside a panel: (m0, n_tile).
+    auto tile_at = [&](int id, int& m0, int& n_tile) {
+        const int per_panel = GROUP_M * tiles_n;
+        const int first_m = (id / per_panel) * GROUP_M;
+        const int panel_rows = min(tiles_m - first_m, GROUP_M);
+        m0 = (first_m + (id % per_panel) % panel_rows) * BM;
+        n_tile = (id % per_panel) / panel_rows;
+    };
 
     const int k_steps = (p.k + BK - 1) / BK;
     const int s_begin = SPLIT ? blockIdx.z * p.steps_per_split : 0;
@@ -166,37 +169,43 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 128, 1) scaled_mm_wgmma(cons
     }
     __syncthreads();
 
+    // A block takes tiles blockIdx.x, + gridDim.x, ... (one tile when the grid has one
+    // block a tile; persistent when it has one a SM: the producer then fills the next
+    // tile's stages while the consumers write this one's). `g` counts stages through the
+    // ring across tiles, on both sides.
     if (tid < 128) {
         // Producer warpgroup: gives its registers to the consumers; one thread issues
         // every copy.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (tid == 0) {
-            const unsigned char* bsrc = p.b_packed + ((long long)n_tile * k_steps + s_begin) * B_BYTES;
-            for (int it = 0; it < steps; ++it) {
-                const int st = it % STAGES, round = it / STAGES;
-                if (round > 0) smm_bar_wait(empty0 + 8 * st, (round - 1) & 1);
-                const unsigned a_dst = smm_smem_addr(smem + st * STAGE_BYTES);
-                smm_bar_expect(full0 + 8 * st, STAGE_BYTES);
-                smm_tma_2d(a_dst, &p.a_map, (s_begin + it) * BK, m0, full0 + 8 * st);
-                smm_bulk_copy(a_dst + A_BYTES, bsrc + (long long)it * B_BYTES, B_BYTES, full0 + 8 * st);
+            int g = 0;
+            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+                int m0, n_tile;
+                tile_at(tile, m0, n_tile);
+                const unsigned char* bsrc = p.b_packed + ((long long)n_tile * k_steps + s_begin) * B_BYTES;
+                for (int it = 0; it < steps; ++it, ++g) {
+                    const int st = g % STAGES, round = g / STAGES;
+                    if (round > 0) smm_bar_wait(empty0 + 8 * st, (round - 1) & 1);
+                    const unsigned a_dst = smm_smem_addr(smem + st * STAGE_BYTES);
+                    smm_bar_expect(full0 + 8 * st, STAGE_BYTES);
+                    smm_tma_2d(a_dst, &p.a_map, (s_begin + it) * BK, m0, full0 + 8 * st);
+                    smm_bulk_copy(a_dst + A_BYTES, bsrc + (long long)it * B_BYTES, B_BYTES, full0 + 8 * st);
+                }
             }
         }
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
 
-    // Consumer warpgroup c: rows m0 + 64c .. + 63.
+    // Consumer warpgroup c: rows m0 + 64c .. + 63 of each tile.
     const int c = tid / 128 - 1, t = tid % 128, warp = t / 32, lane = t % 32;
     float acc[ACC];
-    // This thread's rows (two) and the column of its first value in each 8-column block.
-    const int row0 = m0 + 64 * c + warp * 16 + lane / 4, row1 = row0 + 8;
-    const int col_base = n0 + (lane % 4) * 2;
 
-    // Waits for stage `it`, issues its four k32 MMAs into `d` (scale-d 0 on the first when
-    // `fresh`) and commits them as one group.
-    auto issue = [&](int it, float* d, bool fresh) {
-        const int st = it % STAGES;
-        smm_bar_wait(full0 + 8 * st, (it / STAGES) & 1);
+    // Waits for ring stage g, issues its four k32 MMAs into `d` (scale-d 0 on the first
+    // when `fresh`) and commits them as one group.
+    auto issue = [&](int g, float* d, bool fresh) {
+        const int st = g % STAGES;
+        smm_bar_wait(full0 + 8 * st, (g / STAGES) & 1);
         const unsigned a_at = smm_smem_addr(smem + st * STAGE_BYTES) + c * 64 * BK;
         const unsigned b_at = smm_smem_addr(smem + st * STAGE_BYTES) + A_BYTES;
         const unsigned long long da = smm_desc(a_at), db = smm_desc(b_at);
@@ -208,79 +217,91 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 128, 1) scaled_mm_wgmma(cons
         smm_wgmma_commit();
     };
 
-    if constexpr (SCALING == 2) {
-        // Block-wise: each stage's products land in `part`, then are scaled into acc (the
-        // other consumer warpgroup's MMAs run meanwhile). A fold reading `part` while a
-        // later wgmma writes the other set would make ptxas serialize every wgmma (C7514),
-        // so one set, waited for. The scales are loaded a stage ahead: their latency hides
-        // behind the MMAs instead of stalling the fold.
-        float part[ACC];
-#pragma unroll
-        for (int i = 0; i < ACC; ++i) acc[i] = 0.f;
-        const int kgroups = k_steps, ngroups = (p.n + 127) / 128, cb = n0 / 128;  // BN <= 128: one B block
-        auto scales = [&](int it, float* s3) {
-            const int kg = min(s_begin + it, k_steps - 1);
-            s3[0] = row0 < p.m ? p.scale_a[(long long)row0 * kgroups + kg] : 0.f;
-            s3[1] = row1 < p.m ? p.scale_a[(long long)row1 * kgroups + kg] : 0.f;
-            s3[2] = p.scale_b[(long long)kg * ngroups + cb];
-        };
-        float now[3], next[3];
-        scales(0, now);
-        for (int it = 0; it < steps; ++it) {
-            issue(it, part, true);
-            scales(it + 1, next);
-            smm_wgmma_wait<0>();
-#pragma unroll
-            for (int i = 0; i < ACC; ++i) smm_fence_reg(part[i]);
-            smm_bar_arrive(empty0 + 8 * (it % STAGES));
-            const float s0 = now[0] * now[2], s1 = now[1] * now[2];
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-                acc[4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[4 * j + 0]);
-                acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
-                acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
-                acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
-            }
-#pragma unroll
-            for (int q = 0; q < 3; ++q) now[q] = next[q];
-        }
-    } else {
-        for (int it = 0; it < steps; ++it) {
-            issue(it, acc, it == 0);
-            // The previous stage's MMAs have landed once at most this one is in flight.
-            smm_wgmma_wait<1>();
-            if (it > 0) smm_bar_arrive(empty0 + 8 * ((it - 1) % STAGES));
-        }
-    }
-    smm_wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < ACC; ++i) smm_fence_reg(acc[i]);
+    int g = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        int m0, n_tile;
+        tile_at(tile, m0, n_tile);
+        const int n0 = n_tile * BN;
+        // This thread's rows (two) and the column of its first value in each 8-column block.
+        const int row0 = m0 + 64 * c + warp * 16 + lane / 4, row1 = row0 + 8;
+        const int col_base = n0 + (lane % 4) * 2;
 
-    // Epilogue from registers: value 4j + 2h + e is (row h, column 8j + 2 (lane % 4) + e).
-    const float st_scale = SCALING == 0 ? p.scale_a[0] * p.scale_b[0] : 1.f;
-    float sa[2] = {1.f, 1.f};
-    if (SCALING == 1) {
-        sa[0] = row0 < p.m ? p.scale_a[row0] : 0.f;
-        sa[1] = row1 < p.m ? p.scale_a[row1] : 0.f;
-    }
-    TOut* d = static_cast<TOut*>(p.d);
+        if constexpr (SCALING == 2) {
+            // Block-wise: each stage's products land in `part`, then are scaled into acc
+            // (the other consumer warpgroup's MMAs run meanwhile). A fold reading `part`
+            // while a later wgmma writes another set would make ptxas serialize every wgmma
+            // (C7514), so one set, waited for. The scales are loaded a stage ahead: their
+            // latency hides behind the MMAs instead of stalling the fold.
+            float part[ACC];
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
+            for (int i = 0; i < ACC; ++i) acc[i] = 0.f;
+            const int kgroups = k_steps, ngroups = (p.n + 127) / 128, cb = n0 / 128;  // BN <= 128: one B block
+            auto scales = [&](int it, float* s3) {
+                const int kg = min(s_begin + it, k_steps - 1);
+                s3[0] = row0 < p.m ? p.scale_a[(long long)row0 * kgroups + kg] : 0.f;
+                s3[1] = row1 < p.m ? p.scale_a[(long long)row1 * kgroups + kg] : 0.f;
+                s3[2] = p.scale_b[(long long)kg * ngroups + cb];
+            };
+            float now[3], next[3];
+            scales(0, now);
+            for (int it = 0; it < steps; ++it, ++g) {
+                issue(g, part, true);
+                scales(it + 1, next);
+                smm_wgmma_wait<0>();
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = h ? row1 : row0;
-            if (row >= p.m) continue;
+                for (int i = 0; i < ACC; ++i) smm_fence_reg(part[i]);
+                smm_bar_arrive(empty0 + 8 * (g % STAGES));
+                const float s0 = now[0] * now[2], s1 = now[1] * now[2];
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int col = col_base + 8 * j + e;
-                if (col >= p.n) continue;
-                float v = acc[4 * j + 2 * h + e] * st_scale;
-                if (SCALING == 1) v *= sa[h] * p.scale_b[col];
-                if (SPLIT) {
-                    p.partial[((long long)blockIdx.z * p.m + row) * p.n + col] = v;
-                } else {
-                    if (BIAS) v += p.bias[col];
-                    d[(long long)row * p.n + col] = from_f32<TOut>(v);
+                for (int j = 0; j < BN / 8; ++j) {
+                    acc[4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[4 * j + 0]);
+                    acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
+                    acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
+                    acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
+                }
+#pragma unroll
+                for (int q = 0; q < 3; ++q) now[q] = next[q];
+            }
+        } else {
+            for (int it = 0; it < steps; ++it, ++g) {
+                issue(g, acc, it == 0);
+                // The previous stage's MMAs have landed once at most this one is in flight.
+                smm_wgmma_wait<1>();
+                if (it > 0) smm_bar_arrive(empty0 + 8 * ((g - 1) % STAGES));
+            }
+            smm_wgmma_wait<0>();
+            // The tile's last stage goes back to the producer (the next tile reuses it).
+            smm_bar_arrive(empty0 + 8 * ((g - 1) % STAGES));
+        }
+#pragma unroll
+        for (int i = 0; i < ACC; ++i) smm_fence_reg(acc[i]);
+
+        // Epilogue from registers: value 4j + 2h + e is (row h, column 8j + 2 (lane % 4) + e).
+        const float st_scale = SCALING == 0 ? p.scale_a[0] * p.scale_b[0] : 1.f;
+        float sa[2] = {1.f, 1.f};
+        if (SCALING == 1) {
+            sa[0] = row0 < p.m ? p.scale_a[row0] : 0.f;
+            sa[1] = row1 < p.m ? p.scale_a[row1] : 0.f;
+        }
+        TOut* d = static_cast<TOut*>(p.d);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = h ? row1 : row0;
+                if (row >= p.m) continue;
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int col = col_base + 8 * j + e;
+                    if (col >= p.n) continue;
+                    float v = acc[4 * j + 2 * h + e] * st_scale;
+                    if (SCALING == 1) v *= sa[h] * p.scale_b[col];
+                    if (SPLIT) {
+                        p.partial[((long long)blockIdx.z * p.m + row) * p.n + col] = v;
+                    } else {
+                        if (BIAS) v += p.bias[col];
+                        d[(long long)row * p.n + col] = from_f32<TOut>(v);
+                    }
                 }
             }
         }

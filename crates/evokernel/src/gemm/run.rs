@@ -204,7 +204,7 @@ impl<'d> ScaledMmRun<'d> {
                     "scaled_mm_wgmma",
                     WGMMA_SOURCE,
                     &cfg.specialization(spec),
-                    cfg.launch(spec),
+                    cfg.launch(spec, dev.info().sms as usize),
                     true,
                 )?;
                 let finalize = if ws > 0 {

@@ -22,20 +22,29 @@ pub struct WgmmaConfig {
     pub stages: usize,
     pub group_m: usize,
     pub splits: usize,
+    /// 1: one block a SM looping over tiles (the same kernel; only the grid differs).
+    pub persistent: usize,
 }
 
 impl fmt::Display for WgmmaConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "scaled_mm_wgmma:bn={},consumers={},stages={},group_m={},splits={}",
-            self.bn, self.consumers, self.stages, self.group_m, self.splits
+            "scaled_mm_wgmma:bn={},consumers={},stages={},group_m={},splits={},persistent={}",
+            self.bn, self.consumers, self.stages, self.group_m, self.splits, self.persistent
         )
     }
 }
 
 impl WgmmaConfig {
-    pub const NAMES: [&'static str; 5] = ["bn", "consumers", "stages", "group_m", "splits"];
+    pub const NAMES: [&'static str; 6] = [
+        "bn",
+        "consumers",
+        "stages",
+        "group_m",
+        "splits",
+        "persistent",
+    ];
 
     /// From a parsed `--config` (every parameter given).
     pub fn from_config(c: &crate::variants::Config) -> crate::error::Result<Self> {
@@ -46,6 +55,12 @@ impl WgmmaConfig {
             stages: get("stages")?,
             group_m: get("group_m")?,
             splits: get("splits")?,
+            persistent: usize::try_from(c.param("persistent")?)
+                .ok()
+                .filter(|&v| v <= 1)
+                .ok_or_else(|| {
+                    crate::Error::parse("config", &c.to_string(), "persistent is 0 or 1")
+                })?,
         })
     }
 
@@ -58,13 +73,16 @@ impl WgmmaConfig {
                 for stages in [3, 4, 5, 6] {
                     for group_m in [1, 8, 16] {
                         for splits in [1, 2, 4, 8, 16] {
-                            v.push(WgmmaConfig {
-                                bn,
-                                consumers,
-                                stages,
-                                group_m,
-                                splits,
-                            });
+                            for persistent in [0, 1] {
+                                v.push(WgmmaConfig {
+                                    bn,
+                                    consumers,
+                                    stages,
+                                    group_m,
+                                    splits,
+                                    persistent,
+                                });
+                            }
                         }
                     }
                 }
@@ -96,6 +114,7 @@ impl WgmmaConfig {
             stages: 4,
             group_m: 8,
             splits,
+            persistent: 0,
         }
     }
 
@@ -134,6 +153,9 @@ impl WgmmaConfig {
         }
         if !(2..=8).contains(&self.stages) {
             return Err(format!("{} stages (2 to 8)", self.stages));
+        }
+        if self.persistent > 1 {
+            return Err(format!("persistent {} (0 or 1)", self.persistent));
         }
         if !(1..=64).contains(&self.group_m) {
             return Err(format!("group_m {} (1 to 64)", self.group_m));
@@ -183,11 +205,17 @@ impl WgmmaConfig {
         )
     }
 
-    /// One block a tile (panel order inside), grid.z the splits.
-    pub fn launch(&self, spec: &ScaledMmSpec) -> Launch {
+    /// One block a tile (panel order inside), or one a SM of `sms` when persistent;
+    /// grid.z the splits.
+    pub fn launch(&self, spec: &ScaledMmSpec, sms: usize) -> Launch {
         let tiles = spec.m().div_ceil(self.bm()) * spec.n().div_ceil(self.bn);
+        let blocks = if self.persistent == 1 {
+            tiles.min(sms.max(1))
+        } else {
+            tiles
+        };
         Launch {
-            grid: (tiles as u32, 1, self.live_splits(spec) as u32),
+            grid: (blocks as u32, 1, self.live_splits(spec) as u32),
             block: (128 * (self.consumers as u32 + 1), 1, 1),
             shared_bytes: self.shared_bytes() as u32,
         }
@@ -233,7 +261,7 @@ mod tests {
             for (name, spec) in gemm_suite(scaling, DType::Bf16).unwrap() {
                 let cfg = WgmmaConfig::default_for(&spec);
                 cfg.fits(&spec).unwrap_or_else(|e| panic!("{name}: {e}"));
-                let l = cfg.launch(&spec);
+                let l = cfg.launch(&spec, 132);
                 assert_eq!(l.block.0, 384 - 128 * (2 - cfg.consumers as u32), "{name}");
                 assert_eq!(l.grid.2 as usize, cfg.live_splits(&spec), "{name}");
                 // Every split takes at least one K step, and they cover K.
