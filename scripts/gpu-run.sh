@@ -61,6 +61,7 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       # f64 oracle (every scaling, output type and bias), then under memcheck and racecheck.
       LIMIT=300 step gemm .gpu/tests/gpu-* --include-ignored --test-threads=1 scaled_mm
       LIMIT=300 step gemm_cublaslt .gpu/tests/gpu-* --include-ignored --test-threads=1 cublaslt_scaled_mm
+      LIMIT=300 step gemm_tuner .gpu/tests/gpu-* --include-ignored --test-threads=1 gemm_tuner
       LIMIT=400 step gemm_memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/tests/gpu-* --include-ignored --test-threads=1 scaled_mm_kernels
       LIMIT=400 step gemm_racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/tests/gpu-* --include-ignored --test-threads=1 scaled_mm_kernels ;;
     gemmbench)

@@ -56,13 +56,16 @@ enum Command {
     #[command(after_help = "Examples:\n  \
         evokernel tune --suite public --case seed-bf16\n  \
         evokernel tune --suite public --case seed-bf16 --only streaming --search exhaustive --retune\n  \
-        evokernel tune --input 56x56 -c 384 -n 16 --kernel 7 --padding 3 --search evolutionary --budget 12\n\n\
+        evokernel tune --input 56x56 -c 384 -n 16 --kernel 7 --padding 3 --search evolutionary --budget 12\n  \
+        evokernel tune --op scaled-mm --suite gemm --case square-8192 --search exhaustive\n\n\
         Later runs of run/bench/verify use the tuned configs (their note says \"tuned\").")]
     Tune {
         #[command(flatten)]
         common: Common,
         #[command(flatten)]
         problem: ProblemArgs,
+        #[command(flatten)]
+        gemm: GemmArgs,
         /// Search: auto (exhaustive up to 16 configs, else evolutionary), exhaustive or evolutionary
         #[arg(long, default_value = "auto")]
         search: SearchKind,
@@ -177,19 +180,30 @@ fn execute(cli: Cli) -> Result<bool, Error> {
         Command::Tune {
             common,
             problem,
+            gemm,
             search,
             budget,
             seconds,
             retune,
             iters,
         } => {
-            let opts = options(&common, true, iters)?;
             let plan = TunePlan {
                 search,
                 max_candidates: budget,
                 max_seconds: seconds,
                 retune,
             };
+            if gemm.op == Op::ScaledMm {
+                return commands::gemm::tune(&common, &gemm, &problem, iters, &plan);
+            }
+            if gemm.m.is_some() || gemm.n.is_some() || gemm.k.is_some() {
+                return Err(Error::parse(
+                    "--m/--n/--k",
+                    "given",
+                    "GEMM sizes need --op scaled-mm",
+                ));
+            }
+            let opts = options(&common, true, iters)?;
             commands::tune::run(&common, problem.cases()?, &opts, &plan)
         }
         Command::Profile {
@@ -221,16 +235,7 @@ fn execute(cli: Cli) -> Result<bool, Error> {
             problem,
             gemm,
             iters,
-        } if gemm.op == Op::ScaledMm => {
-            if problem.input.is_some() || problem.kernel.is_some() {
-                return Err(Error::parse(
-                    "--op scaled-mm",
-                    "--input/--kernel",
-                    "the GEMM takes --m, --n and --k (or --suite gemm)",
-                ));
-            }
-            commands::gemm::run(&common, &gemm, problem.suite.as_ref(), &problem.case, iters)
-        }
+        } if gemm.op == Op::ScaledMm => commands::gemm::run(&common, &gemm, &problem, iters),
         Command::Bench {
             common,
             problem,

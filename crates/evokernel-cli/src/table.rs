@@ -552,7 +552,12 @@ pub fn gemm(cases: &[evokernel::gemm::GemmCase]) -> String {
                     String::new()
                 }),
                 Cell::new(format!("{} x {} x {}", c.m, c.n, c.k)),
-                Cell::new(format!("{}{}", cand.config, if best { " *" } else { "" })),
+                Cell::new(format!(
+                    "{}{}{}",
+                    cand.config,
+                    if cand.tuned { " (tuned)" } else { "" },
+                    if best { " *" } else { "" }
+                )),
                 Cell::new(match &cand.skipped {
                     Some(why) => format!("skipped: {why}"),
                     None => format!(

@@ -364,6 +364,35 @@ fn bench_of_the_fp8_gemm_checks_its_flags_before_any_gpu_work() {
         "scaled_mm_wgmma, not 'naive'",
     );
     rejects(&["bench", "--m", "64"], "need --op scaled-mm");
+    rejects(&["tune", "--m", "64"], "need --op scaled-mm");
+    rejects(
+        &[
+            "tune",
+            "--op",
+            "scaled-mm",
+            "--m",
+            "64",
+            "--n",
+            "64",
+            "--k",
+            "64",
+            "--config",
+            "scaled_mm_wgmma:bn=64,consumers=1,stages=3,group_m=1,splits=1,persistent=0",
+        ],
+        "tune searches the configs itself",
+    );
+    rejects(
+        &[
+            "tune",
+            "--op",
+            "scaled-mm",
+            "--suite",
+            "gemm",
+            "--case",
+            "x",
+        ],
+        "square-4096",
+    );
     rejects(
         &gemm(&["--m", "64", "--n", "64", "--k", "64", "--iters", "0"]),
         "--iters",

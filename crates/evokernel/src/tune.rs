@@ -299,6 +299,126 @@ fn mutate(c: &Config, space: &[Param], rng: &mut SplitMix64) -> Config {
     c
 }
 
+/// Which search `tune` runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SearchKind {
+    /// Exhaustive for spaces of up to 16 configs, else evolutionary.
+    #[default]
+    Auto,
+    Exhaustive,
+    Evolutionary,
+}
+
+impl std::str::FromStr for SearchKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(SearchKind::Auto),
+            "exhaustive" => Ok(SearchKind::Exhaustive),
+            "evolutionary" | "evo" => Ok(SearchKind::Evolutionary),
+            _ => Err(Error::parse(
+                "search",
+                s,
+                "expected auto, exhaustive or evolutionary",
+            )),
+        }
+    }
+}
+
+/// How to tune: the search, an evolutionary budget (candidates; default a quarter of
+/// the space) and time limit, and whether to ignore cached results.
+#[derive(Clone, Debug)]
+pub struct TunePlan {
+    pub search: SearchKind,
+    pub max_candidates: Option<usize>,
+    pub max_seconds: f64,
+    pub retune: bool,
+}
+
+impl Default for TunePlan {
+    fn default() -> Self {
+        TunePlan {
+            search: SearchKind::Auto,
+            max_candidates: None,
+            max_seconds: 60.0,
+            retune: false,
+        }
+    }
+}
+
+impl TunePlan {
+    /// The strategy for a space of `size` valid configs.
+    pub fn strategy(&self, size: usize, seed: u64) -> Strategy {
+        let evolutionary = Strategy::Evolutionary {
+            population: 6.min(size.max(1)),
+            max_candidates: self.max_candidates.unwrap_or((size / 4).max(6)),
+            max_seconds: self.max_seconds,
+            seed,
+        };
+        match self.search {
+            SearchKind::Exhaustive => Strategy::Exhaustive,
+            SearchKind::Evolutionary => evolutionary,
+            SearchKind::Auto if size <= 16 => Strategy::Exhaustive,
+            SearchKind::Auto => evolutionary,
+        }
+    }
+}
+
+/// One variant's tuning outcome.
+#[derive(Clone, Debug, Serialize)]
+pub struct TuneRow {
+    pub variant: String,
+    /// True when the result came from the cache and nothing was timed.
+    pub from_cache: bool,
+    pub default_config: String,
+    pub default_ms: Option<f64>,
+    pub best_config: Option<String>,
+    pub best_ms: Option<f64>,
+    pub space_size: usize,
+    /// Candidates timed (compiled, verified, measured or failed).
+    pub timed: usize,
+    pub failed: usize,
+    pub seconds: f64,
+    pub strategy: String,
+    /// Every candidate timed, with its time or why it failed.
+    pub trials: Vec<crate::tune::Trial>,
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` from the system clock (civil-from-days, no time-zone data).
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60
+    )
+}
+
+/// One case's tuning: a row per variant tuned (or found in the cache).
+#[derive(Clone, Debug, Serialize)]
+pub struct TuneReport {
+    pub name: String,
+    pub spec: String,
+    pub key: String,
+    pub cache: String,
+    pub cache_warning: Option<String>,
+    pub rows: Vec<TuneRow>,
+}
+
 // ---------------------------------------------------------------------------------------
 // The persisted cache.
 

@@ -1075,3 +1075,38 @@ fn cublaslt_scaled_mm_passes_the_gate_and_benches_beside_the_kernel() {
     assert!(r.median_ms > 0.0 && case.candidates[0].vs_cublaslt.unwrap() > 0.0);
     assert!(case.checked > 1024, "sampled positions: {}", case.checked);
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gemm_tuner_records_a_config_the_bench_can_pick() {
+    use evokernel::bench::Protocol;
+    use evokernel::gemm::tune::{target_of, tune_scaled_mm, tuned_config};
+    use evokernel::gemm::{ScaledMmSpec, Scaling};
+    use evokernel::tune::{SearchKind, TuneCache, TunePlan};
+    let engine = Engine::cuda(0).unwrap();
+    let dev = engine.device().unwrap().as_ref();
+    let dir = std::env::temp_dir().join(format!("evokernel-gemm-tune-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cache = TuneCache::open(&dir.join("tune.json"));
+    let spec =
+        ScaledMmSpec::new(256, 512, 1024, Scaling::RowWise, evokernel::DType::Bf16, false).unwrap();
+    let plan = TunePlan {
+        search: SearchKind::Evolutionary,
+        max_candidates: Some(12),
+        max_seconds: 60.0,
+        retune: true,
+    };
+    let protocol = Protocol::default().with_launches(5);
+    let row = tune_scaled_mm(dev, &spec, &plan, &protocol, 3, &mut cache, &mut |_| {}).unwrap();
+    assert!(row.timed >= 6 && row.failed == 0, "{row:?}");
+    let best = tuned_config(&cache, &target_of(dev), &spec).expect("a tuned config");
+    assert_eq!(Some(best.to_string()), row.best_config);
+    // The second call reads the cache instead of timing.
+    let plan = TunePlan {
+        retune: false,
+        ..plan
+    };
+    let again = tune_scaled_mm(dev, &spec, &plan, &protocol, 3, &mut cache, &mut |_| {}).unwrap();
+    assert!(again.from_cache && again.timed == 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,13 +1,17 @@
-//! `bench --op scaled-mm`: the fp8 scaled GEMM's cases (flags or a GEMM suite) verified
-//! and timed against cuBLASLt by the library; printed as a table, saved as JSON.
+//! `bench --op scaled-mm` and `tune --op scaled-mm`: the fp8 scaled GEMM's cases (flags or
+//! a GEMM suite) verified and timed against cuBLASLt, or tuned, by the library; printed
+//! as tables, saved as JSON.
 
 use std::path::PathBuf;
 
+use evokernel::bench::Protocol;
+use evokernel::gemm::tune::tune_case;
 use evokernel::gemm::{bench_scaled_mm, load_gemm_suite, GemmCase, GemmKernel, ScaledMmSpec};
+use evokernel::session::TunePlan;
 use evokernel::{Engine, Error};
 use serde::Serialize;
 
-use crate::args::{Common, GemmArgs};
+use crate::args::{Common, GemmArgs, ProblemArgs};
 use crate::output::{spinner, write_json_or_keep};
 use crate::table;
 
@@ -84,24 +88,33 @@ fn cases(
     }
 }
 
-pub fn run(
+/// What both GEMM commands check before any GPU work, then the device.
+struct Setup {
+    protocol: Protocol,
+    cases: Vec<(String, ScaledMmSpec)>,
+    engine: Engine,
+}
+
+fn setup(
+    title: &str,
     common: &Common,
     gemm: &GemmArgs,
-    suite: Option<&PathBuf>,
-    only_cases: &[String],
+    problem: &ProblemArgs,
     iters: usize,
-) -> Result<bool, Error> {
+) -> Result<Setup, Error> {
     refuse_conv_flags(common)?;
+    if problem.input.is_some() || problem.kernel.is_some() {
+        return Err(Error::parse(
+            "--op scaled-mm",
+            "--input/--kernel",
+            "the GEMM takes --m, --n and --k (or --suite gemm)",
+        ));
+    }
     let protocol = crate::args::protocol(iters)?;
     if let Some(path) = &common.json {
         crate::args::check_output_path(path)?;
     }
-    let configs = common
-        .config
-        .iter()
-        .map(|c| c.parse::<GemmKernel>())
-        .collect::<Result<Vec<_>, _>>()?;
-    let cases = cases(gemm, suite, only_cases, common.bias)?;
+    let cases = cases(gemm, problem.suite.as_ref(), &problem.case, common.bias)?;
     if common.backend == evokernel::backend::BackendChoice::Cpu {
         return Err(Error::BackendUnavailable {
             backend: "cpu".into(),
@@ -109,23 +122,93 @@ pub fn run(
         });
     }
     let engine = Engine::cuda(0)?;
-    let dev = engine.device().ok_or_else(|| Error::BackendUnavailable {
-        backend: "cuda".into(),
-        reason: "no CUDA device".into(),
-    })?;
-    println!(
-        "evokernel bench --op scaled-mm: {} ({}), seed {}",
-        dev.info().name,
-        dev.info().arch(),
-        common.seed
-    );
+    let info = engine.device().map(|d| d.info().clone());
+    if let Some(i) = info {
+        println!(
+            "evokernel {title} --op scaled-mm: {} ({}), seed {}",
+            i.name,
+            i.arch(),
+            common.seed
+        );
+    }
+    Ok(Setup {
+        protocol,
+        cases,
+        engine,
+    })
+}
+
+fn device(engine: &Engine) -> Result<&evokernel::cuda::CudaDevice, Error> {
+    engine
+        .device()
+        .map(|d| d.as_ref())
+        .ok_or_else(|| Error::BackendUnavailable {
+            backend: "cuda".into(),
+            reason: "no CUDA device".into(),
+        })
+}
+
+/// `tune --op scaled-mm`: the wgmma rung's configs searched per case, the best in tune.json.
+pub fn tune(
+    common: &Common,
+    gemm: &GemmArgs,
+    problem: &ProblemArgs,
+    iters: usize,
+    plan: &TunePlan,
+) -> Result<bool, Error> {
+    if !common.config.is_empty() {
+        return Err(Error::parse(
+            "--config",
+            &common.config[0],
+            "tune searches the configs itself; --config is for bench",
+        ));
+    }
+    let s = setup("tune", common, gemm, problem, iters)?;
+    let dev = device(&s.engine)?;
+    let mut reports = Vec::new();
+    for (name, spec) in &s.cases {
+        let bar = spinner(&format!("{name}: tuning scaled_mm_wgmma"));
+        let r = tune_case(dev, name, spec, plan, &s.protocol, common.seed, &mut |p| {
+            bar.set_message(format!(
+                "{name}: {}/{} timed, best {}",
+                p.done,
+                p.planned,
+                p.best_ms.map_or("-".into(), |b| format!("{b:.4} ms"))
+            ))
+        });
+        bar.finish_and_clear();
+        reports.push(r?);
+    }
+    println!("{}", table::tuning(&reports));
+    if let Some(path) = &common.json {
+        write_json_or_keep(path, &reports);
+    }
+    Ok(reports
+        .iter()
+        .all(|r| r.rows.iter().all(|row| row.best_ms.is_some())))
+}
+
+pub fn run(
+    common: &Common,
+    gemm: &GemmArgs,
+    problem: &ProblemArgs,
+    iters: usize,
+) -> Result<bool, Error> {
+    let configs = common
+        .config
+        .iter()
+        .map(|c| c.parse::<GemmKernel>())
+        .collect::<Result<Vec<_>, _>>()?;
+    let s = setup("bench", common, gemm, problem, iters)?;
+    let (protocol, cases) = (s.protocol, &s.cases);
+    let dev = device(&s.engine)?;
     let mut report = GemmReport {
         device: dev.info().name.clone(),
         seed: common.seed,
         cases: Vec::new(),
     };
     // Each case's rows as soon as it is measured (a suite of large GEMMs takes minutes).
-    for (name, spec) in &cases {
+    for (name, spec) in cases {
         let bar = spinner(&format!("{name}: {spec}"));
         let case = bench_scaled_mm(dev, name, spec, &configs, &protocol, common.seed);
         bar.finish_and_clear();

@@ -8,11 +8,13 @@ use serde::Serialize;
 use super::kernel::GemmKernel;
 use super::reference::{gemm_gate_at, sample_positions, scaled_mm_reference_at};
 use super::run::ScaledMmRun;
+use super::tune::target_of;
 use super::{GemmVerdict, ScaledMmData, ScaledMmSpec};
 use crate::bench::{time_launches, time_pair_launches, Protocol, Timing};
 use crate::cuda::cublaslt::CublasLtScaledMm;
 use crate::cuda::CudaDevice;
 use crate::error::Result;
+use crate::tune::TuneCache;
 
 /// Random output positions the oracle checks (plus corners and edges).
 const SAMPLES: usize = 1024;
@@ -33,6 +35,8 @@ pub struct GemmCandidate {
     pub pack_ms: f64,
     /// Why the config was not run (it does not fit the case); nothing else is set then.
     pub skipped: Option<String>,
+    /// The config came from the tune cache (`evokernel tune --op scaled-mm`).
+    pub tuned: bool,
 }
 
 /// cuBLASLt on one case: its fastest algorithm, its gate, its co-measured time.
@@ -76,7 +80,7 @@ impl GemmCase {
     }
 }
 
-fn positions_for(spec: &ScaledMmSpec, seed: u64) -> Vec<(usize, usize)> {
+pub(crate) fn positions_for(spec: &ScaledMmSpec, seed: u64) -> Vec<(usize, usize)> {
     let (m, n) = (spec.m(), spec.n());
     if m * n <= 4 * SAMPLES {
         (0..m * n).map(|i| (i / n, i % n)).collect()
@@ -121,8 +125,20 @@ pub fn bench_scaled_mm(
         reference_verdict = Some(gate(&r.output()?, spec, &positions, &want)?);
     }
 
+    // The ladder's defaults, the wgmma rung's tuned config where the cache has one.
+    let tuned = if kernels.is_empty() {
+        super::tune::tuned_config(&TuneCache::open_default(), &target_of(dev), spec)
+    } else {
+        None
+    };
     let kernels: Vec<GemmKernel> = if kernels.is_empty() {
         GemmKernel::ladder(spec)
+            .into_iter()
+            .map(|k| match (k, tuned) {
+                (GemmKernel::Wgmma(_), Some(t)) => GemmKernel::Wgmma(t),
+                (k, _) => k,
+            })
+            .collect()
     } else {
         kernels.to_vec()
     };
@@ -141,6 +157,7 @@ pub fn bench_scaled_mm(
                 vs_cublaslt: None,
                 pack_ms: 0.0,
                 skipped: Some(reason),
+                tuned: false,
             });
             continue;
         }
@@ -157,6 +174,7 @@ pub fn bench_scaled_mm(
             vs_cublaslt: None,
             pack_ms: run.pack_ms(),
             skipped: None,
+            tuned: tuned.is_some_and(|t| GemmKernel::Wgmma(t) == cfg),
         };
         if v.passed {
             let (timing, against) = match reference.as_mut() {

@@ -13,6 +13,7 @@ pub mod pack;
 pub mod reference;
 pub mod run;
 pub mod spec;
+pub mod tune;
 pub mod wgmma;
 
 pub use bench::{bench_scaled_mm, GemmCandidate, GemmCase, GemmReference};

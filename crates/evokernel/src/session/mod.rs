@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 mod report;
 mod tuning;
+pub use crate::tune::utc_now;
 pub use report::{
     is_reference_row, CaseReport, DeviceInfo, RowReport, RunReport, REPORT_SCHEMA_VERSION,
 };
@@ -468,28 +469,4 @@ fn cpu_llc_bytes() -> u64 {
         .filter_map(|s| parse(&s))
         .max()
         .unwrap_or(32 << 20)
-}
-
-/// `YYYY-MM-DDTHH:MM:SSZ` from the system clock (civil-from-days, no time-zone data).
-pub fn utc_now() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem / 60) % 60,
-        rem % 60
-    )
 }

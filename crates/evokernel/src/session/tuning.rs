@@ -2,8 +2,6 @@
 //! (candidates compiled ahead in the background, verified, timed), the best recorded in
 //! the tune cache, and a report per case.
 
-use serde::Serialize;
-
 use super::{utc_now, Options, Session};
 use crate::backend::{rotation_sets, ProblemData};
 use crate::bench::time_one;
@@ -12,73 +10,10 @@ use crate::cuda::CudaDevice;
 use crate::engine::ConvProblem;
 use crate::error::{Error, Result};
 use crate::spec::ConvSpec;
-use crate::tune::{search, CacheEntry, SearchProgress, Strategy, TrialRecord, TuneCache};
+use crate::tune::{search, CacheEntry, SearchProgress, TrialRecord, TuneCache};
+pub use crate::tune::{SearchKind, TunePlan, TuneReport, TuneRow};
 use crate::variants::{kernel_hash, registry, valid_configs, Config, Instance};
 use crate::verify::{check, oracle};
-
-/// Which search `tune` runs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum SearchKind {
-    /// Exhaustive for spaces of up to 16 configs, else evolutionary.
-    #[default]
-    Auto,
-    Exhaustive,
-    Evolutionary,
-}
-
-impl std::str::FromStr for SearchKind {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "auto" => Ok(SearchKind::Auto),
-            "exhaustive" => Ok(SearchKind::Exhaustive),
-            "evolutionary" | "evo" => Ok(SearchKind::Evolutionary),
-            _ => Err(Error::parse(
-                "search",
-                s,
-                "expected auto, exhaustive or evolutionary",
-            )),
-        }
-    }
-}
-
-/// How to tune: the search, an evolutionary budget (candidates; default a quarter of
-/// the space) and time limit, and whether to ignore cached results.
-#[derive(Clone, Debug)]
-pub struct TunePlan {
-    pub search: SearchKind,
-    pub max_candidates: Option<usize>,
-    pub max_seconds: f64,
-    pub retune: bool,
-}
-
-impl Default for TunePlan {
-    fn default() -> Self {
-        TunePlan {
-            search: SearchKind::Auto,
-            max_candidates: None,
-            max_seconds: 60.0,
-            retune: false,
-        }
-    }
-}
-
-impl TunePlan {
-    fn strategy(&self, size: usize, seed: u64) -> Strategy {
-        let evolutionary = Strategy::Evolutionary {
-            population: 6.min(size.max(1)),
-            max_candidates: self.max_candidates.unwrap_or((size / 4).max(6)),
-            max_seconds: self.max_seconds,
-            seed,
-        };
-        match self.search {
-            SearchKind::Exhaustive => Strategy::Exhaustive,
-            SearchKind::Evolutionary => evolutionary,
-            SearchKind::Auto if size <= 16 => Strategy::Exhaustive,
-            SearchKind::Auto => evolutionary,
-        }
-    }
-}
 
 /// What `tune` reports as it goes.
 pub enum TuneEvent<'a> {
@@ -93,36 +28,6 @@ pub enum TuneEvent<'a> {
         best_ms: Option<f64>,
         config: &'a str,
     },
-}
-
-/// One variant's tuning outcome.
-#[derive(Clone, Debug, Serialize)]
-pub struct TuneRow {
-    pub variant: String,
-    /// True when the result came from the cache and nothing was timed.
-    pub from_cache: bool,
-    pub default_config: String,
-    pub default_ms: Option<f64>,
-    pub best_config: Option<String>,
-    pub best_ms: Option<f64>,
-    pub space_size: usize,
-    /// Candidates timed (compiled, verified, measured or failed).
-    pub timed: usize,
-    pub failed: usize,
-    pub seconds: f64,
-    pub strategy: String,
-    /// Every candidate timed, with its time or why it failed.
-    pub trials: Vec<crate::tune::Trial>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct TuneReport {
-    pub name: String,
-    pub spec: String,
-    pub key: String,
-    pub cache: String,
-    pub cache_warning: Option<String>,
-    pub rows: Vec<TuneRow>,
 }
 
 impl Session {
