@@ -1088,8 +1088,15 @@ fn gemm_tuner_records_a_config_the_bench_can_pick() {
     let dir = std::env::temp_dir().join(format!("evokernel-gemm-tune-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut cache = TuneCache::open(&dir.join("tune.json"));
-    let spec =
-        ScaledMmSpec::new(256, 512, 1024, Scaling::RowWise, evokernel::DType::Bf16, false).unwrap();
+    let spec = ScaledMmSpec::new(
+        256,
+        512,
+        1024,
+        Scaling::RowWise,
+        evokernel::DType::Bf16,
+        false,
+    )
+    .unwrap();
     let plan = TunePlan {
         search: SearchKind::Evolutionary,
         max_candidates: Some(12),
