@@ -13,6 +13,7 @@ use core::ffi::c_void;
 
 use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::CudaSlice;
+use rayon::prelude::*;
 
 use super::libs::ensure_cublaslt;
 use super::CudaDevice;
@@ -161,11 +162,11 @@ impl<'d> CublasLtScaledMm<'d> {
         // Operands: our A [M, K] as is; our B transposed to [N, K] (K-major).
         let a: Vec<u8> = data.a.iter().map(|e| e.0).collect();
         let mut bt = vec![0u8; n * k];
-        for kk in 0..k {
-            for j in 0..n {
-                bt[j * k + kk] = data.b[kk * n + j].0;
+        bt.par_chunks_mut(k).enumerate().for_each(|(j, row)| {
+            for (kk, x) in row.iter_mut().enumerate() {
+                *x = data.b[kk * n + j].0;
             }
-        }
+        });
         let (scale_lt_a, scale_lt_b) = scales_for_cublaslt(spec, data);
         let mut operands = vec![
             dev.upload_bytes(&bt)?,

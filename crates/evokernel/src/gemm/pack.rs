@@ -5,6 +5,8 @@
 //! for 128-byte rows, which keeps ldmatrix-free shared-memory reads conflict-free.
 //! Tiles are stored n-tile major, then k-tile; edges are padded with zeros (e4m3 +0).
 
+use rayon::prelude::*;
+
 use super::fp8::E4m3;
 use crate::error::{Error, Result};
 
@@ -46,13 +48,23 @@ impl PackedB {
             tile_k,
             bytes: Vec::new(),
         };
-        p.bytes = vec![0u8; p.n_tiles() * p.k_tiles() * tile_n * tile_k];
-        for kk in 0..k {
-            for j in 0..n {
-                let at = p.offset(kk, j);
-                p.bytes[at] = b[kk * n + j].0;
-            }
-        }
+        // Tile by tile in parallel (each tile a contiguous run of the buffer), every
+        // element placed by `offset`, the one addressing rule.
+        let tile_bytes = tile_n * tile_k;
+        let k_tiles = p.k_tiles();
+        let mut bytes = vec![0u8; p.n_tiles() * k_tiles * tile_bytes];
+        bytes
+            .par_chunks_mut(tile_bytes)
+            .enumerate()
+            .for_each(|(t, tile)| {
+                let (tn, tk) = (t / k_tiles, t % k_tiles);
+                for kk in tk * tile_k..((tk + 1) * tile_k).min(k) {
+                    for j in tn * tile_n..((tn + 1) * tile_n).min(n) {
+                        tile[p.offset(kk, j) - t * tile_bytes] = b[kk * n + j].0;
+                    }
+                }
+            });
+        p.bytes = bytes;
         Ok(p)
     }
 

@@ -4,7 +4,7 @@
 use rayon::prelude::*;
 
 use super::fp8::E4m3;
-use super::spec::ScaledMmSpec;
+use super::spec::{ScaledMmSpec, SCALE_BLOCK};
 use crate::error::{Error, Result};
 use crate::tensor::HostTensor;
 
@@ -28,37 +28,55 @@ impl ScaledMmData {
     pub fn random(spec: &ScaledMmSpec, seed: u64) -> Self {
         let normal = |len: usize, seed: u64| {
             let t = HostTensor::random_normal(crate::DType::F32, &[len], seed);
-            (0..len).map(|i| t.get_f64(i) as f32).collect::<Vec<f32>>()
+            (0..len)
+                .into_par_iter()
+                .map(|i| t.get_f64(i) as f32)
+                .collect::<Vec<f32>>()
         };
         let (m, n, k) = (spec.m(), spec.n(), spec.k());
         let a = normal(m * k, seed);
         let std_b = 1.0 / (k as f32).sqrt();
         let b: Vec<f32> = normal(k * n, seed ^ 0xb0b)
-            .into_iter()
+            .into_par_iter()
             .map(|v| v * std_b)
             .collect();
         let (sa, sb) = spec.scale_shapes();
-        let mut amax_a = vec![0f32; sa.iter().product()];
-        let mut amax_b = vec![0f32; sb.iter().product()];
-        for i in 0..m {
-            for kk in 0..k {
-                let s = &mut amax_a[spec.scale_index_a(i, kk)];
-                *s = s.max(a[i * k + kk].abs());
-            }
-        }
-        for kk in 0..k {
-            for j in 0..n {
-                let s = &mut amax_b[spec.scale_index_b(kk, j)];
-                *s = s.max(b[kk * n + j].abs());
-            }
-        }
+        let (len_a, len_b): (usize, usize) = (sa.iter().product(), sb.iter().product());
+        // Largest magnitude of each scaling group: partial maxima of row blocks in
+        // parallel, combined by max (order-free, so the same on every run).
+        let amax = |len: usize,
+                    rows: usize,
+                    cols: usize,
+                    v: &[f32],
+                    index: &(dyn Fn(usize, usize) -> usize + Sync)| {
+            (0..rows.div_ceil(SCALE_BLOCK))
+                .into_par_iter()
+                .map(|blk| {
+                    let mut part = vec![0f32; len];
+                    for r in blk * SCALE_BLOCK..((blk + 1) * SCALE_BLOCK).min(rows) {
+                        for c in 0..cols {
+                            let s = &mut part[index(r, c)];
+                            *s = s.max(v[r * cols + c].abs());
+                        }
+                    }
+                    part
+                })
+                .reduce(
+                    || vec![0f32; len],
+                    |x, y| x.iter().zip(&y).map(|(p, q)| p.max(*q)).collect(),
+                )
+        };
+        let amax_a = amax(len_a, m, k, &a, &|i, kk| spec.scale_index_a(i, kk));
+        let amax_b = amax(len_b, k, n, &b, &|kk, j| spec.scale_index_b(kk, j));
         let scale = |amax: f32| if amax > 0.0 { amax / 448.0 } else { 1.0 };
         let scale_a: Vec<f32> = amax_a.into_iter().map(scale).collect();
         let scale_b: Vec<f32> = amax_b.into_iter().map(scale).collect();
         let qa = (0..m * k)
+            .into_par_iter()
             .map(|i| E4m3::from_f32(a[i] / scale_a[spec.scale_index_a(i / k, i % k)]))
             .collect();
         let qb = (0..k * n)
+            .into_par_iter()
             .map(|i| E4m3::from_f32(b[i] / scale_b[spec.scale_index_b(i / n, i % n)]))
             .collect();
         let bias = spec.has_bias().then(|| normal(n, seed ^ 0xb1a5));
