@@ -115,6 +115,20 @@ pub struct GemmArgs {
     pub out_dtype: DType,
 }
 
+impl GemmArgs {
+    /// For a convolution command: `Err` when GEMM sizes were given anyway.
+    pub fn refuse_sizes(&self) -> Result<(), Error> {
+        if self.m.is_some() || self.n.is_some() || self.k.is_some() {
+            return Err(Error::parse(
+                "--m/--n/--k",
+                "given",
+                "GEMM sizes need --op scaled-mm",
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[derive(Args)]
 pub struct ProblemArgs {
     /// Suite file of cases (the format of suite/public.json; `public`, `channels-last` and `models` name the embedded suites); replaces the spec flags

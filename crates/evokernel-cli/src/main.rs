@@ -196,13 +196,7 @@ fn execute(cli: Cli) -> Result<bool, Error> {
             if gemm.op == Op::ScaledMm {
                 return commands::gemm::tune(&common, &gemm, &problem, iters, &plan);
             }
-            if gemm.m.is_some() || gemm.n.is_some() || gemm.k.is_some() {
-                return Err(Error::parse(
-                    "--m/--n/--k",
-                    "given",
-                    "GEMM sizes need --op scaled-mm",
-                ));
-            }
+            gemm.refuse_sizes()?;
             let opts = options(&common, true, iters)?;
             commands::tune::run(&common, problem.cases()?, &opts, &plan)
         }
@@ -242,13 +236,7 @@ fn execute(cli: Cli) -> Result<bool, Error> {
             gemm,
             iters,
         } => {
-            if gemm.m.is_some() || gemm.n.is_some() || gemm.k.is_some() {
-                return Err(Error::parse(
-                    "--m/--n/--k",
-                    "given",
-                    "GEMM sizes need --op scaled-mm",
-                ));
-            }
+            gemm.refuse_sizes()?;
             let opts = options(&common, true, iters)?;
             let cases = problem.cases()?;
             commands::measure::run(common, cases, opts, "bench", None)

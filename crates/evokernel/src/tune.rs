@@ -408,6 +408,69 @@ pub fn utc_now() -> String {
     )
 }
 
+impl SearchResult {
+    /// The trials as the cache keeps them.
+    pub fn trial_records(&self) -> Vec<TrialRecord> {
+        self.trials
+            .iter()
+            .map(|t| TrialRecord {
+                config: t.config.clone(),
+                ms: t.ms,
+            })
+            .collect()
+    }
+}
+
+impl TuneRow {
+    /// A variant found in the cache: nothing timed.
+    pub fn cached(
+        variant: &str,
+        default_config: String,
+        entry: &CacheEntry,
+        space_size: usize,
+    ) -> Self {
+        TuneRow {
+            variant: variant.to_string(),
+            from_cache: true,
+            default_config,
+            default_ms: None,
+            best_config: Some(entry.config.clone()),
+            best_ms: Some(entry.ms),
+            space_size,
+            timed: 0,
+            failed: 0,
+            seconds: 0.0,
+            strategy: format!("cached {}", entry.date_utc),
+            trials: Vec::new(),
+        }
+    }
+
+    /// A variant searched with `strategy`; `best_config` is the winner as reports name it.
+    pub fn searched(
+        variant: &str,
+        default_config: String,
+        default_ms: Option<f64>,
+        best_config: Option<String>,
+        strategy: &Strategy,
+        result: SearchResult,
+    ) -> Self {
+        TuneRow {
+            variant: variant.to_string(),
+            from_cache: false,
+            default_config,
+            default_ms,
+            best_config,
+            best_ms: result.best.as_ref().map(|b| b.1),
+            space_size: result.space_size,
+            timed: result.trials.len(),
+            failed: result.trials.iter().filter(|t| t.ms.is_none()).count(),
+            seconds: result.seconds,
+            strategy: strategy.label(),
+            trials: result.trials,
+        }
+    }
+}
+
 /// One case's tuning: a row per variant tuned (or found in the cache).
 #[derive(Clone, Debug, Serialize)]
 pub struct TuneReport {

@@ -15,8 +15,7 @@ use crate::bench::{time_launches, Protocol};
 use crate::cuda::CudaDevice;
 use crate::error::Result;
 use crate::tune::{
-    search, CacheEntry, SearchProgress, TrialRecord, TuneCache, TunePlan, TuneReport, TuneRow,
-    TuneTarget,
+    search, CacheEntry, SearchProgress, TuneCache, TunePlan, TuneReport, TuneRow, TuneTarget,
 };
 use crate::variants::{Config, Param};
 
@@ -110,20 +109,7 @@ pub fn tune_scaled_mm(
     let size = all.len();
     if !plan.retune {
         if let Some(e) = cache.get_current(&target, &spec.key(), VARIANT, &hash) {
-            return Ok(TuneRow {
-                variant: VARIANT.into(),
-                from_cache: true,
-                default_config: default.to_string(),
-                default_ms: None,
-                best_config: Some(e.config.clone()),
-                best_ms: Some(e.ms),
-                space_size: size,
-                timed: 0,
-                failed: 0,
-                seconds: 0.0,
-                strategy: format!("cached {}", e.date_utc),
-                trials: Vec::new(),
-            });
+            return Ok(TuneRow::cached(VARIANT, default.to_string(), e, size));
         }
     }
     let data = ScaledMmData::random(spec, seed);
@@ -174,34 +160,22 @@ pub fn tune_scaled_mm(
             ms: *ms,
             date_utc: crate::tune::utc_now(),
             kernel_hash: hash,
-            trials: result
-                .trials
-                .iter()
-                .map(|t| TrialRecord {
-                    config: t.config.clone(),
-                    ms: t.ms,
-                })
-                .collect(),
+            trials: result.trial_records(),
         })?;
     }
-    Ok(TuneRow {
-        variant: VARIANT.into(),
-        from_cache: false,
-        default_config: default.to_string(),
+    let best_config = result
+        .best
+        .as_ref()
+        .and_then(|b| WgmmaConfig::from_config(&b.0).ok())
+        .map(|c| c.to_string());
+    Ok(TuneRow::searched(
+        VARIANT,
+        default.to_string(),
         default_ms,
-        best_config: result
-            .best
-            .as_ref()
-            .and_then(|b| WgmmaConfig::from_config(&b.0).ok())
-            .map(|c| c.to_string()),
-        best_ms: result.best.as_ref().map(|b| b.1),
-        space_size: result.space_size,
-        timed: result.trials.len(),
-        failed: result.trials.iter().filter(|t| t.ms.is_none()).count(),
-        seconds: result.seconds,
-        strategy: strategy.label(),
-        trials: result.trials,
-    })
+        best_config,
+        &strategy,
+        result,
+    ))
 }
 
 /// `tune_scaled_mm` on one named case with the default cache (`tune.json`), as the

@@ -10,7 +10,7 @@ use crate::cuda::CudaDevice;
 use crate::engine::ConvProblem;
 use crate::error::{Error, Result};
 use crate::spec::ConvSpec;
-use crate::tune::{search, CacheEntry, SearchProgress, TrialRecord, TuneCache};
+use crate::tune::{search, CacheEntry, SearchProgress, TuneCache};
 pub use crate::tune::{SearchKind, TunePlan, TuneReport, TuneRow};
 use crate::variants::{kernel_hash, registry, valid_configs, Config, Instance};
 use crate::verify::{check, oracle};
@@ -82,20 +82,12 @@ impl Session {
             let default = v.default_config(spec);
             if !plan.retune {
                 if let Some(e) = cache.get_current(&target, &kernel.key(), v.name(), &hash) {
-                    rows.push(TuneRow {
-                        variant: v.name().to_string(),
-                        from_cache: true,
-                        default_config: default.to_string(),
-                        default_ms: None,
-                        best_config: Some(e.config.clone()),
-                        best_ms: Some(e.ms),
-                        space_size: valid_configs(v, spec).len(),
-                        timed: 0,
-                        failed: 0,
-                        seconds: 0.0,
-                        strategy: format!("cached {}", e.date_utc),
-                        trials: Vec::new(),
-                    });
+                    rows.push(TuneRow::cached(
+                        v.name(),
+                        default.to_string(),
+                        e,
+                        valid_configs(v, spec).len(),
+                    ));
                     continue;
                 }
             }
@@ -165,30 +157,18 @@ impl Session {
                     ms: *ms,
                     date_utc: utc_now(),
                     kernel_hash: hash.clone(),
-                    trials: result
-                        .trials
-                        .iter()
-                        .map(|t| TrialRecord {
-                            config: t.config.clone(),
-                            ms: t.ms,
-                        })
-                        .collect(),
+                    trials: result.trial_records(),
                 })?;
             }
-            rows.push(TuneRow {
-                variant: v.name().to_string(),
-                from_cache: false,
-                default_config: default.to_string(),
+            let best_config = result.best.as_ref().map(|b| b.0.to_string());
+            rows.push(TuneRow::searched(
+                v.name(),
+                default.to_string(),
                 default_ms,
-                best_config: result.best.as_ref().map(|b| b.0.to_string()),
-                best_ms: result.best.as_ref().map(|b| b.1),
-                space_size: result.space_size,
-                timed: result.trials.len(),
-                failed: result.trials.iter().filter(|t| t.ms.is_none()).count(),
-                seconds: result.seconds,
-                strategy: strategy.label(),
-                trials: result.trials,
-            });
+                best_config,
+                &strategy,
+                result,
+            ));
         }
         // Later plans of this session pick up what was just tuned.
         self.engine.reload_tune_cache();
