@@ -244,9 +244,11 @@ pub fn protocol(iters: usize) -> Result<Protocol, Error> {
 
 pub fn options(common: &Common, time: bool, iters: usize) -> Result<Options, Error> {
     check_only(&common.only)?;
-    if time {
-        protocol(iters)?;
-    }
+    let protocol = if time {
+        protocol(iters)?
+    } else {
+        Protocol::default().with_launches(iters)
+    };
     for path in common.json.iter() {
         check_output_path(path)?;
     }
@@ -256,7 +258,7 @@ pub fn options(common: &Common, time: bool, iters: usize) -> Result<Options, Err
     Ok(Options {
         seed: common.seed,
         time,
-        protocol: Protocol::default().with_launches(iters),
+        protocol,
         configs: forced_configs(&common.config)?,
         only: common.only.clone(),
         epilogue: Epilogue {

@@ -16,8 +16,9 @@ use cudarc::driver::CudaSlice;
 use rayon::prelude::*;
 
 use super::libs::ensure_cublaslt;
-use super::CudaDevice;
+use super::{CudaContextExt, CudaDevice};
 use crate::error::{Error, Result};
+use crate::gemm::reference::f32_bytes;
 use crate::gemm::{ScaledMmData, ScaledMmSpec, Scaling};
 use crate::spec::DType;
 use crate::tensor::HostTensor;
@@ -29,13 +30,6 @@ const CUBLAS_OP_N: i32 = 0;
 const CUBLAS_OP_T: i32 = 1;
 /// Workspace offered to cuBLASLt (split-K algorithms need some).
 const WORKSPACE: usize = 32 << 20;
-
-fn check(call: &str, r: std::result::Result<(), lt::CublasError>) -> Result<()> {
-    r.map_err(|e| Error::Cuda {
-        call: call.into(),
-        name: format!("{:?}", e.0),
-    })
-}
 
 fn data_type(d: DType) -> sys::cudaDataType {
     match d {
@@ -97,16 +91,12 @@ pub struct CublasLtScaledMm<'d> {
     pub search: (f64, usize),
 }
 
-fn f32_bytes(v: impl IntoIterator<Item = f32>) -> Vec<u8> {
-    v.into_iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
 /// The scale tensors as cuBLASLt reads them: (its A's = our B's, its B's = our A's).
 fn scales_for_cublaslt(spec: &ScaledMmSpec, data: &ScaledMmData) -> (Vec<u8>, Vec<u8>) {
     match spec.scaling() {
         Scaling::PerTensor | Scaling::RowWise => (
-            f32_bytes(data.scale_b.clone()),
-            f32_bytes(data.scale_a.clone()),
+            f32_bytes(data.scale_b.iter().copied()),
+            f32_bytes(data.scale_a.iter().copied()),
         ),
         Scaling::BlockWise => {
             let (m, kb, nb) = (
@@ -150,17 +140,10 @@ impl<'d> CublasLtScaledMm<'d> {
             ));
         }
         let (m, n, k) = (spec.m(), spec.n(), spec.k());
-        dev.bind().map_err(|e| Error::Cuda {
-            call: "cuCtxSetCurrent".into(),
-            name: format!("{e:?}"),
-        })?;
-        let handle = Handle(lt::create_handle().map_err(|e| Error::Cuda {
-            call: "cublasLtCreate".into(),
-            name: format!("{:?}", e.0),
-        })?);
+        dev.bind().cuda("cuCtxSetCurrent")?;
+        let handle = Handle(lt::create_handle().cuda("cublasLtCreate")?);
 
         // Operands: our A [M, K] as is; our B transposed to [N, K] (K-major).
-        let a: Vec<u8> = data.a.iter().map(|e| e.0).collect();
         let mut bt = vec![0u8; n * k];
         bt.par_chunks_mut(k).enumerate().for_each(|(j, row)| {
             for (kk, x) in row.iter_mut().enumerate() {
@@ -170,7 +153,7 @@ impl<'d> CublasLtScaledMm<'d> {
         let (scale_lt_a, scale_lt_b) = scales_for_cublaslt(spec, data);
         let mut operands = vec![
             dev.upload_bytes(&bt)?,
-            dev.upload_bytes(&a)?,
+            dev.upload_bytes(&data.a_bytes())?,
             dev.upload_bytes(&scale_lt_a)?,
             dev.upload_bytes(&scale_lt_b)?,
         ];
@@ -188,10 +171,7 @@ impl<'d> CublasLtScaledMm<'d> {
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             sys::cudaDataType::CUDA_R_32F,
         )
-        .map_err(|e| Error::Cuda {
-            call: "cublasLtMatmulDescCreate".into(),
-            name: format!("{:?}", e.0),
-        })?;
+        .cuda("cublasLtMatmulDescCreate")?;
         let mut desc = Descriptors {
             op,
             layouts: Vec::new(),
@@ -199,14 +179,15 @@ impl<'d> CublasLtScaledMm<'d> {
         };
         let set = |attr: sys::cublasLtMatmulDescAttributes_t, bytes: &[u8]| {
             // SAFETY: the descriptor is live; `bytes` holds the attribute's value.
-            check("cublasLtMatmulDescSetAttribute", unsafe {
+            unsafe {
                 lt::set_matmul_desc_attribute(
                     op,
                     attr,
                     bytes.as_ptr() as *const c_void,
                     bytes.len(),
                 )
-            })
+            }
+            .cuda("cublasLtMatmulDescSetAttribute")
         };
         use sys::cublasLtMatmulDescAttributes_t as A;
         let i32b = |v: i32| v.to_le_bytes().to_vec();
@@ -247,32 +228,26 @@ impl<'d> CublasLtScaledMm<'d> {
         }
 
         let layout = |t: sys::cudaDataType, rows: usize, cols: usize, ld: usize| {
-            lt::create_matrix_layout(t, rows as u64, cols as u64, ld as i64).map_err(|e| {
-                Error::Cuda {
-                    call: "cublasLtMatrixLayoutCreate".into(),
-                    name: format!("{:?}", e.0),
-                }
-            })
+            lt::create_matrix_layout(t, rows as u64, cols as u64, ld as i64)
+                .cuda("cublasLtMatrixLayoutCreate")
         };
         let e4m3 = sys::cudaDataType::CUDA_R_8F_E4M3;
         let out = data_type(spec.out_dtype());
         desc.layouts.push(layout(e4m3, k, n, k)?); // its A: B^T stored [N, K]
         desc.layouts.push(layout(e4m3, k, m, k)?); // its B: A stored [M, K]
         desc.layouts.push(layout(out, n, m, n)?); // C = D: D^T column-major = D row-major
-        desc.pref = lt::create_matmul_pref().map_err(|e| Error::Cuda {
-            call: "cublasLtMatmulPreferenceCreate".into(),
-            name: format!("{:?}", e.0),
-        })?;
+        desc.pref = lt::create_matmul_pref().cuda("cublasLtMatmulPreferenceCreate")?;
         let ws = (WORKSPACE as u64).to_le_bytes();
         // SAFETY: the preference is live; `ws` holds a u64.
-        check("cublasLtMatmulPreferenceSetAttribute", unsafe {
+        unsafe {
             lt::set_matmul_pref_attribute(
                 desc.pref,
                 sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                 ws.as_ptr() as *const c_void,
                 ws.len(),
             )
-        })?;
+        }
+        .cuda("cublasLtMatmulPreferenceSetAttribute")?;
 
         // SAFETY: zeroed heuristic results are plain data the call overwrites.
         let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> =
@@ -280,7 +255,7 @@ impl<'d> CublasLtScaledMm<'d> {
         let mut found = 0i32;
         let (la, lb, lc) = (desc.layouts[0], desc.layouts[1], desc.layouts[2]);
         // SAFETY: every descriptor is live; `results` has room for CANDIDATES entries.
-        check("cublasLtMatmulAlgoGetHeuristic", unsafe {
+        unsafe {
             sys::cublasLtMatmulAlgoGetHeuristic(
                 handle.0,
                 op,
@@ -294,7 +269,8 @@ impl<'d> CublasLtScaledMm<'d> {
                 &mut found,
             )
             .result()
-        })?;
+        }
+        .cuda("cublasLtMatmulAlgoGetHeuristic")?;
         let algos: Vec<sys::cublasLtMatmulAlgo_t> = results[..found.max(0) as usize]
             .iter()
             .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
@@ -354,7 +330,7 @@ impl<'d> CublasLtScaledMm<'d> {
         self.dev.time(|| {
             // SAFETY: every pointer addresses a live buffer of the size its layout says;
             // the descriptors and the algorithm belong to this handle.
-            check("cublasLtMatmul", unsafe {
+            unsafe {
                 lt::matmul(
                     self.handle.0,
                     self.desc.op,
@@ -373,7 +349,8 @@ impl<'d> CublasLtScaledMm<'d> {
                     WORKSPACE,
                     stream,
                 )
-            })
+            }
+            .cuda("cublasLtMatmul")
         })
     }
 

@@ -34,6 +34,15 @@ pub(crate) trait CudaContextExt<T> {
     fn cuda(self, call: &str) -> Result<T>;
 }
 
+impl<T> CudaContextExt<T> for std::result::Result<T, cudarc::cublaslt::result::CublasError> {
+    fn cuda(self, call: &str) -> Result<T> {
+        self.map_err(|e| Error::Cuda {
+            call: call.to_string(),
+            name: format!("{:?}", e.0),
+        })
+    }
+}
+
 impl<T> CudaContextExt<T> for std::result::Result<T, DriverError> {
     fn cuda(self, call: &str) -> Result<T> {
         self.map_err(|e| Error::Cuda {

@@ -9,7 +9,7 @@ use super::kernel::GemmKernel;
 use super::reference::{gemm_gate_at, sample_positions, scaled_mm_reference_at};
 use super::run::ScaledMmRun;
 use super::tune::target_of;
-use super::{GemmVerdict, ScaledMmData, ScaledMmSpec};
+use super::{ScaledMmData, ScaledMmSpec};
 use crate::bench::{time_launches, time_pair_launches, Protocol, Timing};
 use crate::cuda::cublaslt::CublasLtScaledMm;
 use crate::cuda::CudaDevice;
@@ -89,15 +89,6 @@ pub(crate) fn positions_for(spec: &ScaledMmSpec, seed: u64) -> Vec<(usize, usize
     }
 }
 
-fn gate(
-    d: &crate::tensor::HostTensor,
-    spec: &ScaledMmSpec,
-    positions: &[(usize, usize)],
-    want: &[f64],
-) -> Result<GemmVerdict> {
-    gemm_gate_at(d, spec.n(), positions, want)
-}
-
 /// Verifies and times `kernels` (the ladder's defaults when empty) on one case against
 /// cuBLASLt. The candidates are timed one pair-run each against the same cuBLASLt run;
 /// the reference's reported time is from the pairs of the best candidate.
@@ -122,7 +113,7 @@ pub fn bench_scaled_mm(
     let mut reference_verdict = None;
     if let Some(r) = reference.as_mut() {
         r.launch()?;
-        reference_verdict = Some(gate(&r.output()?, spec, &positions, &want)?);
+        reference_verdict = Some(gemm_gate_at(&r.output()?, spec.n(), &positions, &want)?);
     }
 
     // The ladder's defaults, the wgmma rung's tuned config where the cache has one.
@@ -163,7 +154,7 @@ pub fn bench_scaled_mm(
         }
         let mut run = ScaledMmRun::new(dev, spec, &data, cfg)?;
         run.launch()?;
-        let v = gate(&run.output()?, spec, &positions, &want)?;
+        let v = gemm_gate_at(&run.output()?, spec.n(), &positions, &want)?;
         let mut c = GemmCandidate {
             config: cfg.to_string(),
             rel_l2: v.rel_l2,

@@ -89,6 +89,11 @@ impl ScaledMmData {
         }
     }
 
+    /// A's e4m3 bytes, row-major, as a device takes them.
+    pub fn a_bytes(&self) -> Vec<u8> {
+        self.a.iter().map(|e| e.0).collect()
+    }
+
     /// `Err` names the operand whose length does not match `spec`.
     pub fn check(&self, spec: &ScaledMmSpec) -> Result<()> {
         let (sa, sb) = spec.scale_shapes();
@@ -114,6 +119,11 @@ impl ScaledMmData {
         }
         Ok(())
     }
+}
+
+/// f32 values as little-endian bytes (scales and bias for a device buffer).
+pub(crate) fn f32_bytes(v: impl IntoIterator<Item = f32>) -> Vec<u8> {
+    v.into_iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 /// D in f64: sum over k of (a * scale_a) * (b * scale_b), plus the bias.

@@ -11,7 +11,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr};
 use super::kernel::GemmKernel;
 use super::mma::SOURCE as MMA_SOURCE;
 use super::pack::PackedB;
-use super::reference::ScaledMmData;
+use super::reference::{f32_bytes, ScaledMmData};
 use super::spec::ScaledMmSpec;
 use super::wgmma::{WgmmaConfig, SOURCE as WGMMA_SOURCE, STEP_K};
 use crate::cuda::{CudaDevice, LoadedKernel};
@@ -116,10 +116,6 @@ pub struct ScaledMmRun<'d> {
     pack_ms: f64,
 }
 
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
 impl<'d> ScaledMmRun<'d> {
     /// Packs B for `kernel`, uploads every operand and loads the kernel. `Err` when the
     /// config does not fit the spec, the operands do not match it, or CUDA fails.
@@ -139,15 +135,14 @@ impl<'d> ScaledMmRun<'d> {
         let t0 = Instant::now();
         let packed = PackedB::pack(&data.b, spec.k(), spec.n(), tile_n, tile_k)?;
         let pack_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let a: Vec<u8> = data.a.iter().map(|e| e.0).collect();
         let mut operands = vec![
-            dev.upload_bytes(&a)?,
+            dev.upload_bytes(&data.a_bytes())?,
             dev.upload_bytes(packed.bytes())?,
-            dev.upload_bytes(&f32_bytes(&data.scale_a))?,
-            dev.upload_bytes(&f32_bytes(&data.scale_b))?,
+            dev.upload_bytes(&f32_bytes(data.scale_a.iter().copied()))?,
+            dev.upload_bytes(&f32_bytes(data.scale_b.iter().copied()))?,
         ];
         if let Some(bias) = &data.bias {
-            operands.push(dev.upload_bytes(&f32_bytes(bias))?);
+            operands.push(dev.upload_bytes(&f32_bytes(bias.iter().copied()))?);
         }
         let d = dev.alloc(spec.m() * spec.n() * spec.out_dtype().size_bytes())?;
         if let GemmKernel::Wgmma(cfg) = kernel {
