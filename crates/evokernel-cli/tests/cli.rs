@@ -377,7 +377,7 @@ fn bench_of_the_fp8_gemm_checks_its_flags_before_any_gpu_work() {
             "--k",
             "64",
             "--config",
-            "scaled_mm_wgmma:bn=64,consumers=1,stages=3,group_m=1,splits=1,persistent=0",
+            "scaled_mm_wgmma:bn=64,consumers=1,stages=3,group_m=1,splits=1,persistent=0,cluster=1",
         ],
         "tune searches the configs itself",
     );
@@ -408,7 +408,7 @@ fn bench_of_the_fp8_gemm_checks_its_flags_before_any_gpu_work() {
         "--backend",
         "cpu",
         "--config",
-        "scaled_mm_wgmma:bn=64,consumers=1,stages=3,group_m=1,splits=1,persistent=1",
+        "scaled_mm_wgmma:bn=64,consumers=1,stages=3,group_m=1,splits=1,persistent=1,cluster=2",
         "--config",
         "scaled_mm_mma:bm=64,bn=64,bk=32,warps_m=2,warps_n=2",
     ]));

@@ -970,6 +970,7 @@ fn scaled_mm_kernels_pass_the_gate() {
             group_m: 1,
             splits: 1,
             persistent: 0,
+            cluster: 1,
         }),
         // Persistent: more tiles than SMs on the 520 x 1100 shape, so blocks loop.
         GemmKernel::Wgmma(WgmmaConfig {
@@ -979,6 +980,7 @@ fn scaled_mm_kernels_pass_the_gate() {
             group_m: 8,
             splits: 1,
             persistent: 1,
+            cluster: 1,
         }),
         GemmKernel::Wgmma(WgmmaConfig {
             bn: 256,
@@ -987,6 +989,7 @@ fn scaled_mm_kernels_pass_the_gate() {
             group_m: 16,
             splits: 1,
             persistent: 1,
+            cluster: 1,
         }),
         GemmKernel::Wgmma(WgmmaConfig {
             bn: 128,
@@ -995,6 +998,36 @@ fn scaled_mm_kernels_pass_the_gate() {
             group_m: 8,
             splits: 3,
             persistent: 1,
+            cluster: 1,
+        }),
+        // Clusters of two sharing B by multicast: an odd count of 64-row tiles on 300 x
+        // 130 leaves the last cluster's second block past M; split-K and persistent too.
+        GemmKernel::Wgmma(WgmmaConfig {
+            bn: 64,
+            consumers: 1,
+            stages: 3,
+            group_m: 1,
+            splits: 1,
+            persistent: 0,
+            cluster: 2,
+        }),
+        GemmKernel::Wgmma(WgmmaConfig {
+            bn: 256,
+            consumers: 2,
+            stages: 4,
+            group_m: 8,
+            splits: 1,
+            persistent: 0,
+            cluster: 2,
+        }),
+        GemmKernel::Wgmma(WgmmaConfig {
+            bn: 128,
+            consumers: 2,
+            stages: 4,
+            group_m: 16,
+            splits: 3,
+            persistent: 1,
+            cluster: 2,
         }),
     ];
     let mut checked = 0;

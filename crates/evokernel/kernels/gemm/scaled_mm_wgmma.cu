@@ -12,6 +12,11 @@
 // registers (setmaxnreg moves the producer's registers to them). A stage is one 128-deep K
 // step (128 bytes of e4m3), which is also block-wise scaling's group: under SCALING 2 each
 // stage's products go to `part` (wgmma's scale-d = 0 starts it) and are scaled into `acc`.
+// Clusters (CLUSTER 2): the two blocks of a cluster take vertically adjacent tiles (same
+// B tile) and each loads half of the B stage, multicast into both blocks' rings: B's
+// L2-to-SM traffic halves. Each block's empty barriers then count the releases of both
+// blocks' consumer warps, and a producer waits for its ring's last releases before its
+// block exits (the peer still arrives on its barriers until then).
 // Block order (GROUP_M): tiles run in panels of GROUP_M tile rows so the B tiles a wave
 // reads stay in L2. A block loops over tiles blockIdx.x + i * gridDim.x: one tile with a
 // block a tile, persistent with a block a SM (the ring runs on across tiles, so the
@@ -54,6 +59,25 @@ __device__ __forceinline__ void smm_bar_arrive(unsigned bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
+// Arrives on the barrier at the same shared address in block `rank` of the cluster. The
+// default (.release.cta) semantics, as CUTLASS's ClusterBarrier.
+__device__ __forceinline__ void smm_bar_arrive_in(unsigned bar, unsigned rank) {
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+
+__device__ __forceinline__ unsigned smm_cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+
+// Every thread of every block of the cluster (barrier inits visible to the peer).
+__device__ __forceinline__ void smm_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
 // Waits until the barrier's phase of this parity has completed.
 __device__ __forceinline__ void smm_bar_wait(unsigned bar, unsigned parity) {
     unsigned done = 0;
@@ -77,6 +101,16 @@ __device__ __forceinline__ void smm_bulk_copy(unsigned dst, const void* src, uns
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                  "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
+}
+
+// The same bytes into the same shared offset of every block in `mask`, each block's
+// barrier at `bar`'s offset told of them.
+__device__ __forceinline__ void smm_bulk_copy_multicast(unsigned dst, const void* src, unsigned bytes, unsigned bar,
+                                                        unsigned short mask) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar), "h"(mask)
+        : "memory");
 }
 
 // A K-major, 128-byte-swizzled operand in shared memory: rows of 128 bytes, 8-row groups
@@ -128,15 +162,19 @@ __device__ __forceinline__ void smm_wgmma(float* d, unsigned long long da, unsig
     else smm_wgmma_n256(d, da, db, scale_d);
 }
 
-template <typename TOut, int BN, int CONSUMERS, int STAGES, int GROUP_M, int SCALING, bool BIAS, bool SPLIT>
-__global__ void __launch_bounds__((CONSUMERS + 1) * 128, 1) scaled_mm_wgmma(const __grid_constant__ ScaledMmWgmmaArgs p) {
+template <typename TOut, int BN, int CONSUMERS, int STAGES, int GROUP_M, int SCALING, bool BIAS, bool SPLIT, int CLUSTER>
+__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1) * 128, 1)
+    scaled_mm_wgmma(const __grid_constant__ ScaledMmWgmmaArgs p) {
     constexpr int BM = 64 * CONSUMERS;
     constexpr int BK = 128;  // bytes of K a stage: the swizzle span and the block-wise group
     constexpr int A_BYTES = BM * BK, B_BYTES = BN * BK, STAGE_BYTES = A_BYTES + B_BYTES;
+    constexpr int B_SHARE = B_BYTES / CLUSTER;  // the part of a B stage this block loads
+    constexpr int RELEASES = CLUSTER * CONSUMERS * 4;  // consumer warps releasing a stage
     constexpr int ACC = BN / 2;  // f32 accumulators a thread: 64 rows x BN over 128 threads
     static_assert(BN == 64 || BN == 128 || BN == 256, "wgmma N of 64, 128 or 256");
     static_assert(CONSUMERS == 1 || CONSUMERS == 2, "one or two consumer warpgroups");
     static_assert(STAGES >= 2, "a ring of at least two stages");
+    static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two blocks");
     static_assert(SCALING != 2 || BN <= 128, "block-wise scaling: a tile inside one 128-column B block");
     extern __shared__ unsigned char smm_raw[];
     // The swizzle pattern repeats every 1024 bytes: stages start on 1024-byte boundaries.
@@ -144,13 +182,16 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 128, 1) scaled_mm_wgmma(cons
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_BYTES);
     const unsigned full0 = smm_smem_addr(bars), empty0 = full0 + STAGES * 8;
 
-    const int tiles_m = (p.m + BM - 1) / BM, tiles_n = (p.n + BN - 1) / BN, tiles = tiles_m * tiles_n;
+    // A cluster's tile: CLUSTER vertically adjacent tiles, this block's the rank-th.
+    const int rank = CLUSTER > 1 ? (int)smm_cluster_rank() : 0;
+    const int tiles_m = (p.m + BM * CLUSTER - 1) / (BM * CLUSTER), tiles_n = (p.n + BN - 1) / BN,
+              tiles = tiles_m * tiles_n;
     // Tile `id` in panels of GROUP_M tile rows, N tiles inside a panel: (m0, n_tile).
     auto tile_at = [&](int id, int& m0, int& n_tile) {
         const int per_panel = GROUP_M * tiles_n;
         const int first_m = (id / per_panel) * GROUP_M;
         const int panel_rows = min(tiles_m - first_m, GROUP_M);
-        m0 = (first_m + (id % per_panel) % panel_rows) * BM;
+        m0 = (first_m + (id % per_panel) % panel_rows) * BM * CLUSTER + rank * BM;
         n_tile = (id % per_panel) / panel_rows;
     };
 
@@ -163,11 +204,12 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 128, 1) scaled_mm_wgmma(cons
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             smm_bar_init(full0 + 8 * s, 1);
-            smm_bar_init(empty0 + 8 * s, CONSUMERS * 128);
+            smm_bar_init(empty0 + 8 * s, RELEASES);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();
+    if constexpr (CLUSTER > 1) smm_cluster_sync();
+    else __syncthreads();
 
     // A block takes tiles blockIdx.x, + gridDim.x, ... (one tile when the grid has one
     // block a tile; persistent when it has one a SM: the producer then fills the next
@@ -179,19 +221,28 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 128, 1) scaled_mm_wgmma(cons
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (tid == 0) {
             int g = 0;
-            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            for (int tile = blockIdx.x / CLUSTER; tile < tiles; tile += gridDim.x / CLUSTER) {
                 int m0, n_tile;
                 tile_at(tile, m0, n_tile);
-                const unsigned char* bsrc = p.b_packed + ((long long)n_tile * k_steps + s_begin) * B_BYTES;
+                const unsigned char* bsrc = p.b_packed + ((long long)n_tile * k_steps + s_begin) * B_BYTES + rank * B_SHARE;
                 for (int it = 0; it < steps; ++it, ++g) {
                     const int st = g % STAGES, round = g / STAGES;
                     if (round > 0) smm_bar_wait(empty0 + 8 * st, (round - 1) & 1);
                     const unsigned a_dst = smm_smem_addr(smem + st * STAGE_BYTES);
                     smm_bar_expect(full0 + 8 * st, STAGE_BYTES);
                     smm_tma_2d(a_dst, &p.a_map, (s_begin + it) * BK, m0, full0 + 8 * st);
-                    smm_bulk_copy(a_dst + A_BYTES, bsrc + (long long)it * B_BYTES, B_BYTES, full0 + 8 * st);
+                    if constexpr (CLUSTER > 1)
+                        smm_bulk_copy_multicast(a_dst + A_BYTES + rank * B_SHARE, bsrc + (long long)it * B_BYTES, B_SHARE,
+                                                full0 + 8 * st, (unsigned short)((1 << CLUSTER) - 1));
+                    else
+                        smm_bulk_copy(a_dst + A_BYTES, bsrc + (long long)it * B_BYTES, B_BYTES, full0 + 8 * st);
                 }
             }
+            // The peer block arrives on this block's barriers until its consumers are done:
+            // wait for every stage's last release before the block may exit.
+            if constexpr (CLUSTER > 1)
+                for (int i = 0; i < STAGES; ++i, ++g)
+                    if (g >= STAGES) smm_bar_wait(empty0 + 8 * (g % STAGES), (g / STAGES - 1) & 1);
         }
         return;
     }
@@ -200,6 +251,15 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 128, 1) scaled_mm_wgmma(cons
     // Consumer warpgroup c: rows m0 + 64c .. + 63 of each tile.
     const int c = tid / 128 - 1, t = tid % 128, warp = t / 32, lane = t % 32;
     float acc[ACC];
+    // A consumer warp hands stage st back to the producers of every block of the cluster.
+    auto release = [&](int st) {
+        if (lane == 0) {
+            if constexpr (CLUSTER > 1)
+                for (int r = 0; r < CLUSTER; ++r) smm_bar_arrive_in(empty0 + 8 * st, r);
+            else
+                smm_bar_arrive(empty0 + 8 * st);
+        }
+    };
 
     // Waits for ring stage g, issues its four k32 MMAs into `d` (scale-d 0 on the first
     // when `fresh`) and commits them as one group.
@@ -218,7 +278,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 128, 1) scaled_mm_wgmma(cons
     };
 
     int g = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    for (int tile = blockIdx.x / CLUSTER; tile < tiles; tile += gridDim.x / CLUSTER) {
         int m0, n_tile;
         tile_at(tile, m0, n_tile);
         const int n0 = n_tile * BN;
@@ -250,7 +310,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 128, 1) scaled_mm_wgmma(cons
                 smm_wgmma_wait<0>();
 #pragma unroll
                 for (int i = 0; i < ACC; ++i) smm_fence_reg(part[i]);
-                smm_bar_arrive(empty0 + 8 * (g % STAGES));
+                release(g % STAGES);
                 const float s0 = now[0] * now[2], s1 = now[1] * now[2];
 #pragma unroll
                 for (int j = 0; j < BN / 8; ++j) {
@@ -267,11 +327,11 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 128, 1) scaled_mm_wgmma(cons
                 issue(g, acc, it == 0);
                 // The previous stage's MMAs have landed once at most this one is in flight.
                 smm_wgmma_wait<1>();
-                if (it > 0) smm_bar_arrive(empty0 + 8 * ((g - 1) % STAGES));
+                if (it > 0) release((g - 1) % STAGES);
             }
             smm_wgmma_wait<0>();
             // The tile's last stage goes back to the producer (the next tile reuses it).
-            smm_bar_arrive(empty0 + 8 * ((g - 1) % STAGES));
+            release((g - 1) % STAGES);
         }
 #pragma unroll
         for (int i = 0; i < ACC; ++i) smm_fence_reg(acc[i]);

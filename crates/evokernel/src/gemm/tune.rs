@@ -44,14 +44,7 @@ pub fn kernel_hash(nvrtc: &str) -> String {
 
 fn to_config(c: &WgmmaConfig) -> Config {
     let mut cfg = Config::new(VARIANT, &[]);
-    for (name, v) in WgmmaConfig::NAMES.iter().zip([
-        c.bn,
-        c.consumers,
-        c.stages,
-        c.group_m,
-        c.splits,
-        c.persistent,
-    ]) {
+    for (name, v) in WgmmaConfig::NAMES.iter().zip(c.values()) {
         cfg.values.insert(name.to_string(), v as i64);
     }
     cfg
@@ -218,6 +211,7 @@ mod tests {
             + (v("splits") - 1.0) * 0.1
             + (v("consumers") - 2.0).abs() * 0.3
             + v("persistent") * 0.01
+            + (v("cluster") - 2.0).abs() * 0.03
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! warpgroup MMA, A through TMA and the prepacked B through 1-D bulk copies into a ring of
 //! `stages` buffers, one producer and `consumers` MMA warpgroups. Typed config: the tile
 //! (BM = 64 x `consumers`, `bn`), the ring depth, the block order (`group_m` tile rows a
-//! panel) and split-K (`splits`, with a deterministic finalize). It needs sm_90a.
+//! panel), split-K (`splits`, with a deterministic finalize), persistent blocks and
+//! clusters of two blocks sharing B by multicast (`cluster`). It needs sm_90a.
 
 use std::fmt;
 
@@ -24,48 +25,74 @@ pub struct WgmmaConfig {
     pub splits: usize,
     /// 1: one block a SM looping over tiles (the same kernel; only the grid differs).
     pub persistent: usize,
+    /// Blocks a cluster (1 or 2): two take vertically adjacent tiles and each loads half
+    /// of their common B stage into both (TMA multicast).
+    pub cluster: usize,
 }
 
 impl fmt::Display for WgmmaConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "scaled_mm_wgmma:bn={},consumers={},stages={},group_m={},splits={},persistent={}",
-            self.bn, self.consumers, self.stages, self.group_m, self.splits, self.persistent
+            "scaled_mm_wgmma:bn={},consumers={},stages={},group_m={},splits={},persistent={},cluster={}",
+            self.bn,
+            self.consumers,
+            self.stages,
+            self.group_m,
+            self.splits,
+            self.persistent,
+            self.cluster
         )
     }
 }
 
 impl WgmmaConfig {
-    pub const NAMES: [&'static str; 6] = [
+    pub const NAMES: [&'static str; 7] = [
         "bn",
         "consumers",
         "stages",
         "group_m",
         "splits",
         "persistent",
+        "cluster",
     ];
+
+    /// The values in `NAMES`' order (the tuner's config).
+    pub fn values(&self) -> [usize; 7] {
+        [
+            self.bn,
+            self.consumers,
+            self.stages,
+            self.group_m,
+            self.splits,
+            self.persistent,
+            self.cluster,
+        ]
+    }
 
     /// From a parsed `--config` (every parameter given).
     pub fn from_config(c: &crate::variants::Config) -> crate::error::Result<Self> {
         let get = |k: &str| super::kernel::positive_param(c, k);
+        let flag = |k: &str, max: usize, says: &str| {
+            usize::try_from(c.param(k)?)
+                .ok()
+                .filter(|&v| v <= max)
+                .ok_or_else(|| crate::Error::parse("config", &c.to_string(), says))
+        };
         Ok(WgmmaConfig {
             bn: get("bn")?,
             consumers: get("consumers")?,
             stages: get("stages")?,
             group_m: get("group_m")?,
             splits: get("splits")?,
-            persistent: usize::try_from(c.param("persistent")?)
-                .ok()
-                .filter(|&v| v <= 1)
-                .ok_or_else(|| {
-                    crate::Error::parse("config", &c.to_string(), "persistent is 0 or 1")
-                })?,
+            persistent: flag("persistent", 1, "persistent is 0 or 1")?,
+            cluster: get("cluster")?,
         })
     }
 
     /// The family: N tiles of 64-256, one or two consumer warpgroups, 3-6 stages, panels
-    /// of 1-16 tile rows, split-K up to 16 (those that fit are kept by `fits`).
+    /// of 1-16 tile rows, split-K up to 16, persistent or not, clusters of 1 or 2 (those
+    /// that fit are kept by `fits`).
     pub fn space() -> Vec<WgmmaConfig> {
         let mut v = Vec::new();
         for bn in [64, 128, 256] {
@@ -74,14 +101,17 @@ impl WgmmaConfig {
                     for group_m in [1, 8, 16] {
                         for splits in [1, 2, 4, 8, 16] {
                             for persistent in [0, 1] {
-                                v.push(WgmmaConfig {
-                                    bn,
-                                    consumers,
-                                    stages,
-                                    group_m,
-                                    splits,
-                                    persistent,
-                                });
+                                for cluster in [1, 2] {
+                                    v.push(WgmmaConfig {
+                                        bn,
+                                        consumers,
+                                        stages,
+                                        group_m,
+                                        splits,
+                                        persistent,
+                                        cluster,
+                                    });
+                                }
                             }
                         }
                     }
@@ -115,6 +145,7 @@ impl WgmmaConfig {
             group_m: 8,
             splits,
             persistent: 0,
+            cluster: 1,
         }
     }
 
@@ -157,6 +188,9 @@ impl WgmmaConfig {
         if self.persistent > 1 {
             return Err(format!("persistent {} (0 or 1)", self.persistent));
         }
+        if !(1..=2).contains(&self.cluster) {
+            return Err(format!("clusters of {} blocks (1 or 2)", self.cluster));
+        }
         if !(1..=64).contains(&self.group_m) {
             return Err(format!("group_m {} (1 to 64)", self.group_m));
         }
@@ -184,7 +218,7 @@ impl WgmmaConfig {
     /// The NVRTC name expression (with the output type, scaling and bias of `spec`).
     pub fn specialization(&self, spec: &ScaledMmSpec) -> String {
         format!(
-            "scaled_mm_wgmma<{}, {}, {}, {}, {}, {}, {}, {}>",
+            "scaled_mm_wgmma<{}, {}, {}, {}, {}, {}, {}, {}, {}>",
             cuda_type(spec.out_dtype()),
             self.bn,
             self.consumers,
@@ -192,7 +226,8 @@ impl WgmmaConfig {
             self.group_m,
             scaling_code(spec.scaling()),
             spec.has_bias(),
-            self.splits > 1
+            self.splits > 1,
+            self.cluster
         )
     }
 
@@ -205,17 +240,22 @@ impl WgmmaConfig {
         )
     }
 
-    /// One block a tile (panel order inside), or one a SM of `sms` when persistent;
-    /// grid.z the splits.
+    /// One cluster a cluster tile (`cluster` tiles stacked in M; panel order inside), or
+    /// one block a SM of `sms` when persistent; grid.z the splits.
     pub fn launch(&self, spec: &ScaledMmSpec, sms: usize) -> Launch {
-        let tiles = spec.m().div_ceil(self.bm()) * spec.n().div_ceil(self.bn);
-        let blocks = if self.persistent == 1 {
-            tiles.min(sms.max(1))
+        let cluster_tiles =
+            spec.m().div_ceil(self.bm() * self.cluster) * spec.n().div_ceil(self.bn);
+        let clusters = if self.persistent == 1 {
+            cluster_tiles.min((sms / self.cluster).max(1))
         } else {
-            tiles
+            cluster_tiles
         };
         Launch {
-            grid: (blocks as u32, 1, self.live_splits(spec) as u32),
+            grid: (
+                (clusters * self.cluster) as u32,
+                1,
+                self.live_splits(spec) as u32,
+            ),
             block: (128 * (self.consumers as u32 + 1), 1, 1),
             shared_bytes: self.shared_bytes() as u32,
         }
