@@ -105,6 +105,7 @@ pub fn tune_scaled_mm(
             return Ok(TuneRow::cached(VARIANT, default.to_string(), e, size));
         }
     }
+    precompile(dev, spec, &all);
     let data = ScaledMmData::random(spec, seed);
     let positions = positions_for(spec, seed);
     let want = scaled_mm_reference_at(spec, &data, &positions)?;
@@ -169,6 +170,30 @@ pub fn tune_scaled_mm(
         &strategy,
         result,
     ))
+}
+
+/// Compiles every kernel specialization `configs` use, in parallel, into the CUBIN cache
+/// before any is timed: one NVRTC compile is ~1 s and the space holds hundreds, which
+/// one at a time between timings dominated a search (and kept the CPU busy beside the
+/// clock). A failed compile is left to the candidate's own trial to report.
+fn precompile(dev: &CudaDevice, spec: &ScaledMmSpec, configs: &[Config]) {
+    use rayon::prelude::*;
+    let mut exprs: Vec<String> = configs
+        .iter()
+        .filter_map(|c| WgmmaConfig::from_config(c).ok())
+        .flat_map(|w| {
+            let mut e = vec![w.specialization(spec)];
+            if w.splits > 1 {
+                e.push(w.finalize_specialization(spec));
+            }
+            e
+        })
+        .collect();
+    exprs.sort_unstable();
+    exprs.dedup();
+    exprs.par_iter().for_each(|e| {
+        let _ = dev.jit().compile_for(VARIANT, SOURCE, e, true);
+    });
 }
 
 /// `tune_scaled_mm` on one named case with the default cache (`tune.json`), as the

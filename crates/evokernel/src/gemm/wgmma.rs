@@ -194,6 +194,14 @@ impl WgmmaConfig {
         if !(1..=2).contains(&self.cluster) {
             return Err(format!("clusters of {} blocks (1 or 2)", self.cluster));
         }
+        if self.cluster > 1 && spec.m() <= self.bm() {
+            return Err(format!(
+                "a cluster of {} stacks tiles in M, and M = {} is one {}-row tile",
+                self.cluster,
+                spec.m(),
+                self.bm()
+            ));
+        }
         if !(1..=64).contains(&self.group_m) {
             return Err(format!("group_m {} (1 to 64)", self.group_m));
         }
@@ -355,5 +363,21 @@ mod tests {
                 .count()
                 > 20
         );
+        // A cluster stacks tiles in M: one tile row leaves the second block nothing.
+        let decode =
+            ScaledMmSpec::new(128, 4096, 256, Scaling::PerTensor, DType::Bf16, false).unwrap();
+        let pair = WgmmaConfig {
+            cluster: 2,
+            ..WgmmaConfig::default_for(&decode)
+        };
+        assert_eq!(pair.consumers, 2);
+        let e = pair.fits(&decode).unwrap_err();
+        assert!(e.contains("stacks tiles in M"), "{e}");
+        assert!(WgmmaConfig {
+            consumers: 1,
+            ..pair
+        }
+        .fits(&decode)
+        .is_ok());
     }
 }
