@@ -32,17 +32,12 @@ pub struct WgmmaConfig {
 
 impl fmt::Display for WgmmaConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "scaled_mm_wgmma:bn={},consumers={},stages={},group_m={},splits={},persistent={},cluster={}",
-            self.bn,
-            self.consumers,
-            self.stages,
-            self.group_m,
-            self.splits,
-            self.persistent,
-            self.cluster
-        )
+        f.write_str("scaled_mm_wgmma:")?;
+        for (i, (name, v)) in Self::NAMES.iter().zip(self.values()).enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            write!(f, "{sep}{name}={v}")?;
+        }
+        Ok(())
     }
 }
 
