@@ -34,7 +34,7 @@ impl std::str::FromStr for GemmKernel {
         let c: crate::variants::Config = s.parse()?;
         let names: &[&str] = match c.variant.as_str() {
             "scaled_mm_mma" => &MmaConfig::NAMES,
-            "scaled_mm_wgmma" => &WgmmaConfig::NAMES,
+            super::wgmma::NAME => &WgmmaConfig::NAMES,
             other => {
                 return Err(Error::parse(
                     "config",
@@ -100,7 +100,7 @@ impl GemmKernel {
     pub fn variant(&self) -> &'static str {
         match self {
             GemmKernel::Mma(_) => "scaled_mm_mma",
-            GemmKernel::Wgmma(_) => "scaled_mm_wgmma",
+            GemmKernel::Wgmma(_) => super::wgmma::NAME,
         }
     }
 }

@@ -196,7 +196,7 @@ impl<'d> ScaledMmRun<'d> {
                     splits: cfg.live_splits(spec) as i32,
                 };
                 let kernel = dev.load_for(
-                    "scaled_mm_wgmma",
+                    super::wgmma::NAME,
                     WGMMA_SOURCE,
                     &cfg.specialization(spec),
                     cfg.launch(spec, dev.info().sms as usize),
@@ -204,7 +204,7 @@ impl<'d> ScaledMmRun<'d> {
                 )?;
                 let finalize = if ws > 0 {
                     Some(dev.load_for(
-                        "scaled_mm_wgmma",
+                        super::wgmma::NAME,
                         WGMMA_SOURCE,
                         &cfg.finalize_specialization(spec),
                         cfg.finalize_launch(spec),

@@ -20,7 +20,7 @@ use crate::tune::{
 use crate::variants::{Config, Param};
 
 /// The variant name tuned configs are recorded under.
-pub const VARIANT: &str = "scaled_mm_wgmma";
+pub const VARIANT: &str = super::wgmma::NAME;
 
 /// The tune target of a CUDA device (what its tuned numbers hold for).
 pub fn target_of(dev: &CudaDevice) -> TuneTarget {

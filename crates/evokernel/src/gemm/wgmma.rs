@@ -10,10 +10,16 @@ use std::fmt;
 use super::spec::{ScaledMmSpec, Scaling};
 use crate::variants::{cuda_type, within_shared, Launch};
 
+/// The rung's name: its configs' prefix, the JIT's (and so the CUBIN cache's) source
+/// name, the tuner's variant.
+pub const NAME: &str = "scaled_mm_wgmma";
 /// The kernel's source (compiled after kernels/common.cuh, like the convolutions').
 pub const SOURCE: &str = include_str!("../../kernels/gemm/scaled_mm_wgmma.cu");
 /// Bytes of K a stage (the 128-byte swizzle span; block-wise scaling's group).
 pub const STEP_K: usize = 128;
+/// A consumer warpgroup's epilogue staging: 64 rows of 128 bytes padded to 144 (the
+/// kernel's EPI_BYTES).
+const EPILOGUE_STAGING: usize = 64 * (128 + 16);
 
 /// One config of `scaled_mm_wgmma`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -32,7 +38,7 @@ pub struct WgmmaConfig {
 
 impl fmt::Display for WgmmaConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("scaled_mm_wgmma:")?;
+        write!(f, "{NAME}:")?;
         for (i, (name, v)) in Self::NAMES.iter().zip(self.values()).enumerate() {
             let sep = if i == 0 { "" } else { "," };
             write!(f, "{sep}{name}={v}")?;
@@ -154,10 +160,12 @@ impl WgmmaConfig {
         (self.bm() + self.bn) * STEP_K
     }
 
-    /// The ring, the epilogue's staging (64 rows of 128 + 16 bytes a consumer warpgroup),
-    /// 1024 bytes of alignment slack and the barriers.
+    /// The ring, the epilogue's staging, 1024 bytes of alignment slack and the barriers.
     pub fn shared_bytes(&self) -> usize {
-        self.stages * self.stage_bytes() + self.consumers * 64 * 144 + 1024 + 16 * self.stages
+        self.stages * self.stage_bytes()
+            + self.consumers * EPILOGUE_STAGING
+            + 1024
+            + 16 * self.stages
     }
 
     /// K steps each split takes (every split gets at least one).
