@@ -971,6 +971,7 @@ fn scaled_mm_kernels_pass_the_gate() {
             splits: 1,
             persistent: 0,
             cluster: 1,
+            fold: 1,
         }),
         // Persistent: more tiles than SMs on the 520 x 1100 shape, so blocks loop.
         GemmKernel::Wgmma(WgmmaConfig {
@@ -981,6 +982,7 @@ fn scaled_mm_kernels_pass_the_gate() {
             splits: 1,
             persistent: 1,
             cluster: 1,
+            fold: 1,
         }),
         GemmKernel::Wgmma(WgmmaConfig {
             bn: 256,
@@ -990,6 +992,7 @@ fn scaled_mm_kernels_pass_the_gate() {
             splits: 1,
             persistent: 1,
             cluster: 1,
+            fold: 1,
         }),
         GemmKernel::Wgmma(WgmmaConfig {
             bn: 128,
@@ -999,6 +1002,7 @@ fn scaled_mm_kernels_pass_the_gate() {
             splits: 3,
             persistent: 1,
             cluster: 1,
+            fold: 1,
         }),
         // Clusters of two sharing B by multicast: an odd count of 64-row tiles on 300 x
         // 130 leaves the last cluster's second block past M; split-K and persistent too.
@@ -1010,6 +1014,7 @@ fn scaled_mm_kernels_pass_the_gate() {
             splits: 1,
             persistent: 0,
             cluster: 2,
+            fold: 1,
         }),
         GemmKernel::Wgmma(WgmmaConfig {
             bn: 256,
@@ -1019,6 +1024,7 @@ fn scaled_mm_kernels_pass_the_gate() {
             splits: 1,
             persistent: 0,
             cluster: 2,
+            fold: 1,
         }),
         GemmKernel::Wgmma(WgmmaConfig {
             bn: 128,
@@ -1028,6 +1034,29 @@ fn scaled_mm_kernels_pass_the_gate() {
             splits: 3,
             persistent: 1,
             cluster: 2,
+            fold: 1,
+        }),
+        // Block-wise in batches of two stages (the others refuse fold 2): odd step counts
+        // (K = 272, 384; splits of 11 of 32) leave a single tail stage.
+        GemmKernel::Wgmma(WgmmaConfig {
+            bn: 128,
+            consumers: 2,
+            stages: 4,
+            group_m: 8,
+            splits: 1,
+            persistent: 1,
+            cluster: 2,
+            fold: 2,
+        }),
+        GemmKernel::Wgmma(WgmmaConfig {
+            bn: 64,
+            consumers: 1,
+            stages: 3,
+            group_m: 1,
+            splits: 3,
+            persistent: 0,
+            cluster: 1,
+            fold: 2,
         }),
     ];
     let mut checked = 0;

@@ -103,6 +103,11 @@ fn every_variant_compiles_for_sm90() {
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(!c.cache_hit);
         assert_eq!(&c.cubin[..4], b"\x7fELF", "{expr}: not a CUBIN");
+        // ptxas compiles a wgmma kernel whose accumulators are touched mid-flight, but
+        // serializes every wgmma (C7514) or adds waits (C7517): a silent 2x (run 120).
+        for code in ["C7514", "C7517"] {
+            assert!(!c.log.contains(code), "{expr}: ptxas {code}:\n{}", c.log);
+        }
         assert!(!c.symbol.is_empty());
         total_ms += c.millis;
         eprintln!(
@@ -169,6 +174,11 @@ fn compile_every(name: &str, source: &str, work: &BTreeSet<String>, arch_specifi
             .compile_for(name, source, expr, arch_specific)
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(&c.cubin[..4], b"\x7fELF", "{expr}: not a CUBIN");
+        // ptxas compiles a wgmma kernel whose accumulators are touched mid-flight, but
+        // serializes every wgmma (C7514) or adds waits (C7517): a silent 2x (run 120).
+        for code in ["C7514", "C7517"] {
+            assert!(!c.log.contains(code), "{expr}: ptxas {code}:\n{}", c.log);
+        }
         eprintln!(
             "compiled {expr:<70} {:>7.0} ms, {} bytes",
             c.millis,
@@ -230,6 +240,17 @@ fn scaled_mm_wgmma_kernels_compile_for_sm90a() {
         .collect();
     assert!(fitting.len() >= 10, "{} configs fit", fitting.len());
     work.extend(fitting.iter().map(|c| c.specialization(&spec)));
+    // Block-wise scaling's own code (the scale warp, batches of one or two stages).
+    let spec = ScaledMmSpec::new(4096, 4096, 4096, Scaling::BlockWise, DType::Bf16, false).unwrap();
+    let blockwise: Vec<WgmmaConfig> = WgmmaConfig::space()
+        .into_iter()
+        .filter(|c| c.fits(&spec).is_ok() && c.group_m == 8 && c.splits == 1 && c.stages == 4)
+        .collect();
+    assert!(
+        blockwise.iter().any(|c| c.fold == 2),
+        "fold 2 fits block-wise"
+    );
+    work.extend(blockwise.iter().map(|c| c.specialization(&spec)));
     compile_every(
         "scaled_mm_wgmma",
         evokernel::gemm::wgmma::SOURCE,

@@ -182,7 +182,7 @@ __device__ __forceinline__ void smm_wgmma(float* d, unsigned long long da, unsig
     else smm_wgmma_n256(d, da, db, scale_d);
 }
 
-template <typename TOut, int BN, int CONSUMERS, int STAGES, int GROUP_M, int SCALING, bool BIAS, bool SPLIT, int CLUSTER>
+template <typename TOut, int BN, int CONSUMERS, int STAGES, int GROUP_M, int SCALING, bool BIAS, bool SPLIT, int CLUSTER, int FOLD>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1) * 128, 1)
     scaled_mm_wgmma(const __grid_constant__ ScaledMmWgmmaArgs p) {
     constexpr int BM = 64 * CONSUMERS;
@@ -201,6 +201,7 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
     static_assert(STAGES >= 2, "a ring of at least two stages");
     static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two blocks");
     static_assert(SCALING != 2 || BN <= 128, "block-wise scaling: a tile inside one 128-column B block");
+    static_assert(FOLD == 1 || (SCALING == 2 && FOLD == 2 && BN <= 128), "two partial sets: block-wise, BN <= 128 (registers)");
     extern __shared__ unsigned char smm_raw[];
     // The swizzle pattern repeats every 1024 bytes: stages start on 1024-byte boundaries.
     unsigned char* smem = smm_raw + ((1024 - (smm_smem_addr(smm_raw) & 1023)) & 1023);
@@ -312,12 +313,15 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
         const int col_base = n0 + (lane % 4) * 2;
 
         if constexpr (SCALING == 2) {
-            // Block-wise: each stage's products land in `part`, then are scaled into acc
-            // (the other consumer warpgroup's MMAs run meanwhile). A fold reading `part`
-            // while a later wgmma writes another set would make ptxas serialize every wgmma
-            // (C7514), so one set, waited for. The scales are loaded a stage ahead: their
-            // latency hides behind the MMAs instead of stalling the fold.
-            float part[ACC];
+            // Block-wise: each stage's products land in a partial set (wgmma's scale-d 0
+            // starts it), then are scaled into acc. FOLD 1: one set, waited for, folded
+            // (the other consumer warpgroup's MMAs run meanwhile). FOLD 2: two sets, stage
+            // it + 1's MMAs run while stage it's set is folded (wait_group 1). Only the
+            // landed set's registers may be touched between the issue and the wait, else
+            // ptxas serializes every wgmma (C7514, run 120). A stage's scales are loaded
+            // right after its MMAs are issued (FOLD 1: a stage ahead), so their latency
+            // hides behind MMAs.
+            float part0[ACC], part1[ACC];
 #pragma unroll
             for (int i = 0; i < ACC; ++i) acc[i] = 0.f;
             const int kgroups = k_steps, ngroups = (p.n + 127) / 128, cb = n0 / 128;  // BN <= 128: one B block
@@ -327,25 +331,60 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
                 s3[1] = row1 < p.m ? p.scale_a[(long long)row1 * kgroups + kg] : 0.f;
                 s3[2] = p.scale_b[(long long)kg * ngroups + cb];
             };
-            float now[3], next[3];
-            scales(0, now);
-            for (int it = 0; it < steps; ++it, ++g) {
-                issue(g, part, true);
-                scales(it + 1, next);
-                smm_wgmma_wait<0>();
+            auto landed = [&](float* set, int gs, const float* s3) {
 #pragma unroll
-                for (int i = 0; i < ACC; ++i) smm_fence_reg(part[i]);
-                release(g % STAGES);
-                const float s0 = now[0] * now[2], s1 = now[1] * now[2];
+                for (int i = 0; i < ACC; ++i) smm_fence_reg(set[i]);
+                release(gs % STAGES);
+                const float s0 = s3[0] * s3[2], s1 = s3[1] * s3[2];
 #pragma unroll
                 for (int j = 0; j < BN / 8; ++j) {
-                    acc[4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[4 * j + 0]);
-                    acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
-                    acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
-                    acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
+                    acc[4 * j + 0] = fmaf(set[4 * j + 0], s0, acc[4 * j + 0]);
+                    acc[4 * j + 1] = fmaf(set[4 * j + 1], s0, acc[4 * j + 1]);
+                    acc[4 * j + 2] = fmaf(set[4 * j + 2], s1, acc[4 * j + 2]);
+                    acc[4 * j + 3] = fmaf(set[4 * j + 3], s1, acc[4 * j + 3]);
                 }
+            };
+            if constexpr (FOLD == 1) {
+                float now[3], next[3];
+                scales(0, now);
+                for (int it = 0; it < steps; ++it, ++g) {
+                    issue(g, part0, true);
+                    scales(it + 1, next);
+                    smm_wgmma_wait<0>();
+                    landed(part0, g, now);
 #pragma unroll
-                for (int q = 0; q < 3; ++q) now[q] = next[q];
+                    for (int q = 0; q < 3; ++q) now[q] = next[q];
+                }
+            } else {
+                // Rounds of two stages while a third follows (no branch between an issue
+                // and its wait: ptxas's check is not path-sensitive), then the last one or two.
+                float sa[3], sb[3];
+                issue(g, part0, true);
+                scales(0, sa);
+                int it = 0;
+                for (; it + 2 < steps; it += 2, g += 2) {
+                    issue(g + 1, part1, true);
+                    scales(it + 1, sb);
+                    smm_wgmma_wait<1>();
+                    landed(part0, g, sa);
+                    issue(g + 2, part0, true);
+                    scales(it + 2, sa);
+                    smm_wgmma_wait<1>();
+                    landed(part1, g + 1, sb);
+                }
+                if (it + 1 < steps) {
+                    issue(g + 1, part1, true);
+                    scales(it + 1, sb);
+                    smm_wgmma_wait<1>();
+                    landed(part0, g, sa);
+                    smm_wgmma_wait<0>();
+                    landed(part1, g + 1, sb);
+                    g += 2;
+                } else {
+                    smm_wgmma_wait<0>();
+                    landed(part0, g, sa);
+                    g += 1;
+                }
             }
         } else {
             for (int it = 0; it < steps; ++it, ++g) {

@@ -24,6 +24,9 @@ pub struct Compiled {
     /// Milliseconds spent: compiling (cache miss) or reading the cache (hit).
     pub millis: f64,
     pub cache_hit: bool,
+    /// NVRTC's and ptxas' notes on a fresh compile (e.g. ptxas' C7514 when it serializes
+    /// wgmma); empty on a cache hit.
+    pub log: String,
 }
 
 /// NVRTC for one target arch, with its CUBIN cache.
@@ -120,11 +123,12 @@ impl Jit {
                         symbol: s,
                         millis: start.elapsed().as_secs_f64() * 1e3,
                         cache_hit: true,
+                        log: String::new(),
                     });
                 }
             }
         }
-        let (cubin, symbol) = nvrtc_compile(name, &full, expr, &options)?;
+        let (cubin, symbol, log) = nvrtc_compile(name, &full, expr, &options)?;
         if let Some((c, s)) = &paths {
             // A cache that cannot be written costs a recompile next time, nothing more.
             let _ = write_atomic(c, &cubin).and_then(|_| write_atomic(s, symbol.as_bytes()));
@@ -134,6 +138,7 @@ impl Jit {
             symbol,
             millis: start.elapsed().as_secs_f64() * 1e3,
             cache_hit: false,
+            log,
         })
     }
 }
@@ -170,7 +175,7 @@ fn nvrtc_compile(
     source: &str,
     expr: &str,
     options: &[String],
-) -> Result<(Vec<u8>, String)> {
+) -> Result<(Vec<u8>, String, String)> {
     let bad = |what: &str| Error::Compile {
         kernel: name.to_string(),
         log: format!("{what} contains a NUL byte"),
@@ -204,14 +209,17 @@ fn nvrtc_compile(
             sys::nvrtcAddNameExpression(prog.0, cexpr.as_ptr()),
         )?;
         let r = sys::nvrtcCompileProgram(prog.0, popts.len() as i32, popts.as_ptr());
-        if r != sys::nvrtcResult::NVRTC_SUCCESS {
+        let log = {
             let mut size = 0usize;
             sys::nvrtcGetProgramLogSize(prog.0, &mut size);
             let mut log = vec![0u8; size.max(1)];
             sys::nvrtcGetProgramLog(prog.0, log.as_mut_ptr() as *mut _);
-            let log = String::from_utf8_lossy(&log)
+            String::from_utf8_lossy(&log)
                 .trim_end_matches('\0')
-                .to_string();
+                .trim()
+                .to_string()
+        };
+        if r != sys::nvrtcResult::NVRTC_SUCCESS {
             return Err(Error::Compile {
                 kernel: format!("{name} ({expr}, {r:?})"),
                 log,
@@ -233,6 +241,6 @@ fn nvrtc_compile(
             sys::nvrtcGetLoweredName(prog.0, cexpr.as_ptr(), &mut lowered),
         )?;
         let symbol = CStr::from_ptr(lowered).to_string_lossy().into_owned();
-        Ok((cubin, symbol))
+        Ok((cubin, symbol, log))
     }
 }

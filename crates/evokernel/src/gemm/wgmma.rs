@@ -34,6 +34,10 @@ pub struct WgmmaConfig {
     /// Blocks a cluster (1 or 2): two take vertically adjacent tiles and each loads half
     /// of their common B stage into both (TMA multicast).
     pub cluster: usize,
+    /// Block-wise scaling's partial sets a consumer warpgroup keeps (1 elsewhere): 1 waits
+    /// for each stage's MMAs before folding them into the total; 2 folds stage k while
+    /// stage k + 1's MMAs run.
+    pub fold: usize,
 }
 
 impl fmt::Display for WgmmaConfig {
@@ -48,7 +52,7 @@ impl fmt::Display for WgmmaConfig {
 }
 
 impl WgmmaConfig {
-    pub const NAMES: [&'static str; 7] = [
+    pub const NAMES: [&'static str; 8] = [
         "bn",
         "consumers",
         "stages",
@@ -56,10 +60,11 @@ impl WgmmaConfig {
         "splits",
         "persistent",
         "cluster",
+        "fold",
     ];
 
     /// The values in `NAMES`' order (the tuner's config).
-    pub fn values(&self) -> [usize; 7] {
+    pub fn values(&self) -> [usize; 8] {
         [
             self.bn,
             self.consumers,
@@ -68,6 +73,7 @@ impl WgmmaConfig {
             self.splits,
             self.persistent,
             self.cluster,
+            self.fold,
         ]
     }
 
@@ -88,6 +94,7 @@ impl WgmmaConfig {
             splits: get("splits")?,
             persistent: flag("persistent", 1, "persistent is 0 or 1")?,
             cluster: get("cluster")?,
+            fold: get("fold")?,
         })
     }
 
@@ -103,15 +110,18 @@ impl WgmmaConfig {
                         for splits in [1, 2, 4, 8, 16] {
                             for persistent in [0, 1] {
                                 for cluster in [1, 2] {
-                                    v.push(WgmmaConfig {
-                                        bn,
-                                        consumers,
-                                        stages,
-                                        group_m,
-                                        splits,
-                                        persistent,
-                                        cluster,
-                                    });
+                                    for fold in [1, 2] {
+                                        v.push(WgmmaConfig {
+                                            bn,
+                                            consumers,
+                                            stages,
+                                            group_m,
+                                            splits,
+                                            persistent,
+                                            cluster,
+                                            fold,
+                                        });
+                                    }
                                 }
                             }
                         }
@@ -123,8 +133,8 @@ impl WgmmaConfig {
     }
 
     /// A 128 x 256 tile (two consumers; 128 x 128 where that leaves SMs idle or under
-    /// block-wise scaling), four stages, panels of 8 tile rows; with 128 x 256 tiles,
-    /// persistent clusters of two sharing B (run 128: 8192^3 0.862 ms vs 0.904 for one
+    /// block-wise scaling), four stages, panels of 8 tile rows; with 128 x 256 tiles (and
+    /// block-wise 128 x 128 ones that fill the SMs), persistent clusters of two sharing B (run 128: 8192^3 0.862 ms vs 0.904 for one
     /// block a tile, 4096^3 0.115 vs 0.119, M = 16384 N = 14336 1.549 vs 1.604); where the
     /// tiles fill less than half the GPU's 132 SMs (decode-sized M and N), split-K up to
     /// filling it (run 7: at M = 128, N = 14336 one split beat two, 0.95x vs 0.72x).
@@ -141,14 +151,22 @@ impl WgmmaConfig {
         while tiles * splits * 2 <= 132 && splits * 2 <= 16 && steps >= splits * 2 * 4 {
             splits *= 2;
         }
+        // Block-wise scaling's 128 x 128 tiles the same way where they fill the SMs and
+        // stack in M (run 133: 8192^3 1.23-1.26 ms vs 1.31-1.35 one block a tile).
+        let streamed = wide
+            || (spec.scaling() == Scaling::BlockWise
+                && splits == 1
+                && tiles >= 132
+                && spec.m() > 2 * 64 * consumers);
         WgmmaConfig {
             bn,
             consumers,
             stages: 4,
             group_m: 8,
             splits,
-            persistent: usize::from(wide),
-            cluster: if wide { 2 } else { 1 },
+            persistent: usize::from(streamed),
+            cluster: if streamed { 2 } else { 1 },
+            fold: 1,
         }
     }
 
@@ -213,6 +231,16 @@ impl WgmmaConfig {
                 "block-wise scaling takes a tile inside one 128-column B block: bn <= 128".into(),
             );
         }
+        if !(1..=2).contains(&self.fold) {
+            return Err(format!("fold {} (1 or 2 partial sets)", self.fold));
+        }
+        if self.fold > 1 && spec.scaling() != Scaling::BlockWise {
+            return Err(format!(
+                "fold {} overlaps block-wise scaling's per-stage folds; {} scaling has none (fold=1)",
+                self.fold,
+                spec.scaling().name()
+            ));
+        }
         let steps = spec.k().div_ceil(STEP_K);
         if !(1..=steps.min(64)).contains(&self.splits) {
             return Err(format!(
@@ -232,7 +260,7 @@ impl WgmmaConfig {
     /// The NVRTC name expression (with the output type, scaling and bias of `spec`).
     pub fn specialization(&self, spec: &ScaledMmSpec) -> String {
         format!(
-            "scaled_mm_wgmma<{}, {}, {}, {}, {}, {}, {}, {}, {}>",
+            "scaled_mm_wgmma<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
             cuda_type(spec.out_dtype()),
             self.bn,
             self.consumers,
@@ -241,7 +269,8 @@ impl WgmmaConfig {
             scaling_code(spec.scaling()),
             spec.has_bias(),
             self.splits > 1,
-            self.cluster
+            self.cluster,
+            self.fold
         )
     }
 
@@ -347,6 +376,7 @@ mod tests {
             (WgmmaConfig { bn: 256, ..base }, "bn <= 128"),
             (WgmmaConfig { splits: 3, ..base }, "3 splits of 2 K steps"),
             (WgmmaConfig { stages: 1, ..base }, "1 stages"),
+            (WgmmaConfig { fold: 3, ..base }, "fold 3"),
             (
                 WgmmaConfig {
                     bn: 128,
