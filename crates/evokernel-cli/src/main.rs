@@ -86,7 +86,8 @@ enum Command {
     #[command(after_help = "Examples:\n  \
         evokernel profile\n  \
         evokernel profile --suite public --case convnext-7x7 --only streaming\n  \
-        evokernel profile --no-counters --out prof/\n\n\
+        evokernel profile --no-counters --out prof/\n  \
+        evokernel profile --op scaled-mm --m 8192 --n 8192 --k 8192 --scaling blockwise\n\n\
         Without spec flags it profiles the seed problem (like run). Counters need Nsight\n\
         Compute: ncu on PATH, in /usr/local/cuda/bin, or EVOKERNEL_NCU=/path/to/ncu.")]
     Profile {
@@ -94,6 +95,8 @@ enum Command {
         common: Common,
         #[command(flatten)]
         problem: ProblemArgs,
+        #[command(flatten)]
+        gemm: GemmArgs,
         /// Timed launches (at least; the timed launches also last at least 200 ms)
         #[arg(long, default_value_t = 50, value_name = "N")]
         iters: usize,
@@ -203,10 +206,22 @@ fn execute(cli: Cli) -> Result<bool, Error> {
         Command::Profile {
             common,
             problem,
+            gemm,
+            iters,
+            no_counters,
+            out: _,
+        } if gemm.op == Op::ScaledMm => {
+            commands::gemm::profile(&common, &gemm, &problem, iters, no_counters)
+        }
+        Command::Profile {
+            common,
+            problem,
+            gemm,
             iters,
             no_counters,
             out,
         } => {
+            gemm.refuse_sizes()?;
             let opts = options(&common, true, iters)?;
             let cases = if problem.given() {
                 problem.cases()?

@@ -3,7 +3,7 @@
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
 use evokernel::cuda::GpuInfo;
 use evokernel::dispatch::Choice;
-use evokernel::profile::ProfileReport;
+use evokernel::profile::KernelProfile;
 use evokernel::session::{CaseReport, RowReport, RunReport, TuneReport};
 
 fn num(x: Option<f64>, digits: usize) -> String {
@@ -395,9 +395,9 @@ fn thousands(v: u64) -> String {
 
 /// Per kernel: resources, occupancy and its limiter, counters, stalls and the verdict;
 /// then one summary row per kernel.
-pub fn profile(report: &ProfileReport) -> String {
+pub fn profile(kernels: &[KernelProfile]) -> String {
     let mut out = String::new();
-    for k in &report.kernels {
+    for k in kernels {
         let r = &k.resources;
         let o = &k.occupancy;
         let ncu_ms = k
@@ -500,7 +500,7 @@ pub fn profile(report: &ProfileReport) -> String {
         "issue",
         "verdict",
     ]);
-    for k in &report.kernels {
+    for k in kernels {
         let c = k.counters.as_ref();
         t.add_row(vec![
             Cell::new(&k.case),
@@ -642,11 +642,11 @@ mod tests {
     /// with resources, occupancy, counters, stalls and a verdict for every kernel.
     #[test]
     fn profile_of_the_recorded_h100_ladder() {
-        let report: ProfileReport = serde_json::from_str(include_str!(
+        let report: evokernel::profile::ProfileReport = serde_json::from_str(include_str!(
             "../../../docs/results/h100-profile-faf7d51.json"
         ))
         .unwrap();
-        let text = profile(&report);
+        let text = profile(&report.kernels);
         for v in [
             "naive",
             "smem_tile",

@@ -365,6 +365,11 @@ fn bench_of_the_fp8_gemm_checks_its_flags_before_any_gpu_work() {
     );
     rejects(&["bench", "--m", "64"], "need --op scaled-mm");
     rejects(&["tune", "--m", "64"], "need --op scaled-mm");
+    rejects(&["profile", "--m", "64"], "need --op scaled-mm");
+    rejects(
+        &["profile", "--op", "scaled-mm", "--m", "64", "--n", "64"],
+        "give --m M --n N --k K",
+    );
     rejects(
         &[
             "tune",
@@ -408,7 +413,7 @@ fn bench_of_the_fp8_gemm_checks_its_flags_before_any_gpu_work() {
         "--backend",
         "cpu",
         "--config",
-        "scaled_mm_wgmma:bn=64,consumers=1,stages=3,group_m=1,splits=1,persistent=1,cluster=2",
+        "scaled_mm_wgmma:bn=64,consumers=1,stages=3,group_m=1,splits=1,persistent=1,cluster=2,fold=1",
         "--config",
         "scaled_mm_mma:bm=64,bn=64,bk=32,warps_m=2,warps_n=2",
     ]));

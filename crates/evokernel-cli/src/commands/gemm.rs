@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use evokernel::bench::Protocol;
 use evokernel::gemm::tune::tune_case;
 use evokernel::gemm::{bench_scaled_mm, load_gemm_suite, GemmCase, GemmKernel, ScaledMmSpec};
+use evokernel::profile::{profile_gemm, KernelProfile, Ncu, SmLimits};
 use evokernel::session::TunePlan;
 use evokernel::{Engine, Error};
 use serde::Serialize;
@@ -20,6 +21,9 @@ struct GemmReport {
     device: String,
     seed: u64,
     cases: Vec<GemmCase>,
+    /// `profile`: each kernel that ran, with its resources, occupancy and counters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kernels: Option<Vec<KernelProfile>>,
 }
 
 /// Flags that mean something only for convolutions, refused rather than ignored.
@@ -91,6 +95,8 @@ fn cases(
 /// What both GEMM commands check before any GPU work, then the device.
 struct Setup {
     protocol: Protocol,
+    /// `--config` kernels (bench and profile; tune refuses them).
+    configs: Vec<GemmKernel>,
     cases: Vec<(String, ScaledMmSpec)>,
     engine: Engine,
 }
@@ -111,6 +117,11 @@ fn setup(
         ));
     }
     let protocol = crate::args::protocol(iters)?;
+    let configs = common
+        .config
+        .iter()
+        .map(|c| c.parse::<GemmKernel>())
+        .collect::<Result<Vec<_>, _>>()?;
     if let Some(path) = &common.json {
         crate::args::check_output_path(path)?;
     }
@@ -133,6 +144,7 @@ fn setup(
     }
     Ok(Setup {
         protocol,
+        configs,
         cases,
         engine,
     })
@@ -194,23 +206,28 @@ pub fn run(
     problem: &ProblemArgs,
     iters: usize,
 ) -> Result<bool, Error> {
-    let configs = common
-        .config
-        .iter()
-        .map(|c| c.parse::<GemmKernel>())
-        .collect::<Result<Vec<_>, _>>()?;
     let s = setup("bench", common, gemm, problem, iters)?;
-    let (protocol, cases) = (s.protocol, &s.cases);
+    let report = measure(&s, common)?;
+    if let Some(path) = &common.json {
+        write_json_or_keep(path, &report);
+    }
+    Ok(report.cases.iter().all(GemmCase::passed))
+}
+
+/// Every case measured (the `--config` kernels, else the ladder), each printed as soon
+/// as it is (a suite of large GEMMs takes minutes), then the summary.
+fn measure(s: &Setup, common: &Common) -> Result<GemmReport, Error> {
+    let configs = &s.configs;
     let dev = device(&s.engine)?;
     let mut report = GemmReport {
         device: dev.info().name.clone(),
         seed: common.seed,
         cases: Vec::new(),
+        kernels: None,
     };
-    // Each case's rows as soon as it is measured (a suite of large GEMMs takes minutes).
-    for (name, spec) in cases {
+    for (name, spec) in &s.cases {
         let bar = spinner(&format!("{name}: {spec}"));
-        let case = bench_scaled_mm(dev, name, spec, &configs, &protocol, common.seed);
+        let case = bench_scaled_mm(dev, name, spec, configs, &s.protocol, common.seed);
         bar.finish_and_clear();
         let case = case?;
         println!("{}", table::gemm(std::slice::from_ref(&case)));
@@ -219,6 +236,70 @@ pub fn run(
     if report.cases.len() > 1 {
         println!("{}", table::gemm_summary(&report.cases));
     }
+    Ok(report)
+}
+
+/// `profile --op scaled-mm`: the bench, then each kernel that ran re-run alone under
+/// Nsight Compute (this binary's `bench` with the candidate's exact config), resources,
+/// occupancy and the verdict beside it.
+pub fn profile(
+    common: &Common,
+    gemm: &GemmArgs,
+    problem: &ProblemArgs,
+    iters: usize,
+    no_counters: bool,
+) -> Result<bool, Error> {
+    let s = setup("profile", common, gemm, problem, iters)?;
+    let mut report = measure(&s, common)?;
+    let ncu = (!no_counters).then(|| {
+        Ncu::locate()
+            .and_then(|n| Ok((n.metrics()?, n)))
+            .map_err(|e| e.to_string())
+    });
+    if let Some(Err(e)) = &ncu {
+        eprintln!("warning: no counters: {e}");
+    }
+    let exe = std::env::current_exe().map_err(|source| Error::Io {
+        action: "cannot find this executable to re-run under ncu",
+        path: PathBuf::from("evokernel"),
+        source,
+    })?;
+    let limits = device(&s.engine)?
+        .info()
+        .sm_limits
+        .unwrap_or(SmLimits::HOPPER);
+    let bar = spinner("profiling");
+    let kernels = profile_gemm(&report.cases, &limits, |case, cand| {
+        let (metrics, ncu) = match ncu.as_ref()? {
+            Ok(found) => found,
+            Err(e) => return Some(Err(Error::Profiler { message: e.clone() })),
+        };
+        bar.set_message(format!("{}: {} under ncu", case.name, cand.config));
+        let mut args: Vec<String> = ["bench", "--op", "scaled-mm"].map(String::from).to_vec();
+        for (flag, v) in [("--m", case.m), ("--n", case.n), ("--k", case.k)] {
+            args.extend([flag.to_string(), v.to_string()]);
+        }
+        args.extend([
+            "--scaling".into(),
+            gemm.scaling.name().into(),
+            "--out-dtype".into(),
+            gemm.out_dtype.to_string(),
+            "--config".into(),
+            cand.config.clone(),
+            "--iters".into(),
+            "1".into(),
+            "--seed".into(),
+            common.seed.to_string(),
+        ]);
+        if common.bias {
+            args.push("--bias".into());
+        }
+        let kernel = cand.config.split(':').next().unwrap_or_default();
+        Some(ncu.profile(&format!("^{kernel}$"), metrics, &exe, &args))
+    });
+    bar.finish_and_clear();
+    println!("{}", table::profile(&kernels));
+    report.kernels = Some(kernels);
     if let Some(path) = &common.json {
         write_json_or_keep(path, &report);
     }

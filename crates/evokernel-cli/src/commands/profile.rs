@@ -66,7 +66,7 @@ pub fn report(
         Some(ncu.profile(&regex, metrics, &exe, &args))
     });
     bar.finish_and_clear();
-    println!("{}", table::profile(&profiled));
+    println!("{}", table::profile(&profiled.kernels));
     if let Some(path) = &common.json {
         write_json_or_keep(path, &profiled);
     }

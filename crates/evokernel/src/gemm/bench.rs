@@ -12,7 +12,7 @@ use super::tune::target_of;
 use super::{ScaledMmData, ScaledMmSpec};
 use crate::bench::{time_launches, time_pair_launches, Protocol, Timing};
 use crate::cuda::cublaslt::CublasLtScaledMm;
-use crate::cuda::CudaDevice;
+use crate::cuda::{CudaDevice, KernelResources};
 use crate::error::Result;
 use crate::tune::TuneCache;
 
@@ -37,6 +37,8 @@ pub struct GemmCandidate {
     pub skipped: Option<String>,
     /// The config came from the tune cache (`evokernel tune --op scaled-mm`).
     pub tuned: bool,
+    /// The main kernel's registers and shared memory (absent when skipped).
+    pub resources: Option<KernelResources>,
 }
 
 /// cuBLASLt on one case: its fastest algorithm, its gate, its co-measured time.
@@ -62,6 +64,8 @@ pub struct GemmCase {
     pub k: usize,
     /// Positions of D the oracle checked (all of D when it is small).
     pub checked: usize,
+    /// Bytes a launch must move at least (A, B, D, scales, bias once): the memory floor.
+    pub min_bytes: u64,
     pub candidates: Vec<GemmCandidate>,
     /// The fastest candidate that passed, by index into `candidates`.
     pub best: Option<usize>,
@@ -149,6 +153,7 @@ pub fn bench_scaled_mm(
                 pack_ms: 0.0,
                 skipped: Some(reason),
                 tuned: false,
+                resources: None,
             });
             continue;
         }
@@ -166,6 +171,7 @@ pub fn bench_scaled_mm(
             pack_ms: run.pack_ms(),
             skipped: None,
             tuned: tuned.is_some_and(|t| GemmKernel::Wgmma(t) == cfg),
+            resources: Some(run.resources()),
         };
         if v.passed {
             let (timing, against) = match reference.as_mut() {
@@ -207,6 +213,7 @@ pub fn bench_scaled_mm(
         n: spec.n(),
         k: spec.k(),
         checked: positions.len(),
+        min_bytes: spec.min_bytes(),
         candidates,
         best: best.map(|b| b.0),
         cublaslt,

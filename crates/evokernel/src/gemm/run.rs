@@ -14,7 +14,7 @@ use super::pack::PackedB;
 use super::reference::{f32_bytes, ScaledMmData};
 use super::spec::ScaledMmSpec;
 use super::wgmma::{WgmmaConfig, SOURCE as WGMMA_SOURCE, STEP_K};
-use crate::cuda::{CudaDevice, LoadedKernel};
+use crate::cuda::{CudaDevice, KernelResources, LoadedKernel};
 use crate::error::{Error, Result};
 use crate::tensor::HostTensor;
 
@@ -254,6 +254,13 @@ impl<'d> ScaledMmRun<'d> {
         let mut d = HostTensor::zeros(self.spec.out_dtype(), &[self.spec.m(), self.spec.n()]);
         self.dev.download(&self.d, &mut d)?;
         Ok(d)
+    }
+
+    /// Registers, shared memory and local bytes of the main kernel (not split-K's finalize).
+    pub fn resources(&self) -> KernelResources {
+        match &self.launches {
+            Launches::Mma(kernel, _) | Launches::Wgmma { kernel, .. } => kernel.resources,
+        }
     }
 
     /// Milliseconds the host spent packing B (once, outside every launch).

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cuda::KernelResources;
 use crate::error::Result;
+use crate::gemm::{GemmCandidate, GemmCase};
 use crate::session::{CaseReport, RowReport, RunReport};
 
 /// Everything known about one kernel of a run: resources, occupancy, counters, verdict.
@@ -81,4 +82,129 @@ pub fn profile_run(
         }
     }
     ProfileReport { run, kernels }
+}
+
+/// Profiles each fp8 GEMM candidate of `cases` that ran (passed the gate and has a
+/// resource report): occupancy on `limits`, counters from `counters` (None: not wanted),
+/// the verdict against the case's memory floor.
+pub fn profile_gemm(
+    cases: &[GemmCase],
+    limits: &SmLimits,
+    mut counters: impl FnMut(&GemmCase, &GemmCandidate) -> Option<Result<Counters>>,
+) -> Vec<KernelProfile> {
+    let mut kernels = Vec::new();
+    for case in cases {
+        for cand in &case.candidates {
+            let (Some(resources), true) = (cand.resources, cand.passed) else {
+                continue;
+            };
+            let occupancy = occupancy::occupancy(limits, &resources);
+            let (counters, counters_error) = match counters(case, cand) {
+                None => (None, Some("not measured (--no-counters)".to_string())),
+                Some(Ok(c)) => (Some(c), None),
+                Some(Err(e)) => (None, Some(e.to_string())),
+            };
+            let diagnosis = counters
+                .as_ref()
+                .map(|c| diagnose(c, Some(&occupancy), Some(case.min_bytes as f64)));
+            kernels.push(KernelProfile {
+                case: case.name.clone(),
+                implementation: cand
+                    .config
+                    .split(':')
+                    .next()
+                    .unwrap_or_default()
+                    .to_string(),
+                config: Some(cand.config.clone()),
+                median_ms: cand.timing.as_ref().map(|t| t.median_ms),
+                resources,
+                occupancy,
+                counters,
+                counters_error,
+                diagnosis,
+            });
+        }
+    }
+    kernels
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidate(config: &str, passed: bool, resources: Option<KernelResources>) -> GemmCandidate {
+        GemmCandidate {
+            config: config.into(),
+            rel_l2: 1e-3,
+            max_abs: 1e-2,
+            passed,
+            timing: None,
+            tflops: None,
+            vs_cublaslt: None,
+            pack_ms: 0.0,
+            skipped: None,
+            tuned: false,
+            resources,
+        }
+    }
+
+    /// The kernels that ran are profiled (occupancy from their resources, the verdict
+    /// from counters); a candidate that failed the gate or did not fit is left out.
+    #[test]
+    fn gemm_candidates_that_ran_are_profiled() {
+        let wgmma = KernelResources {
+            registers: 168,
+            static_shared_bytes: 0,
+            dynamic_shared_bytes: 216_000,
+            local_bytes: 0,
+            max_threads_per_block: 384,
+            blocks_per_sm: 1,
+            threads_per_block: 384,
+        };
+        let case = GemmCase {
+            name: "square-8192".into(),
+            spec: "scaled-mm 8192x8192x8192".into(),
+            key: "k".into(),
+            m: 8192,
+            n: 8192,
+            k: 8192,
+            checked: 1280,
+            min_bytes: 2 * 8192 * 8192 + 2 * 8192 * 8192,
+            candidates: vec![
+                candidate("scaled_mm_wgmma:bn=256", true, Some(wgmma)),
+                candidate("scaled_mm_wgmma:bn=128", false, Some(wgmma)),
+                candidate("scaled_mm_wgmma:bn=512", false, None),
+            ],
+            best: Some(0),
+            cublaslt: None,
+            cublaslt_missing: None,
+        };
+        let busy = Counters {
+            kernel: "scaled_mm_wgmma".into(),
+            duration_ms: Some(1.0),
+            tensor_pct: Some(92.0),
+            dram_pct: Some(20.0),
+            issue_pct: Some(15.0),
+            ..Counters::default()
+        };
+        let mut asked = Vec::new();
+        let kernels = profile_gemm(std::slice::from_ref(&case), &SmLimits::HOPPER, |_, c| {
+            asked.push(c.config.clone());
+            Some(Ok(busy.clone()))
+        });
+        assert_eq!(asked, ["scaled_mm_wgmma:bn=256"]);
+        assert_eq!(kernels.len(), 1);
+        let k = &kernels[0];
+        assert_eq!(k.implementation, "scaled_mm_wgmma");
+        assert_eq!(k.occupancy.blocks_per_sm, 1);
+        assert_eq!(k.diagnosis.as_ref().unwrap().bound, Bound::Tensor);
+        // Without counters: resources and occupancy, and why there are no counters.
+        let plain = profile_gemm(&[case], &SmLimits::HOPPER, |_, _| None);
+        assert!(plain[0].diagnosis.is_none());
+        assert!(plain[0]
+            .counters_error
+            .as_deref()
+            .unwrap()
+            .contains("--no-counters"));
+    }
 }

@@ -23,6 +23,7 @@ const METRICS: &[&str] = &[
     "sm__warps_active.avg.pct_of_peak_sustained_active",
     "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
     "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
     "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
     "sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active",
     "smsp__issue_active.avg.pct_of_peak_sustained_active",
@@ -98,8 +99,10 @@ impl Counters {
             theoretical_occupancy_pct: get("sm__maximum_warps_per_active_cycle_pct"),
             fma_pct: get("sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"),
             alu_pct: get("sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active"),
-            tensor_pct: get(
-                "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+            // Every tensor pipe (Hopper's wgmma too); the mma.sync-only (hmma) metric where
+            // this ncu has no aggregate.
+            tensor_pct: get("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active").or(
+                get("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"),
             ),
             lsu_pct: get("sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active"),
             issue_pct: get("smsp__issue_active.avg.pct_of_peak_sustained_active"),
@@ -330,6 +333,24 @@ pub fn select_metrics(query_output: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Hopper's wgmma runs on the tensor pipe the hmma metric does not see: the aggregate
+    /// wins where ncu has it.
+    #[test]
+    fn tensor_use_counts_every_tensor_pipe() {
+        let hmma = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active";
+        let all = "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active";
+        let m: BTreeMap<String, f64> = [(hmma.to_string(), 0.0), (all.to_string(), 71.0)].into();
+        assert_eq!(
+            Counters::from_metrics("k".into(), &m).tensor_pct,
+            Some(71.0)
+        );
+        let m: BTreeMap<String, f64> = [(hmma.to_string(), 40.0)].into();
+        assert_eq!(
+            Counters::from_metrics("k".into(), &m).tensor_pct,
+            Some(40.0)
+        );
+    }
 
     const SMEM_TILE: &str = include_str!("../../tests/data/ncu-raw-smem_tile-h100.csv");
     const NAIVE: &str = include_str!("../../tests/data/ncu-raw-naive-h100.csv");
