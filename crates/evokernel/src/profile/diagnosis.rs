@@ -181,6 +181,13 @@ pub fn diagnose(
                       16-byte accesses, ldmatrix/stmatrix, fewer staging round trips"
                     .into(),
             },
+            // Hopper's warpgroup MMA is already the largest shape: then only wasted work
+            // (padding, tails) or the clock is left.
+            Bound::Tensor if c.kernel.contains("wgmma") => {
+                "the tensor pipe is the roof: remove padded (wasted) MMA work; the rest is the \
+                 clock (power-limited under fp8)"
+                    .into()
+            }
             Bound::Tensor => "the tensor pipe is the roof: remove padded (wasted) MMA work or \
                               move to a larger MMA shape (wgmma)"
                 .into(),

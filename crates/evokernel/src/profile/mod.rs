@@ -198,6 +198,8 @@ mod tests {
         assert_eq!(k.implementation, "scaled_mm_wgmma");
         assert_eq!(k.occupancy.blocks_per_sm, 1);
         assert_eq!(k.diagnosis.as_ref().unwrap().bound, Bound::Tensor);
+        // A wgmma kernel is not told to move to wgmma.
+        assert!(!k.diagnosis.as_ref().unwrap().next.contains("(wgmma)"));
         // Without counters: resources and occupancy, and why there are no counters.
         let plain = profile_gemm(&[case], &SmLimits::HOPPER, |_, _| None);
         assert!(plain[0].diagnosis.is_none());
