@@ -1058,6 +1058,28 @@ fn scaled_mm_kernels_pass_the_gate() {
             cluster: 1,
             fold: 2,
         }),
+        // Three consumer warpgroups (192-row tiles, 160 registers each): ragged in M
+        // everywhere here, clustered and persistent, and split.
+        GemmKernel::Wgmma(WgmmaConfig {
+            bn: 128,
+            consumers: 3,
+            stages: 4,
+            group_m: 8,
+            splits: 1,
+            persistent: 1,
+            cluster: 2,
+            fold: 1,
+        }),
+        GemmKernel::Wgmma(WgmmaConfig {
+            bn: 64,
+            consumers: 3,
+            stages: 3,
+            group_m: 1,
+            splits: 3,
+            persistent: 0,
+            cluster: 1,
+            fold: 1,
+        }),
     ];
     let mut checked = 0;
     for scaling in [Scaling::PerTensor, Scaling::RowWise, Scaling::BlockWise] {

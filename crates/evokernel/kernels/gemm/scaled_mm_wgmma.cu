@@ -197,7 +197,11 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
     static_assert(BN % EPI_COLS == 0, "whole staging chunks a tile");
     constexpr int ACC = BN / 2;  // f32 accumulators a thread: 64 rows x BN over 128 threads
     static_assert(BN == 64 || BN == 128 || BN == 256, "wgmma N of 64, 128 or 256");
-    static_assert(CONSUMERS == 1 || CONSUMERS == 2, "one or two consumer warpgroups");
+    static_assert(CONSUMERS >= 1 && CONSUMERS <= 3, "one to three consumer warpgroups");
+    // setmaxnreg: the producer's registers go to the consumers. Four warpgroups share 64K
+    // registers: 24 + 3 x 160 (a 64 x 128 total and one partial set fit; 64 x 256 does not).
+    constexpr int PRODUCER_REGS = CONSUMERS == 3 ? 24 : 40, CONSUMER_REGS = CONSUMERS == 3 ? 160 : 232;
+    static_assert(CONSUMERS < 3 || (BN <= 128 && FOLD == 1), "three consumers: 160 registers hold BN <= 128, one partial set");
     static_assert(STAGES >= 2, "a ring of at least two stages");
     static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two blocks");
     static_assert(SCALING != 2 || BN <= 128, "block-wise scaling: a tile inside one 128-column B block");
@@ -244,7 +248,7 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
     if (tid < 128) {
         // Producer warpgroup: gives its registers to the consumers; one thread issues
         // every copy.
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS) : "memory");
         if (tid == 0) {
             int g = 0;
             for (int tile = blockIdx.x / CLUSTER; tile < tiles; tile += gridDim.x / CLUSTER) {
@@ -272,7 +276,7 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
         }
         return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
 
     // Consumer warpgroup c: rows m0 + 64c .. + 63 of each tile.
     const int c = tid / 128 - 1, t = tid % 128, warp = t / 32, lane = t % 32;

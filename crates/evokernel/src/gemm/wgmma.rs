@@ -98,13 +98,13 @@ impl WgmmaConfig {
         })
     }
 
-    /// The family: N tiles of 64-256, one or two consumer warpgroups, 3-6 stages, panels
+    /// The family: N tiles of 64-256, one to three consumer warpgroups, 3-6 stages, panels
     /// of 1-16 tile rows, split-K up to 16, persistent or not, clusters of 1 or 2 (those
     /// that fit are kept by `fits`).
     pub fn space() -> Vec<WgmmaConfig> {
         let mut v = Vec::new();
         for bn in [64, 128, 256] {
-            for consumers in [1, 2] {
+            for consumers in [1, 2, 3] {
                 for stages in [3, 4, 5, 6] {
                     for group_m in [1, 8, 16] {
                         for splits in [1, 2, 4, 8, 16] {
@@ -132,12 +132,14 @@ impl WgmmaConfig {
         v
     }
 
-    /// A 128 x 256 tile (two consumers; 128 x 128 where that leaves SMs idle or under
-    /// block-wise scaling), four stages, panels of 8 tile rows; with 128 x 256 tiles (and
-    /// block-wise 128 x 128 ones that fill the SMs), persistent clusters of two sharing B (run 128: 8192^3 0.862 ms vs 0.904 for one
-    /// block a tile, 4096^3 0.115 vs 0.119, M = 16384 N = 14336 1.549 vs 1.604); where the
-    /// tiles fill less than half the GPU's 132 SMs (decode-sized M and N), split-K up to
-    /// filling it (run 7: at M = 128, N = 14336 one split beat two, 0.95x vs 0.72x).
+    /// A 128 x 256 tile (two consumers; 128 x 128 where that leaves SMs idle), four
+    /// stages, panels of 8 tile rows; with 128 x 256 tiles, persistent clusters of two
+    /// sharing B (run 128: 8192^3 0.862 ms vs 0.904 for one block a tile, 4096^3 0.115 vs
+    /// 0.119, M = 16384 N = 14336 1.549 vs 1.604). Block-wise scaling where its tiles fill
+    /// the SMs: 192 x 128 tiles of three consumers, persistent, no cluster (run 139: 8192^3
+    /// 1.104 ms vs 1.248 for two consumers in clusters, 1.197 for three in clusters). Where
+    /// the tiles fill less than half the GPU's 132 SMs (decode-sized M and N), split-K up
+    /// to filling it (run 7: at M = 128, N = 14336 one split beat two, 0.95x vs 0.72x).
     pub fn default_for(spec: &ScaledMmSpec) -> WgmmaConfig {
         let consumers = if spec.m() <= 64 { 1 } else { 2 };
         // 128 x 256 where those tiles still fill the SMs (run 8: 8192^3 1.083 ms vs 1.140
@@ -151,21 +153,18 @@ impl WgmmaConfig {
         while tiles * splits * 2 <= 132 && splits * 2 <= 16 && steps >= splits * 2 * 4 {
             splits *= 2;
         }
-        // Block-wise scaling's 128 x 128 tiles the same way where they fill the SMs and
-        // stack in M (run 133: 8192^3 1.23-1.26 ms vs 1.31-1.35 one block a tile).
-        let streamed = wide
-            || (spec.scaling() == Scaling::BlockWise
-                && splits == 1
-                && tiles >= 132
-                && spec.m() > 2 * 64 * consumers);
+        let tall = spec.scaling() == Scaling::BlockWise
+            && splits == 1
+            && spec.m().div_ceil(192) * spec.n().div_ceil(bn) >= 132
+            && spec.m() > 2 * 192;
         WgmmaConfig {
             bn,
-            consumers,
+            consumers: if tall { 3 } else { consumers },
             stages: 4,
             group_m: 8,
             splits,
-            persistent: usize::from(streamed),
-            cluster: if streamed { 2 } else { 1 },
+            persistent: usize::from(wide || tall),
+            cluster: if wide { 2 } else { 1 },
             fold: 1,
         }
     }
@@ -203,8 +202,15 @@ impl WgmmaConfig {
         if ![64, 128, 256].contains(&self.bn) {
             return Err(format!("bn {} is not a wgmma N (64, 128, 256)", self.bn));
         }
-        if !(1..=2).contains(&self.consumers) {
-            return Err(format!("{} consumer warpgroups (1 or 2)", self.consumers));
+        if !(1..=3).contains(&self.consumers) {
+            return Err(format!("{} consumer warpgroups (1 to 3)", self.consumers));
+        }
+        if self.consumers == 3 && (self.bn > 128 || self.fold > 1) {
+            return Err(format!(
+                "three consumer warpgroups get 160 registers a thread: bn <= 128 and fold 1 \
+                 (not bn {}, fold {})",
+                self.bn, self.fold
+            ));
         }
         if !(2..=8).contains(&self.stages) {
             return Err(format!("{} stages (2 to 8)", self.stages));
@@ -345,7 +351,7 @@ mod tests {
                 let cfg = WgmmaConfig::default_for(&spec);
                 cfg.fits(&spec).unwrap_or_else(|e| panic!("{name}: {e}"));
                 let l = cfg.launch(&spec, 132);
-                assert_eq!(l.block.0, 384 - 128 * (2 - cfg.consumers as u32), "{name}");
+                assert_eq!(l.block.0, 128 * (cfg.consumers as u32 + 1), "{name}");
                 assert_eq!(l.grid.2 as usize, cfg.live_splits(&spec), "{name}");
                 // Every split takes at least one K step, and they cover K.
                 let steps = spec.k().div_ceil(STEP_K);
