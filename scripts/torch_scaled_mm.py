@@ -11,21 +11,7 @@ import sys
 
 import torch
 
-
-def time_ms(fn, warmup=10, min_ms=200.0):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    while sum(times) < min_ms or len(times) < 20:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
+from torch_baseline import time_ms  # CUDA events, warm-up, median (same script dir)
 
 
 def operands(m, n, k, scaling):
@@ -78,7 +64,7 @@ def main():
                     fn = lambda: torch._scaled_mm(
                         a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=fast
                     )
-                    ms = time_ms(fn)
+                    ms = time_ms(fn)[0]
                     row[f"{key}_ms"] = ms
                     row[f"{key}_tflops"] = 2.0 * m * n * k / ms / 1e9
                 except Exception as e:

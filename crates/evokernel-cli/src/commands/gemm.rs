@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use evokernel::bench::Protocol;
 use evokernel::gemm::tune::tune_case;
 use evokernel::gemm::{bench_scaled_mm, load_gemm_suite, GemmCase, GemmKernel, ScaledMmSpec};
-use evokernel::profile::{profile_gemm, KernelProfile, Ncu, SmLimits};
+use evokernel::profile::{profile_gemm, KernelProfile, SmLimits};
 use evokernel::session::TunePlan;
 use evokernel::{Engine, Error};
 use serde::Serialize;
@@ -251,19 +251,7 @@ pub fn profile(
 ) -> Result<bool, Error> {
     let s = setup("profile", common, gemm, problem, iters)?;
     let mut report = measure(&s, common)?;
-    let ncu = (!no_counters).then(|| {
-        Ncu::locate()
-            .and_then(|n| Ok((n.metrics()?, n)))
-            .map_err(|e| e.to_string())
-    });
-    if let Some(Err(e)) = &ncu {
-        eprintln!("warning: no counters: {e}");
-    }
-    let exe = std::env::current_exe().map_err(|source| Error::Io {
-        action: "cannot find this executable to re-run under ncu",
-        path: PathBuf::from("evokernel"),
-        source,
-    })?;
+    let (ncu, exe) = super::profile::counters_setup(no_counters)?;
     let limits = device(&s.engine)?
         .info()
         .sm_limits

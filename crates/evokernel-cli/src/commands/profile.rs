@@ -21,19 +21,7 @@ pub fn report(
     no_counters: bool,
     out: &std::path::Path,
 ) -> Result<(), Error> {
-    let ncu = (!no_counters).then(|| {
-        Ncu::locate()
-            .and_then(|n| Ok((n.metrics()?, n)))
-            .map_err(|e| e.to_string())
-    });
-    if let Some(Err(e)) = &ncu {
-        eprintln!("warning: no counters: {e}");
-    }
-    let exe = std::env::current_exe().map_err(|source| Error::Io {
-        action: "cannot find this executable to re-run under ncu",
-        path: PathBuf::from("evokernel"),
-        source,
-    })?;
+    let (ncu, exe) = counters_setup(no_counters)?;
     let seed = report.options.seed;
     let bar = spinner("profiling");
     let profiled = profile_run(report, |case, row| {
@@ -75,6 +63,26 @@ pub fn report(
         println!("plot written to {}", f.display());
     }
     Ok(())
+}
+
+/// Nsight Compute and its metric list (None: --no-counters; Err: why there are none,
+/// warned once) and this executable, which the profilers re-run under it.
+pub type NcuSetup = Option<Result<(Vec<String>, Ncu), String>>;
+pub fn counters_setup(no_counters: bool) -> Result<(NcuSetup, PathBuf), Error> {
+    let ncu = (!no_counters).then(|| {
+        Ncu::locate()
+            .and_then(|n| Ok((n.metrics()?, n)))
+            .map_err(|e| e.to_string())
+    });
+    if let Some(Err(e)) = &ncu {
+        eprintln!("warning: no counters: {e}");
+    }
+    let exe = std::env::current_exe().map_err(|source| Error::Io {
+        action: "cannot find this executable to re-run under ncu",
+        path: PathBuf::from("evokernel"),
+        source,
+    })?;
+    Ok((ncu, exe))
 }
 
 /// The `bench` flags that describe `spec` exactly.

@@ -34,6 +34,40 @@ pub struct KernelProfile {
     pub diagnosis: Option<Diagnosis>,
 }
 
+impl KernelProfile {
+    /// One kernel's profile: `name` is (case, implementation, config); occupancy of its
+    /// `resources` on the SM `limits`; `counters` None when not wanted; the verdict
+    /// against the case's memory floor `min_bytes`.
+    fn new(
+        name: (String, String, Option<String>),
+        median_ms: Option<f64>,
+        (limits, resources): (&SmLimits, KernelResources),
+        counters: Option<Result<Counters>>,
+        min_bytes: f64,
+    ) -> KernelProfile {
+        let occupancy = occupancy::occupancy(limits, &resources);
+        let (counters, counters_error) = match counters {
+            None => (None, Some("not measured (--no-counters)".to_string())),
+            Some(Ok(c)) => (Some(c), None),
+            Some(Err(e)) => (None, Some(e.to_string())),
+        };
+        let diagnosis = counters
+            .as_ref()
+            .map(|c| diagnose(c, Some(&occupancy), Some(min_bytes)));
+        KernelProfile {
+            case: name.0,
+            implementation: name.1,
+            config: name.2,
+            median_ms,
+            resources,
+            occupancy,
+            counters,
+            counters_error,
+            diagnosis,
+        }
+    }
+}
+
 /// A run report with a profile of each kernel in it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ProfileReport {
@@ -59,26 +93,13 @@ pub fn profile_run(
             let Some(resources) = row.resources else {
                 continue;
             };
-            let occupancy = occupancy::occupancy(&limits, &resources);
-            let (counters, counters_error) = match counters(case, row) {
-                None => (None, Some("not measured (--no-counters)".to_string())),
-                Some(Ok(c)) => (Some(c), None),
-                Some(Err(e)) => (None, Some(e.to_string())),
-            };
-            let diagnosis = counters
-                .as_ref()
-                .map(|c| diagnose(c, Some(&occupancy), Some(case.min_bytes as f64)));
-            kernels.push(KernelProfile {
-                case: case.name.clone(),
-                implementation: row.name.clone(),
-                config: row.config.clone(),
-                median_ms: row.timing.as_ref().map(|t| t.median_ms),
-                resources,
-                occupancy,
-                counters,
-                counters_error,
-                diagnosis,
-            });
+            kernels.push(KernelProfile::new(
+                (case.name.clone(), row.name.clone(), row.config.clone()),
+                row.timing.as_ref().map(|t| t.median_ms),
+                (&limits, resources),
+                counters(case, row),
+                case.min_bytes as f64,
+            ));
         }
     }
     ProfileReport { run, kernels }
@@ -98,31 +119,18 @@ pub fn profile_gemm(
             let (Some(resources), true) = (cand.resources, cand.passed) else {
                 continue;
             };
-            let occupancy = occupancy::occupancy(limits, &resources);
-            let (counters, counters_error) = match counters(case, cand) {
-                None => (None, Some("not measured (--no-counters)".to_string())),
-                Some(Ok(c)) => (Some(c), None),
-                Some(Err(e)) => (None, Some(e.to_string())),
-            };
-            let diagnosis = counters
-                .as_ref()
-                .map(|c| diagnose(c, Some(&occupancy), Some(case.min_bytes as f64)));
-            kernels.push(KernelProfile {
-                case: case.name.clone(),
-                implementation: cand
-                    .config
-                    .split(':')
-                    .next()
-                    .unwrap_or_default()
-                    .to_string(),
-                config: Some(cand.config.clone()),
-                median_ms: cand.timing.as_ref().map(|t| t.median_ms),
-                resources,
-                occupancy,
-                counters,
-                counters_error,
-                diagnosis,
-            });
+            let kernel = cand.config.split(':').next().unwrap_or_default();
+            kernels.push(KernelProfile::new(
+                (
+                    case.name.clone(),
+                    kernel.to_string(),
+                    Some(cand.config.clone()),
+                ),
+                cand.timing.as_ref().map(|t| t.median_ms),
+                (limits, resources),
+                counters(case, cand),
+                case.min_bytes as f64,
+            ));
         }
     }
     kernels
