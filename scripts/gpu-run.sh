@@ -68,6 +68,12 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       # The GEMM suite, each case's ladder against cuBLASLt in the same call
       # (GEMM_SCALING: per-tensor, rowwise or blockwise; GEMM_ARGS: e.g. --case square-8192).
       LIMIT=${GEMM_LIMIT:-500} step gemmbench .gpu/evokernel bench --op scaled-mm --suite gemm --scaling "${GEMM_SCALING:-per-tensor}" ${GEMM_ARGS:-} --json "$out/gemm-${GEMM_SCALING:-per-tensor}.json" ;;
+    gemmtorch)
+      # torch._scaled_mm on the GEMM suite (a cross-check of the in-process cuBLASLt).
+      LIMIT=300 step gemmtorch python3 scripts/torch_scaled_mm.py "$out/torch-scaled-mm.json" ;;
+    gemmprofile)
+      # The GEMM's kernels under Nsight Compute (GEMM_PROFILE_ARGS: the problem flags).
+      LIMIT=300 step gemmprofile .gpu/evokernel profile --op scaled-mm ${GEMM_PROFILE_ARGS:---m 8192 --n 8192 --k 8192} --json "$out/gemm-profile.json" ;;
     vulkan)
       # The Vulkan backend on the NVIDIA driver (scripts/vulkan-nvidia.sh stage before).
       source scripts/vulkan-nvidia.sh env
