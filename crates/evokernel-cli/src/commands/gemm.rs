@@ -282,8 +282,7 @@ pub fn profile(
         if common.bias {
             args.push("--bias".into());
         }
-        let kernel = cand.config.split(':').next().unwrap_or_default();
-        Some(ncu.profile(&format!("^{kernel}$"), metrics, &exe, &args))
+        Some(ncu.profile(&format!("^{}$", cand.variant), metrics, &exe, &args))
     });
     bar.finish_and_clear();
     println!("{}", table::profile(&kernels));

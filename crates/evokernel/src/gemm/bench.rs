@@ -22,6 +22,8 @@ const SAMPLES: usize = 1024;
 /// One candidate config on one case.
 #[derive(Clone, Debug, Serialize)]
 pub struct GemmCandidate {
+    /// The kernel's function (`GemmKernel::variant`): what a profiler filters on.
+    pub variant: &'static str,
     pub config: String,
     pub rel_l2: f64,
     pub max_abs: f64,
@@ -143,6 +145,7 @@ pub fn bench_scaled_mm(
     for cfg in kernels {
         if let Err(reason) = cfg.fits(spec) {
             candidates.push(GemmCandidate {
+                variant: cfg.variant(),
                 config: cfg.to_string(),
                 rel_l2: f64::NAN,
                 max_abs: f64::NAN,
@@ -161,6 +164,7 @@ pub fn bench_scaled_mm(
         run.launch()?;
         let v = gemm_gate_at(&run.output()?, spec.n(), &positions, &want)?;
         let mut c = GemmCandidate {
+            variant: cfg.variant(),
             config: cfg.to_string(),
             rel_l2: v.rel_l2,
             max_abs: v.max_abs,

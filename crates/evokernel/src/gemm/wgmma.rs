@@ -153,8 +153,10 @@ impl WgmmaConfig {
         while tiles * splits * 2 <= 132 && splits * 2 <= 16 && steps >= splits * 2 * 4 {
             splits *= 2;
         }
+        // Block-wise 192-row tiles where they fill the SMs (split-K is then off) and M
+        // exceeds two of them (a short M would pad much of the MMA work; measured at
+        // 8192^3 only, run 139).
         let tall = spec.scaling() == Scaling::BlockWise
-            && splits == 1
             && spec.m().div_ceil(192) * spec.n().div_ceil(bn) >= 132
             && spec.m() > 2 * 192;
         WgmmaConfig {
@@ -266,7 +268,7 @@ impl WgmmaConfig {
     /// The NVRTC name expression (with the output type, scaling and bias of `spec`).
     pub fn specialization(&self, spec: &ScaledMmSpec) -> String {
         format!(
-            "scaled_mm_wgmma<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
+            "{NAME}<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
             cuda_type(spec.out_dtype()),
             self.bn,
             self.consumers,

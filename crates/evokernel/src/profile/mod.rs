@@ -119,11 +119,10 @@ pub fn profile_gemm(
             let (Some(resources), true) = (cand.resources, cand.passed) else {
                 continue;
             };
-            let kernel = cand.config.split(':').next().unwrap_or_default();
             kernels.push(KernelProfile::new(
                 (
                     case.name.clone(),
-                    kernel.to_string(),
+                    cand.variant.to_string(),
                     Some(cand.config.clone()),
                 ),
                 cand.timing.as_ref().map(|t| t.median_ms),
@@ -142,6 +141,7 @@ mod tests {
 
     fn candidate(config: &str, passed: bool, resources: Option<KernelResources>) -> GemmCandidate {
         GemmCandidate {
+            variant: "scaled_mm_wgmma",
             config: config.into(),
             rel_l2: 1e-3,
             max_abs: 1e-2,
