@@ -4,9 +4,13 @@
 //! Usage: cargo run --release --example cubin -- CASE VARIANT[:k=v,..] OUT.cubin [EPILOGUE]
 //! (CASE is a case of the public, channels-last or models suite; without `:k=v` the variant's
 //! default config; EPILOGUE e.g. `bias+silu+res`, default none).
+//!
+//! The fp8 GEMM's wgmma kernel: CASE is `MxNxK` and the scaling goes where EPILOGUE does,
+//! e.g. `cubin 8192x8192x8192 scaled_mm_wgmma:bn=128,consumers=3,.. OUT.cubin blockwise`.
 
 use evokernel::cuda::jit::Jit;
 use evokernel::engine::with_epilogue;
+use evokernel::gemm::{wgmma, ScaledMmSpec, Scaling, WgmmaConfig};
 use evokernel::suite::{channels_last_suite, models_suite, public_suite};
 use evokernel::variants::{registry, Config};
 use evokernel::{Activation, Epilogue};
@@ -26,6 +30,12 @@ fn parse_epilogue(text: &str) -> Result<Epilogue, Box<dyn std::error::Error>> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [shape, config, out, rest @ ..] = args.as_slice() {
+        if config.starts_with(wgmma::NAME) {
+            let scaling = rest.first().map_or("per-tensor", String::as_str);
+            return gemm_cubin(shape, config, out, scaling);
+        }
+    }
     let (case, config, out, epilogue) = match args.as_slice() {
         [c, v, o] => (c, v, o, Epilogue::NONE),
         [c, v, o, e] => (c, v, o, parse_epilogue(e)?),
@@ -52,6 +62,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let compiled = Jit::new("sm_90")?
         .without_cache()
         .compile(v.name(), v.source(), &expr)?;
+    std::fs::write(out, &compiled.cubin)?;
+    println!("{expr} -> {out} ({} bytes)", compiled.cubin.len());
+    Ok(())
+}
+
+/// The wgmma GEMM's CUBIN for `MxNxK` under `scaling` (bf16 output, no bias).
+fn gemm_cubin(
+    shape: &str,
+    config: &str,
+    out: &str,
+    scaling: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let dims: Vec<i64> = shape
+        .split('x')
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("'{shape}' is not MxNxK"))?;
+    let [m, n, k] = dims[..] else {
+        return Err(format!("'{shape}' is not MxNxK").into());
+    };
+    let scaling: Scaling = scaling.parse()?;
+    let spec = ScaledMmSpec::new(m, n, k, scaling, evokernel::DType::Bf16, false)?;
+    let wc = if config.contains(':') {
+        WgmmaConfig::from_config(&config.parse()?)?
+    } else {
+        WgmmaConfig::default_for(&spec)
+    };
+    wc.fits(&spec)?;
+    let expr = wc.specialization(&spec);
+    let compiled =
+        Jit::new("sm_90")?
+            .without_cache()
+            .compile_for(wgmma::NAME, wgmma::SOURCE, &expr, true)?;
     std::fs::write(out, &compiled.cubin)?;
     println!("{expr} -> {out} ({} bytes)", compiled.cubin.len());
     Ok(())

@@ -1080,6 +1080,28 @@ fn scaled_mm_kernels_pass_the_gate() {
             cluster: 1,
             fold: 1,
         }),
+        // 192-column tiles: block-wise tiles straddle two 128-column B blocks (N = 200
+        // and 1100 start tiles at column 192, mid-block), persistent; clustered and split.
+        GemmKernel::Wgmma(WgmmaConfig {
+            bn: 192,
+            consumers: 2,
+            stages: 4,
+            group_m: 8,
+            splits: 1,
+            persistent: 1,
+            cluster: 1,
+            fold: 1,
+        }),
+        GemmKernel::Wgmma(WgmmaConfig {
+            bn: 192,
+            consumers: 1,
+            stages: 5,
+            group_m: 1,
+            splits: 3,
+            persistent: 0,
+            cluster: 2,
+            fold: 1,
+        }),
     ];
     let mut checked = 0;
     for scaling in [Scaling::PerTensor, Scaling::RowWise, Scaling::BlockWise] {

@@ -9,7 +9,7 @@
 // flow through two shared-memory buffers (cp.async): step s + 1's copies in flight while
 // step s is multiplied.
 // Scaling (SCALING): 0 per-tensor (scale_a[0] * scale_b[0]), 1 row-wise (scale_a[row] *
-// scale_b[col]), 2 block-wise (scale_a[row][k / 128] * scale_b[k / 128][col / 128]: the
+// scale_b[col]), 2 block-wise (scale_a[k / 128][row] * scale_b[k / 128][col / 128]: the
 // products of each 128-deep K group are summed apart, then scaled into the total; BK
 // divides 128). bias is f32 [N] or null.
 
@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(WM * WN * 32) scaled_mm_mma(ScaledMmArgs p) {
     // Adds the group ending at K step s into the total with its block-wise scales.
     auto promote = [&](int s) {
         const int kg = s * BK / GROUP;
-        const int kgroups = (p.k + GROUP - 1) / GROUP, ngroups = (p.n + GROUP - 1) / GROUP;
+        const int ngroups = (p.n + GROUP - 1) / GROUP;
 #pragma unroll
         for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(WM * WN * 32) scaled_mm_mma(ScaledMmArgs p) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int row = row_of(i, e), col = col_of(j, e);
-                    const float sa = row < p.m ? p.scale_a[(long long)row * kgroups + kg] : 0.f;
+                    const float sa = row < p.m ? p.scale_a[(long long)kg * p.m + row] : 0.f;
                     const float sb = col < p.n ? p.scale_b[(long long)kg * ngroups + col / GROUP] : 0.f;
                     acc[i][j][e] = fmaf(part[i][j][e], sa * sb, acc[i][j][e]);
                     part[i][j][e] = 0.f;

@@ -24,7 +24,8 @@
 // blockIdx.z takes a run of K steps and writes its scaled f32 sums to `partial[z]`; `scaled_mm_splitk_finalize` adds the splits in order
 // (deterministic), adds the bias and converts.
 // Scaling: 0 per-tensor, 1 row-wise (scale_a[row] * scale_b[col]), 2 block-wise
-// (scale_a[row][k / 128] * scale_b[k / 128][col / 128]). bias is f32 [N] or null.
+// (scale_a[k / 128][row] * scale_b[k / 128][col / 128]: A's scales M-fastest, so a warp's
+// rows read them in one coalesced load). bias is f32 [N] or null.
 
 struct alignas(64) SmmTensorMap {
     unsigned long long opaque[16];  // CUtensorMap, encoded on the host (cuTensorMapEncodeTiled)
@@ -167,6 +168,14 @@ __device__ __forceinline__ void smm_wgmma_n128(float* d, unsigned long long da, 
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
+__device__ __forceinline__ void smm_wgmma_n192(float* d, unsigned long long da, unsigned long long db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95}, %96, %97, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
 __device__ __forceinline__ void smm_wgmma_n256(float* d, unsigned long long da, unsigned long long db, int scale_d) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
@@ -179,6 +188,7 @@ template <int BN>
 __device__ __forceinline__ void smm_wgmma(float* d, unsigned long long da, unsigned long long db, int scale_d) {
     if constexpr (BN == 64) smm_wgmma_n64(d, da, db, scale_d);
     else if constexpr (BN == 128) smm_wgmma_n128(d, da, db, scale_d);
+    else if constexpr (BN == 192) smm_wgmma_n192(d, da, db, scale_d);
     else smm_wgmma_n256(d, da, db, scale_d);
 }
 
@@ -196,7 +206,7 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
     constexpr int EPI_COLS = 128 / sizeof(TStore), EPI_PITCH = 128 + 16, EPI_BYTES = 64 * EPI_PITCH;
     static_assert(BN % EPI_COLS == 0, "whole staging chunks a tile");
     constexpr int ACC = BN / 2;  // f32 accumulators a thread: 64 rows x BN over 128 threads
-    static_assert(BN == 64 || BN == 128 || BN == 256, "wgmma N of 64, 128 or 256");
+    static_assert(BN == 64 || BN == 128 || BN == 192 || BN == 256, "wgmma N of 64, 128, 192 or 256");
     static_assert(CONSUMERS >= 1 && CONSUMERS <= 3, "one to three consumer warpgroups");
     // setmaxnreg: the producer's registers go to the consumers. Four warpgroups share 64K
     // registers: 24 + 3 x 160 (a 64 x 128 total and one partial set fit; 64 x 256 does not).
@@ -204,7 +214,7 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
     static_assert(CONSUMERS < 3 || (BN <= 128 && FOLD == 1), "three consumers: 160 registers hold BN <= 128, one partial set");
     static_assert(STAGES >= 2, "a ring of at least two stages");
     static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two blocks");
-    static_assert(SCALING != 2 || BN <= 128, "block-wise scaling: a tile inside one 128-column B block");
+    static_assert(SCALING != 2 || BN <= 192, "block-wise scaling: a total and a partial set of BN <= 192 in 232 registers");
     static_assert(FOLD == 1 || (SCALING == 2 && FOLD == 2 && BN <= 128), "two partial sets: block-wise, BN <= 128 (registers)");
     extern __shared__ unsigned char smm_raw[];
     // The swizzle pattern repeats every 1024 bytes: stages start on 1024-byte boundaries.
@@ -325,31 +335,46 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
             // ptxas serializes every wgmma (C7514, run 120). A stage's scales are loaded
             // right after its MMAs are issued (FOLD 1: a stage ahead), so their latency
             // hides behind MMAs.
-            float part0[ACC], part1[ACC];
+            float part0[ACC], part1[FOLD == 2 ? ACC : 1];
 #pragma unroll
             for (int i = 0; i < ACC; ++i) acc[i] = 0.f;
-            const int kgroups = k_steps, ngroups = (p.n + 127) / 128, cb = n0 / 128;  // BN <= 128: one B block
-            auto scales = [&](int it, float* s3) {
-                const int kg = min(s_begin + it, k_steps - 1);
-                s3[0] = row0 < p.m ? p.scale_a[(long long)row0 * kgroups + kg] : 0.f;
-                s3[1] = row1 < p.m ? p.scale_a[(long long)row1 * kgroups + kg] : 0.f;
-                s3[2] = p.scale_b[(long long)kg * ngroups + cb];
+            // A stage's scales: A's of this thread's two rows, then B's of each 64-column
+            // piece of the tile (one piece up to BN = 128, whose tiles sit inside one
+            // 128-column B block; three at BN = 192, whose tiles straddle two).
+            constexpr int PIECES = BN > 128 ? BN / 64 : 1, NS = 2 + PIECES;
+            // A row past M or a piece past N reads the last one's scale: its products are
+            // never stored, and no predicate sits in the mainloop.
+            const int ngroups = (p.n + 127) / 128;
+            const float* sa0 = p.scale_a + min(row0, p.m - 1);
+            const float* sa1 = p.scale_a + min(row1, p.m - 1);
+            const float* sb[PIECES];
+#pragma unroll
+            for (int q = 0; q < PIECES; ++q) sb[q] = p.scale_b + min((n0 + 64 * q) / 128, ngroups - 1);
+            auto scales = [&](int it, float* s) {
+                const long long kg = min(s_begin + it, k_steps - 1);
+                s[0] = sa0[kg * p.m];
+                s[1] = sa1[kg * p.m];
+#pragma unroll
+                for (int q = 0; q < PIECES; ++q) s[2 + q] = sb[q][kg * ngroups];
             };
-            auto landed = [&](float* set, int gs, const float* s3) {
+            auto landed = [&](float* set, int gs, const float* s) {
 #pragma unroll
                 for (int i = 0; i < ACC; ++i) smm_fence_reg(set[i]);
                 release(gs % STAGES);
-                const float s0 = s3[0] * s3[2], s1 = s3[1] * s3[2];
+                float s0[PIECES], s1[PIECES];
+#pragma unroll
+                for (int q = 0; q < PIECES; ++q) s0[q] = s[0] * s[2 + q], s1[q] = s[1] * s[2 + q];
 #pragma unroll
                 for (int j = 0; j < BN / 8; ++j) {
-                    acc[4 * j + 0] = fmaf(set[4 * j + 0], s0, acc[4 * j + 0]);
-                    acc[4 * j + 1] = fmaf(set[4 * j + 1], s0, acc[4 * j + 1]);
-                    acc[4 * j + 2] = fmaf(set[4 * j + 2], s1, acc[4 * j + 2]);
-                    acc[4 * j + 3] = fmaf(set[4 * j + 3], s1, acc[4 * j + 3]);
+                    const int q = j / (BN / 8 / PIECES);
+                    acc[4 * j + 0] = fmaf(set[4 * j + 0], s0[q], acc[4 * j + 0]);
+                    acc[4 * j + 1] = fmaf(set[4 * j + 1], s0[q], acc[4 * j + 1]);
+                    acc[4 * j + 2] = fmaf(set[4 * j + 2], s1[q], acc[4 * j + 2]);
+                    acc[4 * j + 3] = fmaf(set[4 * j + 3], s1[q], acc[4 * j + 3]);
                 }
             };
             if constexpr (FOLD == 1) {
-                float now[3], next[3];
+                float now[NS], next[NS];
                 scales(0, now);
                 for (int it = 0; it < steps; ++it, ++g) {
                     issue(g, part0, true);
@@ -357,12 +382,12 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
                     smm_wgmma_wait<0>();
                     landed(part0, g, now);
 #pragma unroll
-                    for (int q = 0; q < 3; ++q) now[q] = next[q];
+                    for (int q = 0; q < NS; ++q) now[q] = next[q];
                 }
             } else {
                 // Rounds of two stages while a third follows (no branch between an issue
                 // and its wait: ptxas's check is not path-sensitive), then the last one or two.
-                float sa[3], sb[3];
+                float sa[NS], sb[NS];
                 issue(g, part0, true);
                 scales(0, sa);
                 int it = 0;

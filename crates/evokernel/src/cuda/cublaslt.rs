@@ -99,8 +99,7 @@ fn scales_for_cublaslt(spec: &ScaledMmSpec, data: &ScaledMmData) -> (Vec<u8>, Ve
             f32_bytes(data.scale_a.iter().copied()),
         ),
         Scaling::BlockWise => {
-            let (m, kb, nb) = (
-                spec.m(),
+            let (kb, nb) = (
                 spec.k().div_ceil(crate::gemm::SCALE_BLOCK),
                 spec.n().div_ceil(crate::gemm::SCALE_BLOCK),
             );
@@ -115,9 +114,8 @@ fn scales_for_cublaslt(spec: &ScaledMmSpec, data: &ScaledMmData) -> (Vec<u8>, Ve
                     0.0
                 }
             });
-            // 1 x 128 blocks of A, as [K/128, M], M fastest (ours is [M, K/128]).
-            let a = (0..kb * m).map(|i| data.scale_a[(i % m) * kb + i / m]);
-            (f32_bytes(b), f32_bytes(a))
+            // 1 x 128 blocks of A: [K/128, M], M fastest, ours already.
+            (f32_bytes(b), f32_bytes(data.scale_a.iter().copied()))
         }
     }
 }
@@ -255,7 +253,7 @@ impl<'d> CublasLtScaledMm<'d> {
         let mut found = 0i32;
         let (la, lb, lc) = (desc.layouts[0], desc.layouts[1], desc.layouts[2]);
         // SAFETY: every descriptor is live; `results` has room for CANDIDATES entries.
-        unsafe {
+        let heuristic = unsafe {
             sys::cublasLtMatmulAlgoGetHeuristic(
                 handle.0,
                 op,
@@ -269,8 +267,19 @@ impl<'d> CublasLtScaledMm<'d> {
                 &mut found,
             )
             .result()
+        };
+        // A shape cuBLASLt's fp8 path does not take (e.g. N or K not a multiple of 16) is
+        // its refusal, not a GPU failure: the bench goes on without the reference.
+        if let Err(e) = &heuristic {
+            if e.0 == sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED {
+                return Err(unsupported(format!(
+                    "cuBLASLt's heuristic refuses {m} x {n} x {k} with {} scaling \
+                     (CUBLAS_STATUS_NOT_SUPPORTED; its fp8 path wants N and K multiples of 16)",
+                    spec.scaling().name()
+                )));
+            }
         }
-        .cuda("cublasLtMatmulAlgoGetHeuristic")?;
+        heuristic.cuda("cublasLtMatmulAlgoGetHeuristic")?;
         let algos: Vec<sys::cublasLtMatmulAlgo_t> = results[..found.max(0) as usize]
             .iter()
             .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)

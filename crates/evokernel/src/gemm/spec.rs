@@ -22,7 +22,7 @@ pub enum Scaling {
     PerTensor,
     /// One scale per row of A ([M]) and per column of B ([N]).
     RowWise,
-    /// One scale per 1x128 block of A ([M, K/128]) and per 128x128 block of B
+    /// One scale per 1x128 block of A ([K/128, M], M fastest) and per 128x128 block of B
     /// ([K/128, N/128]), rounded up at the edges.
     BlockWise,
 }
@@ -115,13 +115,15 @@ impl ScaledMmSpec {
         self.bias
     }
 
-    /// Shapes of A's and B's scale tensors (row-major).
+    /// Shapes of A's and B's scale tensors (row-major). Block-wise: A's 1 x 128 blocks as
+    /// [K/128, M], M fastest (cuBLASLt's and `torch._scaled_mm`'s layout, and the one a
+    /// warp's rows read in one coalesced load), B's 128 x 128 blocks as [K/128, N/128].
     pub fn scale_shapes(&self) -> (Vec<usize>, Vec<usize>) {
         let kb = self.k.div_ceil(SCALE_BLOCK);
         match self.scaling {
             Scaling::PerTensor => (vec![1], vec![1]),
             Scaling::RowWise => (vec![self.m], vec![self.n]),
-            Scaling::BlockWise => (vec![self.m, kb], vec![kb, self.n.div_ceil(SCALE_BLOCK)]),
+            Scaling::BlockWise => (vec![kb, self.m], vec![kb, self.n.div_ceil(SCALE_BLOCK)]),
         }
     }
 
@@ -131,7 +133,7 @@ impl ScaledMmSpec {
         match self.scaling {
             Scaling::PerTensor => 0,
             Scaling::RowWise => i,
-            Scaling::BlockWise => i * self.k.div_ceil(SCALE_BLOCK) + k / SCALE_BLOCK,
+            Scaling::BlockWise => (k / SCALE_BLOCK) * self.m + i,
         }
     }
     pub fn scale_index_b(&self, k: usize, j: usize) -> usize {
@@ -283,7 +285,8 @@ mod tests {
         assert!(e.to_string().contains("multiple of 16"), "{e}");
         assert!(e.is_user_input());
         let s = ScaledMmSpec::new(16, 4096, 4096, Scaling::BlockWise, DType::Bf16, true).unwrap();
-        assert_eq!(s.scale_shapes(), (vec![16, 32], vec![32, 32]));
+        assert_eq!(s.scale_shapes(), (vec![32, 16], vec![32, 32]));
+        assert_eq!(s.scale_index_a(5, 300), 2 * 16 + 5);
         assert_eq!(s.key(), "smm-m16-n4096-k4096-blockwise-bf16+bias");
         assert_eq!(s.flops(), 2 * 16 * 4096 * 4096);
         assert_eq!(s.scale_index_b(300, 129), 2 * 32 + 1);

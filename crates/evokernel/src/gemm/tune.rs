@@ -256,11 +256,12 @@ mod tests {
             );
         }
         assert!(all.contains(&to_config(&WgmmaConfig::default_for(&spec))));
-        // Block-wise scaling keeps bn <= 128: the space says so.
+        // Block-wise scaling keeps bn <= 192 (a partial set beside the total): the space
+        // says so.
         let bw =
             ScaledMmSpec::new(8192, 8192, 8192, Scaling::BlockWise, DType::Bf16, false).unwrap();
         let (_, p) = tuning_space(&bw);
-        assert_eq!(p[0].values, vec![64, 128]);
+        assert_eq!(p[0].values, vec![64, 128, 192]);
     }
 
     /// The check, on a synthetic landscape: the evolutionary search within a

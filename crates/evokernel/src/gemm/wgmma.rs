@@ -98,12 +98,12 @@ impl WgmmaConfig {
         })
     }
 
-    /// The family: N tiles of 64-256, one to three consumer warpgroups, 3-6 stages, panels
+    /// The family: N tiles of 64, 128, 192 or 256, one to three consumer warpgroups, 3-6 stages, panels
     /// of 1-16 tile rows, split-K up to 16, persistent or not, clusters of 1 or 2 (those
     /// that fit are kept by `fits`).
     pub fn space() -> Vec<WgmmaConfig> {
         let mut v = Vec::new();
-        for bn in [64, 128, 256] {
+        for bn in [64, 128, 192, 256] {
             for consumers in [1, 2, 3] {
                 for stages in [3, 4, 5, 6] {
                     for group_m in [1, 8, 16] {
@@ -155,15 +155,17 @@ impl WgmmaConfig {
         }
         // Block-wise 192-row tiles where they fill the SMs (split-K is then off) and M
         // exceeds two of them (a short M would pad much of the MMA work; measured at
-        // 8192^3 only, run 139).
+        // 8192^3 only, run 139), on a ring of three stages in panels of 16 tile rows
+        // (8192^3, runs 142-143, six interleaved pairs: 1.088 ms vs 1.104 for 3 stages
+        // in panels of 8, 1.108 for 4 stages).
         let tall = spec.scaling() == Scaling::BlockWise
             && spec.m().div_ceil(192) * spec.n().div_ceil(bn) >= 132
             && spec.m() > 2 * 192;
         WgmmaConfig {
             bn,
             consumers: if tall { 3 } else { consumers },
-            stages: 4,
-            group_m: 8,
+            stages: if tall { 3 } else { 4 },
+            group_m: if tall { 16 } else { 8 },
             splits,
             persistent: usize::from(wide || tall),
             cluster: if wide { 2 } else { 1 },
@@ -201,8 +203,11 @@ impl WgmmaConfig {
 
     /// `Err(reason)` when this config cannot run `spec`.
     pub fn fits(&self, spec: &ScaledMmSpec) -> Result<(), String> {
-        if ![64, 128, 256].contains(&self.bn) {
-            return Err(format!("bn {} is not a wgmma N (64, 128, 256)", self.bn));
+        if ![64, 128, 192, 256].contains(&self.bn) {
+            return Err(format!(
+                "bn {} is not a wgmma N of the family (64, 128, 192, 256)",
+                self.bn
+            ));
         }
         if !(1..=3).contains(&self.consumers) {
             return Err(format!("{} consumer warpgroups (1 to 3)", self.consumers));
@@ -234,13 +239,20 @@ impl WgmmaConfig {
         if !(1..=64).contains(&self.group_m) {
             return Err(format!("group_m {} (1 to 64)", self.group_m));
         }
-        if spec.scaling() == Scaling::BlockWise && self.bn > 128 {
+        if spec.scaling() == Scaling::BlockWise && self.bn > 192 {
             return Err(
-                "block-wise scaling takes a tile inside one 128-column B block: bn <= 128".into(),
+                "block-wise scaling keeps a partial set beside the total: bn <= 192 (232 registers)"
+                    .into(),
             );
         }
         if !(1..=2).contains(&self.fold) {
             return Err(format!("fold {} (1 or 2 partial sets)", self.fold));
+        }
+        if self.fold > 1 && self.bn > 128 {
+            return Err(format!(
+                "fold {} keeps two partial sets beside the total: bn <= 128 (not {})",
+                self.fold, self.bn
+            ));
         }
         if self.fold > 1 && spec.scaling() != Scaling::BlockWise {
             return Err(format!(
@@ -381,7 +393,16 @@ mod tests {
         let base = WgmmaConfig::default_for(&spec);
         for (cfg, says) in [
             (WgmmaConfig { bn: 96, ..base }, "wgmma N"),
-            (WgmmaConfig { bn: 256, ..base }, "bn <= 128"),
+            (WgmmaConfig { bn: 256, ..base }, "bn <= 192"),
+            (
+                WgmmaConfig {
+                    bn: 192,
+                    consumers: 2,
+                    fold: 2,
+                    ..base
+                },
+                "bn <= 128 (not 192)",
+            ),
             (WgmmaConfig { splits: 3, ..base }, "3 splits of 2 K steps"),
             (WgmmaConfig { stages: 1, ..base }, "1 stages"),
             (WgmmaConfig { fold: 3, ..base }, "fold 3"),
