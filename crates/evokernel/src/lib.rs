@@ -51,6 +51,7 @@ pub mod bench;
 pub mod cache;
 pub mod cpu;
 pub mod cuda;
+pub mod dense;
 pub mod dispatch;
 pub mod engine;
 pub mod epilogue;

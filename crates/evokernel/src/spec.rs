@@ -584,7 +584,7 @@ impl ConvSpec {
 
 #[inline]
 #[allow(clippy::too_many_arguments)]
-fn activation_index(
+pub(crate) fn activation_index(
     layout: Layout,
     channels: usize,
     dims: [usize; 3],

@@ -95,12 +95,17 @@ pub fn load_suite(path: &Path) -> Result<Vec<SuiteCase>> {
             return models_suite();
         }
     }
+    parse_suite(&read_suite_text(path)?, path)
+}
+
+/// A suite file's text, bounded: a suite is a few KiB; /dev/zero or a log file must not
+/// be read forever.
+pub(crate) fn read_suite_text(path: &Path) -> Result<String> {
     let io = |source| Error::Io {
         action: "cannot read suite file",
         path: path.to_path_buf(),
         source,
     };
-    // Bounded: a suite is a few KiB; /dev/zero or a log file must not be read forever.
     use std::io::Read;
     let mut text = String::new();
     std::fs::File::open(path)
@@ -116,7 +121,7 @@ pub fn load_suite(path: &Path) -> Result<Vec<SuiteCase>> {
             ),
         });
     }
-    parse_suite(&text, path)
+    Ok(text)
 }
 
 /// The largest suite file read (1 MiB).
