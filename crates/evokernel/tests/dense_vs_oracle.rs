@@ -76,38 +76,11 @@ proptest! {
     }
 }
 
-/// A dense-suite case's kernel, strides, paddings, groups and layout on a small input
-/// (batch 2, channels cut to two groups' worth of at most 8 channels each).
-fn shrunk(s: &DenseConvSpec, dtype: DType) -> DenseConvSpec {
-    let g = s.geometry();
-    let dims = s.spatial_dims();
-    let keep = |a: [usize; 3]| a[3 - dims..].iter().map(|&v| v as i64).collect::<Vec<_>>();
-    let groups = s.groups().min(2) as i64;
-    let (cpi, cpo) = (
-        s.in_per_group().min(8) as i64,
-        s.out_per_group().min(8) as i64,
-    );
-    let p = ConvParams {
-        n: 2,
-        c: groups * cpi,
-        input: keep(g.input3()).iter().map(|&v| v.min(9)).collect(),
-        kernel: keep(g.kernel3()),
-        stride: keep(g.stride3()),
-        dilation: keep(g.dilation3()),
-        padding: (3 - dims..3)
-            .map(|i| [g.pad_before3()[i] as i64, g.pad_after3()[i] as i64])
-            .collect(),
-        layout: s.layout(),
-        dtype,
-    };
-    DenseConvSpec::from_params(&p, groups * cpo, groups).unwrap()
-}
-
 #[test]
 fn the_dense_suite_shrunk_passes_on_the_cpu() {
     for case in dense_suite().unwrap() {
         for dtype in DType::ALL {
-            let s = shrunk(&case.spec, dtype);
+            let s = case.spec.small_twin(dtype).unwrap();
             check(&s, 11, false).unwrap_or_else(|e| panic!("{}: {e}", case.name));
             check(&s.with_layout(Layout::ChannelsFirst), 12, true)
                 .unwrap_or_else(|e| panic!("{}: {e}", case.name));

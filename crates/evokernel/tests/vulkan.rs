@@ -3,11 +3,16 @@
 //! naive and tiled shaders against the f64 oracle: the public suite's cases shrunk to
 //! small sizes (the same kernels, strides, dilations, paddings and layouts) and seeded
 //! random specs, with NaN/Inf in some inputs; the tiled shader also over its whole
-//! config space (pruned by the device's limits) on a few specs.
+//! config space (pruned by the device's limits) on a few specs. The dense and grouped
+//! shaders (naive, direct) the same way: the dense suite on small twins, random specs,
+//! and the direct shader over a sample of its space.
 
+use evokernel::dense::{dense_reference, dense_suite, DenseConvSpec};
 use evokernel::reference::conv_reference;
 use evokernel::suite::public_suite;
 use evokernel::tensor::SplitMix64;
+use evokernel::vulkan::dense_direct::{conv_vulkan_dense_direct, DirectConfig};
+use evokernel::vulkan::dense_naive::conv_vulkan_dense_naive;
 use evokernel::vulkan::naive::{conv_vulkan_naive, conv_vulkan_naive_timed};
 use evokernel::vulkan::tile::{conv_vulkan_tile, TileConfig};
 use evokernel::vulkan::{list_vulkan_devices, VulkanDevice};
@@ -320,4 +325,238 @@ fn dispatches_are_timed_by_timestamps() {
         dev.info().name
     );
     assert!(large > small, "32x the work took {large} vs {small} ms");
+}
+
+/// Which dense shader a check runs.
+#[derive(Clone, Copy, Debug)]
+enum DenseShader {
+    Naive,
+    Direct(Option<DirectConfig>),
+}
+
+fn check_dense(
+    dev: &VulkanDevice,
+    shader: DenseShader,
+    name: &str,
+    spec: &DenseConvSpec,
+    seed: u64,
+    non_finite: bool,
+) {
+    let dtype = spec.dtype();
+    let mut x = HostTensor::random_normal(dtype, &spec.input_shape(), seed);
+    let w = HostTensor::random_normal(dtype, &spec.weight_shape(), seed + 1);
+    if non_finite {
+        let mut rng = SplitMix64::new(seed);
+        for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let i = (rng.next_u64() % x.len() as u64) as usize;
+            x.set_f64(i, v);
+        }
+    }
+    let y = match shader {
+        DenseShader::Naive => conv_vulkan_dense_naive(dev, spec, &x, &w),
+        DenseShader::Direct(c) => conv_vulkan_dense_direct(dev, spec, &x, &w, c),
+    }
+    .unwrap_or_else(|e| panic!("{name} {shader:?}: {e}"))
+    .0;
+    let want = dense_reference(spec, &x, &w).unwrap();
+    let c = compare(&y, &want).unwrap();
+    assert!(c.passes(dtype), "{name} {shader:?} {spec}: {c:?}");
+}
+
+/// The dense suite's cases (ResNet-50, VAE, 3-D, ResNeXt grouped) on small twins: both
+/// dense shaders, f32 and (where the device has 16-bit storage) f16, both layouts, NaN/Inf
+/// in some inputs.
+#[test]
+fn dense_shaders_match_the_oracle_on_the_dense_suite_shrunk() {
+    let dev = device();
+    let dtypes: &[DType] = if dev.info().storage_f16 {
+        &[DType::F32, DType::F16]
+    } else {
+        &[DType::F32]
+    };
+    for (i, case) in dense_suite().unwrap().into_iter().enumerate() {
+        for &dtype in dtypes {
+            for layout in [Layout::ChannelsLast, Layout::ChannelsFirst] {
+                let spec = case.spec.small_twin(dtype).unwrap().with_layout(layout);
+                let seed = 300 + i as u64;
+                check_dense(
+                    &dev,
+                    DenseShader::Naive,
+                    &case.name,
+                    &spec,
+                    seed,
+                    i % 3 == 0,
+                );
+                check_dense(
+                    &dev,
+                    DenseShader::Direct(None),
+                    &case.name,
+                    &spec,
+                    seed,
+                    i % 3 == 1,
+                );
+            }
+        }
+    }
+}
+
+/// Seeded random dense and grouped specs (1-3 spatial dims, stride, dilation, asymmetric
+/// padding, batch, both layouts, groups 1-4 of 1-9 channels, depthwise among them): both
+/// dense shaders against the oracle.
+#[test]
+fn dense_shaders_match_the_oracle_on_random_specs() {
+    let dev = device();
+    let mut rng = SplitMix64::new(2027);
+    let mut pick = |lo: u64, hi: u64| lo + rng.next_u64() % (hi - lo + 1);
+    let mut checked = 0;
+    for i in 0..40u64 {
+        let dims = pick(1, 3) as usize;
+        let groups = pick(1, 4) as i64;
+        let (cpi, cpo) = (pick(1, 9) as i64, pick(1, 9) as i64);
+        let mut p = ConvParams {
+            n: pick(1, 2) as i64,
+            c: groups * cpi,
+            input: vec![],
+            kernel: vec![],
+            stride: vec![],
+            dilation: vec![],
+            padding: vec![],
+            layout: if pick(0, 1) == 0 {
+                Layout::ChannelsFirst
+            } else {
+                Layout::ChannelsLast
+            },
+            dtype: DType::F32,
+        };
+        for _ in 0..dims {
+            let k = pick(1, 4) as i64;
+            let (s, dl) = (pick(1, 3) as i64, pick(1, 2) as i64);
+            let (pb, pa) = (pick(0, 2) as i64, pick(0, 2) as i64);
+            p.input
+                .push(((dl * (k - 1) + 1) - pb - pa).max(1) + pick(0, 10) as i64);
+            p.kernel.push(k);
+            p.stride.push(s);
+            p.dilation.push(dl);
+            p.padding.push([pb, pa]);
+        }
+        let Ok(spec) = DenseConvSpec::from_params(&p, groups * cpo, groups) else {
+            continue;
+        };
+        let name = format!("random #{i}");
+        check_dense(&dev, DenseShader::Naive, &name, &spec, 400 + i, i % 4 == 0);
+        check_dense(
+            &dev,
+            DenseShader::Direct(None),
+            &name,
+            &spec,
+            400 + i,
+            i % 4 == 1,
+        );
+        checked += 1;
+    }
+    assert!(checked >= 30, "only {checked} random specs were valid");
+}
+
+/// The direct shader over its config space on this device, pruned by the device's
+/// limits: every config whose index is a multiple of a stride chosen to visit ~40 per
+/// spec (every field value appears), on specs with partial tiles in H, W and channels,
+/// strides, dilation, groups and both layouts.
+#[test]
+fn direct_shader_passes_over_its_config_space() {
+    let dev = device();
+    let specs = [
+        (
+            ConvParams {
+                n: 1,
+                c: 12,
+                input: vec![11, 21],
+                kernel: vec![3, 3],
+                stride: vec![1, 2],
+                dilation: vec![2, 1],
+                padding: vec![[2, 1], [1, 1]],
+                layout: Layout::ChannelsLast,
+                dtype: DType::F32,
+            },
+            20,
+            2,
+        ),
+        (
+            ConvParams {
+                n: 2,
+                c: 5,
+                input: vec![3, 9, 10],
+                kernel: vec![2, 3, 3],
+                stride: vec![1, 1, 1],
+                dilation: vec![1, 1, 1],
+                padding: vec![[1, 0], [1, 1], [1, 1]],
+                layout: Layout::ChannelsFirst,
+                dtype: DType::F32,
+            },
+            7,
+            1,
+        ),
+    ];
+    let mut runs = 0;
+    for (i, (p, co, groups)) in specs.into_iter().enumerate() {
+        let spec = DenseConvSpec::from_params(&p, co, groups).unwrap();
+        let space = DirectConfig::space(dev.info(), &spec);
+        assert!(space.len() >= 100, "{spec}: {} configs", space.len());
+        // A stride coprime to the fields' counts (2, 3, 4) walks every value of each.
+        let step = (space.len() / 40).max(1) | 1;
+        let step = if step.is_multiple_of(3) { step + 2 } else { step };
+        for (j, c) in space.into_iter().enumerate().step_by(step) {
+            check_dense(
+                &dev,
+                DenseShader::Direct(Some(c)),
+                &format!("spec {i} config {j} {c}"),
+                &spec,
+                500 + j as u64,
+                j % 7 == 0,
+            );
+            runs += 1;
+        }
+    }
+    eprintln!(
+        "dense_direct: {runs} (spec, config) pairs pass on {}",
+        dev.info().name
+    );
+}
+
+/// A config past the device's shared memory is refused with the reason, before any
+/// dispatch; bf16 is refused (no 16-bit float storage of that kind on Vulkan here).
+#[test]
+fn direct_configs_past_the_device_limits_are_refused() {
+    let dev = device();
+    let p = ConvParams {
+        n: 1,
+        c: 64,
+        input: vec![40, 40],
+        kernel: vec![7, 7],
+        stride: vec![1, 1],
+        dilation: vec![1, 1],
+        padding: vec![[3, 3], [3, 3]],
+        layout: Layout::ChannelsLast,
+        dtype: DType::F32,
+    };
+    let spec = DenseConvSpec::from_params(&p, 64, 1).unwrap();
+    let x = HostTensor::random_normal(DType::F32, &spec.input_shape(), 1);
+    let w = HostTensor::random_normal(DType::F32, &spec.weight_shape(), 2);
+    let huge = DirectConfig {
+        threads_x: 32,
+        threads_y: 8,
+        outputs_x: 1,
+        outputs_y: 2,
+        ko_tile: 32,
+        ci_tile: 16,
+        lds_pad: 1,
+    };
+    let e = conv_vulkan_dense_direct(&dev, &spec, &x, &w, Some(huge))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("shared memory"), "{e}");
+    let bf16 = spec.with_dtype(DType::Bf16);
+    let xb = HostTensor::random_normal(DType::Bf16, &bf16.input_shape(), 1);
+    let wb = HostTensor::random_normal(DType::Bf16, &bf16.weight_shape(), 2);
+    assert!(conv_vulkan_dense_direct(&dev, &bf16, &xb, &wb, None).is_err());
+    assert!(conv_vulkan_dense_naive(&dev, &bf16, &xb, &wb).is_err());
 }

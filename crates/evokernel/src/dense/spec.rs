@@ -176,6 +176,43 @@ impl DenseConvSpec {
         (((co * self.in_per_group() + ci) * self.geometry.kernel3()[0] + kd) * k1 + kh) * k2 + kw
     }
 
+    /// The same kernel, strides, dilations, paddings, layout and grouping on a small
+    /// problem in `dtype`: batch 2, at most two groups of at most 8 input and 8 output
+    /// channels, each size at most 9 (grown where the dilated kernel needs more). For
+    /// checking a kernel against the oracle where the real size would take too long.
+    pub fn small_twin(&self, dtype: DType) -> Result<DenseConvSpec> {
+        let g = &self.geometry;
+        let dims = self.spatial_dims();
+        let keep = |a: [usize; 3]| a[3 - dims..].iter().map(|&v| v as i64).collect::<Vec<_>>();
+        let (kernel, dilation) = (keep(g.kernel3()), keep(g.dilation3()));
+        let (pb, pa) = (keep(g.pad_before3()), keep(g.pad_after3()));
+        let input = keep(g.input3())
+            .iter()
+            .enumerate()
+            .map(|(d, &v)| {
+                v.min(9)
+                    .max(dilation[d] * (kernel[d] - 1) + 1 - pb[d] - pa[d])
+            })
+            .collect();
+        let groups = self.groups.min(2) as i64;
+        let (cpi, cpo) = (
+            self.in_per_group().min(8) as i64,
+            self.out_per_group().min(8) as i64,
+        );
+        let p = ConvParams {
+            n: 2,
+            c: groups * cpi,
+            input,
+            kernel,
+            stride: keep(g.stride3()),
+            dilation,
+            padding: pb.iter().zip(&pa).map(|(&b, &a)| [b, a]).collect(),
+            layout: self.layout(),
+            dtype,
+        };
+        DenseConvSpec::from_params(&p, groups * cpo, groups)
+    }
+
     /// 2 FLOPs per multiply-add, padding taps included.
     pub fn flops(&self) -> u64 {
         2 * self.output_len() as u64 * self.in_per_group() as u64 * self.geometry.taps() as u64

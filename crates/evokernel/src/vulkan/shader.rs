@@ -35,6 +35,12 @@ pub fn compile_compute_cached(name: &str, source: &str) -> Result<(Vec<u32>, boo
     Ok((words, false))
 }
 
+/// A shader's source with its buffers as f16 (`#define F16`: 16-bit storage; f32 in
+/// registers and shared memory).
+pub(crate) fn with_f16(source: &str) -> String {
+    source.replacen("#version 450\n", "#version 450\n#define F16 1\n", 1)
+}
+
 /// The first word of every SPIR-V module.
 pub const SPIRV_MAGIC: u32 = 0x0723_0203;
 

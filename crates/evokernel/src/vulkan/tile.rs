@@ -9,7 +9,7 @@
 use super::device::VulkanDevice;
 use super::VulkanDeviceInfo;
 use crate::error::{Error, Result};
-use crate::spec::{ConvSpec, DType, Layout};
+use crate::spec::{ConvSpec, Layout};
 use crate::tensor::HostTensor;
 
 pub const SOURCE: &str = include_str!("../../kernels/vulkan/tile.comp");
@@ -130,11 +130,6 @@ impl TileConfig {
     }
 }
 
-/// The shader with its buffers as f16 (f32 in registers and shared memory).
-fn with_f16(source: &str) -> String {
-    source.replacen("#version 450\n", "#version 450\n#define F16 1\n", 1)
-}
-
 fn i32_of(what: &str, v: usize) -> Result<i32> {
     super::i32_of("tile", what, v)
 }
@@ -149,21 +144,7 @@ pub fn conv_vulkan_tile(
     config: Option<TileConfig>,
 ) -> Result<(HostTensor, Option<f64>)> {
     let info = dev.info();
-    let source = match spec.dtype() {
-        DType::F32 => SOURCE.to_string(),
-        DType::F16 if info.storage_f16 => with_f16(SOURCE),
-        d => {
-            return Err(Error::BackendUnavailable {
-                backend: "vulkan".into(),
-                reason: format!(
-                    "the tiled Vulkan shader takes f32, and f16 where the device has 16-bit \
-                     storage ({} has {}); not {d}",
-                    info.name,
-                    if info.storage_f16 { "it" } else { "none" }
-                ),
-            })
-        }
-    };
+    let source = super::source_for("tiled", SOURCE, spec.dtype(), info)?;
     x.expect("input", spec.dtype(), spec.input_len())?;
     w.expect("weight", spec.dtype(), spec.weight_len())?;
     let config = match config {
@@ -231,16 +212,8 @@ pub fn conv_vulkan_tile(
     .enumerate()
     .map(|(i, &v)| (i as u32, v as u32))
     .collect();
-    let (spirv, _) = super::shader::compile_compute_cached("tile", &source)?;
-    let mut bx = dev.host_buffer(x.size_bytes())?;
-    let mut bw = dev.host_buffer(w.size_bytes())?;
-    let mut y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
-    let by = dev.host_buffer(y.size_bytes())?;
-    bx.write(x.as_bytes());
-    bw.write(w.as_bytes());
-    let ms = dev.dispatch_specialized(&spirv, &constants, &[&bx, &bw, &by], &push, grid)?;
-    by.read(y.as_bytes_mut());
-    Ok((y, ms))
+    let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
+    super::run_xwy(dev, "tile", &source, &constants, &push, grid, x, w, y)
 }
 
 #[cfg(test)]
