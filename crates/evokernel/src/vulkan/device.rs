@@ -234,7 +234,11 @@ impl VulkanDevice {
         let size = bytes.max(4) as u64;
         let info = vk::BufferCreateInfo::default()
             .size(size)
-            .usage(vk::BufferUsageFlags::STORAGE_BUFFER)
+            .usage(
+                vk::BufferUsageFlags::STORAGE_BUFFER
+                    | vk::BufferUsageFlags::TRANSFER_SRC
+                    | vk::BufferUsageFlags::TRANSFER_DST,
+            )
             .sharing_mode(vk::SharingMode::EXCLUSIVE);
         let d = &self.device;
         // SAFETY: valid create-info; every object is destroyed by HostBuffer's drop.
@@ -311,13 +315,204 @@ impl VulkanDevice {
         push: &[u8],
         groups: [u32; 2],
     ) -> Result<Option<f64>> {
-        let max = self.info.max_workgroup_count;
-        if groups[0] > max[0] || groups[1] > max[1] {
+        let handles: Vec<vk::Buffer> = buffers.iter().map(|b| b.buffer).collect();
+        self.kernel(spirv, constants, &handles, push.len())?
+            .launch(push, groups)
+    }
+
+    /// A device-local storage buffer of `bytes` (at least 4), filled by `upload` and read
+    /// by `download` through a host-visible staging copy: what a timed kernel reads and
+    /// writes (host-visible memory on a discrete GPU would be read across PCIe).
+    pub(crate) fn device_buffer(&self, bytes: usize) -> Result<DeviceBuffer<'_>> {
+        let size = bytes.max(4) as u64;
+        let info = vk::BufferCreateInfo::default()
+            .size(size)
+            .usage(
+                vk::BufferUsageFlags::STORAGE_BUFFER
+                    | vk::BufferUsageFlags::TRANSFER_SRC
+                    | vk::BufferUsageFlags::TRANSFER_DST,
+            )
+            .sharing_mode(vk::SharingMode::EXCLUSIVE);
+        let d = &self.device;
+        // SAFETY: valid create-info; the buffer and memory are freed by DeviceBuffer's drop.
+        unsafe {
+            let buffer = d
+                .create_buffer(&info, None)
+                .map_err(vk_err("vkCreateBuffer"))?;
+            let req = d.get_buffer_memory_requirements(buffer);
+            let allowed = |i: u32| req.memory_type_bits & (1 << i) != 0;
+            let local = (0..self.memory.memory_type_count).find(|&i| {
+                allowed(i)
+                    && self.memory.memory_types[i as usize]
+                        .property_flags
+                        .contains(vk::MemoryPropertyFlags::DEVICE_LOCAL)
+            });
+            let Some(kind) = local.or_else(|| (0..self.memory.memory_type_count).find(|&i| allowed(i)))
+            else {
+                d.destroy_buffer(buffer, None);
+                return Err(Error::BackendUnavailable {
+                    backend: "vulkan".into(),
+                    reason: format!("{} has no memory type for a storage buffer", self.info.name),
+                });
+            };
+            let alloc = vk::MemoryAllocateInfo::default()
+                .allocation_size(req.size)
+                .memory_type_index(kind);
+            let memory = match d.allocate_memory(&alloc, None) {
+                Ok(m) => m,
+                Err(e) => {
+                    d.destroy_buffer(buffer, None);
+                    return Err(vk_err("vkAllocateMemory")(e));
+                }
+            };
+            if let Err(e) = d.bind_buffer_memory(buffer, memory, 0) {
+                d.destroy_buffer(buffer, None);
+                d.free_memory(memory, None);
+                return Err(vk_err("vkBindBufferMemory")(e));
+            }
+            Ok(DeviceBuffer {
+                dev: self,
+                buffer,
+                memory,
+                bytes: size as usize,
+            })
+        }
+    }
+
+    /// Copies `data` into `dst` (through a staging buffer; waits).
+    pub(crate) fn upload(&self, dst: &DeviceBuffer<'_>, data: &[u8]) -> Result<()> {
+        if data.len() > dst.bytes {
             return Err(Error::BackendUnavailable {
                 backend: "vulkan".into(),
-                reason: format!("{groups:?} workgroups exceed the device's {:?}", &max[..2]),
+                reason: format!("{} bytes into a buffer of {}", data.len(), dst.bytes),
             });
         }
+        let mut staging = self.host_buffer(data.len())?;
+        staging.write(data);
+        self.copy(staging.buffer, dst.buffer, data.len())
+    }
+
+    /// Copies the first `out.len()` bytes of `src` into `out` (through a staging buffer).
+    pub(crate) fn download(&self, src: &DeviceBuffer<'_>, out: &mut [u8]) -> Result<()> {
+        let staging = self.host_buffer(out.len())?;
+        self.copy(src.buffer, staging.buffer, out.len())?;
+        staging.read(out);
+        Ok(())
+    }
+
+    /// One buffer-to-buffer copy, submitted and waited for (host reads after it see it).
+    fn copy(&self, src: vk::Buffer, dst: vk::Buffer, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let d = &self.device;
+        let mut cleanup = Cleanup {
+            d: Some(d),
+            ..Cleanup::default()
+        };
+        // SAFETY: objects from valid create-infos, destroyed by `cleanup` after the wait.
+        unsafe {
+            let (cmd_pool, cmd) = self.command_buffer()?;
+            cleanup.cmd_pool = cmd_pool;
+            let region = [vk::BufferCopy::default().size(bytes as u64)];
+            d.cmd_copy_buffer(cmd, src, dst, &region);
+            let barrier = vk::MemoryBarrier::default()
+                .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+                .dst_access_mask(vk::AccessFlags::HOST_READ | vk::AccessFlags::SHADER_READ);
+            d.cmd_pipeline_barrier(
+                cmd,
+                vk::PipelineStageFlags::TRANSFER,
+                vk::PipelineStageFlags::HOST | vk::PipelineStageFlags::COMPUTE_SHADER,
+                vk::DependencyFlags::empty(),
+                &[barrier],
+                &[],
+                &[],
+            );
+            cleanup.fence = self.submit_and_wait(cmd)?;
+        }
+        Ok(())
+    }
+
+    /// A command pool and one primary command buffer of it, begun for one submission.
+    ///
+    /// # Safety
+    /// The caller destroys the pool (with the buffer) once the submission is done.
+    unsafe fn command_buffer(&self) -> Result<(vk::CommandPool, vk::CommandBuffer)> {
+        let d = &self.device;
+        let cmd_pool = d
+            .create_command_pool(
+                &vk::CommandPoolCreateInfo::default().queue_family_index(self.family),
+                None,
+            )
+            .map_err(vk_err("vkCreateCommandPool"))?;
+        let cmd = match d.allocate_command_buffers(
+            &vk::CommandBufferAllocateInfo::default()
+                .command_pool(cmd_pool)
+                .level(vk::CommandBufferLevel::PRIMARY)
+                .command_buffer_count(1),
+        ) {
+            Ok(c) => c[0],
+            Err(e) => {
+                d.destroy_command_pool(cmd_pool, None);
+                return Err(vk_err("vkAllocateCommandBuffers")(e));
+            }
+        };
+        if let Err(e) = d.begin_command_buffer(
+            cmd,
+            &vk::CommandBufferBeginInfo::default()
+                .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+        ) {
+            d.destroy_command_pool(cmd_pool, None);
+            return Err(vk_err("vkBeginCommandBuffer")(e));
+        }
+        Ok((cmd_pool, cmd))
+    }
+
+    /// Ends `cmd`, submits it and waits; returns the fence for the caller to destroy.
+    ///
+    /// # Safety
+    /// `cmd` is a recording command buffer of this device.
+    unsafe fn submit_and_wait(&self, cmd: vk::CommandBuffer) -> Result<vk::Fence> {
+        let d = &self.device;
+        d.end_command_buffer(cmd)
+            .map_err(vk_err("vkEndCommandBuffer"))?;
+        let fence = d
+            .create_fence(&vk::FenceCreateInfo::default(), None)
+            .map_err(vk_err("vkCreateFence"))?;
+        let cmds = [cmd];
+        let waited = d
+            .queue_submit(
+                self.queue,
+                &[vk::SubmitInfo::default().command_buffers(&cmds)],
+                fence,
+            )
+            .map_err(vk_err("vkQueueSubmit"))
+            .and_then(|_| {
+                d.wait_for_fences(&[fence], true, u64::MAX)
+                    .map_err(vk_err("vkWaitForFences"))
+            });
+        match waited {
+            Ok(()) => Ok(fence),
+            Err(e) => {
+                // A failed submit or wait: the device may be lost; waiting for idle before
+                // the caller frees the command pool keeps it from freeing work in flight.
+                let _ = d.device_wait_idle();
+                d.destroy_fence(fence, None);
+                Err(e)
+            }
+        }
+    }
+
+    /// A compute pipeline of `spirv` with `constants`, its descriptor set bound to
+    /// `buffers` (bindings 0.. of set 0), taking `push_len` bytes of push constants:
+    /// created once, launched as often as a timing needs.
+    pub(crate) fn kernel(
+        &self,
+        spirv: &[u32],
+        constants: &[(u32, u32)],
+        buffers: &[vk::Buffer],
+        push_len: usize,
+    ) -> Result<ComputeKernel<'_>> {
         let entries: Vec<vk::SpecializationMapEntry> = constants
             .iter()
             .enumerate()
@@ -333,17 +528,21 @@ impl VulkanDevice {
             .map_entries(&entries)
             .data(&data);
         let d = &self.device;
-        let mut cleanup = Cleanup {
-            d: Some(d),
-            ..Cleanup::default()
+        let mut k = ComputeKernel {
+            dev: self,
+            objects: Cleanup {
+                d: Some(d),
+                ..Cleanup::default()
+            },
+            set: vk::DescriptorSet::null(),
         };
-        // SAFETY: each object is created from valid create-infos and destroyed by
-        // `cleanup` after the fence wait (or on the error path before any submit).
+        // SAFETY: each object is created from valid create-infos and destroyed by the
+        // kernel's `objects` when it drops (or on an error path here).
         unsafe {
             let module = d
                 .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(spirv), None)
                 .map_err(vk_err("vkCreateShaderModule"))?;
-            cleanup.module = module;
+            k.objects.module = module;
             let bindings: Vec<_> = (0..buffers.len() as u32)
                 .map(|b| {
                     vk::DescriptorSetLayoutBinding::default()
@@ -359,10 +558,10 @@ impl VulkanDevice {
                     None,
                 )
                 .map_err(vk_err("vkCreateDescriptorSetLayout"))?;
-            cleanup.set_layout = set_layout;
+            k.objects.set_layout = set_layout;
             let ranges = [vk::PushConstantRange::default()
                 .stage_flags(vk::ShaderStageFlags::COMPUTE)
-                .size(push.len() as u32)];
+                .size(push_len as u32)];
             let layouts = [set_layout];
             let layout = d
                 .create_pipeline_layout(
@@ -372,7 +571,7 @@ impl VulkanDevice {
                     None,
                 )
                 .map_err(vk_err("vkCreatePipelineLayout"))?;
-            cleanup.layout = layout;
+            k.objects.layout = layout;
             let stage = vk::PipelineShaderStageCreateInfo::default()
                 .stage(vk::ShaderStageFlags::COMPUTE)
                 .module(module)
@@ -387,7 +586,7 @@ impl VulkanDevice {
                     None,
                 )
                 .map_err(|(_, e)| vk_err("vkCreateComputePipelines")(e))?[0];
-            cleanup.pipeline = pipeline;
+            k.objects.pipeline = pipeline;
             let sizes = [vk::DescriptorPoolSize::default()
                 .ty(vk::DescriptorType::STORAGE_BUFFER)
                 .descriptor_count(buffers.len() as u32)];
@@ -399,8 +598,8 @@ impl VulkanDevice {
                     None,
                 )
                 .map_err(vk_err("vkCreateDescriptorPool"))?;
-            cleanup.pool = pool;
-            let set = d
+            k.objects.pool = pool;
+            k.set = d
                 .allocate_descriptor_sets(
                     &vk::DescriptorSetAllocateInfo::default()
                         .descriptor_pool(pool)
@@ -409,9 +608,9 @@ impl VulkanDevice {
                 .map_err(vk_err("vkAllocateDescriptorSets"))?[0];
             let infos: Vec<[vk::DescriptorBufferInfo; 1]> = buffers
                 .iter()
-                .map(|b| {
+                .map(|&b| {
                     [vk::DescriptorBufferInfo::default()
-                        .buffer(b.buffer)
+                        .buffer(b)
                         .range(vk::WHOLE_SIZE)]
                 })
                 .collect();
@@ -420,36 +619,15 @@ impl VulkanDevice {
                 .enumerate()
                 .map(|(i, info)| {
                     vk::WriteDescriptorSet::default()
-                        .dst_set(set)
+                        .dst_set(k.set)
                         .dst_binding(i as u32)
                         .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
                         .buffer_info(info)
                 })
                 .collect();
             d.update_descriptor_sets(&writes, &[]);
-            let cmd_pool = d
-                .create_command_pool(
-                    &vk::CommandPoolCreateInfo::default().queue_family_index(self.family),
-                    None,
-                )
-                .map_err(vk_err("vkCreateCommandPool"))?;
-            cleanup.cmd_pool = cmd_pool;
-            let cmd = d
-                .allocate_command_buffers(
-                    &vk::CommandBufferAllocateInfo::default()
-                        .command_pool(cmd_pool)
-                        .level(vk::CommandBufferLevel::PRIMARY)
-                        .command_buffer_count(1),
-                )
-                .map_err(vk_err("vkAllocateCommandBuffers"))?[0];
-            d.begin_command_buffer(
-                cmd,
-                &vk::CommandBufferBeginInfo::default()
-                    .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
-            )
-            .map_err(vk_err("vkBeginCommandBuffer"))?;
             if self.timestamps {
-                let queries = d
+                k.objects.queries = d
                     .create_query_pool(
                         &vk::QueryPoolCreateInfo::default()
                             .query_type(vk::QueryType::TIMESTAMP)
@@ -457,64 +635,108 @@ impl VulkanDevice {
                         None,
                     )
                     .map_err(vk_err("vkCreateQueryPool"))?;
-                cleanup.queries = queries;
-                d.cmd_reset_query_pool(cmd, queries, 0, 2);
-                d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::TOP_OF_PIPE, queries, 0);
             }
-            d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, pipeline);
-            d.cmd_bind_descriptor_sets(cmd, vk::PipelineBindPoint::COMPUTE, layout, 0, &[set], &[]);
-            d.cmd_push_constants(cmd, layout, vk::ShaderStageFlags::COMPUTE, 0, push);
+        }
+        Ok(k)
+    }
+}
+
+/// A compute pipeline bound to its buffers (`VulkanDevice::kernel`).
+pub(crate) struct ComputeKernel<'d> {
+    dev: &'d VulkanDevice,
+    objects: Cleanup<'d>,
+    set: vk::DescriptorSet,
+}
+
+impl ComputeKernel<'_> {
+    /// One dispatch of `groups` workgroups with `push`, waited for; its device time in ms
+    /// from two timestamps around it where the queue has timestamps. Shader writes are
+    /// visible to the host and to transfers afterwards.
+    pub(crate) fn launch(&self, push: &[u8], groups: [u32; 2]) -> Result<Option<f64>> {
+        let dev = self.dev;
+        let max = dev.info.max_workgroup_count;
+        if groups[0] > max[0] || groups[1] > max[1] {
+            return Err(Error::BackendUnavailable {
+                backend: "vulkan".into(),
+                reason: format!("{groups:?} workgroups exceed the device's {:?}", &max[..2]),
+            });
+        }
+        let d = &dev.device;
+        let o = &self.objects;
+        let mut once = Cleanup {
+            d: Some(d),
+            ..Cleanup::default()
+        };
+        // SAFETY: the pipeline, layout, set and query pool live as long as `self`; the
+        // command pool and fence are destroyed by `once` after the wait.
+        unsafe {
+            let (cmd_pool, cmd) = dev.command_buffer()?;
+            once.cmd_pool = cmd_pool;
+            let timed = o.queries != vk::QueryPool::null();
+            if timed {
+                d.cmd_reset_query_pool(cmd, o.queries, 0, 2);
+                d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::TOP_OF_PIPE, o.queries, 0);
+            }
+            d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, o.pipeline);
+            d.cmd_bind_descriptor_sets(
+                cmd,
+                vk::PipelineBindPoint::COMPUTE,
+                o.layout,
+                0,
+                &[self.set],
+                &[],
+            );
+            d.cmd_push_constants(cmd, o.layout, vk::ShaderStageFlags::COMPUTE, 0, push);
             d.cmd_dispatch(cmd, groups[0], groups[1], 1);
-            if self.timestamps {
-                d.cmd_write_timestamp(
-                    cmd,
-                    vk::PipelineStageFlags::BOTTOM_OF_PIPE,
-                    cleanup.queries,
-                    1,
-                );
+            if timed {
+                d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, o.queries, 1);
             }
-            // Shader writes visible to the host reads after the fence.
+            // Shader writes visible to host reads and to the download's copy.
             let barrier = vk::MemoryBarrier::default()
                 .src_access_mask(vk::AccessFlags::SHADER_WRITE)
-                .dst_access_mask(vk::AccessFlags::HOST_READ);
+                .dst_access_mask(vk::AccessFlags::HOST_READ | vk::AccessFlags::TRANSFER_READ);
             d.cmd_pipeline_barrier(
                 cmd,
                 vk::PipelineStageFlags::COMPUTE_SHADER,
-                vk::PipelineStageFlags::HOST,
+                vk::PipelineStageFlags::HOST | vk::PipelineStageFlags::TRANSFER,
                 vk::DependencyFlags::empty(),
                 &[barrier],
                 &[],
                 &[],
             );
-            d.end_command_buffer(cmd)
-                .map_err(vk_err("vkEndCommandBuffer"))?;
-            let fence = d
-                .create_fence(&vk::FenceCreateInfo::default(), None)
-                .map_err(vk_err("vkCreateFence"))?;
-            cleanup.fence = fence;
-            let cmds = [cmd];
-            d.queue_submit(
-                self.queue,
-                &[vk::SubmitInfo::default().command_buffers(&cmds)],
-                fence,
-            )
-            .map_err(vk_err("vkQueueSubmit"))?;
-            d.wait_for_fences(&[fence], true, u64::MAX)
-                .map_err(vk_err("vkWaitForFences"))?;
-            if !self.timestamps {
+            once.fence = dev.submit_and_wait(cmd)?;
+            if !timed {
                 return Ok(None);
             }
             let mut ticks = [0u64; 2];
             d.get_query_pool_results(
-                cleanup.queries,
+                o.queries,
                 0,
                 &mut ticks,
                 vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
             )
             .map_err(vk_err("vkGetQueryPoolResults"))?;
             let ns =
-                ticks[1].saturating_sub(ticks[0]) as f64 * self.info.timestamp_period_ns as f64;
+                ticks[1].saturating_sub(ticks[0]) as f64 * dev.info.timestamp_period_ns as f64;
             Ok(Some(ns * 1e-6))
+        }
+    }
+}
+
+/// A device-local storage buffer (`VulkanDevice::device_buffer`).
+pub(crate) struct DeviceBuffer<'d> {
+    dev: &'d VulkanDevice,
+    pub(crate) buffer: vk::Buffer,
+    memory: vk::DeviceMemory,
+    pub(crate) bytes: usize,
+}
+
+impl Drop for DeviceBuffer<'_> {
+    fn drop(&mut self) {
+        // SAFETY: no submission uses the buffer any more (each waits on its fence).
+        unsafe {
+            self.dev.device.destroy_buffer(self.buffer, None);
+            self.dev.device.free_memory(self.memory, None);
         }
     }
 }

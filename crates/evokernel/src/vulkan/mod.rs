@@ -7,7 +7,7 @@
 
 pub mod dense_direct;
 pub mod dense_naive;
-mod device;
+pub(crate) mod device;
 pub mod naive;
 pub mod shader;
 pub mod tile;
@@ -42,8 +42,8 @@ pub(crate) fn source_for(
 }
 
 /// One dispatch of the shader `source` (compiled and cached as `name`) over an input `x`,
-/// a weight `w` and an output `y` (bindings 0, 1, 2), returning `y` and the dispatch's
-/// device time in ms where the queue has timestamps.
+/// a weight `w` and an output shaped like `y` (bindings 0, 1, 2), returning the output
+/// and the dispatch's device time in ms where the queue has timestamps.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_xwy(
     dev: &VulkanDevice,
@@ -54,17 +54,71 @@ pub(crate) fn run_xwy(
     grid: [u32; 2],
     x: &HostTensor,
     w: &HostTensor,
-    mut y: HostTensor,
+    y: HostTensor,
 ) -> Result<(HostTensor, Option<f64>)> {
-    let (spirv, _) = shader::compile_compute_cached(name, source)?;
-    let mut bx = dev.host_buffer(x.size_bytes())?;
-    let mut bw = dev.host_buffer(w.size_bytes())?;
-    let by = dev.host_buffer(y.size_bytes())?;
-    bx.write(x.as_bytes());
-    bw.write(w.as_bytes());
-    let ms = dev.dispatch_specialized(&spirv, constants, &[&bx, &bw, &by], push, grid)?;
-    by.read(y.as_bytes_mut());
-    Ok((y, ms))
+    let run = VulkanRun::new(dev, name, source, constants, push, grid, x, w, y)?;
+    let ms = run.launch()?;
+    Ok((run.output()?, ms))
+}
+
+/// A shader prepared once on device-local copies of an input and a weight and an output
+/// buffer: launched as often as a timing needs (each launch timed by timestamps around
+/// its dispatch alone), its output read back after.
+pub struct VulkanRun<'d> {
+    dev: &'d VulkanDevice,
+    kernel: device::ComputeKernel<'d>,
+    // Declared after the kernel: dropped after it.
+    _x: device::DeviceBuffer<'d>,
+    _w: device::DeviceBuffer<'d>,
+    y: device::DeviceBuffer<'d>,
+    push: Vec<u8>,
+    grid: [u32; 2],
+    out: HostTensor,
+}
+
+impl<'d> VulkanRun<'d> {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        dev: &'d VulkanDevice,
+        name: &str,
+        source: &str,
+        constants: &[(u32, u32)],
+        push: &[u8],
+        grid: [u32; 2],
+        x: &HostTensor,
+        w: &HostTensor,
+        out: HostTensor,
+    ) -> Result<Self> {
+        let (spirv, _) = shader::compile_compute_cached(name, source)?;
+        let bx = dev.device_buffer(x.size_bytes())?;
+        let bw = dev.device_buffer(w.size_bytes())?;
+        let y = dev.device_buffer(out.size_bytes())?;
+        dev.upload(&bx, x.as_bytes())?;
+        dev.upload(&bw, w.as_bytes())?;
+        let kernel = dev.kernel(&spirv, constants, &[bx.buffer, bw.buffer, y.buffer], push.len())?;
+        Ok(VulkanRun {
+            dev,
+            kernel,
+            _x: bx,
+            _w: bw,
+            y,
+            push: push.to_vec(),
+            grid,
+            out,
+        })
+    }
+
+    /// One launch, waited for: its device time in ms where the queue has timestamps.
+    pub fn launch(&self) -> Result<Option<f64>> {
+        self.kernel.launch(&self.push, self.grid)
+    }
+
+    /// The output of the last launch.
+    pub fn output(&self) -> Result<HostTensor> {
+        let mut y = self.out.clone();
+        self.dev.download(&self.y, y.as_bytes_mut())?;
+        Ok(y)
+    }
 }
 
 /// Little-endian bytes of 4-byte push-constant fields, in order.
