@@ -291,35 +291,6 @@ impl VulkanDevice {
         }
     }
 
-    /// Runs `spirv`'s `main` once over `groups` workgroups with the storage buffers bound
-    /// at bindings 0.. of set 0 and `push` as push constants; waits for it. Returns the
-    /// dispatch's device time in ms from two timestamps around it, where the queue has
-    /// timestamps.
-    pub(crate) fn dispatch(
-        &self,
-        spirv: &[u32],
-        buffers: &[&HostBuffer<'_>],
-        push: &[u8],
-        groups: u32,
-    ) -> Result<Option<f64>> {
-        self.dispatch_specialized(spirv, &[], buffers, push, [groups, 1])
-    }
-
-    /// As `dispatch`, with specialization constants (`(constant_id, value)`, 4-byte
-    /// values: the config a shader is compiled for) and a 2-D grid of workgroups.
-    pub(crate) fn dispatch_specialized(
-        &self,
-        spirv: &[u32],
-        constants: &[(u32, u32)],
-        buffers: &[&HostBuffer<'_>],
-        push: &[u8],
-        groups: [u32; 2],
-    ) -> Result<Option<f64>> {
-        let handles: Vec<vk::Buffer> = buffers.iter().map(|b| b.buffer).collect();
-        self.kernel(spirv, constants, &handles, push.len())?
-            .launch(push, groups)
-    }
-
     /// A device-local storage buffer of `bytes` (at least 4), filled by `upload` and read
     /// by `download` through a host-visible staging copy: what a timed kernel reads and
     /// writes (host-visible memory on a discrete GPU would be read across PCIe).

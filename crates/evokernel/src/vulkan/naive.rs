@@ -97,15 +97,7 @@ pub fn conv_vulkan_naive_timed(
         channels_last: (spec.layout() == Layout::ChannelsLast) as i32,
         total,
     };
-    let (spirv, _) = super::shader::compile_compute_cached("naive", SOURCE)?;
-    let mut bx = dev.host_buffer(x.size_bytes())?;
-    let mut bw = dev.host_buffer(w.size_bytes())?;
-    let mut y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
-    let by = dev.host_buffer(y.size_bytes())?;
-    bx.write(x.as_bytes());
-    bw.write(w.as_bytes());
     let groups = total.div_ceil(WORKGROUP).clamp(1, 65_535);
-    let ms = dev.dispatch(&spirv, &[&bx, &bw, &by], &push.bytes(), groups)?;
-    by.read(y.as_bytes_mut());
-    Ok((y, ms))
+    let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
+    super::run_xwy(dev, "naive", SOURCE, &[], &push.bytes(), [groups, 1], x, w, y)
 }
