@@ -16,8 +16,8 @@ use evokernel::{Activation, ConvParams, ConvSpec, DType, Epilogue, Error, Layout
 
 #[derive(Args)]
 pub struct Common {
-    /// Backend: auto (the GPU when there is one), cpu or cuda
-    #[arg(long, default_value = "auto", value_name = "auto|cpu|cuda")]
+    /// Backend: auto (the GPU when there is one), cpu, cuda or vulkan (--op dense-conv)
+    #[arg(long, default_value = "auto", value_name = "auto|cpu|cuda|vulkan")]
     pub backend: BackendChoice,
     /// Write the full report as JSON to FILE
     #[arg(long, value_name = "FILE")]
@@ -90,12 +90,15 @@ pub enum Op {
     DepthwiseConv,
     /// The fp8 scaled GEMM D = scale_a * scale_b * (A @ B) (+ bias), e4m3 inputs
     ScaledMm,
+    /// Dense or grouped convolution (--out-channels, --groups; or --suite dense), on
+    /// Vulkan and the CPU
+    DenseConv,
 }
 
 /// The fp8 scaled GEMM's problem flags (`bench --op scaled-mm`).
 #[derive(Args)]
 pub struct GemmArgs {
-    /// The problem: depthwise-conv or scaled-mm (the fp8 GEMM; --m/--n/--k or --suite gemm)
+    /// The problem: depthwise-conv, scaled-mm (the fp8 GEMM; --m/--n/--k or --suite gemm) or dense-conv (--out-channels/--groups or --suite dense)
     #[arg(long, value_enum, default_value = "depthwise-conv")]
     pub op: Op,
     /// GEMM rows of A and D
@@ -113,6 +116,12 @@ pub struct GemmArgs {
     /// GEMM output type: bf16, f16 or f32
     #[arg(long, default_value = "bf16")]
     pub out_dtype: DType,
+    /// Dense convolution: output channels (default: the input channels)
+    #[arg(long, allow_negative_numbers = true)]
+    pub out_channels: Option<i64>,
+    /// Dense convolution: groups, dividing both channel counts (default 1)
+    #[arg(long, allow_negative_numbers = true)]
+    pub groups: Option<i64>,
 }
 
 impl GemmArgs {
@@ -125,13 +134,20 @@ impl GemmArgs {
                 "GEMM sizes need --op scaled-mm",
             ));
         }
+        if self.out_channels.is_some() || self.groups.is_some() {
+            return Err(Error::parse(
+                "--out-channels/--groups",
+                "given",
+                "output channels and groups need --op dense-conv (the depthwise convolution has one output channel a group)",
+            ));
+        }
         Ok(())
     }
 }
 
 #[derive(Args)]
 pub struct ProblemArgs {
-    /// Suite file of cases (the format of suite/public.json; `public`, `channels-last` and `models` name the embedded suites); replaces the spec flags
+    /// Suite file of cases (the format of suite/public.json; `public`, `channels-last` and `models` name the embedded suites, `dense` the dense one of --op dense-conv, `gemm` the GEMM's); replaces the spec flags
     #[arg(long, value_name = "FILE", conflicts_with_all = ["input", "kernel", "channels", "batch", "stride", "dilation", "padding", "layout", "dtype"])]
     pub suite: Option<PathBuf>,
     /// Only the suite cases with this name (repeatable)
@@ -140,7 +156,7 @@ pub struct ProblemArgs {
     /// Spatial input sizes: W, HxW or DxHxW (e.g. 61x45x80)
     #[arg(long, value_name = "DIMS", allow_hyphen_values = true)]
     pub input: Option<String>,
-    /// Channels (= groups)
+    /// Channels (depthwise: = groups; dense-conv: the input channels)
     #[arg(long, short = 'c', default_value_t = 1, allow_negative_numbers = true)]
     pub channels: i64,
     /// Batch size
@@ -167,6 +183,36 @@ pub struct ProblemArgs {
 }
 
 impl ProblemArgs {
+    /// The spec flags as parameters (`--input` and `--kernel` required).
+    pub fn params(&self) -> Result<ConvParams, Error> {
+        for (flag, value) in [("--input", &self.input), ("--kernel", &self.kernel)] {
+            if value.is_none() {
+                return Err(Error::InvalidSpec {
+                    field: flag.into(),
+                    value: "missing".into(),
+                    expected: "give --input DIMS and --kernel DIMS, or --suite FILE".into(),
+                });
+            }
+        }
+        let list = |what, v: &Option<String>| v.as_deref().map(|t| parse_dims(what, t)).transpose();
+        Ok(ConvParams {
+            n: self.batch,
+            c: self.channels,
+            input: list("input", &self.input)?.unwrap_or_default(),
+            kernel: list("kernel", &self.kernel)?.unwrap_or_default(),
+            stride: list("stride", &self.stride)?.unwrap_or_default(),
+            dilation: list("dilation", &self.dilation)?.unwrap_or_default(),
+            padding: self
+                .padding
+                .as_deref()
+                .map(parse_padding)
+                .transpose()?
+                .unwrap_or_default(),
+            layout: self.layout,
+            dtype: self.dtype,
+        })
+    }
+
     /// Whether any problem was given (profile falls back to the seed problem).
     pub fn given(&self) -> bool {
         self.suite.is_some() || self.input.is_some() || self.kernel.is_some()
@@ -196,32 +242,7 @@ impl ProblemArgs {
                 .map(|c| (c.name, c.spec))
                 .collect());
         }
-        for (flag, value) in [("--input", &self.input), ("--kernel", &self.kernel)] {
-            if value.is_none() {
-                return Err(Error::InvalidSpec {
-                    field: flag.into(),
-                    value: "missing".into(),
-                    expected: "give --input DIMS and --kernel DIMS, or --suite FILE".into(),
-                });
-            }
-        }
-        let list = |what, v: &Option<String>| v.as_deref().map(|t| parse_dims(what, t)).transpose();
-        let params = ConvParams {
-            n: self.batch,
-            c: self.channels,
-            input: list("input", &self.input)?.unwrap_or_default(),
-            kernel: list("kernel", &self.kernel)?.unwrap_or_default(),
-            stride: list("stride", &self.stride)?.unwrap_or_default(),
-            dilation: list("dilation", &self.dilation)?.unwrap_or_default(),
-            padding: self
-                .padding
-                .as_deref()
-                .map(parse_padding)
-                .transpose()?
-                .unwrap_or_default(),
-            layout: self.layout,
-            dtype: self.dtype,
-        };
+        let params = self.params()?;
         let spec = params.validate()?;
         Ok(vec![("spec".to_string(), spec)])
     }

@@ -250,6 +250,12 @@ fn execute(cli: Cli) -> Result<bool, Error> {
             problem,
             gemm,
             iters,
+        } if gemm.op == Op::DenseConv => commands::dense::run(&common, &gemm, &problem, iters),
+        Command::Bench {
+            common,
+            problem,
+            gemm,
+            iters,
         } => {
             gemm.refuse_sizes()?;
             let opts = options(&common, true, iters)?;

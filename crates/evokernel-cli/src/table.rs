@@ -634,6 +634,64 @@ pub fn gemm_summary(cases: &[evokernel::gemm::GemmCase]) -> String {
     out
 }
 
+/// One row per (dense case, kernel): the oracle's check, the time, TFLOP/s, GB/s of the
+/// memory floor, and the ratio to the case's fastest kernel.
+pub fn dense(cases: &[evokernel::dense::bench::DenseCaseReport]) -> String {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(vec![
+        "case",
+        "spec",
+        "kernel",
+        "check (rel L2)",
+        "ms",
+        "TFLOP/s",
+        "GB/s",
+        "x best",
+    ]);
+    for c in cases {
+        let best_ms = c
+            .best
+            .and_then(|i| c.candidates[i].timing.as_ref())
+            .map(|t| t.median_ms);
+        for (i, k) in c.candidates.iter().enumerate() {
+            let ms = k.timing.as_ref().map(|t| t.median_ms);
+            t.add_row(vec![
+                Cell::new(if i == 0 {
+                    c.name.clone()
+                } else {
+                    String::new()
+                }),
+                Cell::new(if i == 0 {
+                    c.spec.clone()
+                } else {
+                    String::new()
+                }),
+                Cell::new(format!(
+                    "{}{}",
+                    k.kernel,
+                    if c.best == Some(i) { " *" } else { "" }
+                )),
+                Cell::new(match (&k.check, &k.error) {
+                    (Some(chk), _) => format!(
+                        "{} {} ({} pos.)",
+                        if k.passed { "pass" } else { "FAIL" },
+                        sci(chk.rel_l2),
+                        c.checked
+                    ),
+                    (None, Some(e)) => format!("not run: {e}"),
+                    (None, None) => "-".into(),
+                }),
+                right(num(ms, 4)),
+                right(num(k.tflops, 2)),
+                right(num(k.gbps, 1)),
+                right(num(ms.zip(best_ms).map(|(m, b)| b / m), 2)),
+            ]);
+        }
+    }
+    t.to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

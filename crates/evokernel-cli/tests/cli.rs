@@ -111,7 +111,10 @@ fn bad_flags_files_and_backends_exit_2() {
     rejects(&["verify", "--frobnicate"], "--frobnicate");
     rejects(&["launch"], "launch");
     rejects(&["verify", "--kernel", "3"], "--input");
-    rejects(&with(&["--backend", "tpu"]), "expected auto, cpu or cuda");
+    rejects(
+        &with(&["--backend", "tpu"]),
+        "expected auto, cpu, cuda or vulkan",
+    );
     rejects(
         &["verify", "--suite", "/no/such/suite.json"],
         "cannot read suite file",
@@ -844,4 +847,123 @@ fn reference_times_reach_the_report_and_the_summary() {
         "torch_reference.py",
     );
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `bench --op dense-conv` on the CPU (no device needed): a grouped spec verified and
+/// timed, the JSON report written; its flags checked before any work.
+#[test]
+fn dense_conv_bench_runs_on_the_cpu_and_checks_its_flags() {
+    let dir = std::env::temp_dir().join(format!("evk-cli-dense-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("dense.json");
+    let out = evokernel(&[
+        "bench",
+        "--op",
+        "dense-conv",
+        "--backend",
+        "cpu",
+        "--input",
+        "9x10",
+        "-c",
+        "8",
+        "--out-channels",
+        "12",
+        "--groups",
+        "4",
+        "--kernel",
+        "3x3",
+        "--padding",
+        "1:0,2",
+        "--stride",
+        "2,1",
+        "--layout",
+        "channels-last",
+        "--dtype",
+        "f32",
+        "--iters",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("-> 12 g4") && text.contains("cpu") && text.contains("pass"),
+        "{text}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let case = &report["cases"][0];
+    assert_eq!(case["candidates"][0]["passed"], true, "{case}");
+    assert!(
+        case["candidates"][0]["timing"]["median_ms"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    std::fs::remove_dir_all(&dir).ok();
+
+    let dense = ["bench", "--op", "dense-conv", "--backend", "cpu"];
+    let with_dense = |extra: &[&'static str]| {
+        let mut v = dense.to_vec();
+        v.extend(extra);
+        v
+    };
+    rejects(
+        &with_dense(&["--input", "8", "-c", "6", "--groups", "4", "--kernel", "3"]),
+        "groups",
+    );
+    rejects(
+        &with_dense(&["--suite", "dense", "--case", "nope"]),
+        "resnet50-3x3-56",
+    );
+    rejects(
+        &with_dense(&["--input", "8", "-c", "4", "--kernel", "3", "--bias"]),
+        "--bias",
+    );
+    rejects(
+        &with_dense(&[
+            "--input",
+            "8",
+            "-c",
+            "4",
+            "--kernel",
+            "3",
+            "--config",
+            "dense_direct:threads_x=3",
+        ]),
+        "dense_direct",
+    );
+    rejects(
+        &with_dense(&[
+            "--input",
+            "8",
+            "-c",
+            "4",
+            "--kernel",
+            "3",
+            "--only",
+            "streaming",
+        ]),
+        "dense_naive",
+    );
+    // Output channels and groups belong to the dense convolution.
+    rejects(
+        &[
+            "bench",
+            "--input",
+            "6x7",
+            "-c",
+            "3",
+            "--kernel",
+            "3x3",
+            "--out-channels",
+            "6",
+        ],
+        "--op dense-conv",
+    );
 }

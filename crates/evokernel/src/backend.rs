@@ -20,6 +20,9 @@ pub enum BackendChoice {
     Auto,
     Cpu,
     Cuda,
+    /// The Vulkan backend: the dense/grouped convolution (`bench --op dense-conv`); the
+    /// depthwise shaders are verified by the Vulkan tests, not yet measured by sessions.
+    Vulkan,
 }
 
 impl FromStr for BackendChoice {
@@ -29,7 +32,12 @@ impl FromStr for BackendChoice {
             "auto" => Ok(BackendChoice::Auto),
             "cpu" => Ok(BackendChoice::Cpu),
             "cuda" | "gpu" => Ok(BackendChoice::Cuda),
-            _ => Err(Error::parse("backend", s, "expected auto, cpu or cuda")),
+            "vulkan" | "vk" => Ok(BackendChoice::Vulkan),
+            _ => Err(Error::parse(
+                "backend",
+                s,
+                "expected auto, cpu, cuda or vulkan",
+            )),
         }
     }
 }

@@ -503,7 +503,11 @@ fn direct_shader_passes_over_its_config_space() {
         assert!(space.len() >= 100, "{spec}: {} configs", space.len());
         // A stride coprime to the fields' counts (2, 3, 4) walks every value of each.
         let step = (space.len() / 40).max(1) | 1;
-        let step = if step.is_multiple_of(3) { step + 2 } else { step };
+        let step = if step.is_multiple_of(3) {
+            step + 2
+        } else {
+            step
+        };
         for (j, c) in space.into_iter().enumerate().step_by(step) {
             check_dense(
                 &dev,
@@ -559,4 +563,62 @@ fn direct_configs_past_the_device_limits_are_refused() {
     let wb = HostTensor::random_normal(DType::Bf16, &bf16.weight_shape(), 2);
     assert!(conv_vulkan_dense_direct(&dev, &bf16, &xb, &wb, None).is_err());
     assert!(conv_vulkan_dense_naive(&dev, &bf16, &xb, &wb).is_err());
+}
+
+/// The dense bench on this device: the CPU and both shaders verified (all outputs of a
+/// small case; a sample of a larger one) and timed, the fastest named; a shader refused
+/// by the device is reported, not fatal.
+#[test]
+fn dense_bench_verifies_and_times_every_kernel() {
+    use evokernel::bench::Protocol;
+    use evokernel::dense::bench::{bench_dense, positions_for, DenseKernel};
+    let dev = device();
+    let p = ConvParams {
+        n: 2,
+        c: 8,
+        input: vec![30, 40],
+        kernel: vec![3, 3],
+        stride: vec![1, 1],
+        dilation: vec![1, 1],
+        padding: vec![[1, 1], [1, 1]],
+        layout: Layout::ChannelsLast,
+        dtype: DType::F32,
+    };
+    let spec = DenseConvSpec::from_params(&p, 16, 2).unwrap();
+    // 2 x 30 x 40 x 16 outputs: sampled.
+    assert!(positions_for(&spec, 1).len() < spec.output_len());
+    let protocol = Protocol::default().with_launches(3);
+    let kernels = [
+        DenseKernel::Cpu,
+        DenseKernel::VulkanNaive,
+        DenseKernel::VulkanDirect(None),
+        DenseKernel::VulkanDirect(Some(DirectConfig {
+            threads_x: 32,
+            threads_y: 8,
+            outputs_x: 1,
+            outputs_y: 2,
+            ko_tile: 32,
+            ci_tile: 16,
+            lds_pad: 1,
+        })),
+    ];
+    let r = bench_dense(Some(&dev), "small", &spec, &kernels, &protocol, 5).unwrap();
+    assert!(r.passed(), "{r:?}");
+    for c in &r.candidates[..3] {
+        assert!(
+            c.passed && c.timing.as_ref().unwrap().median_ms > 0.0,
+            "{c:?}"
+        );
+    }
+    // ko_tile 32 past the group's 8 output channels: refused with the reason.
+    let refused = &r.candidates[3];
+    assert!(
+        refused
+            .error
+            .as_deref()
+            .unwrap_or("")
+            .contains("output channels"),
+        "{refused:?}"
+    );
+    assert!(r.best.is_some_and(|b| b < 3));
 }

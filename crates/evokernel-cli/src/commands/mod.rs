@@ -1,5 +1,6 @@
 //! One module per command; each turns parsed flags into library calls and prints.
 
+pub mod dense;
 pub mod devices;
 pub mod gemm;
 pub mod measure;

@@ -7,11 +7,14 @@
 //!   channels and groups), its shapes, FLOPs, bytes and key; the dense suite.
 //! - `reference`: the f64 oracle.
 //! - `cpu`: the CPU backend (f32 accumulation, rayon), the reference for CI.
+//! - `bench`: verify then time the CPU backend and the Vulkan shaders on a case.
 
+#[cfg(feature = "vulkan")]
+pub mod bench;
 pub mod cpu;
 pub mod reference;
 pub mod spec;
 
 pub use cpu::conv_dense_cpu;
-pub use reference::dense_reference;
+pub use reference::{dense_reference, dense_reference_at};
 pub use spec::{dense_suite, load_dense_suite, DenseCase, DenseConvSpec, DENSE_SUITE};

@@ -27,7 +27,39 @@ pub fn dense_reference(
     Ok(y)
 }
 
+/// The oracle at flat output positions only (a large case's sample), reading the
+/// tensors in place.
+pub fn dense_reference_at(
+    spec: &DenseConvSpec,
+    input: &HostTensor,
+    weight: &HostTensor,
+    positions: &[usize],
+) -> Result<Vec<f64>> {
+    input.expect("input", spec.dtype(), spec.input_len())?;
+    weight.expect("weight", spec.dtype(), spec.weight_len())?;
+    if let Some(&p) = positions.iter().find(|&&p| p >= spec.output_len()) {
+        return Err(crate::error::Error::TensorMismatch {
+            what: "oracle position",
+            expected: format!("below the output's {} elements", spec.output_len()),
+            got: p.to_string(),
+        });
+    }
+    Ok(positions
+        .par_iter()
+        .map(|&i| element(spec, &|j| input.get_f64(j), &|j| weight.get_f64(j), i))
+        .collect())
+}
+
 fn output_element(spec: &DenseConvSpec, x: &[f64], w: &[f64], i: usize) -> f64 {
+    element(spec, &|j| x[j], &|j| w[j], i)
+}
+
+fn element(
+    spec: &DenseConvSpec,
+    x: &(dyn Fn(usize) -> f64 + Sync),
+    w: &(dyn Fn(usize) -> f64 + Sync),
+    i: usize,
+) -> f64 {
     let g = spec.geometry();
     let (n, co, out) = coords(spec.layout(), spec.out_channels(), g.output3(), i);
     let [kd, kh, kw] = g.kernel3();
@@ -46,8 +78,8 @@ fn output_element(spec: &DenseConvSpec, x: &[f64], w: &[f64], i: usize) -> f64 {
                     let Some(iw) = g.tap_input(2, out[2], e) else {
                         continue;
                     };
-                    sum += w[spec.weight_index(co, ci, a, b, e)]
-                        * x[spec.input_index(n, c0 + ci, id, ih, iw)];
+                    sum += w(spec.weight_index(co, ci, a, b, e))
+                        * x(spec.input_index(n, c0 + ci, id, ih, iw));
                 }
             }
         }

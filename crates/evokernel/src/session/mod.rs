@@ -109,6 +109,13 @@ impl Session {
         match choice {
             BackendChoice::Cpu => Ok(cpu(None)),
             BackendChoice::Cuda => Self::open_cuda(0),
+            BackendChoice::Vulkan => Err(Error::BackendUnavailable {
+                backend: "vulkan".into(),
+                reason: "the depthwise commands run on cpu or cuda; on Vulkan, `bench --op \
+                         dense-conv` measures the dense and grouped convolution (the depthwise \
+                         shaders are verified by the Vulkan tests)"
+                    .into(),
+            }),
             BackendChoice::Auto => match crate::cuda::probe() {
                 Err(_) => Ok(cpu(None)),
                 Ok(()) => Self::open_cuda(0).or_else(|e| Ok(cpu(Some(e.to_string())))),

@@ -11,6 +11,7 @@
 
 use super::device::VulkanDevice;
 use super::VulkanDeviceInfo;
+use super::VulkanRun;
 use crate::dense::DenseConvSpec;
 use crate::error::{Error, Result};
 use crate::spec::Layout;
@@ -224,6 +225,74 @@ impl std::fmt::Display for DirectConfig {
     }
 }
 
+impl std::str::FromStr for DirectConfig {
+    type Err = Error;
+    /// `dense_direct:threads_x=16,threads_y=4,outputs_x=2,outputs_y=1,ko_tile=16,ci_tile=8,lds_pad=1`
+    /// (every field; the form `Display` writes).
+    fn from_str(s: &str) -> Result<Self> {
+        const FIELDS: [&str; 7] = [
+            "threads_x",
+            "threads_y",
+            "outputs_x",
+            "outputs_y",
+            "ko_tile",
+            "ci_tile",
+            "lds_pad",
+        ];
+        let expected = || {
+            format!(
+                "expected dense_direct:{} (every field, integers)",
+                FIELDS.map(|f| format!("{f}=N")).join(",")
+            )
+        };
+        let body = s
+            .trim()
+            .strip_prefix("dense_direct:")
+            .ok_or_else(|| Error::parse("a dense_direct config", s, expected()))?;
+        let mut v = [None::<u32>; 7];
+        for part in body.split(',') {
+            let (k, val) = part
+                .split_once('=')
+                .ok_or_else(|| Error::parse("a dense_direct config", s, expected()))?;
+            let i = FIELDS
+                .iter()
+                .position(|f| *f == k.trim())
+                .ok_or_else(|| Error::parse("a dense_direct config", s, expected()))?;
+            v[i] = Some(
+                val.trim()
+                    .parse()
+                    .map_err(|_| Error::parse("a dense_direct config", s, expected()))?,
+            );
+        }
+        let [Some(threads_x), Some(threads_y), Some(outputs_x), Some(outputs_y), Some(ko_tile), Some(ci_tile), Some(lds_pad)] =
+            v
+        else {
+            return Err(Error::parse("a dense_direct config", s, expected()));
+        };
+        let c = DirectConfig {
+            threads_x,
+            threads_y,
+            outputs_x,
+            outputs_y,
+            ko_tile,
+            ci_tile,
+            lds_pad,
+        };
+        if !Self::family().contains(&c) {
+            return Err(Error::parse(
+                "a dense_direct config",
+                s,
+                format!(
+                    "a config of the family: threads_x {THREADS_X:?}, threads_y {THREADS_Y:?}, \
+                     outputs_x {OUTPUTS_X:?}, outputs_y {OUTPUTS_Y:?}, ko_tile {KO_TILES:?}, \
+                     ci_tile {CI_TILES:?}, lds_pad {LDS_PADS:?}"
+                ),
+            ));
+        }
+        Ok(c)
+    }
+}
+
 fn i32_of(what: &str, v: usize) -> Result<i32> {
     super::i32_of("dense_direct", what, v)
 }
@@ -237,6 +306,20 @@ pub fn conv_vulkan_dense_direct(
     w: &HostTensor,
     config: Option<DirectConfig>,
 ) -> Result<(HostTensor, Option<f64>)> {
+    let run = prepare_dense_direct(dev, spec, x, w, config)?;
+    let ms = run.launch()?;
+    Ok((run.output()?, ms))
+}
+
+/// The shader with `config` (None: the device's default) prepared on device-local
+/// copies of `x` and `w`, to launch and time.
+pub fn prepare_dense_direct<'d>(
+    dev: &'d VulkanDevice,
+    spec: &DenseConvSpec,
+    x: &HostTensor,
+    w: &HostTensor,
+    config: Option<DirectConfig>,
+) -> Result<VulkanRun<'d>> {
     let info = dev.info();
     let source = super::source_for("dense_direct", SOURCE, spec.dtype(), info)?;
     x.expect("input", spec.dtype(), spec.input_len())?;
@@ -319,7 +402,7 @@ pub fn conv_vulkan_dense_direct(
     .map(|(i, &v)| (i as u32, v as u32))
     .collect();
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
-    super::run_xwy(
+    VulkanRun::new(
         dev,
         "dense_direct",
         &source,
@@ -394,6 +477,16 @@ mod tests {
         let gs = DirectConfig::space(&info, &g);
         assert!(!gs.is_empty() && gs.iter().all(|c| c.ko_tile == 4 && c.ci_tile == 4));
         // A 7 x 7 output: no 32-column tiles.
+        let text = d.to_string();
+        assert_eq!(text.parse::<DirectConfig>().unwrap(), d);
+        for bad in [
+            "dense_direct:threads_x=16",
+            "tile:threads_x=16",
+            &text.replace("ko_tile=16", "ko_tile=12"),
+            &text.replace("lds_pad=1", "lds_pad=x"),
+        ] {
+            assert!(bad.parse::<DirectConfig>().is_err(), "{bad}");
+        }
         let small = resnet(512, 7, 1);
         assert!(DirectConfig::space(&info, &small)
             .iter()

@@ -3,6 +3,7 @@
 //! f16 where the device has 16-bit storage.
 
 use super::device::VulkanDevice;
+use super::VulkanRun;
 use crate::dense::DenseConvSpec;
 use crate::error::Result;
 use crate::spec::Layout;
@@ -23,6 +24,18 @@ pub fn conv_vulkan_dense_naive(
     x: &HostTensor,
     w: &HostTensor,
 ) -> Result<(HostTensor, Option<f64>)> {
+    let run = prepare_dense_naive(dev, spec, x, w)?;
+    let ms = run.launch()?;
+    Ok((run.output()?, ms))
+}
+
+/// The shader prepared on device-local copies of `x` and `w`, to launch and time.
+pub fn prepare_dense_naive<'d>(
+    dev: &'d VulkanDevice,
+    spec: &DenseConvSpec,
+    x: &HostTensor,
+    w: &HostTensor,
+) -> Result<VulkanRun<'d>> {
     let info = dev.info();
     let source = super::source_for("dense_naive", SOURCE, spec.dtype(), info)?;
     x.expect("input", spec.dtype(), spec.input_len())?;
@@ -55,7 +68,7 @@ pub fn conv_vulkan_dense_naive(
     let groups = spec.output_len().div_ceil(WORKGROUP).clamp(1, 65_535);
     let groups = groups.min(info.max_workgroup_count[0].max(1) as usize) as u32;
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
-    super::run_xwy(
+    VulkanRun::new(
         dev,
         "dense_naive",
         &source,

@@ -318,7 +318,8 @@ impl VulkanDevice {
                         .property_flags
                         .contains(vk::MemoryPropertyFlags::DEVICE_LOCAL)
             });
-            let Some(kind) = local.or_else(|| (0..self.memory.memory_type_count).find(|&i| allowed(i)))
+            let Some(kind) =
+                local.or_else(|| (0..self.memory.memory_type_count).find(|&i| allowed(i)))
             else {
                 d.destroy_buffer(buffer, None);
                 return Err(Error::BackendUnavailable {
@@ -687,8 +688,7 @@ impl ComputeKernel<'_> {
                 vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
             )
             .map_err(vk_err("vkGetQueryPoolResults"))?;
-            let ns =
-                ticks[1].saturating_sub(ticks[0]) as f64 * dev.info.timestamp_period_ns as f64;
+            let ns = ticks[1].saturating_sub(ticks[0]) as f64 * dev.info.timestamp_period_ns as f64;
             Ok(Some(ns * 1e-6))
         }
     }

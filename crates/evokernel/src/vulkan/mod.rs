@@ -95,7 +95,12 @@ impl<'d> VulkanRun<'d> {
         let y = dev.device_buffer(out.size_bytes())?;
         dev.upload(&bx, x.as_bytes())?;
         dev.upload(&bw, w.as_bytes())?;
-        let kernel = dev.kernel(&spirv, constants, &[bx.buffer, bw.buffer, y.buffer], push.len())?;
+        let kernel = dev.kernel(
+            &spirv,
+            constants,
+            &[bx.buffer, bw.buffer, y.buffer],
+            push.len(),
+        )?;
         Ok(VulkanRun {
             dev,
             kernel,

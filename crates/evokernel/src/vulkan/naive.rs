@@ -99,5 +99,15 @@ pub fn conv_vulkan_naive_timed(
     };
     let groups = total.div_ceil(WORKGROUP).clamp(1, 65_535);
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
-    super::run_xwy(dev, "naive", SOURCE, &[], &push.bytes(), [groups, 1], x, w, y)
+    super::run_xwy(
+        dev,
+        "naive",
+        SOURCE,
+        &[],
+        &push.bytes(),
+        [groups, 1],
+        x,
+        w,
+        y,
+    )
 }

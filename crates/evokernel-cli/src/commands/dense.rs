@@ -1,0 +1,191 @@
+//! `bench --op dense-conv`: dense and grouped convolution cases (spec flags with
+//! --out-channels/--groups, or a dense suite) verified against the oracle and timed by the
+//! library on Vulkan and the CPU; printed as a table, saved as JSON.
+
+use std::path::PathBuf;
+
+use evokernel::backend::BackendChoice;
+use evokernel::dense::bench::{bench_dense, DenseCaseReport, DenseKernel};
+use evokernel::dense::{load_dense_suite, DenseConvSpec};
+use evokernel::vulkan::dense_direct::DirectConfig;
+use evokernel::vulkan::VulkanDevice;
+use evokernel::Error;
+use serde::Serialize;
+
+use crate::args::{Common, GemmArgs, ProblemArgs};
+use crate::output::{spinner, write_json_or_keep};
+use crate::table;
+
+#[derive(Serialize)]
+struct DenseReport {
+    device: Option<String>,
+    seed: u64,
+    cases: Vec<DenseCaseReport>,
+}
+
+/// Flags that mean something only for other problems, refused rather than ignored.
+fn refuse_other_flags(common: &Common, gemm: &GemmArgs) -> Result<(), Error> {
+    let given = [
+        ("--bias", common.bias),
+        (
+            "--activation",
+            common.activation != evokernel::Activation::None,
+        ),
+        ("--residual", common.residual),
+        ("--reference", common.reference.is_some()),
+        ("--plot", common.plot.is_some()),
+        (
+            "--pass",
+            common.pass.passes().len() != 1 || common.pass.passes()[0] != evokernel::Pass::Forward,
+        ),
+        (
+            "--m/--n/--k",
+            gemm.m.is_some() || gemm.n.is_some() || gemm.k.is_some(),
+        ),
+    ];
+    if let Some((flag, _)) = given.iter().find(|g| g.1) {
+        return Err(Error::parse(
+            "--op dense-conv",
+            flag,
+            "the dense convolution takes the spec flags with --out-channels/--groups (or --suite dense), --only cpu|dense_naive|dense_direct, --config dense_direct:..., --backend auto|cpu|vulkan",
+        ));
+    }
+    Ok(())
+}
+
+/// The cases: `--suite FILE` (or `dense`, the embedded suite) filtered by `--case`, or
+/// the spec flags' one problem.
+fn cases(gemm: &GemmArgs, problem: &ProblemArgs) -> Result<Vec<(String, DenseConvSpec)>, Error> {
+    if let Some(path) = &problem.suite {
+        if gemm.out_channels.is_some() || gemm.groups.is_some() {
+            return Err(Error::parse(
+                "--out-channels/--groups",
+                "given with --suite",
+                "a suite's cases carry their own channels and groups",
+            ));
+        }
+        let all = load_dense_suite(path)?;
+        if let Some(want) = problem
+            .case
+            .iter()
+            .find(|w| !all.iter().any(|c| &c.name == *w))
+        {
+            return Err(Error::Suite {
+                path: PathBuf::from(path),
+                message: format!(
+                    "has no case '{want}'; its cases are: {}",
+                    all.iter()
+                        .map(|c| c.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            });
+        }
+        return Ok(all
+            .into_iter()
+            .filter(|c| problem.case.is_empty() || problem.case.contains(&c.name))
+            .map(|c| (c.name, c.spec))
+            .collect());
+    }
+    let params = problem.params()?;
+    let spec = DenseConvSpec::from_params(
+        &params,
+        gemm.out_channels.unwrap_or(params.c),
+        gemm.groups.unwrap_or(1),
+    )?;
+    Ok(vec![("spec".to_string(), spec)])
+}
+
+/// The kernels to run: `--config dense_direct:...` and `--only` names, else the backend's
+/// ladder (Vulkan's two shaders where a Vulkan device opens, else the CPU).
+fn kernels(common: &Common, vk: Option<&VulkanDevice>) -> Result<Vec<DenseKernel>, Error> {
+    let mut out = Vec::new();
+    for name in &common.only {
+        out.push(match name.as_str() {
+            "cpu" => DenseKernel::Cpu,
+            "dense_naive" => DenseKernel::VulkanNaive,
+            "dense_direct" => DenseKernel::VulkanDirect(None),
+            other => {
+                return Err(Error::parse(
+                    "--only",
+                    other,
+                    "the dense convolution's kernels are cpu, dense_naive and dense_direct",
+                ))
+            }
+        });
+    }
+    for c in &common.config {
+        out.push(DenseKernel::VulkanDirect(Some(c.parse::<DirectConfig>()?)));
+    }
+    if out.is_empty() {
+        out = match (common.backend, vk) {
+            (BackendChoice::Cpu, _) | (BackendChoice::Auto, None) => vec![DenseKernel::Cpu],
+            _ => vec![DenseKernel::VulkanNaive, DenseKernel::VulkanDirect(None)],
+        };
+    }
+    Ok(out)
+}
+
+/// `bench --op dense-conv`.
+pub fn run(
+    common: &Common,
+    gemm: &GemmArgs,
+    problem: &ProblemArgs,
+    iters: usize,
+) -> Result<bool, Error> {
+    refuse_other_flags(common, gemm)?;
+    let protocol = crate::args::protocol(iters)?;
+    if let Some(path) = &common.json {
+        crate::args::check_output_path(path)?;
+    }
+    let cases = cases(gemm, problem)?;
+    let vk = match common.backend {
+        BackendChoice::Cuda => {
+            return Err(Error::BackendUnavailable {
+                backend: "cuda".into(),
+                reason: "the dense convolution runs on Vulkan (the H100 has a Vulkan driver: \
+                         --backend vulkan) and the CPU"
+                    .into(),
+            })
+        }
+        BackendChoice::Cpu => None,
+        BackendChoice::Vulkan => Some(VulkanDevice::open(0)?),
+        BackendChoice::Auto => VulkanDevice::open(0).ok(),
+    };
+    let kernels = kernels(common, vk.as_ref())?;
+    match &vk {
+        Some(d) => {
+            let i = d.info();
+            println!(
+                "evokernel bench --op dense-conv: {} (Vulkan {}, subgroup {}, {} B shared), seed {}",
+                i.name, i.api_version, i.subgroup_size, i.max_shared_bytes, common.seed
+            );
+        }
+        None => println!(
+            "evokernel bench --op dense-conv: CPU ({} threads), seed {}",
+            rayon_threads(),
+            common.seed
+        ),
+    }
+    let mut report = DenseReport {
+        device: vk.as_ref().map(|d| d.info().name.clone()),
+        seed: common.seed,
+        cases: Vec::new(),
+    };
+    for (name, spec) in &cases {
+        let bar = spinner(&format!("{name}: {spec}"));
+        let case = bench_dense(vk.as_ref(), name, spec, &kernels, &protocol, common.seed);
+        bar.finish_and_clear();
+        let case = case?;
+        println!("{}", table::dense(std::slice::from_ref(&case)));
+        report.cases.push(case);
+    }
+    if let Some(path) = &common.json {
+        write_json_or_keep(path, &report);
+    }
+    Ok(report.cases.iter().all(DenseCaseReport::passed))
+}
+
+fn rayon_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}

@@ -1,0 +1,280 @@
+//! Verify, then time, dense/grouped convolution kernels on one case: the CPU backend and
+//! the Vulkan shaders (naive, direct with its default or a forced config). Each is
+//! checked against the f64 oracle first (every output of a small case, 2048 sampled
+//! positions plus the first and last of a large one) and timed only if it passes:
+//! Vulkan launches by timestamps around the dispatch, the CPU by the wall clock.
+
+use serde::Serialize;
+
+use super::reference::dense_reference_at;
+use super::spec::DenseConvSpec;
+use crate::bench::{time_launches, Protocol, Timing};
+use crate::error::{Error, Result};
+use crate::tensor::{compare, Comparison, HostTensor, SplitMix64, TensorData};
+use crate::vulkan::dense_direct::{prepare_dense_direct, DirectConfig};
+use crate::vulkan::dense_naive::prepare_dense_naive;
+use crate::vulkan::{VulkanDevice, VulkanRun};
+
+type Outcome = std::result::Result<DenseCandidate, (String, Error)>;
+
+/// Checks a kernel's output and, if it passes, times it (`run_one`'s `finish`).
+type Finish<'a> =
+    dyn Fn(String, &'static str, HostTensor, &mut dyn FnMut() -> Result<Timing>) -> Outcome + 'a;
+
+/// A prepared Vulkan run: launched once and read back for the check, then timed.
+fn finish_vulkan(
+    label: String,
+    run: &VulkanRun<'_>,
+    protocol: &Protocol,
+    finish: &Finish<'_>,
+) -> Outcome {
+    run.launch().map_err(|e| (label.clone(), e))?;
+    let y = run.output().map_err(|e| (label.clone(), e))?;
+    let mut time = || {
+        time_launches(
+            protocol,
+            |_| {
+                run.launch()?.ok_or_else(|| Error::BackendUnavailable {
+                    backend: "vulkan".into(),
+                    reason: "the device's compute queue has no timestamps to time a dispatch by"
+                        .into(),
+                })
+            },
+            1,
+        )
+    };
+    finish(label, "vulkan", y, &mut time)
+}
+
+/// Outputs checked on a large case (plus its first and last).
+const SAMPLES: usize = 2048;
+
+/// A kernel of the dense ladder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenseKernel {
+    /// The CPU backend (`dense::cpu`).
+    Cpu,
+    /// Vulkan, one invocation an output.
+    VulkanNaive,
+    /// Vulkan, tiled direct convolution; None: the device's default config.
+    VulkanDirect(Option<DirectConfig>),
+}
+
+impl DenseKernel {
+    pub fn backend(&self) -> &'static str {
+        match self {
+            DenseKernel::Cpu => "cpu",
+            _ => "vulkan",
+        }
+    }
+}
+
+/// One kernel on one case.
+#[derive(Clone, Debug, Serialize)]
+pub struct DenseCandidate {
+    /// `cpu`, `dense_naive` or the direct shader's full config.
+    pub kernel: String,
+    pub backend: &'static str,
+    /// Against the oracle at the checked positions (absent when it did not run).
+    pub check: Option<Comparison>,
+    pub passed: bool,
+    /// Absent when the kernel failed the check or did not run.
+    pub timing: Option<Timing>,
+    pub tflops: Option<f64>,
+    /// The memory floor's bytes over the median time.
+    pub gbps: Option<f64>,
+    /// Why it did not run (refused config, no 16-bit storage, device error).
+    pub error: Option<String>,
+}
+
+/// One case of a dense bench.
+#[derive(Clone, Debug, Serialize)]
+pub struct DenseCaseReport {
+    pub name: String,
+    pub spec: String,
+    pub key: String,
+    pub flops: u64,
+    pub min_bytes: u64,
+    /// Output positions the oracle checked.
+    pub checked: usize,
+    pub device: Option<String>,
+    pub candidates: Vec<DenseCandidate>,
+    /// The fastest candidate that passed, by index into `candidates`.
+    pub best: Option<usize>,
+}
+
+impl DenseCaseReport {
+    /// Whether every candidate that ran passed the oracle.
+    pub fn passed(&self) -> bool {
+        self.candidates
+            .iter()
+            .all(|c| c.passed || c.check.is_none())
+    }
+}
+
+/// Flat output positions to check: all of a small output, else a seeded sample.
+pub fn positions_for(spec: &DenseConvSpec, seed: u64) -> Vec<usize> {
+    let len = spec.output_len();
+    if len <= 4 * SAMPLES {
+        return (0..len).collect();
+    }
+    let mut rng = SplitMix64::new(seed ^ 0xd5e5);
+    let mut v: Vec<usize> = (0..SAMPLES)
+        .map(|_| (rng.next_u64() % len as u64) as usize)
+        .chain([0, len - 1])
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+fn check_at(y: &HostTensor, positions: &[usize], want: &[f64]) -> Result<Comparison> {
+    let got: Vec<f32> = positions.iter().map(|&i| y.get_f64(i) as f32).collect();
+    let sub = HostTensor::from_data(&[got.len()], TensorData::F32(got))?;
+    compare(&sub, want)
+}
+
+/// Verifies and times `kernels` on one case (`vk` for the Vulkan ones; without it they
+/// are reported as not run, with the reason).
+pub fn bench_dense(
+    vk: Option<&VulkanDevice>,
+    name: &str,
+    spec: &DenseConvSpec,
+    kernels: &[DenseKernel],
+    protocol: &Protocol,
+    seed: u64,
+) -> Result<DenseCaseReport> {
+    let x = HostTensor::random_normal(spec.dtype(), &spec.input_shape(), seed);
+    let w = HostTensor::random_normal(spec.dtype(), &spec.weight_shape(), seed ^ 1);
+    let positions = positions_for(spec, seed);
+    let want = dense_reference_at(spec, &x, &w, &positions)?;
+    let mut candidates = Vec::new();
+    for k in kernels {
+        let c = match run_one(vk, spec, *k, &x, &w, &positions, &want, protocol) {
+            Ok(c) => c,
+            Err((kernel, e)) => DenseCandidate {
+                kernel,
+                backend: k.backend(),
+                check: None,
+                passed: false,
+                timing: None,
+                tflops: None,
+                gbps: None,
+                error: Some(e.to_string()),
+            },
+        };
+        candidates.push(c);
+    }
+    let best = candidates
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| c.timing.as_ref().map(|t| (i, t.median_ms)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(i, _)| i);
+    Ok(DenseCaseReport {
+        name: name.to_string(),
+        spec: spec.to_string(),
+        key: spec.key(),
+        flops: spec.flops(),
+        min_bytes: spec.min_bytes(),
+        checked: positions.len(),
+        device: vk.map(|d| d.info().name.clone()),
+        candidates,
+        best,
+    })
+}
+
+/// One kernel checked and, if it passes, timed; `Err((name, reason))` when it cannot run.
+#[allow(clippy::too_many_arguments)]
+fn run_one(
+    vk: Option<&VulkanDevice>,
+    spec: &DenseConvSpec,
+    kernel: DenseKernel,
+    x: &HostTensor,
+    w: &HostTensor,
+    positions: &[usize],
+    want: &[f64],
+    protocol: &Protocol,
+) -> Outcome {
+    let need_vk = |label: String| {
+        vk.ok_or_else(|| {
+            (
+                label,
+                Error::BackendUnavailable {
+                    backend: "vulkan".into(),
+                    reason: "no Vulkan device was opened (scripts/install-vulkan.sh installs \
+                             Mesa's lavapipe)"
+                        .into(),
+                },
+            )
+        })
+    };
+    let finish = |kernel: String,
+                  backend: &'static str,
+                  y: HostTensor,
+                  time: &mut dyn FnMut() -> Result<Timing>| {
+        let check = check_at(&y, positions, want).map_err(|e| (kernel.clone(), e))?;
+        let passed = check.passes(spec.dtype());
+        let timing = if passed {
+            Some(time().map_err(|e| (kernel.clone(), e))?)
+        } else {
+            None
+        };
+        let ms = timing.as_ref().map(|t| t.median_ms);
+        Ok(DenseCandidate {
+            kernel,
+            backend,
+            check: Some(check),
+            passed,
+            tflops: ms.map(|ms| spec.flops() as f64 / ms * 1e-9),
+            gbps: ms.map(|ms| spec.min_bytes() as f64 / ms * 1e-6),
+            timing,
+            error: None,
+        })
+    };
+    match kernel {
+        DenseKernel::Cpu => {
+            let label = "cpu".to_string();
+            let mut y = HostTensor::nan(spec.dtype(), &spec.output_shape());
+            super::conv_dense_cpu(spec, x, w, &mut y).map_err(|e| (label.clone(), e))?;
+            let mut out = HostTensor::zeros(spec.dtype(), &spec.output_shape());
+            // A CPU run of a large case takes seconds: one warm-up, at most five timed.
+            let cpu = Protocol {
+                warmup_launches: 1,
+                warmup_ms: 0.0,
+                launches: protocol.launches.clamp(1, 5),
+                min_ms: 0.0,
+            };
+            let mut time = || {
+                time_launches(
+                    &cpu,
+                    |_| {
+                        let t = std::time::Instant::now();
+                        super::conv_dense_cpu(spec, x, w, &mut out)?;
+                        Ok(t.elapsed().as_secs_f64() * 1e3)
+                    },
+                    1,
+                )
+            };
+            finish(label, "cpu", y, &mut time)
+        }
+        DenseKernel::VulkanNaive => {
+            let label = "dense_naive".to_string();
+            let dev = need_vk(label.clone())?;
+            let run = prepare_dense_naive(dev, spec, x, w).map_err(|e| (label.clone(), e))?;
+            finish_vulkan(label, &run, protocol, &finish)
+        }
+        DenseKernel::VulkanDirect(config) => {
+            let dev = need_vk("dense_direct".into())?;
+            let config = match config {
+                Some(c) => Ok(c),
+                None => DirectConfig::default_for(dev.info(), spec),
+            }
+            .map_err(|e| ("dense_direct".to_string(), e))?;
+            let label = config.to_string();
+            let run = prepare_dense_direct(dev, spec, x, w, Some(config))
+                .map_err(|e| (label.clone(), e))?;
+            finish_vulkan(label, &run, protocol, &finish)
+        }
+    }
+}
