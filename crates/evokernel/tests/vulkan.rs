@@ -610,14 +610,12 @@ fn dense_bench_verifies_and_times_every_kernel() {
             "{c:?}"
         );
     }
-    // ko_tile 32 past the group's 8 output channels: refused with the reason.
+    // 58 KiB of shared memory (and 32 output channels for a group of 8): refused with
+    // the reason, not fatal.
     let refused = &r.candidates[3];
+    let why = refused.error.as_deref().unwrap_or("");
     assert!(
-        refused
-            .error
-            .as_deref()
-            .unwrap_or("")
-            .contains("output channels"),
+        why.contains("does not apply") && !refused.passed,
         "{refused:?}"
     );
     assert!(r.best.is_some_and(|b| b < 3));
