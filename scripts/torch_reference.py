@@ -14,6 +14,9 @@ oracle gate), asymmetric padding is applied to the input before timing (only the
 convolution is timed), and input sets rotate past the L2 as evokernel's protocol does
 (CUDA events, 10 warm-up launches, median of 50).
 
+Dense and grouped cases (suite/dense.json: "out_channels" and "groups" given) take
+weights [out_channels, c / groups, k...]; the depthwise suites' cases are groups = c.
+
 Writes {"source": ..., "cases": {case: {pass: {impl: ms}}}}.
 Usage: python3 scripts/torch_reference.py OUT.json SUITE.json [SUITE.json ...]
        [--passes forward,dgrad,wgrad]"""
@@ -88,11 +91,14 @@ def case_tensors(c):
             x = F.pad(x, flat)
             x = x.to(memory_format=fmt) if fmt is not None else x
         xs.append(x)
-    w = fresh([ch, 1, *c["kernel"]])
+    # Depthwise suites: one channel a group; the dense suite names its channels and groups.
+    co = c.get("out_channels", ch)
+    groups = c.get("groups", 1) if "out_channels" in c else ch
+    w = fresh([co, ch // groups, *c["kernel"]])
     osz = [out_size(xs[0].shape[2 + j], c["kernel"][j], stride[j], dil[j], padding[j], padding[j])
            for j in range(dims)]
-    gys = [fresh([n, ch, *osz]) for _ in range(sets)]
-    return xs, w, gys, stride, padding, dil, ch, dims
+    gys = [fresh([n, co, *osz]) for _ in range(sets)]
+    return xs, w, gys, stride, padding, dil, groups, dims
 
 
 def measure(c, passes):

@@ -686,10 +686,20 @@ pub fn dense(cases: &[evokernel::dense::bench::DenseCaseReport]) -> String {
                 right(num(k.tflops, 2)),
                 right(num(k.gbps, 1)),
                 right(num(ms.zip(best_ms).map(|(m, b)| b / m), 2)),
+                right(num(k.vs_reference, 2)),
             ]);
         }
     }
-    t.to_string()
+    let mut out = t.to_string();
+    for c in cases {
+        for r in &c.references {
+            out += &format!(
+                "\n{}: {} {:.4} ms ({})",
+                c.name, r.name, r.median_ms, r.source
+            );
+        }
+    }
+    out
 }
 
 #[cfg(test)]

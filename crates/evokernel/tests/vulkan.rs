@@ -602,7 +602,7 @@ fn dense_bench_verifies_and_times_every_kernel() {
             lds_pad: 1,
         })),
     ];
-    let r = bench_dense(Some(&dev), "small", &spec, &kernels, &protocol, 5).unwrap();
+    let r = bench_dense(Some(&dev), "small", &spec, &kernels, &protocol, 5, vec![]).unwrap();
     assert!(r.passed(), "{r:?}");
     for c in &r.candidates[..3] {
         assert!(

@@ -7,9 +7,10 @@ use std::path::PathBuf;
 use evokernel::backend::BackendChoice;
 use evokernel::dense::bench::{bench_dense, DenseCaseReport, DenseKernel};
 use evokernel::dense::{load_dense_suite, DenseConvSpec};
+use evokernel::external::ExternalTimes;
 use evokernel::vulkan::dense_direct::DirectConfig;
 use evokernel::vulkan::VulkanDevice;
-use evokernel::Error;
+use evokernel::{Error, Pass};
 use serde::Serialize;
 
 use crate::args::{Common, GemmArgs, ProblemArgs};
@@ -32,7 +33,6 @@ fn refuse_other_flags(common: &Common, gemm: &GemmArgs) -> Result<(), Error> {
             common.activation != evokernel::Activation::None,
         ),
         ("--residual", common.residual),
-        ("--reference", common.reference.is_some()),
         ("--plot", common.plot.is_some()),
         (
             "--pass",
@@ -47,7 +47,7 @@ fn refuse_other_flags(common: &Common, gemm: &GemmArgs) -> Result<(), Error> {
         return Err(Error::parse(
             "--op dense-conv",
             flag,
-            "the dense convolution takes the spec flags with --out-channels/--groups (or --suite dense), --only cpu|dense_naive|dense_direct, --config dense_direct:..., --backend auto|cpu|vulkan",
+            "the dense convolution takes the spec flags with --out-channels/--groups (or --suite dense), --only cpu|dense_naive|dense_direct, --config dense_direct:..., --backend auto|cpu|vulkan, --reference FILE",
         ));
     }
     Ok(())
@@ -139,6 +139,11 @@ pub fn run(
         crate::args::check_output_path(path)?;
     }
     let cases = cases(gemm, problem)?;
+    let references = common
+        .reference
+        .as_deref()
+        .map(ExternalTimes::load)
+        .transpose()?;
     let vk = match common.backend {
         BackendChoice::Cuda => {
             return Err(Error::BackendUnavailable {
@@ -174,7 +179,19 @@ pub fn run(
     };
     for (name, spec) in &cases {
         let bar = spinner(&format!("{name}: {spec}"));
-        let case = bench_dense(vk.as_ref(), name, spec, &kernels, &protocol, common.seed);
+        let refs = references
+            .as_ref()
+            .map(|r| r.times(name, Pass::Forward))
+            .unwrap_or_default();
+        let case = bench_dense(
+            vk.as_ref(),
+            name,
+            spec,
+            &kernels,
+            &protocol,
+            common.seed,
+            refs,
+        );
         bar.finish_and_clear();
         let case = case?;
         println!("{}", table::dense(std::slice::from_ref(&case)));

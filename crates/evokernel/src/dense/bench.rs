@@ -10,6 +10,7 @@ use super::reference::dense_reference_at;
 use super::spec::DenseConvSpec;
 use crate::bench::{time_launches, Protocol, Timing};
 use crate::error::{Error, Result};
+use crate::external::ReferenceTime;
 use crate::tensor::{compare, Comparison, HostTensor, SplitMix64, TensorData};
 use crate::vulkan::dense_direct::{prepare_dense_direct, DirectConfig};
 use crate::vulkan::dense_naive::prepare_dense_naive;
@@ -85,6 +86,8 @@ pub struct DenseCandidate {
     pub gbps: Option<f64>,
     /// Why it did not run (refused config, no 16-bit storage, device error).
     pub error: Option<String>,
+    /// The fastest outside reference's time over this kernel's (> 1: faster).
+    pub vs_reference: Option<f64>,
 }
 
 /// One case of a dense bench.
@@ -98,6 +101,8 @@ pub struct DenseCaseReport {
     /// Output positions the oracle checked.
     pub checked: usize,
     pub device: Option<String>,
+    /// Outside times of the same case (PyTorch's `F.convNd`, `--reference FILE`).
+    pub references: Vec<ReferenceTime>,
     pub candidates: Vec<DenseCandidate>,
     /// The fastest candidate that passed, by index into `candidates`.
     pub best: Option<usize>,
@@ -135,7 +140,9 @@ fn check_at(y: &HostTensor, positions: &[usize], want: &[f64]) -> Result<Compari
 }
 
 /// Verifies and times `kernels` on one case (`vk` for the Vulkan ones; without it they
-/// are reported as not run, with the reason).
+/// are reported as not run, with the reason), each against the fastest of `references`
+/// (outside times of the same case, measured in the same GPU call).
+#[allow(clippy::too_many_arguments)]
 pub fn bench_dense(
     vk: Option<&VulkanDevice>,
     name: &str,
@@ -143,6 +150,7 @@ pub fn bench_dense(
     kernels: &[DenseKernel],
     protocol: &Protocol,
     seed: u64,
+    references: Vec<ReferenceTime>,
 ) -> Result<DenseCaseReport> {
     let x = HostTensor::random_normal(spec.dtype(), &spec.input_shape(), seed);
     let w = HostTensor::random_normal(spec.dtype(), &spec.weight_shape(), seed ^ 1);
@@ -161,9 +169,19 @@ pub fn bench_dense(
                 tflops: None,
                 gbps: None,
                 error: Some(e.to_string()),
+                vs_reference: None,
             },
         };
         candidates.push(c);
+    }
+    let fastest_reference = references
+        .iter()
+        .map(|r| r.median_ms)
+        .min_by(f64::total_cmp);
+    for c in &mut candidates {
+        c.vs_reference = fastest_reference
+            .zip(c.timing.as_ref())
+            .map(|(r, t)| r / t.median_ms);
     }
     let best = candidates
         .iter()
@@ -179,6 +197,7 @@ pub fn bench_dense(
         min_bytes: spec.min_bytes(),
         checked: positions.len(),
         device: vk.map(|d| d.info().name.clone()),
+        references,
         candidates,
         best,
     })
@@ -230,6 +249,7 @@ fn run_one(
             gbps: ms.map(|ms| spec.min_bytes() as f64 / ms * 1e-6),
             timing,
             error: None,
+            vs_reference: None,
         })
     };
     match kernel {
