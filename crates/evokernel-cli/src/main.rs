@@ -57,7 +57,8 @@ enum Command {
         evokernel tune --suite public --case seed-bf16\n  \
         evokernel tune --suite public --case seed-bf16 --only streaming --search exhaustive --retune\n  \
         evokernel tune --input 56x56 -c 384 -n 16 --kernel 7 --padding 3 --search evolutionary --budget 12\n  \
-        evokernel tune --op scaled-mm --suite gemm --case square-8192 --search exhaustive\n\n\
+        evokernel tune --op scaled-mm --suite gemm --case square-8192 --search exhaustive\n  \
+        evokernel tune --op dense-conv --backend vulkan --suite dense --case resnet50-3x3-28\n\n\
         Later runs of run/bench/verify use the tuned configs (their note says \"tuned\").")]
     Tune {
         #[command(flatten)]
@@ -198,6 +199,9 @@ fn execute(cli: Cli) -> Result<bool, Error> {
             };
             if gemm.op == Op::ScaledMm {
                 return commands::gemm::tune(&common, &gemm, &problem, iters, &plan);
+            }
+            if gemm.op == Op::DenseConv {
+                return commands::dense::tune(&common, &gemm, &problem, iters, &plan);
             }
             gemm.refuse_sizes()?;
             let opts = options(&common, true, iters)?;

@@ -620,3 +620,47 @@ fn dense_bench_verifies_and_times_every_kernel() {
     );
     assert!(r.best.is_some_and(|b| b < 3));
 }
+
+/// The direct shader's tuner on this device: an evolutionary search of a few candidates,
+/// each verified before it is timed; the winner recorded and read back as the tuned
+/// config (what the bench then runs), and a second tune served from the cache.
+#[test]
+fn dense_tuner_records_a_config_the_bench_reads_back() {
+    use evokernel::bench::Protocol;
+    use evokernel::dense::tune::{tune_dense, tuned_config};
+    use evokernel::tune::{SearchKind, TuneCache, TunePlan};
+    let dev = device();
+    let p = ConvParams {
+        n: 1,
+        c: 8,
+        input: vec![10, 13],
+        kernel: vec![3, 3],
+        stride: vec![1, 1],
+        dilation: vec![1, 1],
+        padding: vec![[1, 1], [1, 1]],
+        layout: Layout::ChannelsLast,
+        dtype: DType::F32,
+    };
+    let spec = DenseConvSpec::from_params(&p, 12, 1).unwrap();
+    let dir = std::env::temp_dir().join(format!("evk-dense-tune-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cache = TuneCache::open(&dir.join("tune.json"));
+    let plan = TunePlan {
+        search: SearchKind::Evolutionary,
+        max_candidates: Some(6),
+        max_seconds: 60.0,
+        retune: true,
+    };
+    let protocol = Protocol::default().with_launches(3);
+    let row = tune_dense(&dev, &spec, &plan, &protocol, 7, &mut cache, &mut |_| {}).unwrap();
+    assert!(row.timed >= 6 && row.failed == 0, "{row:?}");
+    let best: DirectConfig = row.best_config.as_deref().unwrap().parse().unwrap();
+    assert_eq!(tuned_config(&cache, &dev, &spec), Some(best));
+    let again = TunePlan {
+        retune: false,
+        ..plan
+    };
+    let cached = tune_dense(&dev, &spec, &again, &protocol, 7, &mut cache, &mut |_| {}).unwrap();
+    assert!(cached.from_cache && cached.timed == 0, "{cached:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}

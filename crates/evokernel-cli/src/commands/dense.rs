@@ -1,13 +1,16 @@
-//! `bench --op dense-conv`: dense and grouped convolution cases (spec flags with
-//! --out-channels/--groups, or a dense suite) verified against the oracle and timed by the
-//! library on Vulkan and the CPU; printed as a table, saved as JSON.
+//! `bench --op dense-conv` and `tune --op dense-conv`: dense and grouped convolution
+//! cases (spec flags with --out-channels/--groups, or a dense suite) verified against the
+//! oracle and timed by the library on Vulkan and the CPU, or the Vulkan direct shader's
+//! configs searched; printed as tables, saved as JSON.
 
 use std::path::PathBuf;
 
 use evokernel::backend::BackendChoice;
 use evokernel::dense::bench::{bench_dense, DenseCaseReport, DenseKernel};
+use evokernel::dense::tune::tune_dense_case;
 use evokernel::dense::{load_dense_suite, DenseConvSpec};
 use evokernel::external::ExternalTimes;
+use evokernel::tune::TunePlan;
 use evokernel::vulkan::dense_direct::DirectConfig;
 use evokernel::vulkan::VulkanDevice;
 use evokernel::{Error, Pass};
@@ -205,4 +208,62 @@ pub fn run(
 
 fn rayon_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// `tune --op dense-conv`: `dense_direct`'s configs searched per case on the Vulkan
+/// device, the best in tune.json (bench then runs it).
+pub fn tune(
+    common: &Common,
+    gemm: &GemmArgs,
+    problem: &ProblemArgs,
+    iters: usize,
+    plan: &TunePlan,
+) -> Result<bool, Error> {
+    refuse_other_flags(common, gemm)?;
+    if let Some(c) = common.config.first().or(common.only.first()) {
+        return Err(Error::parse(
+            "--config/--only",
+            c,
+            "tune searches dense_direct's configs itself; --config and --only are for bench",
+        ));
+    }
+    if common.backend == BackendChoice::Cpu || common.backend == BackendChoice::Cuda {
+        return Err(Error::BackendUnavailable {
+            backend: format!("{:?}", common.backend).to_lowercase(),
+            reason: "tune --op dense-conv searches the Vulkan shader's configs: --backend vulkan (or auto)".into(),
+        });
+    }
+    let protocol = crate::args::protocol(iters)?;
+    if let Some(path) = &common.json {
+        crate::args::check_output_path(path)?;
+    }
+    let cases = cases(gemm, problem)?;
+    let dev = VulkanDevice::open(0)?;
+    println!(
+        "evokernel tune --op dense-conv: {} (Vulkan {}), seed {}",
+        dev.info().name,
+        dev.info().api_version,
+        common.seed
+    );
+    let mut reports = Vec::new();
+    for (name, spec) in &cases {
+        let bar = spinner(&format!("{name}: tuning dense_direct"));
+        let r = tune_dense_case(&dev, name, spec, plan, &protocol, common.seed, &mut |p| {
+            bar.set_message(format!(
+                "{name}: {}/{} timed, best {}",
+                p.done,
+                p.planned,
+                p.best_ms.map_or("-".into(), |b| format!("{b:.4} ms"))
+            ))
+        });
+        bar.finish_and_clear();
+        reports.push(r?);
+    }
+    println!("{}", table::tuning(&reports));
+    if let Some(path) = &common.json {
+        write_json_or_keep(path, &reports);
+    }
+    Ok(reports
+        .iter()
+        .all(|r| r.rows.iter().all(|row| row.best_ms.is_some())))
 }

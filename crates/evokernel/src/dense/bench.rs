@@ -286,12 +286,23 @@ fn run_one(
         }
         DenseKernel::VulkanDirect(config) => {
             let dev = need_vk("dense_direct".into())?;
-            let config = match config {
+            // Forced, else tuned (tune.json), else the device's default.
+            let tuned = config
+                .is_none()
+                .then(|| {
+                    super::tune::tuned_config(&crate::tune::TuneCache::open_default(), dev, spec)
+                })
+                .flatten();
+            let config = match config.or(tuned) {
                 Some(c) => Ok(c),
                 None => DirectConfig::default_for(dev.info(), spec),
             }
             .map_err(|e| ("dense_direct".to_string(), e))?;
-            let label = config.to_string();
+            let label = if tuned.is_some() {
+                format!("{config} (tuned)")
+            } else {
+                config.to_string()
+            };
             let run = prepare_dense_direct(dev, spec, x, w, Some(config))
                 .map_err(|e| (label.clone(), e))?;
             finish_vulkan(label, &run, protocol, &finish)

@@ -8,12 +8,15 @@
 //! - `reference`: the f64 oracle.
 //! - `cpu`: the CPU backend (f32 accumulation, rayon), the reference for CI.
 //! - `bench`: verify then time the CPU backend and the Vulkan shaders on a case.
+//! - `tune`: the Vulkan direct shader's configs searched, the best in `tune.json`.
 
 #[cfg(feature = "vulkan")]
 pub mod bench;
 pub mod cpu;
 pub mod reference;
 pub mod spec;
+#[cfg(feature = "vulkan")]
+pub mod tune;
 
 pub use cpu::conv_dense_cpu;
 pub use reference::{dense_reference, dense_reference_at};

@@ -47,6 +47,46 @@ const CI_TILES: [u32; 3] = [4, 8, 16];
 const LDS_PADS: [u32; 2] = [0, 1];
 
 impl DirectConfig {
+    /// The variant name configs are forced, tuned and cached under.
+    pub const NAME: &'static str = "dense_direct";
+    /// The fields, in `values` order.
+    pub const NAMES: [&'static str; 7] = [
+        "threads_x",
+        "threads_y",
+        "outputs_x",
+        "outputs_y",
+        "ko_tile",
+        "ci_tile",
+        "lds_pad",
+    ];
+
+    pub fn values(&self) -> [u32; 7] {
+        [
+            self.threads_x,
+            self.threads_y,
+            self.outputs_x,
+            self.outputs_y,
+            self.ko_tile,
+            self.ci_tile,
+            self.lds_pad,
+        ]
+    }
+
+    /// The tuner's form of this config.
+    pub fn to_config(&self) -> crate::variants::Config {
+        let pairs: Vec<(&str, i64)> = Self::NAMES
+            .iter()
+            .zip(self.values())
+            .map(|(n, v)| (*n, v as i64))
+            .collect();
+        crate::variants::Config::new(Self::NAME, &pairs)
+    }
+
+    /// From the tuner's form (its text parsed as `--config` is).
+    pub fn from_config(c: &crate::variants::Config) -> Result<Self> {
+        c.to_string().parse()
+    }
+
     pub fn invocations(&self) -> u32 {
         self.threads_x * self.threads_y
     }
@@ -230,15 +270,7 @@ impl std::str::FromStr for DirectConfig {
     /// `dense_direct:threads_x=16,threads_y=4,outputs_x=2,outputs_y=1,ko_tile=16,ci_tile=8,lds_pad=1`
     /// (every field; the form `Display` writes).
     fn from_str(s: &str) -> Result<Self> {
-        const FIELDS: [&str; 7] = [
-            "threads_x",
-            "threads_y",
-            "outputs_x",
-            "outputs_y",
-            "ko_tile",
-            "ci_tile",
-            "lds_pad",
-        ];
+        const FIELDS: [&str; 7] = DirectConfig::NAMES;
         let expected = || {
             format!(
                 "expected dense_direct:{} (every field, integers)",
@@ -479,6 +511,7 @@ mod tests {
         // A 7 x 7 output: no 32-column tiles.
         let text = d.to_string();
         assert_eq!(text.parse::<DirectConfig>().unwrap(), d);
+        assert_eq!(DirectConfig::from_config(&d.to_config()).unwrap(), d);
         for bad in [
             "dense_direct:threads_x=16",
             "tile:threads_x=16",
