@@ -79,6 +79,24 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       source scripts/vulkan-nvidia.sh env
       step vk_devices .gpu/evokernel devices
       LIMIT=200 step vk_tests bash -c 'for t in .gpu/tests/vulkan-*; do $t --include-ignored --test-threads=1; done' ;;
+    dense)
+      # The dense suite on the NVIDIA Vulkan driver (scripts/vulkan-nvidia.sh stage before)
+      # against PyTorch's F.convNd (cuDNN, benchmark mode) in the same call; DENSE_ARGS
+      # e.g. "--case resnet50-3x3-28" or "--config dense_direct:...".
+      LIMIT=300 step torch_dense python3 scripts/torch_reference.py "$out/torch-dense.json" suite/dense.json --passes forward
+      source scripts/vulkan-nvidia.sh env
+      LIMIT=${DENSE_LIMIT:-500} step dense .gpu/evokernel bench --op dense-conv --backend vulkan --suite dense --reference "$out/torch-dense.json" ${DENSE_ARGS:-} --json "$out/dense.json" ;;
+    densetune)
+      # The direct shader's tuner on two dense layers, evolutionary then exhaustive (the
+      # issue's 3% check); DENSE_TUNE_CASES overrides the layers.
+      source scripts/vulkan-nvidia.sh env
+      export EVOKERNEL_CACHE_DIR=/tmp/evk-dense-tune
+      for c in ${DENSE_TUNE_CASES:-resnet50-3x3-28 resnet50-3x3-14}; do
+        LIMIT=250 step "dtune-evo-$c" .gpu/evokernel tune --op dense-conv --backend vulkan --suite dense --case "$c" --search evolutionary --retune --json "$out/dtune-evo-$c.json"
+        LIMIT=400 step "dtune-exh-$c" .gpu/evokernel tune --op dense-conv --backend vulkan --suite dense --case "$c" --search exhaustive --retune --json "$out/dtune-exh-$c.json"
+      done
+      cat "$out"/dtune-*.log | grep -E "dense_direct" | cut -c1-230 > "$out/tune-summary.log"
+      export EVOKERNEL_CACHE_DIR=/tmp/evk-cache ;;
     blocks)
       # Training steps of the X3D and video-VAE blocks with and without convert (needs the
       # wheel in .gpu/, as the python step).
@@ -108,7 +126,7 @@ done
 cat "$out/smi.txt"
 grep -E "test result|FAILED|panicked|^== " "$out/tests.log" 2>/dev/null | head -30
 for f in memcheck racecheck racecheck_cl bwd_memcheck bwd_racecheck bwd_racecheck_cl; do [ -f "$out/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$out/$f.log" | head -5; done
-for f in devices torch torch_ref run suite suite_cl suite_models engine python blocks torch_bwd dgrad wgrad; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
+for f in devices torch torch_ref run suite suite_cl suite_models engine python blocks torch_bwd dgrad wgrad torch_dense dense; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
 [ -f "$out/sweep.txt" ] && cat "$out/sweep.txt"
 for f in vk_devices vk_tests; do [ -f "$out/$f.log" ] && tail -30 "$out/$f.log"; done
 [ -f "$out/tune-summary.log" ] && cut -c1-230 "$out/tune-summary.log"
