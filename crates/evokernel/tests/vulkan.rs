@@ -664,3 +664,115 @@ fn dense_tuner_records_a_config_the_bench_reads_back() {
     assert!(cached.from_cache && cached.timed == 0, "{cached:?}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Winograd F(2x2, 3x3): every 3 x 3 stride-1 case of the dense suite on small twins (f32
+/// and f16, both layouts), random 3 x 3 specs (groups, padding, 3-D slices with 1 x 3 x 3
+/// kernels, depth strides), a sample of its config space, NaN inputs reaching exactly
+/// the oracle's outputs; an infinity may come out NaN (the transforms add and subtract
+/// it) but never finite where the oracle is not; other kernels refused.
+#[test]
+fn winograd_shader_matches_the_oracle() {
+    use evokernel::vulkan::dense_winograd::{conv_vulkan_dense_winograd, WinogradConfig};
+    let dev = device();
+    let run = |spec: &DenseConvSpec, seed: u64, config: Option<WinogradConfig>, poison: f64| {
+        let dtype = spec.dtype();
+        let mut x = HostTensor::random_normal(dtype, &spec.input_shape(), seed);
+        let w = HostTensor::random_normal(dtype, &spec.weight_shape(), seed + 1);
+        if !poison.is_nan() || seed.is_multiple_of(3) {
+            let i = (SplitMix64::new(seed).next_u64() % x.len() as u64) as usize;
+            x.set_f64(i, poison);
+        }
+        let y = conv_vulkan_dense_winograd(&dev, spec, &x, &w, config)
+            .unwrap_or_else(|e| panic!("{spec}: {e}"))
+            .0;
+        (y, dense_reference(spec, &x, &w).unwrap())
+    };
+    let mut checked = 0;
+    let dtypes: &[DType] = if dev.info().storage_f16 {
+        &[DType::F32, DType::F16]
+    } else {
+        &[DType::F32]
+    };
+    for (i, case) in dense_suite().unwrap().into_iter().enumerate() {
+        for &dtype in dtypes {
+            let spec = case.spec.small_twin(dtype).unwrap();
+            if WinogradConfig::applies(&spec).is_err() {
+                continue;
+            }
+            for layout in [Layout::ChannelsLast, Layout::ChannelsFirst] {
+                let spec = spec.with_layout(layout);
+                let (y, want) = run(&spec, 600 + i as u64, None, f64::NAN);
+                let c = compare(&y, &want).unwrap();
+                assert!(c.passes(dtype), "{} {spec}: {c:?}", case.name);
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 16, "{checked}");
+    let mut rng = SplitMix64::new(2028);
+    let mut pick = |lo: u64, hi: u64| lo + rng.next_u64() % (hi - lo + 1);
+    for i in 0..24u64 {
+        let groups = pick(1, 3) as i64;
+        let three_d = pick(0, 2) == 0;
+        let mut p = ConvParams {
+            n: pick(1, 2) as i64,
+            c: groups * pick(1, 9) as i64,
+            input: vec![pick(1, 19) as i64, pick(1, 23) as i64],
+            kernel: vec![3, 3],
+            stride: vec![1, 1],
+            dilation: vec![1, 1],
+            padding: (0..2)
+                .map(|_| [pick(0, 2) as i64, pick(0, 2) as i64])
+                .collect(),
+            layout: if i % 2 == 0 {
+                Layout::ChannelsLast
+            } else {
+                Layout::ChannelsFirst
+            },
+            dtype: DType::F32,
+        };
+        for d in 0..2 {
+            let span = 3 - p.padding[d][0] - p.padding[d][1];
+            p.input[d] = p.input[d].max(span).max(1);
+        }
+        if three_d {
+            p.input.insert(0, pick(1, 4) as i64);
+            p.kernel.insert(0, 1);
+            p.stride.insert(0, pick(1, 2) as i64);
+            p.dilation.insert(0, 1);
+            p.padding.insert(0, [pick(0, 1) as i64, 0]);
+        }
+        let spec = DenseConvSpec::from_params(&p, groups * pick(1, 9) as i64, groups).unwrap();
+        let space = WinogradConfig::space(dev.info(), &spec);
+        let config = space[(pick(0, 1000) as usize) % space.len()];
+        let (y, want) = run(&spec, 700 + i, Some(config), f64::NAN);
+        let c = compare(&y, &want).unwrap();
+        assert!(c.passes(DType::F32), "random #{i} {spec} {config}: {c:?}");
+        // An infinity: non-finite exactly where the oracle is (NaN may stand for it).
+        let (y, want) = run(&spec, 800 + i, Some(config), f64::INFINITY);
+        for (j, &r) in want.iter().enumerate() {
+            assert_eq!(
+                y.get_f64(j).is_finite(),
+                r.is_finite(),
+                "random #{i} {spec} output {j}: {} vs {r}",
+                y.get_f64(j)
+            );
+        }
+    }
+    let p = ConvParams {
+        n: 1,
+        c: 4,
+        input: vec![9, 9],
+        kernel: vec![3, 3],
+        stride: vec![2, 2],
+        dilation: vec![1, 1],
+        padding: vec![[1, 1], [1, 1]],
+        layout: Layout::ChannelsLast,
+        dtype: DType::F32,
+    };
+    let strided = DenseConvSpec::from_params(&p, 4, 1).unwrap();
+    let x = HostTensor::random_normal(DType::F32, &strided.input_shape(), 1);
+    let w = HostTensor::random_normal(DType::F32, &strided.weight_shape(), 2);
+    let e = conv_vulkan_dense_winograd(&dev, &strided, &x, &w, None).unwrap_err();
+    assert!(e.to_string().contains("3 x 3"), "{e}");
+}

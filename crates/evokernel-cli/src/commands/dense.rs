@@ -12,6 +12,7 @@ use evokernel::dense::{load_dense_suite, DenseConvSpec};
 use evokernel::external::ExternalTimes;
 use evokernel::tune::TunePlan;
 use evokernel::vulkan::dense_direct::DirectConfig;
+use evokernel::vulkan::dense_winograd::WinogradConfig;
 use evokernel::vulkan::VulkanDevice;
 use evokernel::{Error, Pass};
 use serde::Serialize;
@@ -50,7 +51,7 @@ fn refuse_other_flags(common: &Common, gemm: &GemmArgs) -> Result<(), Error> {
         return Err(Error::parse(
             "--op dense-conv",
             flag,
-            "the dense convolution takes the spec flags with --out-channels/--groups (or --suite dense), --only cpu|dense_naive|dense_direct, --config dense_direct:..., --backend auto|cpu|vulkan, --reference FILE",
+            "the dense convolution takes the spec flags with --out-channels/--groups (or --suite dense), --only cpu|dense_naive|dense_direct|dense_winograd, --config dense_direct:...|dense_winograd:..., --backend auto|cpu|vulkan, --reference FILE",
         ));
     }
     Ok(())
@@ -99,31 +100,46 @@ fn cases(gemm: &GemmArgs, problem: &ProblemArgs) -> Result<Vec<(String, DenseCon
     Ok(vec![("spec".to_string(), spec)])
 }
 
-/// The kernels to run: `--config dense_direct:...` and `--only` names, else the backend's
-/// ladder (Vulkan's two shaders where a Vulkan device opens, else the CPU).
-fn kernels(common: &Common, vk: Option<&VulkanDevice>) -> Result<Vec<DenseKernel>, Error> {
+/// The kernels to run on `spec`: `--config` and `--only` names, else the backend's ladder
+/// (Vulkan's shaders where a Vulkan device opens, Winograd where it applies; else the CPU).
+fn kernels(
+    common: &Common,
+    vk: Option<&VulkanDevice>,
+    spec: &DenseConvSpec,
+) -> Result<Vec<DenseKernel>, Error> {
     let mut out = Vec::new();
     for name in &common.only {
         out.push(match name.as_str() {
             "cpu" => DenseKernel::Cpu,
             "dense_naive" => DenseKernel::VulkanNaive,
             "dense_direct" => DenseKernel::VulkanDirect(None),
+            "dense_winograd" => DenseKernel::VulkanWinograd(None),
             other => {
                 return Err(Error::parse(
                     "--only",
                     other,
-                    "the dense convolution's kernels are cpu, dense_naive and dense_direct",
+                    "the dense convolution's kernels are cpu, dense_naive, dense_direct and dense_winograd",
                 ))
             }
         });
     }
     for c in &common.config {
-        out.push(DenseKernel::VulkanDirect(Some(c.parse::<DirectConfig>()?)));
+        out.push(if c.starts_with(WinogradConfig::NAME) {
+            DenseKernel::VulkanWinograd(Some(c.parse()?))
+        } else {
+            DenseKernel::VulkanDirect(Some(c.parse::<DirectConfig>()?))
+        });
     }
     if out.is_empty() {
         out = match (common.backend, vk) {
             (BackendChoice::Cpu, _) | (BackendChoice::Auto, None) => vec![DenseKernel::Cpu],
-            _ => vec![DenseKernel::VulkanNaive, DenseKernel::VulkanDirect(None)],
+            _ => {
+                let mut v = vec![DenseKernel::VulkanNaive, DenseKernel::VulkanDirect(None)];
+                if WinogradConfig::applies(spec).is_ok() {
+                    v.push(DenseKernel::VulkanWinograd(None));
+                }
+                v
+            }
         };
     }
     Ok(out)
@@ -160,7 +176,11 @@ pub fn run(
         BackendChoice::Vulkan => Some(VulkanDevice::open(0)?),
         BackendChoice::Auto => VulkanDevice::open(0).ok(),
     };
-    let kernels = kernels(common, vk.as_ref())?;
+    // Flags checked before any work: the first case's list (the others differ only in
+    // whether Winograd applies).
+    if let Some((_, first)) = cases.first() {
+        kernels(common, vk.as_ref(), first)?;
+    }
     match &vk {
         Some(d) => {
             let i = d.info();
@@ -181,6 +201,7 @@ pub fn run(
         cases: Vec::new(),
     };
     for (name, spec) in &cases {
+        let kernels = kernels(common, vk.as_ref(), spec)?;
         let bar = spinner(&format!("{name}: {spec}"));
         let refs = references
             .as_ref()

@@ -1,5 +1,6 @@
 //! Verify, then time, dense/grouped convolution kernels on one case: the CPU backend and
-//! the Vulkan shaders (naive, direct with its default or a forced config). Each is
+//! the Vulkan shaders (naive, direct, Winograd F(2x2, 3x3); default, tuned or forced
+//! configs). Each is
 //! checked against the f64 oracle first (every output of a small case, 2048 sampled
 //! positions plus the first and last of a large one) and timed only if it passes:
 //! Vulkan launches by timestamps around the dispatch, the CPU by the wall clock.
@@ -14,6 +15,7 @@ use crate::external::ReferenceTime;
 use crate::tensor::{compare, Comparison, HostTensor, SplitMix64, TensorData};
 use crate::vulkan::dense_direct::{prepare_dense_direct, DirectConfig};
 use crate::vulkan::dense_naive::prepare_dense_naive;
+use crate::vulkan::dense_winograd::{prepare_dense_winograd, WinogradConfig};
 use crate::vulkan::{VulkanDevice, VulkanRun};
 
 type Outcome = std::result::Result<DenseCandidate, (String, Error)>;
@@ -57,8 +59,10 @@ pub enum DenseKernel {
     Cpu,
     /// Vulkan, one invocation an output.
     VulkanNaive,
-    /// Vulkan, tiled direct convolution; None: the device's default config.
+    /// Vulkan, tiled direct convolution; None: the tuned config, else the device's default.
     VulkanDirect(Option<DirectConfig>),
+    /// Vulkan, Winograd F(2x2, 3x3) (3 x 3 kernels, stride 1); None: the device's default.
+    VulkanWinograd(Option<WinogradConfig>),
 }
 
 impl DenseKernel {
@@ -304,6 +308,18 @@ fn run_one(
                 config.to_string()
             };
             let run = prepare_dense_direct(dev, spec, x, w, Some(config))
+                .map_err(|e| (label.clone(), e))?;
+            finish_vulkan(label, &run, protocol, &finish)
+        }
+        DenseKernel::VulkanWinograd(config) => {
+            let dev = need_vk(WinogradConfig::NAME.into())?;
+            let config = match config {
+                Some(c) => Ok(c),
+                None => WinogradConfig::default_for(dev.info(), spec),
+            }
+            .map_err(|e| (WinogradConfig::NAME.to_string(), e))?;
+            let label = config.to_string();
+            let run = prepare_dense_winograd(dev, spec, x, w, Some(config))
                 .map_err(|e| (label.clone(), e))?;
             finish_vulkan(label, &run, protocol, &finish)
         }

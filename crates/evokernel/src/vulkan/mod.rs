@@ -7,6 +7,7 @@
 
 pub mod dense_direct;
 pub mod dense_naive;
+pub mod dense_winograd;
 pub(crate) mod device;
 pub mod naive;
 pub mod shader;
