@@ -776,3 +776,63 @@ fn winograd_shader_matches_the_oracle() {
     let e = conv_vulkan_dense_winograd(&dev, &strided, &x, &w, None).unwrap_err();
     assert!(e.to_string().contains("3 x 3"), "{e}");
 }
+
+/// Depthwise specs through the dense bench: the public suite loads as its depthwise
+/// twins, the depthwise tiled shader and the dense naive one pass the oracle on them (f32
+/// small twins), and the tiled shader refuses a dense spec with the reason.
+#[test]
+fn depthwise_specs_run_through_the_dense_bench() {
+    use evokernel::bench::Protocol;
+    use evokernel::dense::bench::{bench_dense, DenseKernel};
+    use evokernel::dense::load_dense_suite;
+    let dev = device();
+    let protocol = Protocol::default().with_launches(2);
+    let kernels = [
+        DenseKernel::VulkanNaive,
+        DenseKernel::VulkanDepthwiseTile(None),
+    ];
+    for case in load_dense_suite(std::path::Path::new("public")).unwrap() {
+        assert!(case.spec.is_depthwise());
+        let spec = case.spec.small_twin(DType::F32).unwrap();
+        let r = bench_dense(
+            Some(&dev),
+            &case.name,
+            &spec,
+            &kernels,
+            &protocol,
+            3,
+            vec![],
+        )
+        .unwrap();
+        assert!(
+            r.candidates.iter().all(|c| c.passed),
+            "{}: {:?}",
+            case.name,
+            r.candidates
+        );
+    }
+    let p = ConvParams {
+        n: 1,
+        c: 4,
+        input: vec![8, 8],
+        kernel: vec![3, 3],
+        stride: vec![],
+        dilation: vec![],
+        padding: vec![[1, 1], [1, 1]],
+        layout: Layout::ChannelsLast,
+        dtype: DType::F32,
+    };
+    let dense = DenseConvSpec::from_params(&p, 8, 1).unwrap();
+    let r = bench_dense(
+        Some(&dev),
+        "dense",
+        &dense,
+        &[DenseKernel::VulkanDepthwiseTile(None)],
+        &protocol,
+        3,
+        vec![],
+    )
+    .unwrap();
+    let why = r.candidates[0].error.as_deref().unwrap_or("");
+    assert!(why.contains("depthwise"), "{why}");
+}

@@ -57,8 +57,8 @@ fn refuse_other_flags(common: &Common, gemm: &GemmArgs) -> Result<(), Error> {
     Ok(())
 }
 
-/// The cases: `--suite FILE` (or `dense`, the embedded suite) filtered by `--case`, or
-/// the spec flags' one problem.
+/// The cases: `--suite FILE` (`dense` the embedded dense suite; a depthwise suite such as
+/// `public` as its depthwise twins) filtered by `--case`, or the spec flags' one problem.
 fn cases(gemm: &GemmArgs, problem: &ProblemArgs) -> Result<Vec<(String, DenseConvSpec)>, Error> {
     if let Some(path) = &problem.suite {
         if gemm.out_channels.is_some() || gemm.groups.is_some() {
@@ -114,11 +114,12 @@ fn kernels(
             "dense_naive" => DenseKernel::VulkanNaive,
             "dense_direct" => DenseKernel::VulkanDirect(None),
             "dense_winograd" => DenseKernel::VulkanWinograd(None),
+            "tile" => DenseKernel::VulkanDepthwiseTile(None),
             other => {
                 return Err(Error::parse(
                     "--only",
                     other,
-                    "the dense convolution's kernels are cpu, dense_naive, dense_direct and dense_winograd",
+                    "the dense convolution's kernels are cpu, dense_naive, dense_direct, dense_winograd and (depthwise specs) tile",
                 ))
             }
         });
@@ -133,6 +134,14 @@ fn kernels(
     if out.is_empty() {
         out = match (common.backend, vk) {
             (BackendChoice::Cpu, _) | (BackendChoice::Auto, None) => vec![DenseKernel::Cpu],
+            // Depthwise: the depthwise tiled shader (the dense tiles would hold one
+            // channel of each channel tile).
+            _ if spec.is_depthwise() => {
+                vec![
+                    DenseKernel::VulkanNaive,
+                    DenseKernel::VulkanDepthwiseTile(None),
+                ]
+            }
             _ => {
                 let mut v = vec![DenseKernel::VulkanNaive, DenseKernel::VulkanDirect(None)];
                 if WinogradConfig::applies(spec).is_ok() {

@@ -16,6 +16,7 @@ use crate::tensor::{compare, Comparison, HostTensor, SplitMix64, TensorData};
 use crate::vulkan::dense_direct::{prepare_dense_direct, DirectConfig};
 use crate::vulkan::dense_naive::prepare_dense_naive;
 use crate::vulkan::dense_winograd::{prepare_dense_winograd, WinogradConfig};
+use crate::vulkan::tile::{prepare_tile, TileConfig};
 use crate::vulkan::{VulkanDevice, VulkanRun};
 
 type Outcome = std::result::Result<DenseCandidate, (String, Error)>;
@@ -63,6 +64,9 @@ pub enum DenseKernel {
     VulkanDirect(Option<DirectConfig>),
     /// Vulkan, Winograd F(2x2, 3x3) (3 x 3 kernels, stride 1); None: the device's default.
     VulkanWinograd(Option<WinogradConfig>),
+    /// Vulkan, the depthwise tiled shader (`vulkan::tile`; groups = in = out channels
+    /// only); None: the device's default.
+    VulkanDepthwiseTile(Option<TileConfig>),
 }
 
 impl DenseKernel {
@@ -308,6 +312,33 @@ fn run_one(
                 config.to_string()
             };
             let run = prepare_dense_direct(dev, spec, x, w, Some(config))
+                .map_err(|e| (label.clone(), e))?;
+            finish_vulkan(label, &run, protocol, &finish)
+        }
+        DenseKernel::VulkanDepthwiseTile(config) => {
+            let label = "tile".to_string();
+            let dev = need_vk(label.clone())?;
+            if !spec.is_depthwise() {
+                return Err((
+                    label,
+                    Error::NotApplicable {
+                        variant: "vulkan tile".into(),
+                        spec: spec.to_string(),
+                        reason: "the tiled shader is depthwise: groups = input = output channels"
+                            .into(),
+                    },
+                ));
+            }
+            let config = match config {
+                Some(c) => Ok(c),
+                None => TileConfig::default_for(dev.info(), spec.geometry()),
+            }
+            .map_err(|e| (label.clone(), e))?;
+            let label = format!(
+                "tile:workgroup={},out_w={},rows={}",
+                config.workgroup, config.out_w, config.rows
+            );
+            let run = prepare_tile(dev, spec.geometry(), x, w, Some(config))
                 .map_err(|e| (label.clone(), e))?;
             finish_vulkan(label, &run, protocol, &finish)
         }

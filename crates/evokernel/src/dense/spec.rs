@@ -297,13 +297,35 @@ pub fn dense_suite() -> Result<Vec<DenseCase>> {
     parse_dense_suite(DENSE_SUITE, Path::new("<embedded dense suite>"))
 }
 
-/// A dense suite file (`dense` names the embedded one).
+/// A dense suite file (`dense` names the embedded one). A depthwise suite (`public`,
+/// `channels-last`, `models` or a file in their format, without `out_channels`) loads as
+/// its depthwise twins: groups = input = output channels.
 pub fn load_dense_suite(path: &Path) -> Result<Vec<DenseCase>> {
     if path == Path::new("dense") && !path.exists() {
         return dense_suite();
     }
-    let text = crate::suite::read_suite_text(path)?;
-    parse_dense_suite(&text, path)
+    let depthwise = |cases: Vec<crate::suite::SuiteCase>| -> Result<Vec<DenseCase>> {
+        cases
+            .into_iter()
+            .map(|c| {
+                let ch = c.spec.c() as i64;
+                Ok(DenseCase {
+                    name: c.name,
+                    spec: DenseConvSpec::new(c.spec, ch, ch)?,
+                })
+            })
+            .collect()
+    };
+    let text = if path.exists() {
+        crate::suite::read_suite_text(path)?
+    } else {
+        return depthwise(crate::suite::load_suite(path)?);
+    };
+    if text.contains("\"out_channels\"") {
+        parse_dense_suite(&text, path)
+    } else {
+        depthwise(crate::suite::parse_suite(&text, path)?)
+    }
 }
 
 /// Parses a dense suite: `{"cases": [{"name", "n", "c", "out_channels", "groups", "input",
@@ -423,5 +445,8 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("case #1"), "{e}");
+        // The depthwise suites load as their depthwise twins.
+        let public = load_dense_suite(Path::new("public")).unwrap();
+        assert!(!public.is_empty() && public.iter().all(|c| c.spec.is_depthwise()));
     }
 }

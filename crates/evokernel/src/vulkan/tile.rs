@@ -143,6 +143,20 @@ pub fn conv_vulkan_tile(
     w: &HostTensor,
     config: Option<TileConfig>,
 ) -> Result<(HostTensor, Option<f64>)> {
+    let run = prepare_tile(dev, spec, x, w, config)?;
+    let ms = run.launch()?;
+    Ok((run.output()?, ms))
+}
+
+/// The shader with `config` (None: the device's default) prepared on device-local
+/// copies of `x` and `w`, to launch and time.
+pub fn prepare_tile<'d>(
+    dev: &'d VulkanDevice,
+    spec: &ConvSpec,
+    x: &HostTensor,
+    w: &HostTensor,
+    config: Option<TileConfig>,
+) -> Result<super::VulkanRun<'d>> {
     let info = dev.info();
     let source = super::source_for("tiled", SOURCE, spec.dtype(), info)?;
     x.expect("input", spec.dtype(), spec.input_len())?;
@@ -213,7 +227,7 @@ pub fn conv_vulkan_tile(
     .map(|(i, &v)| (i as u32, v as u32))
     .collect();
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
-    super::run_xwy(dev, "tile", &source, &constants, &push, grid, x, w, y)
+    super::VulkanRun::new(dev, "tile", &source, &constants, &push, grid, x, w, y)
 }
 
 #[cfg(test)]
