@@ -652,7 +652,8 @@ fn dense_tuner_records_a_config_the_bench_reads_back() {
         retune: true,
     };
     let protocol = Protocol::default().with_launches(3);
-    let row = tune_dense(&dev, &spec, &plan, &protocol, 7, &mut cache, &mut |_| {}).unwrap();
+    let row = tune_dense::<DirectConfig>(&dev, &spec, &plan, &protocol, 7, &mut cache, &mut |_| {})
+        .unwrap();
     assert!(row.timed >= 6 && row.failed == 0, "{row:?}");
     let best: DirectConfig = row.best_config.as_deref().unwrap().parse().unwrap();
     assert_eq!(tuned_config(&cache, &dev, &spec), Some(best));
@@ -660,7 +661,9 @@ fn dense_tuner_records_a_config_the_bench_reads_back() {
         retune: false,
         ..plan
     };
-    let cached = tune_dense(&dev, &spec, &again, &protocol, 7, &mut cache, &mut |_| {}).unwrap();
+    let cached =
+        tune_dense::<DirectConfig>(&dev, &spec, &again, &protocol, 7, &mut cache, &mut |_| {})
+            .unwrap();
     assert!(cached.from_cache && cached.timed == 0, "{cached:?}");
     std::fs::remove_dir_all(&dir).ok();
 }

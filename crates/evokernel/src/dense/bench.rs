@@ -344,12 +344,26 @@ fn run_one(
         }
         DenseKernel::VulkanWinograd(config) => {
             let dev = need_vk(WinogradConfig::NAME.into())?;
-            let config = match config {
+            let tuned = config
+                .is_none()
+                .then(|| {
+                    super::tune::tuned_config::<WinogradConfig>(
+                        &crate::tune::TuneCache::open_default(),
+                        dev,
+                        spec,
+                    )
+                })
+                .flatten();
+            let config = match config.or(tuned) {
                 Some(c) => Ok(c),
                 None => WinogradConfig::default_for(dev.info(), spec),
             }
             .map_err(|e| (WinogradConfig::NAME.to_string(), e))?;
-            let label = config.to_string();
+            let label = if tuned.is_some() {
+                format!("{config} (tuned)")
+            } else {
+                config.to_string()
+            };
             let run = prepare_dense_winograd(dev, spec, x, w, Some(config))
                 .map_err(|e| (label.clone(), e))?;
             finish_vulkan(label, &run, protocol, &finish)

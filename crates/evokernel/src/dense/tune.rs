@@ -1,10 +1,10 @@
-//! Tuning the Vulkan direct convolution: `dense_direct`'s configs that fit a spec on the
-//! device (its shared memory and invocations, read from the device) searched with the
-//! same tuner as the convolutions and the GEMM (`tune::search`: exhaustive or
-//! evolutionary), each candidate checked against the f64 oracle's sampled positions
-//! before it is timed; the best recorded in the same `tune.json` (key
-//! `DenseConvSpec::key()`, variant `dense_direct`, stale when the shader changes). The
-//! bench runs the tuned config where there is one.
+//! Tuning the Vulkan dense shaders (`dense_direct`, and `dense_winograd` where it
+//! applies): the configs that fit a spec on the device (its shared memory and
+//! invocations, read from the device) searched with the same tuner as the convolutions
+//! and the GEMM (`tune::search`: exhaustive or evolutionary), each candidate checked
+//! against the f64 oracle's sampled positions before it is timed; the best recorded in
+//! the same `tune.json` (key `DenseConvSpec::key()`, the shader's name as the variant,
+//! stale when the shader changes). The bench runs the tuned configs.
 
 use super::bench::positions_for;
 use super::reference::dense_reference_at;
@@ -16,11 +16,111 @@ use crate::tune::{
     search, CacheEntry, SearchProgress, TuneCache, TunePlan, TuneReport, TuneRow, TuneTarget,
 };
 use crate::variants::{Config, Param};
-use crate::vulkan::dense_direct::{prepare_dense_direct, DirectConfig, SOURCE};
-use crate::vulkan::VulkanDevice;
+use crate::vulkan::dense_direct::{self, prepare_dense_direct, DirectConfig};
+use crate::vulkan::dense_winograd::{self, prepare_dense_winograd, WinogradConfig};
+use crate::vulkan::{VulkanDevice, VulkanDeviceInfo, VulkanRun};
 
-/// The variant name tuned configs are recorded under.
-pub const VARIANT: &str = DirectConfig::NAME;
+/// A Vulkan dense shader whose typed config the tuner searches.
+pub trait TunableShader:
+    Copy + PartialEq + std::fmt::Display + std::str::FromStr<Err = Error>
+{
+    /// The variant name its configs are forced, tuned and cached under.
+    const NAME: &'static str;
+    const NAMES: &'static [&'static str];
+    const SOURCE: &'static str;
+    fn values(&self) -> Vec<u32>;
+    fn space(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Vec<Self>;
+    fn default_for(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Result<Self>;
+    fn fits(
+        &self,
+        info: &VulkanDeviceInfo,
+        spec: &DenseConvSpec,
+    ) -> std::result::Result<(), String>;
+    fn prepare<'d>(
+        dev: &'d VulkanDevice,
+        spec: &DenseConvSpec,
+        x: &HostTensor,
+        w: &HostTensor,
+        config: Self,
+    ) -> Result<VulkanRun<'d>>;
+
+    /// The tuner's form of a config.
+    fn to_config(&self) -> Config {
+        let pairs: Vec<(&str, i64)> = Self::NAMES
+            .iter()
+            .zip(self.values())
+            .map(|(n, v)| (*n, v as i64))
+            .collect();
+        Config::new(Self::NAME, &pairs)
+    }
+
+    /// From the tuner's form (its text parsed as `--config` is).
+    fn from_config(c: &Config) -> Result<Self> {
+        c.to_string().parse()
+    }
+}
+
+impl TunableShader for DirectConfig {
+    const NAME: &'static str = DirectConfig::NAME;
+    const NAMES: &'static [&'static str] = &DirectConfig::NAMES;
+    const SOURCE: &'static str = dense_direct::SOURCE;
+    fn values(&self) -> Vec<u32> {
+        DirectConfig::values(self).to_vec()
+    }
+    fn space(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Vec<Self> {
+        DirectConfig::space(info, spec)
+    }
+    fn default_for(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Result<Self> {
+        DirectConfig::default_for(info, spec)
+    }
+    fn fits(
+        &self,
+        info: &VulkanDeviceInfo,
+        spec: &DenseConvSpec,
+    ) -> std::result::Result<(), String> {
+        DirectConfig::fits(self, info, spec)
+    }
+    fn prepare<'d>(
+        dev: &'d VulkanDevice,
+        spec: &DenseConvSpec,
+        x: &HostTensor,
+        w: &HostTensor,
+        config: Self,
+    ) -> Result<VulkanRun<'d>> {
+        prepare_dense_direct(dev, spec, x, w, Some(config))
+    }
+}
+
+impl TunableShader for WinogradConfig {
+    const NAME: &'static str = WinogradConfig::NAME;
+    const NAMES: &'static [&'static str] = &WinogradConfig::NAMES;
+    const SOURCE: &'static str = dense_winograd::SOURCE;
+    fn values(&self) -> Vec<u32> {
+        WinogradConfig::values(self).to_vec()
+    }
+    fn space(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Vec<Self> {
+        WinogradConfig::space(info, spec)
+    }
+    fn default_for(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Result<Self> {
+        WinogradConfig::default_for(info, spec)
+    }
+    fn fits(
+        &self,
+        info: &VulkanDeviceInfo,
+        spec: &DenseConvSpec,
+    ) -> std::result::Result<(), String> {
+        WinogradConfig::fits(self, info, spec)
+    }
+    fn prepare<'d>(
+        dev: &'d VulkanDevice,
+        spec: &DenseConvSpec,
+        x: &HostTensor,
+        w: &HostTensor,
+        config: Self,
+    ) -> Result<VulkanRun<'d>> {
+        prepare_dense_winograd(dev, spec, x, w, Some(config))
+    }
+}
 
 /// The tune target of a Vulkan device: its name, driver version and Vulkan API.
 pub fn target_of(dev: &VulkanDevice) -> TuneTarget {
@@ -32,23 +132,26 @@ pub fn target_of(dev: &VulkanDevice) -> TuneTarget {
     )
 }
 
-/// What a cached entry was tuned with: the shader source and the target.
-pub fn kernel_hash(target: &TuneTarget) -> String {
+/// What a cached entry of shader `S` was tuned with: its source and the target.
+pub fn kernel_hash<S: TunableShader>(target: &TuneTarget) -> String {
     crate::cache::stable_hash(&[
-        VARIANT.as_bytes(),
-        SOURCE.as_bytes(),
+        S::NAME.as_bytes(),
+        S::SOURCE.as_bytes(),
         target.nvrtc.as_bytes(),
     ])
 }
 
-/// The configs that fit `spec` on `dev`, as the tuner's configs, and the parameters
-/// (each with the values those configs take).
-pub fn tuning_space(dev: &VulkanDevice, spec: &DenseConvSpec) -> (Vec<Config>, Vec<Param>) {
-    let all: Vec<Config> = DirectConfig::space(dev.info(), spec)
+/// The configs of `S` that fit `spec` on `dev`, as the tuner's configs, and the
+/// parameters (each with the values those configs take).
+pub fn tuning_space<S: TunableShader>(
+    dev: &VulkanDevice,
+    spec: &DenseConvSpec,
+) -> (Vec<Config>, Vec<Param>) {
+    let all: Vec<Config> = S::space(dev.info(), spec)
         .iter()
-        .map(DirectConfig::to_config)
+        .map(S::to_config)
         .collect();
-    let params = DirectConfig::NAMES
+    let params = S::NAMES
         .iter()
         .map(|&name| {
             let mut values: Vec<i64> = all.iter().map(|c| c.values[name]).collect();
@@ -60,21 +163,22 @@ pub fn tuning_space(dev: &VulkanDevice, spec: &DenseConvSpec) -> (Vec<Config>, V
     (all, params)
 }
 
-/// The tuned config of `spec` on `dev`, if the cache has a current one that still fits.
-pub fn tuned_config(
+/// The tuned config of shader `S` for `spec` on `dev`, if the cache has a current one
+/// that still fits.
+pub fn tuned_config<S: TunableShader>(
     cache: &TuneCache,
     dev: &VulkanDevice,
     spec: &DenseConvSpec,
-) -> Option<DirectConfig> {
+) -> Option<S> {
     let target = target_of(dev);
-    let e = cache.get_current(&target, &spec.key(), VARIANT, &kernel_hash(&target))?;
-    let c: DirectConfig = e.config.parse().ok()?;
+    let e = cache.get_current(&target, &spec.key(), S::NAME, &kernel_hash::<S>(&target))?;
+    let c: S = e.config.parse().ok()?;
     c.fits(dev.info(), spec).is_ok().then_some(c)
 }
 
-/// Tunes `dense_direct` for `spec` on `dev` (or reports the cached result unless
+/// Tunes shader `S` for `spec` on `dev` (or reports the cached result unless
 /// `plan.retune`); records the best in `cache`. `progress` sees each timed candidate.
-pub fn tune_dense(
+pub fn tune_dense<S: TunableShader>(
     dev: &VulkanDevice,
     spec: &DenseConvSpec,
     plan: &TunePlan,
@@ -84,21 +188,21 @@ pub fn tune_dense(
     progress: &mut dyn FnMut(SearchProgress),
 ) -> Result<TuneRow> {
     let target = target_of(dev);
-    let hash = kernel_hash(&target);
-    let default = DirectConfig::default_for(dev.info(), spec)?;
-    let (all, params) = tuning_space(dev, spec);
+    let hash = kernel_hash::<S>(&target);
+    let default = S::default_for(dev.info(), spec)?;
+    let (all, params) = tuning_space::<S>(dev, spec);
     let size = all.len();
     if !plan.retune {
-        if let Some(e) = cache.get_current(&target, &spec.key(), VARIANT, &hash) {
-            return Ok(TuneRow::cached(VARIANT, default.to_string(), e, size));
+        if let Some(e) = cache.get_current(&target, &spec.key(), S::NAME, &hash) {
+            return Ok(TuneRow::cached(S::NAME, default.to_string(), e, size));
         }
     }
     let x = HostTensor::random_normal(spec.dtype(), &spec.input_shape(), seed);
     let w = HostTensor::random_normal(spec.dtype(), &spec.weight_shape(), seed ^ 1);
     let positions = positions_for(spec, seed);
     let want = dense_reference_at(spec, &x, &w, &positions)?;
-    let time = |cfg: DirectConfig| -> Result<std::result::Result<f64, String>> {
-        let run = prepare_dense_direct(dev, spec, &x, &w, Some(cfg))?;
+    let time = |cfg: S| -> Result<std::result::Result<f64, String>> {
+        let run = S::prepare(dev, spec, &x, &w, cfg)?;
         run.launch()?;
         let y = run.output()?;
         let got: Vec<f32> = positions.iter().map(|&i| y.get_f64(i) as f32).collect();
@@ -122,7 +226,7 @@ pub fn tune_dense(
         Ok(Ok(t.median_ms))
     };
     let cost = |c: &Config| -> std::result::Result<f64, String> {
-        let cfg = DirectConfig::from_config(c).map_err(|e| e.to_string())?;
+        let cfg = S::from_config(c).map_err(|e| e.to_string())?;
         time(cfg).unwrap_or_else(|e| Err(e.to_string()))
     };
     let strategy = plan.strategy(size, seed);
@@ -144,16 +248,13 @@ pub fn tune_dense(
         Some(ms) => Some(ms),
         None => time(default)?.ok(),
     };
-    let best = result
-        .best
-        .as_ref()
-        .and_then(|b| DirectConfig::from_config(&b.0).ok());
+    let best = result.best.as_ref().and_then(|b| S::from_config(&b.0).ok());
     if let (Some(b), Some((_, ms))) = (best, &result.best) {
         cache.record(CacheEntry {
             device: target.device.clone(),
             driver: target.driver.clone(),
             spec_key: spec.key(),
-            variant: VARIANT.into(),
+            variant: S::NAME.into(),
             config: b.to_string(),
             ms: *ms,
             date_utc: crate::tune::utc_now(),
@@ -162,7 +263,7 @@ pub fn tune_dense(
         })?;
     }
     Ok(TuneRow::searched(
-        VARIANT,
+        S::NAME,
         default.to_string(),
         default_ms,
         best.map(|c| c.to_string()),
@@ -171,7 +272,8 @@ pub fn tune_dense(
     ))
 }
 
-/// `tune_dense` on one named case with the default cache (`tune.json`).
+/// `tune_dense` on one named case with the default cache (`tune.json`): `dense_direct`,
+/// and `dense_winograd` where it applies.
 pub fn tune_dense_case(
     dev: &VulkanDevice,
     name: &str,
@@ -183,13 +285,20 @@ pub fn tune_dense_case(
 ) -> Result<TuneReport> {
     let mut cache = TuneCache::open_default();
     let cache_warning = cache.warning.clone();
-    let row = tune_dense(dev, spec, plan, protocol, seed, &mut cache, progress)?;
+    let mut rows = vec![tune_dense::<DirectConfig>(
+        dev, spec, plan, protocol, seed, &mut cache, progress,
+    )?];
+    if WinogradConfig::applies(spec).is_ok() {
+        rows.push(tune_dense::<WinogradConfig>(
+            dev, spec, plan, protocol, seed, &mut cache, progress,
+        )?);
+    }
     Ok(TuneReport {
         name: name.to_string(),
         spec: spec.to_string(),
         key: spec.key(),
         cache: cache.path().display().to_string(),
         cache_warning,
-        rows: vec![row],
+        rows,
     })
 }
