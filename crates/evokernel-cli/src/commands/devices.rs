@@ -39,6 +39,14 @@ pub fn run(json: Option<PathBuf>) -> Result<bool, Error> {
                     d.max_push_constant_bytes,
                     if d.storage_f16 { "yes (f16 kernels)" } else { "no (f32 only)" }
                 );
+                println!(
+                    "  cooperative matrices: {}",
+                    if d.cooperative_matrix.is_empty() {
+                        "none".to_string()
+                    } else {
+                        d.cooperative_matrix.join(", ")
+                    }
+                );
             }
         }
     }

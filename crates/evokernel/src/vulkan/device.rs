@@ -30,6 +30,31 @@ pub struct VulkanDeviceInfo {
     pub max_push_constant_bytes: u32,
     pub subgroup_size: u32,
     pub timestamp_period_ns: f32,
+    /// The cooperative-matrix shapes the device offers (`VK_KHR_cooperative_matrix`), e.g.
+    /// `16x16x16 f16*f16+f32=f32 subgroup`; empty where it has none (lavapipe).
+    #[serde(default)]
+    pub cooperative_matrix: Vec<String>,
+}
+
+/// Limits like lavapipe's (32 KiB shared, subgroup 8, 16-bit storage, no cooperative
+/// matrices), for the config spaces' unit tests.
+#[cfg(test)]
+pub(crate) fn lavapipe_like() -> VulkanDeviceInfo {
+    VulkanDeviceInfo {
+        index: 0,
+        name: "test".into(),
+        kind: "cpu".into(),
+        api_version: "1.3".into(),
+        driver_version: 0,
+        max_shared_bytes: 32 * 1024,
+        max_workgroup_invocations: 1024,
+        max_workgroup_count: [65535, 65535, 65535],
+        max_push_constant_bytes: 128,
+        subgroup_size: 8,
+        timestamp_period_ns: 1.0,
+        storage_f16: true,
+        cooperative_matrix: Vec::new(),
+    }
 }
 
 /// The loader and an instance; dropped in order (instance first).
@@ -68,7 +93,56 @@ fn open_instance() -> Result<Arc<Instance>> {
     }))
 }
 
-fn describe(inst: &ash::Instance, index: usize, pd: vk::PhysicalDevice) -> VulkanDeviceInfo {
+/// The cooperative-matrix shapes of `pd`, where it has `VK_KHR_cooperative_matrix`.
+fn cooperative_shapes(inst: &Instance, pd: vk::PhysicalDevice) -> Vec<String> {
+    // SAFETY: `pd` came from this instance.
+    let exts =
+        unsafe { inst.instance.enumerate_device_extension_properties(pd) }.unwrap_or_default();
+    let has = exts.iter().any(|e| {
+        // SAFETY: extension_name is a NUL-terminated array filled by the driver.
+        let name = unsafe { CStr::from_ptr(e.extension_name.as_ptr()) };
+        name == ash::khr::cooperative_matrix::NAME
+    });
+    if !has {
+        return Vec::new();
+    }
+    let coop = ash::khr::cooperative_matrix::Instance::new(&inst._entry, &inst.instance);
+    // SAFETY: the device has the extension; the loader resolved its instance function.
+    let props =
+        unsafe { coop.get_physical_device_cooperative_matrix_properties(pd) }.unwrap_or_default();
+    let ty = |t: vk::ComponentTypeKHR| match t {
+        vk::ComponentTypeKHR::FLOAT16 => "f16".to_string(),
+        vk::ComponentTypeKHR::FLOAT32 => "f32".to_string(),
+        vk::ComponentTypeKHR::SINT8 => "s8".to_string(),
+        vk::ComponentTypeKHR::UINT8 => "u8".to_string(),
+        vk::ComponentTypeKHR::SINT32 => "s32".to_string(),
+        vk::ComponentTypeKHR::UINT32 => "u32".to_string(),
+        other => format!("{other:?}").to_lowercase(),
+    };
+    props
+        .iter()
+        .map(|p| {
+            format!(
+                "{}x{}x{} {}*{}+{}={} {}",
+                p.m_size,
+                p.n_size,
+                p.k_size,
+                ty(p.a_type),
+                ty(p.b_type),
+                ty(p.c_type),
+                ty(p.result_type),
+                if p.scope == vk::ScopeKHR::SUBGROUP {
+                    "subgroup".to_string()
+                } else {
+                    format!("{:?}", p.scope).to_lowercase()
+                }
+            )
+        })
+        .collect()
+}
+
+fn describe(instance: &Instance, index: usize, pd: vk::PhysicalDevice) -> VulkanDeviceInfo {
+    let inst = &instance.instance;
     let mut subgroup = vk::PhysicalDeviceSubgroupProperties::default();
     let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut subgroup);
     // SAFETY: `pd` came from this instance; Vulkan 1.1 has the properties2 query.
@@ -103,6 +177,7 @@ fn describe(inst: &ash::Instance, index: usize, pd: vk::PhysicalDevice) -> Vulka
         subgroup_size,
         timestamp_period_ns: p.limits.timestamp_period,
         storage_f16,
+        cooperative_matrix: cooperative_shapes(instance, pd),
     }
 }
 
@@ -116,7 +191,7 @@ pub fn list_vulkan_devices() -> Result<Vec<VulkanDeviceInfo>> {
     Ok(pds
         .into_iter()
         .enumerate()
-        .map(|(i, pd)| describe(&inst.instance, i, pd))
+        .map(|(i, pd)| describe(&inst, i, pd))
         .collect())
 }
 
@@ -186,7 +261,7 @@ impl VulkanDevice {
             backend: "vulkan".into(),
             reason: format!("no Vulkan device {index} ({} found)", pds.len()),
         })?;
-        let info = describe(inst, index, pd);
+        let info = describe(&instance, index, pd);
         // SAFETY: `pd` belongs to `inst`.
         let families = unsafe { inst.get_physical_device_queue_family_properties(pd) };
         let family = families

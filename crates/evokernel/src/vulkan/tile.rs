@@ -235,20 +235,7 @@ mod tests {
     use super::*;
 
     fn lavapipe_like() -> VulkanDeviceInfo {
-        VulkanDeviceInfo {
-            index: 0,
-            name: "test".into(),
-            kind: "cpu".into(),
-            api_version: "1.3".into(),
-            driver_version: 0,
-            max_shared_bytes: 32 * 1024,
-            max_workgroup_invocations: 1024,
-            max_workgroup_count: [65535, 65535, 65535],
-            max_push_constant_bytes: 128,
-            subgroup_size: 8,
-            timestamp_period_ns: 1.0,
-            storage_f16: true,
-        }
+        crate::vulkan::device::lavapipe_like()
     }
 
     #[test]
