@@ -14,7 +14,6 @@ use super::VulkanDeviceInfo;
 use super::VulkanRun;
 use crate::dense::DenseConvSpec;
 use crate::error::{Error, Result};
-use crate::spec::Layout;
 use crate::tensor::HostTensor;
 
 pub const SOURCE: &str = include_str!("../../kernels/vulkan/dense_direct.comp");
@@ -371,43 +370,16 @@ pub fn prepare_dense_direct<'d>(
     i32_of("weight length", spec.weight_len())?;
     i32_of("output length", spec.output_len())?;
     let g = spec.geometry();
-    let [id, ih, iw] = g.input3();
     let [od, oh, ow] = g.output3();
     let (bh, bw) = config.block();
     let (tiles_h, tiles_w) = (oh.div_ceil(bh), ow.div_ceil(bw));
     let co_tiles = spec.out_per_group().div_ceil(config.ko_tile as usize);
     let groups = tiles_w * tiles_h * spec.groups() * co_tiles * od * spec.n();
     let grid = super::grid_for(info, groups)?;
-    let fields = [
-        spec.n(),
-        spec.in_channels(),
-        spec.out_channels(),
-        spec.in_per_group(),
-        spec.out_per_group(),
-        id,
-        ih,
-        iw,
-        od,
-        oh,
-        ow,
-        g.stride3()[0],
-        g.dilation3()[0],
-        g.pad_before3()[0],
-        g.pad_before3()[1],
-        g.pad_before3()[2],
-        usize::from(spec.layout() == Layout::ChannelsLast),
-        tiles_w,
-        tiles_h,
-        co_tiles,
-        groups,
-        0,
-        0,
-        0,
-    ];
-    let ints = fields
-        .into_iter()
-        .map(|v| i32_of("a size", v))
-        .collect::<Result<Vec<i32>>>()?;
+    let mut ints = super::dense_push_fields("dense_direct", spec)?;
+    for v in [tiles_w, tiles_h, co_tiles, groups, 0, 0, 0] {
+        ints.push(i32_of("a size", v)?);
+    }
     let (hs, ws) = config.patch(spec);
     let [kd, kh, kw] = g.kernel3();
     let constants: Vec<(u32, u32)> = [
@@ -450,7 +422,7 @@ pub fn prepare_dense_direct<'d>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::{ConvParams, DType};
+    use crate::spec::{ConvParams, DType, Layout};
 
     fn lavapipe_like() -> VulkanDeviceInfo {
         crate::vulkan::device::lavapipe_like()

@@ -14,7 +14,6 @@ use super::device::VulkanDevice;
 use super::{VulkanDeviceInfo, VulkanRun};
 use crate::dense::DenseConvSpec;
 use crate::error::{Error, Result};
-use crate::spec::Layout;
 use crate::tensor::{HostTensor, TensorData};
 
 pub const SOURCE: &str = include_str!("../../kernels/vulkan/dense_winograd.comp");
@@ -298,39 +297,16 @@ pub fn prepare_dense_winograd<'d>(
     i32_of("transformed weight length", u.len())?;
     i32_of("output length", spec.output_len())?;
     let g = spec.geometry();
-    let [id, ih, iw] = g.input3();
     let [od, oh, ow] = g.output3();
     let tiles_w = ow.div_ceil(2 * config.tiles_x as usize);
     let tiles_h = oh.div_ceil(2 * config.tiles_y as usize);
     let co_tiles = spec.out_per_group().div_ceil(config.ko_tile as usize);
     let groups = tiles_w * tiles_h * spec.groups() * co_tiles * od * spec.n();
     let grid = super::grid_for(info, groups)?;
-    let fields = [
-        spec.n(),
-        spec.in_channels(),
-        spec.out_channels(),
-        spec.in_per_group(),
-        spec.out_per_group(),
-        id,
-        ih,
-        iw,
-        od,
-        oh,
-        ow,
-        g.stride3()[0],
-        g.dilation3()[0],
-        g.pad_before3()[0],
-        g.pad_before3()[1],
-        g.pad_before3()[2],
-        usize::from(spec.layout() == Layout::ChannelsLast),
-        tiles_w,
-        tiles_h,
-        co_tiles,
-    ];
-    let ints = fields
-        .into_iter()
-        .map(|v| i32_of("a size", v))
-        .collect::<Result<Vec<i32>>>()?;
+    let mut ints = super::dense_push_fields("dense_winograd", spec)?;
+    for v in [tiles_w, tiles_h, co_tiles] {
+        ints.push(i32_of("a size", v)?);
+    }
     // Workgroups past the last tile of a full grid row return at once (the shader checks).
     i32_of("workgroups", groups)?;
     let constants: Vec<(u32, u32)> = [
@@ -361,7 +337,7 @@ pub fn prepare_dense_winograd<'d>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::{ConvParams, DType};
+    use crate::spec::{ConvParams, DType, Layout};
 
     fn info() -> VulkanDeviceInfo {
         crate::vulkan::device::lavapipe_like()

@@ -127,6 +127,31 @@ impl<'d> VulkanRun<'d> {
     }
 }
 
+/// The push-constant fields the dense shaders share, in their order: n, cin, cout, cpi,
+/// cpo, the input's and output's D H W, the depth stride and dilation, the padding before
+/// (D H W), channels_last; each checked to fit the shaders' 32-bit ints.
+pub(crate) fn dense_push_fields(
+    shader: &str,
+    spec: &crate::dense::DenseConvSpec,
+) -> Result<Vec<i32>> {
+    let g = spec.geometry();
+    let mut v = vec![
+        spec.n(),
+        spec.in_channels(),
+        spec.out_channels(),
+        spec.in_per_group(),
+        spec.out_per_group(),
+    ];
+    v.extend(g.input3());
+    v.extend(g.output3());
+    v.extend([g.stride3()[0], g.dilation3()[0]]);
+    v.extend(g.pad_before3());
+    v.push(usize::from(
+        spec.layout() == crate::spec::Layout::ChannelsLast,
+    ));
+    v.into_iter().map(|x| i32_of(shader, "a size", x)).collect()
+}
+
 /// Little-endian bytes of 4-byte push-constant fields, in order.
 pub(crate) fn push_bytes(fields: &[i32]) -> Vec<u8> {
     fields.iter().flat_map(|v| v.to_le_bytes()).collect()
