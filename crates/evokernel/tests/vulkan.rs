@@ -13,6 +13,7 @@ use evokernel::suite::public_suite;
 use evokernel::tensor::SplitMix64;
 use evokernel::vulkan::dense_direct::{conv_vulkan_dense_direct, DirectConfig};
 use evokernel::vulkan::dense_naive::conv_vulkan_dense_naive;
+use evokernel::vulkan::depth_rotate::{conv_vulkan_depth_rotate, RotateConfig};
 use evokernel::vulkan::naive::{conv_vulkan_naive, conv_vulkan_naive_timed};
 use evokernel::vulkan::tile::{conv_vulkan_tile, TileConfig};
 use evokernel::vulkan::{list_vulkan_devices, VulkanDevice};
@@ -36,11 +37,15 @@ fn device() -> VulkanDevice {
 enum Shader {
     Naive,
     Tile(Option<TileConfig>),
+    Rotate(Option<RotateConfig>),
 }
 
 fn check(dev: &VulkanDevice, name: &str, spec: &ConvSpec, seed: u64, non_finite: bool) {
     check_with(dev, Shader::Naive, name, spec, seed, non_finite);
     check_with(dev, Shader::Tile(None), name, spec, seed, non_finite);
+    if RotateConfig::applies(spec).is_ok() {
+        check_with(dev, Shader::Rotate(None), name, spec, seed, non_finite);
+    }
 }
 
 fn check_with(
@@ -64,6 +69,7 @@ fn check_with(
     let y = match shader {
         Shader::Naive => conv_vulkan_naive(dev, spec, &x, &w),
         Shader::Tile(config) => conv_vulkan_tile(dev, spec, &x, &w, config).map(|r| r.0),
+        Shader::Rotate(config) => conv_vulkan_depth_rotate(dev, spec, &x, &w, config).map(|r| r.0),
     }
     .unwrap_or_else(|e| panic!("{name} {shader:?}: {e}"));
     let want = conv_reference(spec, &x, &w).unwrap();
@@ -209,6 +215,75 @@ fn tile_shader_passes_over_its_whole_config_space() {
     }
     eprintln!(
         "tile shader: {runs} (spec, config) pairs pass on {}",
+        dev.info().name
+    );
+}
+
+/// Every config of the depth rotation's space on this device, on specs with depth
+/// padding on both sides, partial bands and runs, W strides and dilations, both layouts
+/// and 1-D; with f16 where the device has 16-bit storage.
+#[test]
+fn rotate_shader_passes_over_its_whole_config_space() {
+    let dev = device();
+    let specs = [
+        ConvParams {
+            n: 2,
+            c: 3,
+            input: vec![5, 11, 13],
+            kernel: vec![3, 3, 5],
+            stride: vec![1, 1, 2],
+            dilation: vec![1, 2, 1],
+            padding: vec![[2, 1], [1, 3], [2, 2]],
+            layout: Layout::ChannelsFirst,
+            dtype: DType::F32,
+        },
+        ConvParams {
+            n: 1,
+            c: 4,
+            input: vec![4, 9, 23],
+            kernel: vec![2, 3, 4],
+            stride: vec![1, 2, 3],
+            dilation: vec![1, 1, 1],
+            padding: vec![[0, 0], [1, 0], [1, 3]],
+            layout: Layout::ChannelsLast,
+            dtype: DType::F32,
+        },
+        ConvParams {
+            n: 3,
+            c: 2,
+            input: vec![37],
+            kernel: vec![4],
+            stride: vec![1],
+            dilation: vec![1],
+            padding: vec![[3, 0]],
+            layout: Layout::ChannelsFirst,
+            dtype: DType::F32,
+        },
+    ];
+    let mut runs = 0;
+    for (i, p) in specs.into_iter().enumerate() {
+        let spec = p.validate().unwrap();
+        let space = RotateConfig::space(dev.info(), &spec);
+        assert!(space.len() >= 12, "{spec}: {} configs", space.len());
+        for (j, c) in space.into_iter().enumerate() {
+            let name = format!("spec {i} config {j} {c}");
+            check_with(
+                &dev,
+                Shader::Rotate(Some(c)),
+                &name,
+                &spec,
+                90 + i as u64,
+                j % 5 == 0,
+            );
+            runs += 1;
+        }
+        if dev.info().storage_f16 {
+            let half = spec.with_dtype(DType::F16);
+            check_with(&dev, Shader::Rotate(None), "f16", &half, 95, true);
+        }
+    }
+    eprintln!(
+        "depth_rotate: {runs} (spec, config) pairs pass on {}",
         dev.info().name
     );
 }

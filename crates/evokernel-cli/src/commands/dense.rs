@@ -13,6 +13,7 @@ use evokernel::external::ExternalTimes;
 use evokernel::tune::TunePlan;
 use evokernel::vulkan::dense_direct::DirectConfig;
 use evokernel::vulkan::dense_winograd::WinogradConfig;
+use evokernel::vulkan::depth_rotate::RotateConfig;
 use evokernel::vulkan::VulkanDevice;
 use evokernel::{Error, Pass};
 use serde::Serialize;
@@ -115,11 +116,12 @@ fn kernels(
             "dense_direct" => DenseKernel::VulkanDirect(None),
             "dense_winograd" => DenseKernel::VulkanWinograd(None),
             "tile" => DenseKernel::VulkanDepthwiseTile(None),
+            "depth_rotate" => DenseKernel::VulkanDepthRotate(None),
             other => {
                 return Err(Error::parse(
                     "--only",
                     other,
-                    "the dense convolution's kernels are cpu, dense_naive, dense_direct, dense_winograd and (depthwise specs) tile",
+                    "the dense convolution's kernels are cpu, dense_naive, dense_direct, dense_winograd and (depthwise specs) tile, depth_rotate",
                 ))
             }
         });
@@ -137,10 +139,14 @@ fn kernels(
             // Depthwise: the depthwise tiled shader (the dense tiles would hold one
             // channel of each channel tile).
             _ if spec.is_depthwise() => {
-                vec![
+                let mut v = vec![
                     DenseKernel::VulkanNaive,
                     DenseKernel::VulkanDepthwiseTile(None),
-                ]
+                ];
+                if RotateConfig::applies(spec.geometry()).is_ok() {
+                    v.push(DenseKernel::VulkanDepthRotate(None));
+                }
+                v
             }
             _ => {
                 let mut v = vec![DenseKernel::VulkanNaive, DenseKernel::VulkanDirect(None)];

@@ -16,6 +16,7 @@ use crate::tensor::{compare, Comparison, HostTensor, SplitMix64, TensorData};
 use crate::vulkan::dense_direct::{prepare_dense_direct, DirectConfig};
 use crate::vulkan::dense_naive::prepare_dense_naive;
 use crate::vulkan::dense_winograd::{prepare_dense_winograd, WinogradConfig};
+use crate::vulkan::depth_rotate::{prepare_depth_rotate, RotateConfig};
 use crate::vulkan::tile::{prepare_tile, TileConfig};
 use crate::vulkan::{VulkanDevice, VulkanRun};
 
@@ -67,6 +68,9 @@ pub enum DenseKernel {
     /// Vulkan, the depthwise tiled shader (`vulkan::tile`; groups = in = out channels
     /// only); None: the device's default.
     VulkanDepthwiseTile(Option<TileConfig>),
+    /// Vulkan, the depthwise FMA depth rotation (`vulkan::depth_rotate`; depthwise specs
+    /// with depth stride and dilation 1); None: the device's default.
+    VulkanDepthRotate(Option<RotateConfig>),
 }
 
 impl DenseKernel {
@@ -339,6 +343,30 @@ fn run_one(
                 config.workgroup, config.out_w, config.rows
             );
             let run = prepare_tile(dev, spec.geometry(), x, w, Some(config))
+                .map_err(|e| (label.clone(), e))?;
+            finish_vulkan(label, &run, protocol, &finish)
+        }
+        DenseKernel::VulkanDepthRotate(config) => {
+            let label = RotateConfig::NAME.to_string();
+            let dev = need_vk(label.clone())?;
+            if !spec.is_depthwise() {
+                return Err((
+                    label,
+                    Error::NotApplicable {
+                        variant: RotateConfig::NAME.into(),
+                        spec: spec.to_string(),
+                        reason: "the depth rotation is depthwise: groups = input = output channels"
+                            .into(),
+                    },
+                ));
+            }
+            let config = match config {
+                Some(c) => Ok(c),
+                None => RotateConfig::default_for(dev.info(), spec.geometry()),
+            }
+            .map_err(|e| (label.clone(), e))?;
+            let label = config.to_string();
+            let run = prepare_depth_rotate(dev, spec.geometry(), x, w, Some(config))
                 .map_err(|e| (label.clone(), e))?;
             finish_vulkan(label, &run, protocol, &finish)
         }

@@ -30,7 +30,7 @@ const OUT_WS: [u32; 3] = [1, 2, 4];
 const ROWS: [u32; 6] = [1, 2, 4, 8, 16, 32];
 
 /// The shared tile's rows a slice and floats a row (mirrors tile.comp's HS and WS).
-fn tile_shape(spec: &ConvSpec, c: &TileConfig) -> (usize, usize) {
+pub(crate) fn tile_shape(spec: &ConvSpec, c: &TileConfig) -> (usize, usize) {
     let [_, kh, kw] = spec.kernel3();
     let (sh, dh) = (spec.stride3()[1], spec.dilation3()[1]);
     let (sw, dw) = (spec.stride3()[2], spec.dilation3()[2]);
