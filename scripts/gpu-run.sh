@@ -86,6 +86,15 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       LIMIT=300 step torch_dense python3 scripts/torch_reference.py "$out/torch-dense.json" suite/dense.json --passes forward
       source scripts/vulkan-nvidia.sh env
       LIMIT=${DENSE_LIMIT:-500} step dense .gpu/evokernel bench --op dense-conv --backend vulkan --suite dense --reference "$out/torch-dense.json" ${DENSE_ARGS:-} --json "$out/dense.json" ;;
+    vkdepthwise)
+      # Depthwise on Vulkan (naive, tile, depth_rotate) beside the CUDA kernels, same call,
+      # on the public and channels-last suites (Vulkan refuses the bf16 cases: no bf16
+      # storage there yet).
+      LIMIT=400 step cuda_public .gpu/evokernel bench --suite public --json "$out/cuda-public.json"
+      source scripts/vulkan-nvidia.sh env
+      for s in public channels-last; do
+        LIMIT=400 step "vk_$s" .gpu/evokernel bench --op dense-conv --backend vulkan --suite "$s" --json "$out/vk-$s.json"
+      done ;;
     densetune)
       # The direct shader's tuner on two dense layers, evolutionary then exhaustive (the
       # issue's 3% check); DENSE_TUNE_CASES overrides the layers.
@@ -126,7 +135,7 @@ done
 cat "$out/smi.txt"
 grep -E "test result|FAILED|panicked|^== " "$out/tests.log" 2>/dev/null | head -30
 for f in memcheck racecheck racecheck_cl bwd_memcheck bwd_racecheck bwd_racecheck_cl; do [ -f "$out/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$out/$f.log" | head -5; done
-for f in devices torch torch_ref run suite suite_cl suite_models engine python blocks torch_bwd dgrad wgrad torch_dense dense; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
+for f in devices torch torch_ref run suite suite_cl suite_models engine python blocks torch_bwd dgrad wgrad torch_dense dense vk_public vk_channels-last; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
 [ -f "$out/sweep.txt" ] && cat "$out/sweep.txt"
 for f in vk_devices vk_tests; do [ -f "$out/$f.log" ] && tail -30 "$out/$f.log"; done
 [ -f "$out/tune-summary.log" ] && cut -c1-230 "$out/tune-summary.log"
