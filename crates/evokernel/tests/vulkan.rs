@@ -14,6 +14,7 @@ use evokernel::tensor::SplitMix64;
 use evokernel::vulkan::dense_direct::{conv_vulkan_dense_direct, DirectConfig};
 use evokernel::vulkan::dense_naive::conv_vulkan_dense_naive;
 use evokernel::vulkan::depth_rotate::{conv_vulkan_depth_rotate, RotateConfig};
+use evokernel::vulkan::depth_rotate_cl::{conv_vulkan_depth_rotate_cl, RotateClConfig};
 use evokernel::vulkan::naive::{conv_vulkan_naive, conv_vulkan_naive_timed};
 use evokernel::vulkan::tile::{conv_vulkan_tile, TileConfig};
 use evokernel::vulkan::{list_vulkan_devices, VulkanDevice};
@@ -38,6 +39,7 @@ enum Shader {
     Naive,
     Tile(Option<TileConfig>),
     Rotate(Option<RotateConfig>),
+    RotateCl(Option<RotateClConfig>),
 }
 
 fn check(dev: &VulkanDevice, name: &str, spec: &ConvSpec, seed: u64, non_finite: bool) {
@@ -45,6 +47,9 @@ fn check(dev: &VulkanDevice, name: &str, spec: &ConvSpec, seed: u64, non_finite:
     check_with(dev, Shader::Tile(None), name, spec, seed, non_finite);
     if RotateConfig::applies(spec).is_ok() {
         check_with(dev, Shader::Rotate(None), name, spec, seed, non_finite);
+    }
+    if RotateClConfig::applies(spec).is_ok() {
+        check_with(dev, Shader::RotateCl(None), name, spec, seed, non_finite);
     }
 }
 
@@ -70,6 +75,9 @@ fn check_with(
         Shader::Naive => conv_vulkan_naive(dev, spec, &x, &w),
         Shader::Tile(config) => conv_vulkan_tile(dev, spec, &x, &w, config).map(|r| r.0),
         Shader::Rotate(config) => conv_vulkan_depth_rotate(dev, spec, &x, &w, config).map(|r| r.0),
+        Shader::RotateCl(config) => {
+            conv_vulkan_depth_rotate_cl(dev, spec, &x, &w, config).map(|r| r.0)
+        }
     }
     .unwrap_or_else(|e| panic!("{name} {shader:?}: {e}"));
     let want = conv_reference(spec, &x, &w).unwrap();
@@ -280,6 +288,26 @@ fn rotate_shader_passes_over_its_whole_config_space() {
         if dev.info().storage_f16 {
             let half = spec.with_dtype(DType::F16);
             check_with(&dev, Shader::Rotate(None), "f16", &half, 95, true);
+        }
+        // The channels-last rotation over its whole space on the channels-last twin.
+        let cl = spec.with_layout(Layout::ChannelsLast);
+        let cl_space = RotateClConfig::space(dev.info(), &cl);
+        assert!(cl_space.len() >= 4, "{cl}: {} configs", cl_space.len());
+        for (j, c) in cl_space.into_iter().enumerate() {
+            let name = format!("cl spec {i} config {j} {c}");
+            check_with(
+                &dev,
+                Shader::RotateCl(Some(c)),
+                &name,
+                &cl,
+                97 + i as u64,
+                j % 3 == 0,
+            );
+            runs += 1;
+        }
+        if dev.info().storage_f16 {
+            let half = cl.with_dtype(DType::F16);
+            check_with(&dev, Shader::RotateCl(None), "cl f16", &half, 99, true);
         }
     }
     eprintln!(
@@ -855,9 +883,10 @@ fn winograd_shader_matches_the_oracle() {
     assert!(e.to_string().contains("3 x 3"), "{e}");
 }
 
-/// Depthwise specs through the dense bench: the public suite loads as its depthwise
-/// twins, the depthwise tiled shader and the dense naive one pass the oracle on them (f32
-/// small twins), and the tiled shader refuses a dense spec with the reason.
+/// Depthwise specs through the dense bench: the public and channels-last suites load as
+/// their depthwise twins, the depthwise shaders (tiled, rotating, channels-last rotating
+/// where they apply) and the dense naive one pass the oracle on them (f32 small twins),
+/// and the tiled shader refuses a dense spec with the reason.
 #[test]
 fn depthwise_specs_run_through_the_dense_bench() {
     use evokernel::bench::Protocol;
@@ -865,13 +894,23 @@ fn depthwise_specs_run_through_the_dense_bench() {
     use evokernel::dense::load_dense_suite;
     let dev = device();
     let protocol = Protocol::default().with_launches(2);
-    let kernels = [
-        DenseKernel::VulkanNaive,
-        DenseKernel::VulkanDepthwiseTile(None),
-    ];
-    for case in load_dense_suite(std::path::Path::new("public")).unwrap() {
+    let mut suites = load_dense_suite(std::path::Path::new("public")).unwrap();
+    suites.extend(load_dense_suite(std::path::Path::new("channels-last")).unwrap());
+    let mut rotated = 0;
+    for case in suites {
         assert!(case.spec.is_depthwise());
         let spec = case.spec.small_twin(DType::F32).unwrap();
+        let mut kernels = vec![
+            DenseKernel::VulkanNaive,
+            DenseKernel::VulkanDepthwiseTile(None),
+        ];
+        if RotateConfig::applies(spec.geometry()).is_ok() {
+            kernels.push(DenseKernel::VulkanDepthRotate(None));
+            rotated += 1;
+        }
+        if RotateClConfig::applies(spec.geometry()).is_ok() {
+            kernels.push(DenseKernel::VulkanDepthRotateCl(None));
+        }
         let r = bench_dense(
             Some(&dev),
             &case.name,
@@ -900,6 +939,7 @@ fn depthwise_specs_run_through_the_dense_bench() {
         layout: Layout::ChannelsLast,
         dtype: DType::F32,
     };
+    assert!(rotated >= 10, "{rotated}");
     let dense = DenseConvSpec::from_params(&p, 8, 1).unwrap();
     let r = bench_dense(
         Some(&dev),

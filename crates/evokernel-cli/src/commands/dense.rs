@@ -14,6 +14,7 @@ use evokernel::tune::TunePlan;
 use evokernel::vulkan::dense_direct::DirectConfig;
 use evokernel::vulkan::dense_winograd::WinogradConfig;
 use evokernel::vulkan::depth_rotate::RotateConfig;
+use evokernel::vulkan::depth_rotate_cl::RotateClConfig;
 use evokernel::vulkan::VulkanDevice;
 use evokernel::{Error, Pass};
 use serde::Serialize;
@@ -117,11 +118,12 @@ fn kernels(
             "dense_winograd" => DenseKernel::VulkanWinograd(None),
             "tile" => DenseKernel::VulkanDepthwiseTile(None),
             "depth_rotate" => DenseKernel::VulkanDepthRotate(None),
+            "depth_rotate_cl" => DenseKernel::VulkanDepthRotateCl(None),
             other => {
                 return Err(Error::parse(
                     "--only",
                     other,
-                    "the dense convolution's kernels are cpu, dense_naive, dense_direct, dense_winograd and (depthwise specs) tile, depth_rotate",
+                    "the dense convolution's kernels are cpu, dense_naive, dense_direct, dense_winograd and (depthwise specs) tile, depth_rotate, depth_rotate_cl",
                 ))
             }
         });
@@ -145,6 +147,9 @@ fn kernels(
                 ];
                 if RotateConfig::applies(spec.geometry()).is_ok() {
                     v.push(DenseKernel::VulkanDepthRotate(None));
+                }
+                if RotateClConfig::applies(spec.geometry()).is_ok() {
+                    v.push(DenseKernel::VulkanDepthRotateCl(None));
                 }
                 v
             }

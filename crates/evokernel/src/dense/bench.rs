@@ -17,6 +17,7 @@ use crate::vulkan::dense_direct::{prepare_dense_direct, DirectConfig};
 use crate::vulkan::dense_naive::prepare_dense_naive;
 use crate::vulkan::dense_winograd::{prepare_dense_winograd, WinogradConfig};
 use crate::vulkan::depth_rotate::{prepare_depth_rotate, RotateConfig};
+use crate::vulkan::depth_rotate_cl::{prepare_depth_rotate_cl, RotateClConfig};
 use crate::vulkan::tile::{prepare_tile, TileConfig};
 use crate::vulkan::{VulkanDevice, VulkanRun};
 
@@ -25,6 +26,21 @@ type Outcome = std::result::Result<DenseCandidate, (String, Error)>;
 /// Checks a kernel's output and, if it passes, times it (`run_one`'s `finish`).
 type Finish<'a> =
     dyn Fn(String, &'static str, HostTensor, &mut dyn FnMut() -> Result<Timing>) -> Outcome + 'a;
+
+/// `Err` naming `label` when `spec` is not depthwise (the depthwise shaders' condition).
+fn depthwise_only(spec: &DenseConvSpec, label: &str) -> std::result::Result<(), (String, Error)> {
+    if spec.is_depthwise() {
+        return Ok(());
+    }
+    Err((
+        label.to_string(),
+        Error::NotApplicable {
+            variant: label.to_string(),
+            spec: spec.to_string(),
+            reason: "a depthwise shader: groups = input = output channels".into(),
+        },
+    ))
+}
 
 /// A prepared Vulkan run: launched once and read back for the check, then timed.
 fn finish_vulkan(
@@ -71,6 +87,9 @@ pub enum DenseKernel {
     /// Vulkan, the depthwise FMA depth rotation (`vulkan::depth_rotate`; depthwise specs
     /// with depth stride and dilation 1); None: the device's default.
     VulkanDepthRotate(Option<RotateConfig>),
+    /// Vulkan, the channels-last depth rotation with lanes over channels
+    /// (`vulkan::depth_rotate_cl`); None: the device's default.
+    VulkanDepthRotateCl(Option<RotateClConfig>),
 }
 
 impl DenseKernel {
@@ -322,17 +341,7 @@ fn run_one(
         DenseKernel::VulkanDepthwiseTile(config) => {
             let label = "tile".to_string();
             let dev = need_vk(label.clone())?;
-            if !spec.is_depthwise() {
-                return Err((
-                    label,
-                    Error::NotApplicable {
-                        variant: "vulkan tile".into(),
-                        spec: spec.to_string(),
-                        reason: "the tiled shader is depthwise: groups = input = output channels"
-                            .into(),
-                    },
-                ));
-            }
+            depthwise_only(spec, &label)?;
             let config = match config {
                 Some(c) => Ok(c),
                 None => TileConfig::default_for(dev.info(), spec.geometry()),
@@ -349,17 +358,7 @@ fn run_one(
         DenseKernel::VulkanDepthRotate(config) => {
             let label = RotateConfig::NAME.to_string();
             let dev = need_vk(label.clone())?;
-            if !spec.is_depthwise() {
-                return Err((
-                    label,
-                    Error::NotApplicable {
-                        variant: RotateConfig::NAME.into(),
-                        spec: spec.to_string(),
-                        reason: "the depth rotation is depthwise: groups = input = output channels"
-                            .into(),
-                    },
-                ));
-            }
+            depthwise_only(spec, &label)?;
             let config = match config {
                 Some(c) => Ok(c),
                 None => RotateConfig::default_for(dev.info(), spec.geometry()),
@@ -367,6 +366,20 @@ fn run_one(
             .map_err(|e| (label.clone(), e))?;
             let label = config.to_string();
             let run = prepare_depth_rotate(dev, spec.geometry(), x, w, Some(config))
+                .map_err(|e| (label.clone(), e))?;
+            finish_vulkan(label, &run, protocol, &finish)
+        }
+        DenseKernel::VulkanDepthRotateCl(config) => {
+            let label = RotateClConfig::NAME.to_string();
+            let dev = need_vk(label.clone())?;
+            depthwise_only(spec, &label)?;
+            let config = match config {
+                Some(c) => Ok(c),
+                None => RotateClConfig::default_for(dev.info(), spec.geometry()),
+            }
+            .map_err(|e| (label.clone(), e))?;
+            let label = config.to_string();
+            let run = prepare_depth_rotate_cl(dev, spec.geometry(), x, w, Some(config))
                 .map_err(|e| (label.clone(), e))?;
             finish_vulkan(label, &run, protocol, &finish)
         }

@@ -9,6 +9,7 @@ pub mod dense_direct;
 pub mod dense_naive;
 pub mod dense_winograd;
 pub mod depth_rotate;
+pub mod depth_rotate_cl;
 pub(crate) mod device;
 pub mod naive;
 pub mod shader;

@@ -1,0 +1,88 @@
+#version 450
+// depth_rotate_cl (Vulkan): the FMA depth rotation on channels-last data with lanes over
+// channels (depth_reuse_fma_cl's method in portable GLSL), for depthwise specs with depth
+// stride and dilation 1. An invocation owns one channel and a run of OUT_W outputs of one
+// output row; neighbouring invocations own neighbouring channels, so every load is
+// coalesced across the workgroup with no shared memory. Walking down the depth, each
+// input slice's row segments are read once into registers and accumulated into the KD
+// output depths they feed (acc[j] is output depth base + j; after a slice the oldest is
+// complete, is stored, and the others shift down). The channel's weights stay in
+// registers. f32, or f16 buffers with F16 defined (16-bit storage; f32 arithmetic).
+#ifdef F16
+#extension GL_EXT_shader_16bit_storage : require
+#define ELEM float16_t
+#else
+#define ELEM float
+#endif
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const int KD = 1;
+layout(constant_id = 2) const int KH = 1;
+layout(constant_id = 3) const int KW = 1;
+layout(constant_id = 4) const int OUT_W = 1;
+layout(constant_id = 5) const int SW = 1;
+layout(constant_id = 6) const int DW = 1;
+const int SEG = (OUT_W - 1) * SW + (KW - 1) * DW + 1;  // inputs a row segment spans
+
+layout(std430, set = 0, binding = 0) readonly buffer Input { ELEM x[]; };
+layout(std430, set = 0, binding = 1) readonly buffer Weight { ELEM w[]; };
+layout(std430, set = 0, binding = 2) writeonly buffer Output { ELEM y[]; };
+
+// Mirrored by vulkan::depth_rotate_cl (same order, 4-byte fields).
+layout(push_constant) uniform Push {
+    int n, c, id, ih, iw, od, oh, ow;
+    int sh, dh, pd, ph, pw;
+    int runs_w;    // runs of OUT_W outputs a row
+    int c_blocks;  // workgroups across the channels
+    uint groups;   // workgroups that have work
+} p;
+
+void main() {
+    uint g = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    if (g >= p.groups) return;
+    const int cb = int(g % uint(p.c_blocks)); g /= uint(p.c_blocks);
+    const int run = int(g % uint(p.runs_w)); g /= uint(p.runs_w);
+    const int row = int(g % uint(p.oh));
+    const int b = int(g / uint(p.oh));
+    const int ch = cb * int(gl_WorkGroupSize.x) + int(gl_LocalInvocationID.x);
+    if (ch >= p.c) return;  // no barrier below
+    const int ow0 = run * OUT_W;
+
+    float wt[KD * KH * KW];
+    for (int t = 0; t < KD * KH * KW; ++t) wt[t] = float(w[ch * KD * KH * KW + t]);
+    float acc[KD * OUT_W];
+    for (int i = 0; i < KD * OUT_W; ++i) acc[i] = 0.0;
+
+    for (int zi = -p.pd; zi + p.pd - (KD - 1) < p.od; ++zi) {
+        if (zi >= 0 && zi < p.id) {
+            for (int e = 0; e < KH; ++e) {
+                const int yi = row * p.sh - p.ph + e * p.dh;
+                if (yi < 0 || yi >= p.ih) continue;
+                // The row segment, read once: zero where it lands in the padding.
+                float seg[SEG];
+                for (int s = 0; s < SEG; ++s) {
+                    const int xi = ow0 * SW - p.pw + s;
+                    seg[s] = (xi >= 0 && xi < p.iw)
+                        ? float(x[(((uint(b) * uint(p.id) + uint(zi)) * uint(p.ih) + uint(yi)) * uint(p.iw) + uint(xi)) * uint(p.c) + uint(ch)])
+                        : 0.0;
+                }
+                // Output depth base + j reads this slice with tap a = KD - 1 - j.
+                for (int j = 0; j < KD; ++j)
+                    for (int f = 0; f < KW; ++f) {
+                        const float wv = wt[((KD - 1 - j) * KH + e) * KW + f];
+                        for (int o = 0; o < OUT_W; ++o)
+                            acc[j * OUT_W + o] = fma(seg[o * SW + f * DW], wv, acc[j * OUT_W + o]);
+                    }
+            }
+        }
+        const int base_od = zi + p.pd - (KD - 1);
+        if (base_od >= 0)
+            for (int o = 0; o < OUT_W; ++o) {
+                const int v = ow0 + o;
+                if (v >= p.ow) break;
+                y[(((uint(b) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(row)) * uint(p.ow) + uint(v)) * uint(p.c) + uint(ch)] = ELEM(acc[o]);
+            }
+        for (int j = 0; j + 1 < KD; ++j)
+            for (int o = 0; o < OUT_W; ++o) acc[j * OUT_W + o] = acc[(j + 1) * OUT_W + o];
+        for (int o = 0; o < OUT_W; ++o) acc[(KD - 1) * OUT_W + o] = 0.0;
+    }
+}

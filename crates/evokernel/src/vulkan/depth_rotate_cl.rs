@@ -1,0 +1,244 @@
+//! The FMA depth rotation on channels-last data (kernels/vulkan/depth_rotate_cl.comp):
+//! lanes over channels, so loads are coalesced with no shared memory; each invocation
+//! walks down the depth for one channel and a run of outputs, every input row segment
+//! read once into registers and accumulated into the KD output depths it feeds.
+//! Depthwise specs with depth stride and dilation 1, channels-last. Its config
+//! ([`RotateClConfig`]: invocations over channels, outputs an invocation) goes to the
+//! shader as specialization constants, pruned by the device and the spec.
+
+use super::device::VulkanDevice;
+use super::{VulkanDeviceInfo, VulkanRun};
+use crate::error::{Error, Result};
+use crate::spec::{ConvSpec, Layout};
+use crate::tensor::HostTensor;
+
+pub const SOURCE: &str = include_str!("../../kernels/vulkan/depth_rotate_cl.comp");
+
+/// One config of the channels-last rotation shader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct RotateClConfig {
+    /// Invocations a workgroup: consecutive channels.
+    pub workgroup: u32,
+    /// Consecutive outputs of a row an invocation computes.
+    pub out_w: u32,
+}
+
+const WORKGROUPS: [u32; 4] = [32, 64, 128, 256];
+const OUT_WS: [u32; 4] = [1, 2, 4, 8];
+
+impl RotateClConfig {
+    pub const NAME: &'static str = "depth_rotate_cl";
+
+    /// Why the shader does not apply to `spec`, if it does not.
+    pub fn applies(spec: &ConvSpec) -> std::result::Result<(), String> {
+        if spec.layout() != Layout::ChannelsLast {
+            return Err("the channels-last rotation takes channels-last data".into());
+        }
+        super::depth_rotate::RotateConfig::applies(spec)
+    }
+
+    /// Why this config cannot run `spec` on a device with `info`'s limits, if it cannot.
+    pub fn fits(
+        &self,
+        info: &VulkanDeviceInfo,
+        spec: &ConvSpec,
+    ) -> std::result::Result<(), String> {
+        Self::applies(spec)?;
+        if self.workgroup > info.max_workgroup_invocations {
+            return Err(format!(
+                "{} invocations a workgroup, more than the device's {}",
+                self.workgroup, info.max_workgroup_invocations
+            ));
+        }
+        // No workgroup wider than the channels (beyond the smallest size).
+        if self.workgroup as usize > spec.c().next_power_of_two().max(32) {
+            return Err(format!(
+                "{} lanes for {} channels",
+                self.workgroup,
+                spec.c()
+            ));
+        }
+        if self.out_w as usize > spec.output3()[2].next_power_of_two() {
+            return Err(format!(
+                "{} outputs a run for rows of {}",
+                self.out_w,
+                spec.output3()[2]
+            ));
+        }
+        // Registers: KD x OUT_W sums, the weights, a row segment.
+        let sums = spec.kernel3()[0] * self.out_w as usize;
+        if sums > 64 {
+            return Err(format!("{sums} sums an invocation (at most 64)"));
+        }
+        Ok(())
+    }
+
+    /// Every config that fits `spec` on the device.
+    pub fn space(info: &VulkanDeviceInfo, spec: &ConvSpec) -> Vec<RotateClConfig> {
+        let mut v = Vec::new();
+        for &workgroup in &WORKGROUPS {
+            for &out_w in &OUT_WS {
+                let c = RotateClConfig { workgroup, out_w };
+                if c.fits(info, spec).is_ok() {
+                    v.push(c);
+                }
+            }
+        }
+        v
+    }
+
+    /// The default: the widest workgroup up to 128 the channels fill, 4 outputs a run
+    /// (fewer on short rows).
+    pub fn default_for(info: &VulkanDeviceInfo, spec: &ConvSpec) -> Result<RotateClConfig> {
+        let refused = |reason: String| Error::NotApplicable {
+            variant: Self::NAME.into(),
+            spec: spec.to_string(),
+            reason,
+        };
+        Self::applies(spec).map_err(refused)?;
+        let space = Self::space(info, spec);
+        let out_w = if spec.output3()[2] >= 16 { 4 } else { 1 };
+        space
+            .iter()
+            .copied()
+            .filter(|c| c.out_w == out_w && c.workgroup <= 128)
+            .max_by_key(|c| c.workgroup)
+            .or_else(|| space.first().copied())
+            .ok_or_else(|| refused("no config fits the device and the spec".into()))
+    }
+}
+
+impl std::fmt::Display for RotateClConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "depth_rotate_cl:workgroup={},out_w={}",
+            self.workgroup, self.out_w
+        )
+    }
+}
+
+fn i32_of(what: &str, v: usize) -> Result<i32> {
+    super::i32_of("depth_rotate_cl", what, v)
+}
+
+/// The forward of `spec` on `dev` with `config` (None: the device's default), with the
+/// dispatch's device time in ms where the queue has timestamps.
+pub fn conv_vulkan_depth_rotate_cl(
+    dev: &VulkanDevice,
+    spec: &ConvSpec,
+    x: &HostTensor,
+    w: &HostTensor,
+    config: Option<RotateClConfig>,
+) -> Result<(HostTensor, Option<f64>)> {
+    let run = prepare_depth_rotate_cl(dev, spec, x, w, config)?;
+    let ms = run.launch()?;
+    Ok((run.output()?, ms))
+}
+
+/// The shader with `config` (None: the device's default) prepared on device-local
+/// copies of `x` and `w`, to launch and time.
+pub fn prepare_depth_rotate_cl<'d>(
+    dev: &'d VulkanDevice,
+    spec: &ConvSpec,
+    x: &HostTensor,
+    w: &HostTensor,
+    config: Option<RotateClConfig>,
+) -> Result<VulkanRun<'d>> {
+    let info = dev.info();
+    let source = super::source_for("depth_rotate_cl", SOURCE, spec.dtype(), info)?;
+    x.expect("input", spec.dtype(), spec.input_len())?;
+    w.expect("weight", spec.dtype(), spec.weight_len())?;
+    let config = match config {
+        Some(c) => c,
+        None => RotateClConfig::default_for(info, spec)?,
+    };
+    config
+        .fits(info, spec)
+        .map_err(|reason| Error::NotApplicable {
+            variant: RotateClConfig::NAME.into(),
+            spec: spec.to_string(),
+            reason: format!("{config}: {reason}"),
+        })?;
+    i32_of("input length", spec.input_len())?;
+    i32_of("output length", spec.output_len())?;
+    let [id, ih, iw] = spec.input3();
+    let [od, oh, ow] = spec.output3();
+    let runs_w = ow.div_ceil(config.out_w as usize);
+    let c_blocks = spec.c().div_ceil(config.workgroup as usize);
+    let groups = c_blocks * runs_w * oh * spec.n();
+    let grid = super::grid_for(info, groups)?;
+    let (st, dl, pb) = (spec.stride3(), spec.dilation3(), spec.pad_before3());
+    let ints = [
+        spec.n(),
+        spec.c(),
+        id,
+        ih,
+        iw,
+        od,
+        oh,
+        ow,
+        st[1],
+        dl[1],
+        pb[0],
+        pb[1],
+        pb[2],
+        runs_w,
+        c_blocks,
+        groups,
+    ]
+    .into_iter()
+    .map(|v| i32_of("a size", v))
+    .collect::<Result<Vec<i32>>>()?;
+    let [kd, kh, kw] = spec.kernel3();
+    let constants: Vec<(u32, u32)> = [
+        config.workgroup as usize,
+        kd,
+        kh,
+        kw,
+        config.out_w as usize,
+        st[2],
+        dl[2],
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, &v)| (i as u32, v as u32))
+    .collect();
+    let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
+    VulkanRun::new(
+        dev,
+        "depth_rotate_cl",
+        &source,
+        &constants,
+        &super::push_bytes(&ints),
+        grid,
+        x,
+        w,
+        y,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::ConvParams;
+
+    #[test]
+    fn applies_to_channels_last_depth_stride_1_and_is_pruned() {
+        let info = crate::vulkan::device::lavapipe_like();
+        let mut p = ConvParams::seed();
+        p.layout = Layout::ChannelsLast;
+        let seed = p.validate().unwrap();
+        let space = RotateClConfig::space(&info, &seed);
+        assert_eq!(space.len(), 16);
+        let d = RotateClConfig::default_for(&info, &seed).unwrap();
+        assert_eq!((d.workgroup, d.out_w), (128, 4));
+        let first = ConvParams::seed().validate().unwrap();
+        assert!(RotateClConfig::default_for(&info, &first).is_err());
+        p.c = 8;
+        let narrow = p.validate().unwrap();
+        assert!(RotateClConfig::space(&info, &narrow)
+            .iter()
+            .all(|c| c.workgroup == 32));
+    }
+}
