@@ -347,10 +347,7 @@ fn run_one(
                 None => TileConfig::default_for(dev.info(), spec.geometry()),
             }
             .map_err(|e| (label.clone(), e))?;
-            let label = format!(
-                "tile:workgroup={},out_w={},rows={}",
-                config.workgroup, config.out_w, config.rows
-            );
+            let label = config.to_string();
             let run = prepare_tile(dev, spec.geometry(), x, w, Some(config))
                 .map_err(|e| (label.clone(), e))?;
             finish_vulkan(label, &run, protocol, &finish)

@@ -337,9 +337,7 @@ pub fn conv_vulkan_dense_direct(
     w: &HostTensor,
     config: Option<DirectConfig>,
 ) -> Result<(HostTensor, Option<f64>)> {
-    let run = prepare_dense_direct(dev, spec, x, w, config)?;
-    let ms = run.launch()?;
-    Ok((run.output()?, ms))
+    super::run_once(prepare_dense_direct(dev, spec, x, w, config)?)
 }
 
 /// The shader with `config` (None: the device's default) prepared on device-local
@@ -355,17 +353,13 @@ pub fn prepare_dense_direct<'d>(
     let source = super::source_for("dense_direct", SOURCE, spec.dtype(), info)?;
     x.expect("input", spec.dtype(), spec.input_len())?;
     w.expect("weight", spec.dtype(), spec.weight_len())?;
-    let config = match config {
-        Some(c) => c,
-        None => DirectConfig::default_for(info, spec)?,
-    };
-    config
-        .fits(info, spec)
-        .map_err(|reason| Error::NotApplicable {
-            variant: "vulkan dense_direct".into(),
-            spec: spec.to_string(),
-            reason: format!("{config}: {reason}"),
-        })?;
+    let config = super::resolve_config(
+        "vulkan dense_direct",
+        spec,
+        config,
+        || DirectConfig::default_for(info, spec),
+        |c| c.fits(info, spec),
+    )?;
     i32_of("input length", spec.input_len())?;
     i32_of("weight length", spec.weight_len())?;
     i32_of("output length", spec.output_len())?;

@@ -24,9 +24,7 @@ pub fn conv_vulkan_dense_naive(
     x: &HostTensor,
     w: &HostTensor,
 ) -> Result<(HostTensor, Option<f64>)> {
-    let run = prepare_dense_naive(dev, spec, x, w)?;
-    let ms = run.launch()?;
-    Ok((run.output()?, ms))
+    super::run_once(prepare_dense_naive(dev, spec, x, w)?)
 }
 
 /// The shader prepared on device-local copies of `x` and `w`, to launch and time.

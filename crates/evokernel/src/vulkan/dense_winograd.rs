@@ -263,9 +263,7 @@ pub fn conv_vulkan_dense_winograd(
     w: &HostTensor,
     config: Option<WinogradConfig>,
 ) -> Result<(HostTensor, Option<f64>)> {
-    let run = prepare_dense_winograd(dev, spec, x, w, config)?;
-    let ms = run.launch()?;
-    Ok((run.output()?, ms))
+    super::run_once(prepare_dense_winograd(dev, spec, x, w, config)?)
 }
 
 /// The shader with `config` prepared on device-local copies of `x` and the transformed
@@ -280,17 +278,13 @@ pub fn prepare_dense_winograd<'d>(
     let info = dev.info();
     let source = super::source_for("dense_winograd", SOURCE, spec.dtype(), info)?;
     x.expect("input", spec.dtype(), spec.input_len())?;
-    let config = match config {
-        Some(c) => c,
-        None => WinogradConfig::default_for(info, spec)?,
-    };
-    config
-        .fits(info, spec)
-        .map_err(|reason| Error::NotApplicable {
-            variant: WinogradConfig::NAME.into(),
-            spec: spec.to_string(),
-            reason: format!("{config}: {reason}"),
-        })?;
+    let config = super::resolve_config(
+        WinogradConfig::NAME,
+        spec,
+        config,
+        || WinogradConfig::default_for(info, spec),
+        |c| c.fits(info, spec),
+    )?;
     let u = transform_weights(spec, w)?;
     let u = HostTensor::from_data(&[u.len()], TensorData::F32(u))?;
     i32_of("input length", spec.input_len())?;

@@ -191,9 +191,7 @@ pub fn conv_vulkan_depth_rotate(
     w: &HostTensor,
     config: Option<RotateConfig>,
 ) -> Result<(HostTensor, Option<f64>)> {
-    let run = prepare_depth_rotate(dev, spec, x, w, config)?;
-    let ms = run.launch()?;
-    Ok((run.output()?, ms))
+    super::run_once(prepare_depth_rotate(dev, spec, x, w, config)?)
 }
 
 /// The shader with `config` (None: the device's default) prepared on device-local
@@ -209,17 +207,13 @@ pub fn prepare_depth_rotate<'d>(
     let source = super::source_for("depth_rotate", SOURCE, spec.dtype(), info)?;
     x.expect("input", spec.dtype(), spec.input_len())?;
     w.expect("weight", spec.dtype(), spec.weight_len())?;
-    let config = match config {
-        Some(c) => c,
-        None => RotateConfig::default_for(info, spec)?,
-    };
-    config
-        .fits(info, spec)
-        .map_err(|reason| Error::NotApplicable {
-            variant: RotateConfig::NAME.into(),
-            spec: spec.to_string(),
-            reason: format!("{config}: {reason}"),
-        })?;
+    let config = super::resolve_config(
+        RotateConfig::NAME,
+        spec,
+        config,
+        || RotateConfig::default_for(info, spec),
+        |c| c.fits(info, spec),
+    )?;
     i32_of("input length", spec.input_len())?;
     i32_of("output length", spec.output_len())?;
     let [id, ih, iw] = spec.input3();

@@ -131,9 +131,7 @@ pub fn conv_vulkan_depth_rotate_cl(
     w: &HostTensor,
     config: Option<RotateClConfig>,
 ) -> Result<(HostTensor, Option<f64>)> {
-    let run = prepare_depth_rotate_cl(dev, spec, x, w, config)?;
-    let ms = run.launch()?;
-    Ok((run.output()?, ms))
+    super::run_once(prepare_depth_rotate_cl(dev, spec, x, w, config)?)
 }
 
 /// The shader with `config` (None: the device's default) prepared on device-local
@@ -149,17 +147,13 @@ pub fn prepare_depth_rotate_cl<'d>(
     let source = super::source_for("depth_rotate_cl", SOURCE, spec.dtype(), info)?;
     x.expect("input", spec.dtype(), spec.input_len())?;
     w.expect("weight", spec.dtype(), spec.weight_len())?;
-    let config = match config {
-        Some(c) => c,
-        None => RotateClConfig::default_for(info, spec)?,
-    };
-    config
-        .fits(info, spec)
-        .map_err(|reason| Error::NotApplicable {
-            variant: RotateClConfig::NAME.into(),
-            spec: spec.to_string(),
-            reason: format!("{config}: {reason}"),
-        })?;
+    let config = super::resolve_config(
+        RotateClConfig::NAME,
+        spec,
+        config,
+        || RotateClConfig::default_for(info, spec),
+        |c| c.fits(info, spec),
+    )?;
     i32_of("input length", spec.input_len())?;
     i32_of("output length", spec.output_len())?;
     let [id, ih, iw] = spec.input3();

@@ -59,9 +59,9 @@ pub(crate) fn run_xwy(
     w: &HostTensor,
     y: HostTensor,
 ) -> Result<(HostTensor, Option<f64>)> {
-    let run = VulkanRun::new(dev, name, source, constants, push, grid, x, w, y)?;
-    let ms = run.launch()?;
-    Ok((run.output()?, ms))
+    run_once(VulkanRun::new(
+        dev, name, source, constants, push, grid, x, w, y,
+    )?)
 }
 
 /// A shader prepared once on device-local copies of an input and a weight and an output
@@ -152,6 +152,33 @@ pub(crate) fn dense_push_fields(
         spec.layout() == crate::spec::Layout::ChannelsLast,
     ));
     v.into_iter().map(|x| i32_of(shader, "a size", x)).collect()
+}
+
+/// `config`, else the device's default (`default`), checked with `fits`; a config that
+/// does not fit is `NotApplicable` naming `variant`, the spec and the reason.
+pub(crate) fn resolve_config<C: std::fmt::Display>(
+    variant: &str,
+    spec: &dyn std::fmt::Display,
+    config: Option<C>,
+    default: impl FnOnce() -> Result<C>,
+    fits: impl FnOnce(&C) -> std::result::Result<(), String>,
+) -> Result<C> {
+    let config = match config {
+        Some(c) => c,
+        None => default()?,
+    };
+    fits(&config).map_err(|reason| Error::NotApplicable {
+        variant: variant.to_string(),
+        spec: spec.to_string(),
+        reason: format!("{config}: {reason}"),
+    })?;
+    Ok(config)
+}
+
+/// One launch of a prepared run: its output and device time (the one-shot form).
+pub(crate) fn run_once(run: VulkanRun<'_>) -> Result<(HostTensor, Option<f64>)> {
+    let ms = run.launch()?;
+    Ok((run.output()?, ms))
 }
 
 /// Little-endian bytes of 4-byte push-constant fields, in order.

@@ -25,6 +25,16 @@ pub struct TileConfig {
     pub rows: u32,
 }
 
+impl std::fmt::Display for TileConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "tile:workgroup={},out_w={},rows={}",
+            self.workgroup, self.out_w, self.rows
+        )
+    }
+}
+
 const WORKGROUPS: [u32; 4] = [32, 64, 128, 256];
 const OUT_WS: [u32; 3] = [1, 2, 4];
 const ROWS: [u32; 6] = [1, 2, 4, 8, 16, 32];
@@ -143,9 +153,7 @@ pub fn conv_vulkan_tile(
     w: &HostTensor,
     config: Option<TileConfig>,
 ) -> Result<(HostTensor, Option<f64>)> {
-    let run = prepare_tile(dev, spec, x, w, config)?;
-    let ms = run.launch()?;
-    Ok((run.output()?, ms))
+    super::run_once(prepare_tile(dev, spec, x, w, config)?)
 }
 
 /// The shader with `config` (None: the device's default) prepared on device-local
@@ -161,17 +169,13 @@ pub fn prepare_tile<'d>(
     let source = super::source_for("tiled", SOURCE, spec.dtype(), info)?;
     x.expect("input", spec.dtype(), spec.input_len())?;
     w.expect("weight", spec.dtype(), spec.weight_len())?;
-    let config = match config {
-        Some(c) => c,
-        None => TileConfig::default_for(info, spec)?,
-    };
-    config
-        .fits(info, spec)
-        .map_err(|reason| Error::NotApplicable {
-            variant: "vulkan tile".into(),
-            spec: spec.to_string(),
-            reason: format!("{config:?}: {reason}"),
-        })?;
+    let config = super::resolve_config(
+        "vulkan tile",
+        spec,
+        config,
+        || TileConfig::default_for(info, spec),
+        |c| c.fits(info, spec),
+    )?;
     i32_of("input length", spec.input_len())?;
     i32_of("output length", spec.output_len())?;
     let [od, oh, ow] = spec.output3();
