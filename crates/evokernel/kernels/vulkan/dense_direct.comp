@@ -8,15 +8,9 @@
 // to shared memory, then each invocation accumulates OPY x OPX outputs x KO channels in
 // registers (its outputs strided by TX and TY, so neighbouring invocations read
 // neighbouring shared words). Loop bounds are specialization constants: the driver's
-// compiler unrolls them. f32, or f16 buffers with F16 defined (16-bit storage; f32 in
-// shared memory and registers). Any stride, dilation and padding, both layouts (loads
+// compiler unrolls them. Buffers of ELEM (f32, f16 or bf16: the host's prelude), f32 in
+// shared memory and registers. Any stride, dilation and padding, both layouts (loads
 // are coalesced along channels in channels-last, along W in channels-first).
-#ifdef F16
-#extension GL_EXT_shader_16bit_storage : require
-#define ELEM float16_t
-#else
-#define ELEM float
-#endif
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const int TX = 8;
 layout(constant_id = 2) const int TY = 8;
@@ -91,7 +85,7 @@ void main() {
                 const uint at = p.channels_last != 0
                     ? (((uint(b) * uint(p.id) + uint(z)) * uint(p.ih) + uint(yy)) * uint(p.iw) + uint(xx)) * uint(p.cin) + cc
                     : (((uint(b) * uint(p.cin) + cc) * uint(p.id) + uint(z)) * uint(p.ih) + uint(yy)) * uint(p.iw) + uint(xx);
-                v = float(x[at]);
+                v = LOAD(x[at]);
             }
             xs[((ci * KD + s) * HS + r) * ROW + col] = v;
         }
@@ -99,7 +93,7 @@ void main() {
             const int k = i % KO, t = (i / KO) % TAPS, ci = i / (KO * TAPS);
             float v = 0.0;
             if (k < ko_n && c0 + ci < p.cpi)
-                v = float(w[(uint(co0 + k) * uint(p.cpi) + uint(c0 + ci)) * uint(TAPS) + uint(t)]);
+                v = LOAD(w[(uint(co0 + k) * uint(p.cpi) + uint(c0 + ci)) * uint(TAPS) + uint(t)]);
             ws[i] = v;
         }
         barrier();
@@ -130,7 +124,7 @@ void main() {
                 const uint at = p.channels_last != 0
                     ? (((uint(b) * uint(p.od) + uint(d)) * uint(p.oh) + uint(oy)) * uint(p.ow) + uint(ox)) * uint(p.cout) + co
                     : (((uint(b) * uint(p.cout) + co) * uint(p.od) + uint(d)) * uint(p.oh) + uint(oy)) * uint(p.ow) + uint(ox);
-                y[at] = ELEM(acc[(j * OPX + q) * KO + k]);
+                y[at] = STORE(acc[(j * OPX + q) * KO + k]);
             }
         }
 }

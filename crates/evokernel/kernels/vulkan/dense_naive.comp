@@ -3,14 +3,8 @@
 // spec (1-3 spatial dims as [D, H, W] with leading 1s, stride, dilation, padding before;
 // both layouts), multiply-adds in the oracle's (ci, kd, kh, kw) order; the portable
 // anchor of the dense ladder. Padding taps are skipped, not multiplied by 0 (a NaN/Inf
-// input poisons exactly the outputs whose window covers it). f32, or f16 buffers with
-// F16 defined (16-bit storage; f32 arithmetic).
-#ifdef F16
-#extension GL_EXT_shader_16bit_storage : require
-#define ELEM float16_t
-#else
-#define ELEM float
-#endif
+// input poisons exactly the outputs whose window covers it). Buffers of ELEM (f32, f16
+// or bf16: the host's prelude), f32 arithmetic.
 layout(local_size_x = 256) in;
 
 layout(std430, set = 0, binding = 0) readonly buffer Input { ELEM x[]; };
@@ -61,10 +55,10 @@ void main() {
                         const int xx = v * p.sw + f * p.dw - p.pw;
                         if (xx < 0 || xx >= p.iw) continue;
                         const uint wat = (((uint(co) * uint(p.cpi) + uint(ci)) * uint(p.kd) + uint(a)) * uint(p.kh) + uint(e)) * uint(p.kw) + uint(f);
-                        sum = fma(float(w[wat]), float(x[input_at(b, c0 + ci, z, yy, xx)]), sum);
+                        sum = fma(LOAD(w[wat]), LOAD(x[input_at(b, c0 + ci, z, yy, xx)]), sum);
                     }
                 }
             }
-        y[i] = ELEM(sum);
+        y[i] = STORE(sum);
     }
 }

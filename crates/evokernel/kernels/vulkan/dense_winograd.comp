@@ -7,14 +7,8 @@
 // input channels the (2 TY + 2) x (2 TX + 2) input patch (zero padding included) and the
 // step's U go to shared memory; each invocation transforms its tile's 4 x 4 inputs
 // (V = B^T d B) and accumulates U . V for its KO channels (16 multiply-adds a channel
-// pair where the direct form takes 36), then writes Y = A^T M A. f32, or f16 activations
-// with F16 defined (16-bit storage; the transforms in f32). Both layouts.
-#ifdef F16
-#extension GL_EXT_shader_16bit_storage : require
-#define ELEM float16_t
-#else
-#define ELEM float
-#endif
+// pair where the direct form takes 36), then writes Y = A^T M A. Activations of ELEM
+// (f32, f16 or bf16: the host's prelude), the transforms in f32. Both layouts.
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const int TX = 8;
 layout(constant_id = 2) const int TY = 4;
@@ -73,7 +67,7 @@ void main() {
                 const uint at = p.channels_last != 0
                     ? (((uint(b) * uint(p.id) + uint(z)) * uint(p.ih) + uint(yy)) * uint(p.iw) + uint(xx)) * uint(p.cin) + cc
                     : (((uint(b) * uint(p.cin) + cc) * uint(p.id) + uint(z)) * uint(p.ih) + uint(yy)) * uint(p.iw) + uint(xx);
-                v = float(x[at]);
+                v = LOAD(x[at]);
             }
             xs[(ci * PH + r) * PW + col] = v;
         }
@@ -132,7 +126,7 @@ void main() {
                 const uint at = p.channels_last != 0
                     ? (((uint(b) * uint(p.od) + uint(d)) * uint(p.oh) + uint(oy)) * uint(p.ow) + uint(ox)) * uint(p.cout) + co
                     : (((uint(b) * uint(p.cout) + co) * uint(p.od) + uint(d)) * uint(p.oh) + uint(oy)) * uint(p.ow) + uint(ox);
-                y[at] = ELEM(out2[c]);
+                y[at] = STORE(out2[c]);
             }
         }
     }

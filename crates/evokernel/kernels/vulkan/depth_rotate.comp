@@ -7,14 +7,8 @@
 // registers (acc[j] is output depth base + j; after a slice the oldest is complete, is
 // stored, and the others shift down). Input traffic is one read of each slice where the
 // tiled shader reads it KD times. Each invocation owns ITEMS runs of OUT_W outputs of
-// the band (fixed across slices: its sums stay in registers). f32, or f16 buffers with
-// F16 defined (16-bit storage; f32 in shared memory and registers). Both layouts.
-#ifdef F16
-#extension GL_EXT_shader_16bit_storage : require
-#define ELEM float16_t
-#else
-#define ELEM float
-#endif
+// the band (fixed across slices: its sums stay in registers). Buffers of ELEM (f32, f16
+// or bf16: the host's prelude), f32 in shared memory and registers. Both layouts.
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const int KD = 1;
 layout(constant_id = 2) const int KH = 1;
@@ -57,7 +51,7 @@ void main() {
 
     // Weights of this channel in registers: all KD x KH x KW taps.
     float wt[KD * KH * KW];
-    for (int t = 0; t < KD * KH * KW; ++t) wt[t] = float(w[ch * KD * KH * KW + t]);
+    for (int t = 0; t < KD * KH * KW; ++t) wt[t] = LOAD(w[ch * KD * KH * KW + t]);
 
     float acc[ITEMS * KD * OUT_W];
     for (int i = 0; i < ITEMS * KD * OUT_W; ++i) acc[i] = 0.0;
@@ -76,7 +70,7 @@ void main() {
                     const uint at = p.channels_last != 0
                         ? (((uint(b) * uint(p.id) + uint(zi)) * uint(p.ih) + uint(yi)) * uint(p.iw) + uint(xi)) * uint(p.c) + uint(ch)
                         : (((uint(b) * uint(p.c) + uint(ch)) * uint(p.id) + uint(zi)) * uint(p.ih) + uint(yi)) * uint(p.iw) + uint(xi);
-                    v = float(x[at]);
+                    v = LOAD(x[at]);
                 }
                 band[i] = v;
             }
@@ -109,7 +103,7 @@ void main() {
                     const uint at = p.channels_last != 0
                         ? (((uint(b) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(v)) * uint(p.c) + uint(ch)
                         : (((uint(b) * uint(p.c) + uint(ch)) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(v);
-                    y[at] = ELEM(acc[(it * KD) * OUT_W + o]);
+                    y[at] = STORE(acc[(it * KD) * OUT_W + o]);
                 }
             }
             // Rotate: the oldest depth leaves, a fresh one enters at the top.

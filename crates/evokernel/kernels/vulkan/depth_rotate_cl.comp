@@ -7,13 +7,7 @@
 // input slice's row segments are read once into registers and accumulated into the KD
 // output depths they feed (acc[j] is output depth base + j; after a slice the oldest is
 // complete, is stored, and the others shift down). The channel's weights stay in
-// registers. f32, or f16 buffers with F16 defined (16-bit storage; f32 arithmetic).
-#ifdef F16
-#extension GL_EXT_shader_16bit_storage : require
-#define ELEM float16_t
-#else
-#define ELEM float
-#endif
+// registers. Buffers of ELEM (f32, f16 or bf16: the host's prelude), f32 arithmetic.
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const int KD = 1;
 layout(constant_id = 2) const int KH = 1;
@@ -48,7 +42,7 @@ void main() {
     const int ow0 = run * OUT_W;
 
     float wt[KD * KH * KW];
-    for (int t = 0; t < KD * KH * KW; ++t) wt[t] = float(w[ch * KD * KH * KW + t]);
+    for (int t = 0; t < KD * KH * KW; ++t) wt[t] = LOAD(w[ch * KD * KH * KW + t]);
     float acc[KD * OUT_W];
     for (int i = 0; i < KD * OUT_W; ++i) acc[i] = 0.0;
 
@@ -62,7 +56,7 @@ void main() {
                 for (int s = 0; s < SEG; ++s) {
                     const int xi = ow0 * SW - p.pw + s;
                     seg[s] = (xi >= 0 && xi < p.iw)
-                        ? float(x[(((uint(b) * uint(p.id) + uint(zi)) * uint(p.ih) + uint(yi)) * uint(p.iw) + uint(xi)) * uint(p.c) + uint(ch)])
+                        ? LOAD(x[(((uint(b) * uint(p.id) + uint(zi)) * uint(p.ih) + uint(yi)) * uint(p.iw) + uint(xi)) * uint(p.c) + uint(ch)])
                         : 0.0;
                 }
                 // Output depth base + j reads this slice with tap a = KD - 1 - j.
@@ -79,7 +73,7 @@ void main() {
             for (int o = 0; o < OUT_W; ++o) {
                 const int v = ow0 + o;
                 if (v >= p.ow) break;
-                y[(((uint(b) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(row)) * uint(p.ow) + uint(v)) * uint(p.c) + uint(ch)] = ELEM(acc[o]);
+                y[(((uint(b) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(row)) * uint(p.ow) + uint(v)) * uint(p.c) + uint(ch)] = STORE(acc[o]);
             }
         for (int j = 0; j + 1 < KD; ++j)
             for (int o = 0; o < OUT_W; ++o) acc[j * OUT_W + o] = acc[(j + 1) * OUT_W + o];

@@ -5,16 +5,8 @@
 // each invocation computes OUT_W consecutive outputs of a row from there. The config
 // (workgroup size, OUT_W, ROWS, kernel size, W stride and dilation, the shared tile's
 // shape) is specialization constants: one pipeline per config, sized by the host from
-// the device's limits (vulkan::tile). f32, or f16 buffers with F16 defined (16-bit
-// storage); any stride and dilation, both layouts.
-#ifdef F16
-// Halves in memory (16-bit storage: loads, stores and conversions only), f32 in
-// registers and shared memory.
-#extension GL_EXT_shader_16bit_storage : require
-#define ELEM float16_t
-#else
-#define ELEM float
-#endif
+// the device's limits (vulkan::tile). Buffers of ELEM (f32, f16 or bf16: the host's
+// prelude), f32 in registers and shared memory; any stride and dilation, both layouts.
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const int KD = 1;
 layout(constant_id = 2) const int KH = 1;
@@ -62,7 +54,7 @@ void main() {
             const uint at = p.channels_last != 0
                 ? (((uint(b) * uint(p.id) + uint(zi)) * uint(p.ih) + uint(yi)) * uint(p.iw) + uint(xi)) * uint(p.c) + uint(ch)
                 : (((uint(b) * uint(p.c) + uint(ch)) * uint(p.id) + uint(zi)) * uint(p.ih) + uint(yi)) * uint(p.iw) + uint(xi);
-            v = float(x[at]);
+            v = LOAD(x[at]);
         }
         tile[i] = v;
     }
@@ -80,7 +72,7 @@ void main() {
             for (int e = 0; e < KH; ++e) {
                 const int base = (a * HS + row * p.sh + e * p.dh) * WS + ow0 * SW;
                 for (int f = 0; f < KW; ++f) {
-                    const float wt = float(w[((ch * KD + a) * KH + e) * KW + f]);
+                    const float wt = LOAD(w[((ch * KD + a) * KH + e) * KW + f]);
                     for (int o = 0; o < OUT_W; ++o)
                         acc[o] = fma(tile[base + o * SW + f * DW], wt, acc[o]);
                 }
@@ -92,7 +84,7 @@ void main() {
             const uint at = p.channels_last != 0
                 ? (((uint(b) * uint(p.od) + uint(d)) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(v)) * uint(p.c) + uint(ch)
                 : (((uint(b) * uint(p.c) + uint(ch)) * uint(p.od) + uint(d)) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(v);
-            y[at] = ELEM(acc[o]);
+            y[at] = STORE(acc[o]);
         }
     }
 }

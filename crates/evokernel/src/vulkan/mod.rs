@@ -21,27 +21,26 @@ use crate::error::{Error, Result};
 use crate::spec::DType;
 use crate::tensor::HostTensor;
 
-/// `source` for buffers of `dtype`: f32 as is, f16 where the device has 16-bit storage
-/// (`storageBuffer16BitAccess`); anything else is an error naming the shader and device.
+/// `source` for buffers of `dtype`: f32 everywhere, f16 and bf16 where the device has
+/// 16-bit storage (`storageBuffer16BitAccess`; bf16 as its 16 bits, converted in the
+/// shader); without it an error naming the shader and device.
 pub(crate) fn source_for(
     shader: &str,
     source: &str,
     dtype: DType,
     info: &VulkanDeviceInfo,
 ) -> Result<String> {
-    match dtype {
-        DType::F32 => Ok(source.to_string()),
-        DType::F16 if info.storage_f16 => Ok(shader::with_f16(source)),
-        d => Err(Error::BackendUnavailable {
+    if dtype != DType::F32 && !info.storage_f16 {
+        return Err(Error::BackendUnavailable {
             backend: "vulkan".into(),
             reason: format!(
-                "the {shader} Vulkan shader takes f32, and f16 where the device has 16-bit \
-                 storage ({} has {}); not {d}",
-                info.name,
-                if info.storage_f16 { "it" } else { "none" }
+                "the {shader} Vulkan shader takes {dtype} where the device has 16-bit storage \
+                 ({} has none); f32 runs everywhere",
+                info.name
             ),
-        }),
+        });
     }
+    Ok(shader::with_element(source, dtype))
 }
 
 /// One dispatch of the shader `source` (compiled and cached as `name`) over an input `x`,

@@ -35,10 +35,31 @@ pub fn compile_compute_cached(name: &str, source: &str) -> Result<(Vec<u32>, boo
     Ok((words, false))
 }
 
-/// A shader's source with its buffers as f16 (`#define F16`: 16-bit storage; f32 in
-/// registers and shared memory).
-pub(crate) fn with_f16(source: &str) -> String {
-    source.replacen("#version 450\n", "#version 450\n#define F16 1\n", 1)
+/// A shader's source with its element type defined: after `#version`, the prelude that
+/// gives `ELEM` (the buffers' element), `LOAD(v)` (an element to f32) and `STORE(f)` (f32
+/// to an element, rounded to nearest even; bf16 keeps NaN a NaN). f16 and bf16 need
+/// 16-bit storage (`storageBuffer16BitAccess`); bf16 is stored as its 16 bits.
+pub(crate) fn with_element(source: &str, dtype: crate::spec::DType) -> String {
+    use crate::spec::DType;
+    let prelude = match dtype {
+        DType::F32 => "#define ELEM float\n#define LOAD(v) (v)\n#define STORE(f) (f)\n",
+        DType::F16 => {
+            "#extension GL_EXT_shader_16bit_storage : require\n\
+             #define ELEM float16_t\n#define LOAD(v) float(v)\n#define STORE(f) float16_t(f)\n"
+        }
+        DType::Bf16 => {
+            "#extension GL_EXT_shader_16bit_storage : require\n\
+             #define ELEM uint16_t\n\
+             #define LOAD(v) uintBitsToFloat(uint(v) << 16)\n\
+             #define STORE(f) uint16_t(evk_bf16_bits(f))\n\
+             uint evk_bf16_bits(float f) {\n\
+             \x20   if (isnan(f)) return 0x7FC0u;\n\
+             \x20   const uint u = floatBitsToUint(f);\n\
+             \x20   return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;\n\
+             }\n"
+        }
+    };
+    source.replacen("#version 450\n", &format!("#version 450\n{prelude}"), 1)
 }
 
 /// The first word of every SPIR-V module.
