@@ -87,9 +87,8 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       source scripts/vulkan-nvidia.sh env
       LIMIT=${DENSE_LIMIT:-500} step dense .gpu/evokernel bench --op dense-conv --backend vulkan --suite dense --reference "$out/torch-dense.json" ${DENSE_ARGS:-} --json "$out/dense.json" ;;
     vkdepthwise)
-      # Depthwise on Vulkan (naive, tile, depth_rotate) beside the CUDA kernels, same call,
-      # on the public and channels-last suites (Vulkan refuses the bf16 cases: no bf16
-      # storage there yet).
+      # Depthwise on Vulkan (dense_naive, tile, depth_rotate, depth_rotate_cl) beside the
+      # CUDA kernels, same call, on the public and channels-last suites (every dtype).
       LIMIT=400 step cuda_public .gpu/evokernel bench --suite public --json "$out/cuda-public.json"
       source scripts/vulkan-nvidia.sh env
       for s in public channels-last; do
