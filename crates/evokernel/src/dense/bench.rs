@@ -1,7 +1,7 @@
 //! Verify, then time, dense/grouped convolution kernels on one case: the CPU backend and
-//! the Vulkan shaders (naive, direct, Winograd F(2x2, 3x3); default, tuned or forced
-//! configs). Each is
-//! checked against the f64 oracle first (every output of a small case, 2048 sampled
+//! the Vulkan shaders (naive, direct, Winograd F(2x2, 3x3), and for depthwise specs the
+//! tiled and rotating ones; forced, tuned or default configs). Each is checked against
+//! the f64 oracle first (every output of a small case, 2048 sampled
 //! positions plus the first and last of a large one) and timed only if it passes:
 //! Vulkan launches by timestamps around the dispatch, the CPU by the wall clock.
 
@@ -9,63 +9,18 @@ use serde::Serialize;
 
 use super::reference::dense_reference_at;
 use super::spec::DenseConvSpec;
+use super::tune::{tuned_config, TunableShader};
 use crate::bench::{time_launches, Protocol, Timing};
 use crate::error::{Error, Result};
 use crate::external::ReferenceTime;
 use crate::tensor::{compare, Comparison, HostTensor, SplitMix64, TensorData};
-use crate::vulkan::dense_direct::{prepare_dense_direct, DirectConfig};
+use crate::vulkan::dense_direct::DirectConfig;
 use crate::vulkan::dense_naive::prepare_dense_naive;
-use crate::vulkan::dense_winograd::{prepare_dense_winograd, WinogradConfig};
+use crate::vulkan::dense_winograd::WinogradConfig;
 use crate::vulkan::depth_rotate::{prepare_depth_rotate, RotateConfig};
 use crate::vulkan::depth_rotate_cl::{prepare_depth_rotate_cl, RotateClConfig};
 use crate::vulkan::tile::{prepare_tile, TileConfig};
 use crate::vulkan::{VulkanDevice, VulkanRun};
-
-type Outcome = std::result::Result<DenseCandidate, (String, Error)>;
-
-/// Checks a kernel's output and, if it passes, times it (`run_one`'s `finish`).
-type Finish<'a> =
-    dyn Fn(String, &'static str, HostTensor, &mut dyn FnMut() -> Result<Timing>) -> Outcome + 'a;
-
-/// `Err` naming `label` when `spec` is not depthwise (the depthwise shaders' condition).
-fn depthwise_only(spec: &DenseConvSpec, label: &str) -> std::result::Result<(), (String, Error)> {
-    if spec.is_depthwise() {
-        return Ok(());
-    }
-    Err((
-        label.to_string(),
-        Error::NotApplicable {
-            variant: label.to_string(),
-            spec: spec.to_string(),
-            reason: "a depthwise shader: groups = input = output channels".into(),
-        },
-    ))
-}
-
-/// A prepared Vulkan run: launched once and read back for the check, then timed.
-fn finish_vulkan(
-    label: String,
-    run: &VulkanRun<'_>,
-    protocol: &Protocol,
-    finish: &Finish<'_>,
-) -> Outcome {
-    run.launch().map_err(|e| (label.clone(), e))?;
-    let y = run.output().map_err(|e| (label.clone(), e))?;
-    let mut time = || {
-        time_launches(
-            protocol,
-            |_| {
-                run.launch()?.ok_or_else(|| Error::BackendUnavailable {
-                    backend: "vulkan".into(),
-                    reason: "the device's compute queue has no timestamps to time a dispatch by"
-                        .into(),
-                })
-            },
-            1,
-        )
-    };
-    finish(label, "vulkan", y, &mut time)
-}
 
 /// Outputs checked on a large case (plus its first and last).
 const SAMPLES: usize = 2048;
@@ -93,6 +48,29 @@ pub enum DenseKernel {
 }
 
 impl DenseKernel {
+    /// The kernel's name (as `--only` takes it).
+    pub fn name(&self) -> &'static str {
+        match self {
+            DenseKernel::Cpu => "cpu",
+            DenseKernel::VulkanNaive => "dense_naive",
+            DenseKernel::VulkanDirect(_) => DirectConfig::NAME,
+            DenseKernel::VulkanWinograd(_) => WinogradConfig::NAME,
+            DenseKernel::VulkanDepthwiseTile(_) => "tile",
+            DenseKernel::VulkanDepthRotate(_) => RotateConfig::NAME,
+            DenseKernel::VulkanDepthRotateCl(_) => RotateClConfig::NAME,
+        }
+    }
+
+    /// Whether it runs only depthwise specs (groups = input = output channels).
+    pub fn depthwise_only(&self) -> bool {
+        matches!(
+            self,
+            DenseKernel::VulkanDepthwiseTile(_)
+                | DenseKernel::VulkanDepthRotate(_)
+                | DenseKernel::VulkanDepthRotateCl(_)
+        )
+    }
+
     pub fn backend(&self) -> &'static str {
         match self {
             DenseKernel::Cpu => "cpu",
@@ -164,7 +142,8 @@ pub fn positions_for(spec: &DenseConvSpec, seed: u64) -> Vec<usize> {
     v
 }
 
-fn check_at(y: &HostTensor, positions: &[usize], want: &[f64]) -> Result<Comparison> {
+/// `y` against the oracle's values `want` at flat `positions`.
+pub(crate) fn check_at(y: &HostTensor, positions: &[usize], want: &[f64]) -> Result<Comparison> {
     let got: Vec<f32> = positions.iter().map(|&i| y.get_f64(i) as f32).collect();
     let sub = HostTensor::from_data(&[got.len()], TensorData::F32(got))?;
     compare(&sub, want)
@@ -234,7 +213,99 @@ pub fn bench_dense(
     })
 }
 
-/// One kernel checked and, if it passes, timed; `Err((name, reason))` when it cannot run.
+/// A prepared Vulkan run's launches timed by the timestamps around each dispatch.
+pub(crate) fn time_vulkan(run: &VulkanRun<'_>, protocol: &Protocol) -> Result<Timing> {
+    time_launches(
+        protocol,
+        |_| {
+            run.launch()?.ok_or_else(|| Error::BackendUnavailable {
+                backend: "vulkan".into(),
+                reason: "the device's compute queue has no timestamps to time a dispatch by".into(),
+            })
+        },
+        1,
+    )
+}
+
+/// A CPU run timed by the wall clock: one warm-up and at most five timed (a CPU run of a
+/// large case takes seconds).
+fn time_cpu(
+    spec: &DenseConvSpec,
+    x: &HostTensor,
+    w: &HostTensor,
+    protocol: &Protocol,
+) -> Result<Timing> {
+    let cpu = Protocol {
+        warmup_launches: 1,
+        warmup_ms: 0.0,
+        launches: protocol.launches.clamp(1, 5),
+        min_ms: 0.0,
+    };
+    let mut out = HostTensor::zeros(spec.dtype(), &spec.output_shape());
+    time_launches(
+        &cpu,
+        |_| {
+            let t = std::time::Instant::now();
+            super::conv_dense_cpu(spec, x, w, &mut out)?;
+            Ok(t.elapsed().as_secs_f64() * 1e3)
+        },
+        1,
+    )
+}
+
+/// A Vulkan kernel prepared on `x` and `w`: its config forced, else tuned (tune.json) for
+/// the shaders the tuner searches, else the device's default (resolved by the shader's
+/// prepare function). The bool says whether the config came from the tune cache.
+fn prepare_vulkan<'d>(
+    dev: &'d VulkanDevice,
+    spec: &DenseConvSpec,
+    kernel: DenseKernel,
+    x: &HostTensor,
+    w: &HostTensor,
+) -> Result<(VulkanRun<'d>, bool)> {
+    fn tunable<'d, S: TunableShader>(
+        dev: &'d VulkanDevice,
+        spec: &DenseConvSpec,
+        forced: Option<S>,
+        x: &HostTensor,
+        w: &HostTensor,
+    ) -> Result<(VulkanRun<'d>, bool)> {
+        let tuned = match forced {
+            Some(_) => None,
+            None => tuned_config::<S>(&crate::tune::TuneCache::open_default(), dev, spec),
+        };
+        let config = match forced.or(tuned) {
+            Some(c) => c,
+            None => S::default_for(dev.info(), spec)?,
+        };
+        Ok((S::prepare(dev, spec, x, w, config)?, tuned.is_some()))
+    }
+    if kernel.depthwise_only() && !spec.is_depthwise() {
+        return Err(Error::NotApplicable {
+            variant: kernel.name().into(),
+            spec: spec.to_string(),
+            reason: "a depthwise shader: groups = input = output channels".into(),
+        });
+    }
+    let g = spec.geometry();
+    Ok(match kernel {
+        DenseKernel::VulkanNaive => (prepare_dense_naive(dev, spec, x, w)?, false),
+        DenseKernel::VulkanDirect(c) => return tunable(dev, spec, c, x, w),
+        DenseKernel::VulkanWinograd(c) => return tunable(dev, spec, c, x, w),
+        DenseKernel::VulkanDepthwiseTile(c) => (prepare_tile(dev, g, x, w, c)?, false),
+        DenseKernel::VulkanDepthRotate(c) => (prepare_depth_rotate(dev, g, x, w, c)?, false),
+        DenseKernel::VulkanDepthRotateCl(c) => (prepare_depth_rotate_cl(dev, g, x, w, c)?, false),
+        DenseKernel::Cpu => {
+            return Err(Error::BackendUnavailable {
+                backend: "vulkan".into(),
+                reason: "the CPU backend is not a Vulkan shader".into(),
+            })
+        }
+    })
+}
+
+/// One kernel checked against the oracle and, if it passes, timed; `Err((name, reason))`
+/// when it cannot run.
 #[allow(clippy::too_many_arguments)]
 fn run_one(
     vk: Option<&VulkanDevice>,
@@ -245,166 +316,51 @@ fn run_one(
     positions: &[usize],
     want: &[f64],
     protocol: &Protocol,
-) -> Outcome {
-    let need_vk = |label: String| {
-        vk.ok_or_else(|| {
-            (
-                label,
-                Error::BackendUnavailable {
+) -> std::result::Result<DenseCandidate, (String, Error)> {
+    let named = |label: &str| {
+        let label = label.to_string();
+        move |e: Error| (label.clone(), e)
+    };
+    let (label, y, vulkan) = match kernel {
+        DenseKernel::Cpu => {
+            let mut y = HostTensor::nan(spec.dtype(), &spec.output_shape());
+            super::conv_dense_cpu(spec, x, w, &mut y).map_err(named("cpu"))?;
+            ("cpu".to_string(), y, None)
+        }
+        _ => {
+            let dev = vk.ok_or_else(|| {
+                named(kernel.name())(Error::BackendUnavailable {
                     backend: "vulkan".into(),
                     reason: "no Vulkan device was opened (scripts/install-vulkan.sh installs \
                              Mesa's lavapipe)"
                         .into(),
-                },
-            )
-        })
-    };
-    let finish = |kernel: String,
-                  backend: &'static str,
-                  y: HostTensor,
-                  time: &mut dyn FnMut() -> Result<Timing>| {
-        let check = check_at(&y, positions, want).map_err(|e| (kernel.clone(), e))?;
-        let passed = check.passes(spec.dtype());
-        let timing = if passed {
-            Some(time().map_err(|e| (kernel.clone(), e))?)
-        } else {
-            None
-        };
-        let ms = timing.as_ref().map(|t| t.median_ms);
-        Ok(DenseCandidate {
-            kernel,
-            backend,
-            check: Some(check),
-            passed,
-            tflops: ms.map(|ms| spec.flops() as f64 / ms * 1e-9),
-            gbps: ms.map(|ms| spec.min_bytes() as f64 / ms * 1e-6),
-            timing,
-            error: None,
-            vs_reference: None,
-        })
-    };
-    match kernel {
-        DenseKernel::Cpu => {
-            let label = "cpu".to_string();
-            let mut y = HostTensor::nan(spec.dtype(), &spec.output_shape());
-            super::conv_dense_cpu(spec, x, w, &mut y).map_err(|e| (label.clone(), e))?;
-            let mut out = HostTensor::zeros(spec.dtype(), &spec.output_shape());
-            // A CPU run of a large case takes seconds: one warm-up, at most five timed.
-            let cpu = Protocol {
-                warmup_launches: 1,
-                warmup_ms: 0.0,
-                launches: protocol.launches.clamp(1, 5),
-                min_ms: 0.0,
-            };
-            let mut time = || {
-                time_launches(
-                    &cpu,
-                    |_| {
-                        let t = std::time::Instant::now();
-                        super::conv_dense_cpu(spec, x, w, &mut out)?;
-                        Ok(t.elapsed().as_secs_f64() * 1e3)
-                    },
-                    1,
-                )
-            };
-            finish(label, "cpu", y, &mut time)
-        }
-        DenseKernel::VulkanNaive => {
-            let label = "dense_naive".to_string();
-            let dev = need_vk(label.clone())?;
-            let run = prepare_dense_naive(dev, spec, x, w).map_err(|e| (label.clone(), e))?;
-            finish_vulkan(label, &run, protocol, &finish)
-        }
-        DenseKernel::VulkanDirect(config) => {
-            let dev = need_vk("dense_direct".into())?;
-            // Forced, else tuned (tune.json), else the device's default.
-            let tuned = config
-                .is_none()
-                .then(|| {
-                    super::tune::tuned_config(&crate::tune::TuneCache::open_default(), dev, spec)
                 })
-                .flatten();
-            let config = match config.or(tuned) {
-                Some(c) => Ok(c),
-                None => DirectConfig::default_for(dev.info(), spec),
-            }
-            .map_err(|e| ("dense_direct".to_string(), e))?;
-            let label = if tuned.is_some() {
-                format!("{config} (tuned)")
-            } else {
-                config.to_string()
-            };
-            let run = prepare_dense_direct(dev, spec, x, w, Some(config))
-                .map_err(|e| (label.clone(), e))?;
-            finish_vulkan(label, &run, protocol, &finish)
+            })?;
+            let (run, tuned) =
+                prepare_vulkan(dev, spec, kernel, x, w).map_err(named(kernel.name()))?;
+            let label = format!("{}{}", run.config(), if tuned { " (tuned)" } else { "" });
+            run.launch().map_err(named(&label))?;
+            let y = run.output().map_err(named(&label))?;
+            (label, y, Some(run))
         }
-        DenseKernel::VulkanDepthwiseTile(config) => {
-            let label = "tile".to_string();
-            let dev = need_vk(label.clone())?;
-            depthwise_only(spec, &label)?;
-            let config = match config {
-                Some(c) => Ok(c),
-                None => TileConfig::default_for(dev.info(), spec.geometry()),
-            }
-            .map_err(|e| (label.clone(), e))?;
-            let label = config.to_string();
-            let run = prepare_tile(dev, spec.geometry(), x, w, Some(config))
-                .map_err(|e| (label.clone(), e))?;
-            finish_vulkan(label, &run, protocol, &finish)
-        }
-        DenseKernel::VulkanDepthRotate(config) => {
-            let label = RotateConfig::NAME.to_string();
-            let dev = need_vk(label.clone())?;
-            depthwise_only(spec, &label)?;
-            let config = match config {
-                Some(c) => Ok(c),
-                None => RotateConfig::default_for(dev.info(), spec.geometry()),
-            }
-            .map_err(|e| (label.clone(), e))?;
-            let label = config.to_string();
-            let run = prepare_depth_rotate(dev, spec.geometry(), x, w, Some(config))
-                .map_err(|e| (label.clone(), e))?;
-            finish_vulkan(label, &run, protocol, &finish)
-        }
-        DenseKernel::VulkanDepthRotateCl(config) => {
-            let label = RotateClConfig::NAME.to_string();
-            let dev = need_vk(label.clone())?;
-            depthwise_only(spec, &label)?;
-            let config = match config {
-                Some(c) => Ok(c),
-                None => RotateClConfig::default_for(dev.info(), spec.geometry()),
-            }
-            .map_err(|e| (label.clone(), e))?;
-            let label = config.to_string();
-            let run = prepare_depth_rotate_cl(dev, spec.geometry(), x, w, Some(config))
-                .map_err(|e| (label.clone(), e))?;
-            finish_vulkan(label, &run, protocol, &finish)
-        }
-        DenseKernel::VulkanWinograd(config) => {
-            let dev = need_vk(WinogradConfig::NAME.into())?;
-            let tuned = config
-                .is_none()
-                .then(|| {
-                    super::tune::tuned_config::<WinogradConfig>(
-                        &crate::tune::TuneCache::open_default(),
-                        dev,
-                        spec,
-                    )
-                })
-                .flatten();
-            let config = match config.or(tuned) {
-                Some(c) => Ok(c),
-                None => WinogradConfig::default_for(dev.info(), spec),
-            }
-            .map_err(|e| (WinogradConfig::NAME.to_string(), e))?;
-            let label = if tuned.is_some() {
-                format!("{config} (tuned)")
-            } else {
-                config.to_string()
-            };
-            let run = prepare_dense_winograd(dev, spec, x, w, Some(config))
-                .map_err(|e| (label.clone(), e))?;
-            finish_vulkan(label, &run, protocol, &finish)
-        }
-    }
+    };
+    let check = check_at(&y, positions, want).map_err(named(&label))?;
+    let passed = check.passes(spec.dtype());
+    let timing = match (&vulkan, passed) {
+        (_, false) => None,
+        (Some(run), true) => Some(time_vulkan(run, protocol).map_err(named(&label))?),
+        (None, true) => Some(time_cpu(spec, x, w, protocol).map_err(named(&label))?),
+    };
+    let ms = timing.as_ref().map(|t| t.median_ms);
+    Ok(DenseCandidate {
+        kernel: label,
+        backend: kernel.backend(),
+        check: Some(check),
+        passed,
+        tflops: ms.map(|ms| spec.flops() as f64 / ms * 1e-9),
+        gbps: ms.map(|ms| spec.min_bytes() as f64 / ms * 1e-6),
+        timing,
+        error: None,
+        vs_reference: None,
+    })
 }

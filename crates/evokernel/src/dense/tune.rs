@@ -6,12 +6,12 @@
 //! the same `tune.json` (key `DenseConvSpec::key()`, the shader's name as the variant,
 //! stale when the shader changes). The bench runs the tuned configs.
 
-use super::bench::positions_for;
+use super::bench::{check_at, positions_for, time_vulkan};
 use super::reference::dense_reference_at;
 use super::spec::DenseConvSpec;
-use crate::bench::{time_launches, Protocol};
+use crate::bench::Protocol;
 use crate::error::{Error, Result};
-use crate::tensor::{compare, HostTensor, TensorData};
+use crate::tensor::HostTensor;
 use crate::tune::{
     search, CacheEntry, SearchProgress, TuneCache, TunePlan, TuneReport, TuneRow, TuneTarget,
 };
@@ -60,67 +60,48 @@ pub trait TunableShader:
     }
 }
 
-impl TunableShader for DirectConfig {
-    const NAME: &'static str = DirectConfig::NAME;
-    const NAMES: &'static [&'static str] = &DirectConfig::NAMES;
-    const SOURCE: &'static str = dense_direct::SOURCE;
-    fn values(&self) -> Vec<u32> {
-        DirectConfig::values(self).to_vec()
-    }
-    fn space(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Vec<Self> {
-        DirectConfig::space(info, spec)
-    }
-    fn default_for(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Result<Self> {
-        DirectConfig::default_for(info, spec)
-    }
-    fn fits(
-        &self,
-        info: &VulkanDeviceInfo,
-        spec: &DenseConvSpec,
-    ) -> std::result::Result<(), String> {
-        DirectConfig::fits(self, info, spec)
-    }
-    fn prepare<'d>(
-        dev: &'d VulkanDevice,
-        spec: &DenseConvSpec,
-        x: &HostTensor,
-        w: &HostTensor,
-        config: Self,
-    ) -> Result<VulkanRun<'d>> {
-        prepare_dense_direct(dev, spec, x, w, Some(config))
-    }
+/// A shader config's inherent methods as its `TunableShader` view.
+macro_rules! tunable {
+    ($config:ty, $source:path, $prepare:path) => {
+        impl TunableShader for $config {
+            const NAME: &'static str = <$config>::NAME;
+            const NAMES: &'static [&'static str] = &<$config>::NAMES;
+            const SOURCE: &'static str = $source;
+            fn values(&self) -> Vec<u32> {
+                <$config>::values(self).to_vec()
+            }
+            fn space(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Vec<Self> {
+                <$config>::space(info, spec)
+            }
+            fn default_for(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Result<Self> {
+                <$config>::default_for(info, spec)
+            }
+            fn fits(
+                &self,
+                info: &VulkanDeviceInfo,
+                spec: &DenseConvSpec,
+            ) -> std::result::Result<(), String> {
+                <$config>::fits(self, info, spec)
+            }
+            fn prepare<'d>(
+                dev: &'d VulkanDevice,
+                spec: &DenseConvSpec,
+                x: &HostTensor,
+                w: &HostTensor,
+                config: Self,
+            ) -> Result<VulkanRun<'d>> {
+                $prepare(dev, spec, x, w, Some(config))
+            }
+        }
+    };
 }
 
-impl TunableShader for WinogradConfig {
-    const NAME: &'static str = WinogradConfig::NAME;
-    const NAMES: &'static [&'static str] = &WinogradConfig::NAMES;
-    const SOURCE: &'static str = dense_winograd::SOURCE;
-    fn values(&self) -> Vec<u32> {
-        WinogradConfig::values(self).to_vec()
-    }
-    fn space(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Vec<Self> {
-        WinogradConfig::space(info, spec)
-    }
-    fn default_for(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Result<Self> {
-        WinogradConfig::default_for(info, spec)
-    }
-    fn fits(
-        &self,
-        info: &VulkanDeviceInfo,
-        spec: &DenseConvSpec,
-    ) -> std::result::Result<(), String> {
-        WinogradConfig::fits(self, info, spec)
-    }
-    fn prepare<'d>(
-        dev: &'d VulkanDevice,
-        spec: &DenseConvSpec,
-        x: &HostTensor,
-        w: &HostTensor,
-        config: Self,
-    ) -> Result<VulkanRun<'d>> {
-        prepare_dense_winograd(dev, spec, x, w, Some(config))
-    }
-}
+tunable!(DirectConfig, dense_direct::SOURCE, prepare_dense_direct);
+tunable!(
+    WinogradConfig,
+    dense_winograd::SOURCE,
+    prepare_dense_winograd
+);
 
 /// The tune target of a Vulkan device: its name, driver version and Vulkan API.
 pub fn target_of(dev: &VulkanDevice) -> TuneTarget {
@@ -204,26 +185,11 @@ pub fn tune_dense<S: TunableShader>(
     let time = |cfg: S| -> Result<std::result::Result<f64, String>> {
         let run = S::prepare(dev, spec, &x, &w, cfg)?;
         run.launch()?;
-        let y = run.output()?;
-        let got: Vec<f32> = positions.iter().map(|&i| y.get_f64(i) as f32).collect();
-        let c = compare(
-            &HostTensor::from_data(&[got.len()], TensorData::F32(got))?,
-            &want,
-        )?;
+        let c = check_at(&run.output()?, &positions, &want)?;
         if !c.passes(spec.dtype()) {
             return Ok(Err(format!("wrong result: rel L2 {:.2e}", c.rel_l2)));
         }
-        let t = time_launches(
-            protocol,
-            |_| {
-                run.launch()?.ok_or_else(|| Error::BackendUnavailable {
-                    backend: "vulkan".into(),
-                    reason: "the device's compute queue has no timestamps".into(),
-                })
-            },
-            1,
-        )?;
-        Ok(Ok(t.median_ms))
+        Ok(Ok(time_vulkan(&run, protocol)?.median_ms))
     };
     let cost = |c: &Config| -> std::result::Result<f64, String> {
         let cfg = S::from_config(c).map_err(|e| e.to_string())?;

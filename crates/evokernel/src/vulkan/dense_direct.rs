@@ -411,6 +411,7 @@ pub fn prepare_dense_direct<'d>(
         w,
         y,
     )
+    .map(|r| r.with_config(&config))
 }
 
 #[cfg(test)]

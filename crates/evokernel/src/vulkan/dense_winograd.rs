@@ -326,6 +326,7 @@ pub fn prepare_dense_winograd<'d>(
         &u,
         y,
     )
+    .map(|r| r.with_config(&config))
 }
 
 #[cfg(test)]

@@ -273,6 +273,7 @@ pub fn prepare_depth_rotate<'d>(
         w,
         y,
     )
+    .map(|r| r.with_config(&config))
 }
 
 #[cfg(test)]

@@ -210,6 +210,7 @@ pub fn prepare_depth_rotate_cl<'d>(
         w,
         y,
     )
+    .map(|r| r.with_config(&config))
 }
 
 #[cfg(test)]

@@ -43,26 +43,6 @@ pub(crate) fn source_for(
     Ok(shader::with_element(source, dtype))
 }
 
-/// One dispatch of the shader `source` (compiled and cached as `name`) over an input `x`,
-/// a weight `w` and an output shaped like `y` (bindings 0, 1, 2), returning the output
-/// and the dispatch's device time in ms where the queue has timestamps.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn run_xwy(
-    dev: &VulkanDevice,
-    name: &str,
-    source: &str,
-    constants: &[(u32, u32)],
-    push: &[u8],
-    grid: [u32; 2],
-    x: &HostTensor,
-    w: &HostTensor,
-    y: HostTensor,
-) -> Result<(HostTensor, Option<f64>)> {
-    run_once(VulkanRun::new(
-        dev, name, source, constants, push, grid, x, w, y,
-    )?)
-}
-
 /// A shader prepared once on device-local copies of an input and a weight and an output
 /// buffer: launched as often as a timing needs (each launch timed by timestamps around
 /// its dispatch alone), its output read back after.
@@ -76,6 +56,9 @@ pub struct VulkanRun<'d> {
     push: Vec<u8>,
     grid: [u32; 2],
     out: HostTensor,
+    /// What runs, in its forced-config form (`dense_direct:threads_x=..`), or the
+    /// shader's name where it has no config.
+    config: String,
 }
 
 impl<'d> VulkanRun<'d> {
@@ -112,7 +95,19 @@ impl<'d> VulkanRun<'d> {
             push: push.to_vec(),
             grid,
             out,
+            config: name.to_string(),
         })
+    }
+
+    /// The run, named by the config it was prepared with.
+    pub(crate) fn with_config(mut self, config: &dyn std::fmt::Display) -> Self {
+        self.config = config.to_string();
+        self
+    }
+
+    /// The config it runs (forced, tuned or the device's default), as `--config` takes it.
+    pub fn config(&self) -> &str {
+        &self.config
     }
 
     /// One launch, waited for: its device time in ms where the queue has timestamps.

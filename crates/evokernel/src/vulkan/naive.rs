@@ -99,7 +99,7 @@ pub fn conv_vulkan_naive_timed(
     };
     let groups = total.div_ceil(WORKGROUP).clamp(1, 65_535);
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
-    super::run_xwy(
+    super::run_once(super::VulkanRun::new(
         dev,
         "naive",
         SOURCE,
@@ -109,5 +109,5 @@ pub fn conv_vulkan_naive_timed(
         x,
         w,
         y,
-    )
+    )?)
 }

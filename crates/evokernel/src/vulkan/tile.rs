@@ -181,12 +181,7 @@ pub fn prepare_tile<'d>(
     let [od, oh, ow] = spec.output3();
     let bands = oh.div_ceil(config.rows as usize);
     let groups = bands * spec.n() * spec.c() * od;
-    let groups_u32 = u32::try_from(groups).map_err(|_| Error::BackendUnavailable {
-        backend: "vulkan".into(),
-        reason: format!("{groups} workgroups exceed 32 bits"),
-    })?;
-    let gx = groups_u32.min(info.max_workgroup_count[0].max(1));
-    let grid = [gx, groups_u32.div_ceil(gx)];
+    let grid = super::grid_for(info, groups)?;
     let [id, ih, iw] = spec.input3();
     let (st, dl, pb) = (spec.stride3(), spec.dilation3(), spec.pad_before3());
     let ints = [
@@ -206,12 +201,11 @@ pub fn prepare_tile<'d>(
         pb[1],
         pb[2],
         (spec.layout() == Layout::ChannelsLast) as usize,
-    ];
-    let mut push = Vec::with_capacity(68);
-    for v in ints {
-        push.extend_from_slice(&i32_of("a size", v)?.to_le_bytes());
-    }
-    push.extend_from_slice(&groups_u32.to_le_bytes());
+        groups,
+    ]
+    .into_iter()
+    .map(|v| i32_of("a size", v))
+    .collect::<Result<Vec<i32>>>()?;
     let (hs, ws) = tile_shape(spec, &config);
     let [kd, kh, kw] = spec.kernel3();
     let constants: Vec<(u32, u32)> = [
@@ -231,7 +225,9 @@ pub fn prepare_tile<'d>(
     .map(|(i, &v)| (i as u32, v as u32))
     .collect();
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
+    let push = super::push_bytes(&ints);
     super::VulkanRun::new(dev, "tile", &source, &constants, &push, grid, x, w, y)
+        .map(|r| r.with_config(&config))
 }
 
 #[cfg(test)]
