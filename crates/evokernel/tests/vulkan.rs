@@ -1000,3 +1000,91 @@ fn bf16_outputs_round_to_nearest() {
     let (y, _) = conv_vulkan_dense_direct(&dev, &spec, &x, &w, None).unwrap();
     assert_eq!(y.get_f64(0), 1.0 + 1.0 / 128.0);
 }
+
+/// The cooperative-matrix shader where the device has it (the H100's driver): seeded
+/// random dense f16 channels-last specs (1-3 spatial dims, stride, dilation, asymmetric
+/// padding, batch; channels multiples of 8 but not all of 16 or 32, so B's padding and
+/// partial tiles in M and N are exercised), NaN/Inf in some inputs, then every config of
+/// its space on two specs (the dense bench checks the dense suite's real layers at
+/// sampled positions). Where the device has no cooperative matrices (lavapipe), the
+/// refusal says so, by name.
+#[test]
+fn coopmat_shader_matches_the_oracle_where_the_device_has_it() {
+    use evokernel::vulkan::dense_coopmat::{conv_vulkan_dense_coopmat, CoopmatConfig};
+    let dev = device();
+    let mut rng = SplitMix64::new(2029);
+    let mut pick = |lo: u64, hi: u64| lo + rng.next_u64() % (hi - lo + 1);
+    let mut specs = Vec::new();
+    for _ in 0..30 {
+        let dims = pick(1, 3) as usize;
+        let mut p = ConvParams {
+            n: pick(1, 3) as i64,
+            c: 8 * pick(1, 9) as i64,
+            input: vec![],
+            kernel: vec![],
+            stride: vec![],
+            dilation: vec![],
+            padding: vec![],
+            layout: Layout::ChannelsLast,
+            dtype: DType::F16,
+        };
+        for _ in 0..dims {
+            let k = pick(1, 3) as i64;
+            let (s, dl) = (pick(1, 2) as i64, pick(1, 2) as i64);
+            let (pb, pa) = (pick(0, 2) as i64, pick(0, 2) as i64);
+            p.input
+                .push(((dl * (k - 1) + 1) - pb - pa).max(1) + pick(0, 12) as i64);
+            p.kernel.push(k);
+            p.stride.push(s);
+            p.dilation.push(dl);
+            p.padding.push([pb, pa]);
+        }
+        if let Ok(spec) = DenseConvSpec::from_params(&p, 8 * pick(1, 10) as i64, 1) {
+            specs.push(spec);
+        }
+    }
+    assert!(specs.len() >= 25, "{}", specs.len());
+    let run = |spec: &DenseConvSpec, seed: u64, config: Option<CoopmatConfig>| {
+        let mut x = HostTensor::random_normal(DType::F16, &spec.input_shape(), seed);
+        let w = HostTensor::random_normal(DType::F16, &spec.weight_shape(), seed + 1);
+        if seed % 4 == 0 {
+            let mut rng = SplitMix64::new(seed);
+            for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+                let i = (rng.next_u64() % x.len() as u64) as usize;
+                x.set_f64(i, v);
+            }
+        }
+        let got = conv_vulkan_dense_coopmat(&dev, spec, &x, &w, config).map(|r| r.0);
+        (got, x, w)
+    };
+    if !dev.info().coopmat_f16 {
+        let (got, _, _) = run(&specs[0], 1, None);
+        let e = got.unwrap_err().to_string();
+        assert!(
+            e.contains("cooperative matrix") && e.contains(&dev.info().name),
+            "{e}"
+        );
+        eprintln!(
+            "{}: no cooperative matrices, the shader refuses: {e}",
+            dev.info().name
+        );
+        return;
+    }
+    let check = |spec: &DenseConvSpec, seed: u64, config: Option<CoopmatConfig>| {
+        let (got, x, w) = run(spec, seed, config);
+        let y = got.unwrap_or_else(|e| panic!("{spec} {config:?}: {e}"));
+        let want = dense_reference(spec, &x, &w).unwrap();
+        let c = compare(&y, &want).unwrap();
+        assert!(c.passes(DType::F16), "{spec} {config:?}: {c:?}");
+    };
+    for (i, spec) in specs.iter().enumerate() {
+        check(spec, 700 + i as u64, None);
+    }
+    for spec in &specs[..2] {
+        let space = CoopmatConfig::space(dev.info(), spec);
+        assert!(!space.is_empty(), "{spec}");
+        for c in space {
+            check(spec, 900, Some(c));
+        }
+    }
+}

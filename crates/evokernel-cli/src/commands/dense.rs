@@ -11,6 +11,7 @@ use evokernel::dense::tune::tune_dense_case;
 use evokernel::dense::{load_dense_suite, DenseConvSpec};
 use evokernel::external::ExternalTimes;
 use evokernel::tune::TunePlan;
+use evokernel::vulkan::dense_coopmat::CoopmatConfig;
 use evokernel::vulkan::dense_direct::DirectConfig;
 use evokernel::vulkan::dense_winograd::WinogradConfig;
 use evokernel::vulkan::depth_rotate::RotateConfig;
@@ -53,7 +54,7 @@ fn refuse_other_flags(common: &Common, gemm: &GemmArgs) -> Result<(), Error> {
         return Err(Error::parse(
             "--op dense-conv",
             flag,
-            "the dense convolution takes the spec flags with --out-channels/--groups (or --suite dense), --only cpu|dense_naive|dense_direct|dense_winograd, --config dense_direct:...|dense_winograd:..., --backend auto|cpu|vulkan, --reference FILE",
+            "the dense convolution takes the spec flags with --out-channels/--groups (or --suite dense), --only cpu|dense_naive|dense_direct|dense_winograd|dense_coopmat, --config dense_direct:...|dense_winograd:...|dense_coopmat:..., --backend auto|cpu|vulkan, --reference FILE",
         ));
     }
     Ok(())
@@ -103,7 +104,8 @@ fn cases(gemm: &GemmArgs, problem: &ProblemArgs) -> Result<Vec<(String, DenseCon
 }
 
 /// The kernels to run on `spec`: `--config` and `--only` names, else the backend's ladder
-/// (Vulkan's shaders where a Vulkan device opens, Winograd where it applies; else the CPU).
+/// (Vulkan's shaders where a Vulkan device opens, Winograd and the cooperative-matrix
+/// shader where they apply; else the CPU).
 fn kernels(
     common: &Common,
     vk: Option<&VulkanDevice>,
@@ -116,6 +118,7 @@ fn kernels(
             "dense_naive" => DenseKernel::VulkanNaive,
             "dense_direct" => DenseKernel::VulkanDirect(None),
             "dense_winograd" => DenseKernel::VulkanWinograd(None),
+            "dense_coopmat" => DenseKernel::VulkanCoopmat(None),
             "tile" => DenseKernel::VulkanDepthwiseTile(None),
             "depth_rotate" => DenseKernel::VulkanDepthRotate(None),
             "depth_rotate_cl" => DenseKernel::VulkanDepthRotateCl(None),
@@ -123,7 +126,7 @@ fn kernels(
                 return Err(Error::parse(
                     "--only",
                     other,
-                    "the dense convolution's kernels are cpu, dense_naive, dense_direct, dense_winograd and (depthwise specs) tile, depth_rotate, depth_rotate_cl",
+                    "the dense convolution's kernels are cpu, dense_naive, dense_direct, dense_winograd, dense_coopmat and (depthwise specs) tile, depth_rotate, depth_rotate_cl",
                 ))
             }
         });
@@ -131,6 +134,8 @@ fn kernels(
     for c in &common.config {
         out.push(if c.starts_with(WinogradConfig::NAME) {
             DenseKernel::VulkanWinograd(Some(c.parse()?))
+        } else if c.starts_with(CoopmatConfig::NAME) {
+            DenseKernel::VulkanCoopmat(Some(c.parse()?))
         } else {
             DenseKernel::VulkanDirect(Some(c.parse::<DirectConfig>()?))
         });
@@ -157,6 +162,9 @@ fn kernels(
                 let mut v = vec![DenseKernel::VulkanNaive, DenseKernel::VulkanDirect(None)];
                 if WinogradConfig::applies(spec).is_ok() {
                     v.push(DenseKernel::VulkanWinograd(None));
+                }
+                if vk.is_some_and(|d| CoopmatConfig::applies(d.info(), spec).is_ok()) {
+                    v.push(DenseKernel::VulkanCoopmat(None));
                 }
                 v
             }
@@ -251,8 +259,8 @@ fn rayon_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// `tune --op dense-conv`: `dense_direct`'s configs searched per case on the Vulkan
-/// device, the best in tune.json (bench then runs it).
+/// `tune --op dense-conv`: the Vulkan shaders' configs searched per case (`--only`
+/// narrows the shaders), the best in tune.json (bench then runs them).
 pub fn tune(
     common: &Common,
     gemm: &GemmArgs,
@@ -261,11 +269,12 @@ pub fn tune(
     plan: &TunePlan,
 ) -> Result<bool, Error> {
     refuse_other_flags(common, gemm)?;
-    if let Some(c) = common.config.first().or(common.only.first()) {
+    if let Some(c) = common.config.first() {
         return Err(Error::parse(
-            "--config/--only",
+            "--config",
             c,
-            "tune searches dense_direct's configs itself; --config and --only are for bench",
+            "tune searches the shaders' configs itself; --config is for bench (--only picks \
+             the shaders to tune)",
         ));
     }
     if common.backend == BackendChoice::Cpu || common.backend == BackendChoice::Cuda {
@@ -288,15 +297,24 @@ pub fn tune(
     );
     let mut reports = Vec::new();
     for (name, spec) in &cases {
-        let bar = spinner(&format!("{name}: tuning dense_direct"));
-        let r = tune_dense_case(&dev, name, spec, plan, &protocol, common.seed, &mut |p| {
-            bar.set_message(format!(
-                "{name}: {}/{} timed, best {}",
-                p.done,
-                p.planned,
-                p.best_ms.map_or("-".into(), |b| format!("{b:.4} ms"))
-            ))
-        });
+        let bar = spinner(&format!("{name}: tuning"));
+        let r = tune_dense_case(
+            &dev,
+            name,
+            spec,
+            plan,
+            &protocol,
+            common.seed,
+            &common.only,
+            &mut |p| {
+                bar.set_message(format!(
+                    "{name}: {}/{} timed, best {}",
+                    p.done,
+                    p.planned,
+                    p.best_ms.map_or("-".into(), |b| format!("{b:.4} ms"))
+                ))
+            },
+        );
         bar.finish_and_clear();
         reports.push(r?);
     }

@@ -1,5 +1,5 @@
 //! Verify, then time, dense/grouped convolution kernels on one case: the CPU backend and
-//! the Vulkan shaders (naive, direct, Winograd F(2x2, 3x3), and for depthwise specs the
+//! the Vulkan shaders (naive, direct, Winograd F(2x2, 3x3), cooperative matrices, and for depthwise specs the
 //! tiled and rotating ones; forced, tuned or default configs). Each is checked against
 //! the f64 oracle first (every output of a small case, 2048 sampled
 //! positions plus the first and last of a large one) and timed only if it passes:
@@ -14,6 +14,7 @@ use crate::bench::{time_launches, Protocol, Timing};
 use crate::error::{Error, Result};
 use crate::external::ReferenceTime;
 use crate::tensor::{compare, Comparison, HostTensor, SplitMix64, TensorData};
+use crate::vulkan::dense_coopmat::CoopmatConfig;
 use crate::vulkan::dense_direct::DirectConfig;
 use crate::vulkan::dense_naive::prepare_dense_naive;
 use crate::vulkan::dense_winograd::WinogradConfig;
@@ -36,6 +37,9 @@ pub enum DenseKernel {
     VulkanDirect(Option<DirectConfig>),
     /// Vulkan, Winograd F(2x2, 3x3) (3 x 3 kernels, stride 1); None: the device's default.
     VulkanWinograd(Option<WinogradConfig>),
+    /// Vulkan, the implicit GEMM on cooperative matrices (dense f16 channels-last, where
+    /// the device has them); None: the tuned config, else the device's default.
+    VulkanCoopmat(Option<CoopmatConfig>),
     /// Vulkan, the depthwise tiled shader (`vulkan::tile`; groups = in = out channels
     /// only); None: the device's default.
     VulkanDepthwiseTile(Option<TileConfig>),
@@ -55,6 +59,7 @@ impl DenseKernel {
             DenseKernel::VulkanNaive => "dense_naive",
             DenseKernel::VulkanDirect(_) => DirectConfig::NAME,
             DenseKernel::VulkanWinograd(_) => WinogradConfig::NAME,
+            DenseKernel::VulkanCoopmat(_) => CoopmatConfig::NAME,
             DenseKernel::VulkanDepthwiseTile(_) => "tile",
             DenseKernel::VulkanDepthRotate(_) => RotateConfig::NAME,
             DenseKernel::VulkanDepthRotateCl(_) => RotateClConfig::NAME,
@@ -213,19 +218,24 @@ pub fn bench_dense(
     })
 }
 
-/// A prepared Vulkan run's launches timed by the timestamps around each dispatch.
+/// A prepared Vulkan run timed by the timestamps around runs of back-to-back launches.
 pub(crate) fn time_vulkan(run: &VulkanRun<'_>, protocol: &Protocol) -> Result<Timing> {
-    time_launches(
-        protocol,
-        |_| {
-            run.launch()?.ok_or_else(|| Error::BackendUnavailable {
+    let timed = |reps: usize| {
+        run.launch_repeated(reps)?
+            .ok_or_else(|| Error::BackendUnavailable {
                 backend: "vulkan".into(),
                 reason: "the device's compute queue has no timestamps to time a dispatch by".into(),
             })
-        },
-        1,
-    )
+    };
+    // A sample is a run of back-to-back launches of at least SAMPLE_MS (one launch of a
+    // 50 us kernel alone would leave the GPU idle, at idle clocks, between submissions).
+    let once = timed(1)?;
+    let reps = ((SAMPLE_MS / once.max(1e-4)).ceil() as usize).clamp(1, 200);
+    time_launches(protocol, |_| timed(reps), 1)
 }
+
+/// The device time a Vulkan timing sample runs (launches back to back), ms.
+const SAMPLE_MS: f64 = 2.0;
 
 /// A CPU run timed by the wall clock: one warm-up and at most five timed (a CPU run of a
 /// large case takes seconds).
@@ -292,6 +302,7 @@ fn prepare_vulkan<'d>(
         DenseKernel::VulkanNaive => (prepare_dense_naive(dev, spec, x, w)?, false),
         DenseKernel::VulkanDirect(c) => return tunable(dev, spec, c, x, w),
         DenseKernel::VulkanWinograd(c) => return tunable(dev, spec, c, x, w),
+        DenseKernel::VulkanCoopmat(c) => return tunable(dev, spec, c, x, w),
         DenseKernel::VulkanDepthwiseTile(c) => (prepare_tile(dev, g, x, w, c)?, false),
         DenseKernel::VulkanDepthRotate(c) => (prepare_depth_rotate(dev, g, x, w, c)?, false),
         DenseKernel::VulkanDepthRotateCl(c) => (prepare_depth_rotate_cl(dev, g, x, w, c)?, false),

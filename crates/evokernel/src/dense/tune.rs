@@ -1,5 +1,5 @@
-//! Tuning the Vulkan dense shaders (`dense_direct`, and `dense_winograd` where it
-//! applies): the configs that fit a spec on the device (its shared memory and
+//! Tuning the Vulkan dense shaders (`dense_direct`, and `dense_winograd` and
+//! `dense_coopmat` where they apply): the configs that fit a spec on the device (its shared memory and
 //! invocations, read from the device) searched with the same tuner as the convolutions
 //! and the GEMM (`tune::search`: exhaustive or evolutionary), each candidate checked
 //! against the f64 oracle's sampled positions before it is timed; the best recorded in
@@ -16,6 +16,7 @@ use crate::tune::{
     search, CacheEntry, SearchProgress, TuneCache, TunePlan, TuneReport, TuneRow, TuneTarget,
 };
 use crate::variants::{Config, Param};
+use crate::vulkan::dense_coopmat::{self, prepare_dense_coopmat, CoopmatConfig};
 use crate::vulkan::dense_direct::{self, prepare_dense_direct, DirectConfig};
 use crate::vulkan::dense_winograd::{self, prepare_dense_winograd, WinogradConfig};
 use crate::vulkan::{VulkanDevice, VulkanDeviceInfo, VulkanRun};
@@ -97,6 +98,7 @@ macro_rules! tunable {
 }
 
 tunable!(DirectConfig, dense_direct::SOURCE, prepare_dense_direct);
+tunable!(CoopmatConfig, dense_coopmat::SOURCE, prepare_dense_coopmat);
 tunable!(
     WinogradConfig,
     dense_winograd::SOURCE,
@@ -238,8 +240,17 @@ pub fn tune_dense<S: TunableShader>(
     ))
 }
 
+/// The shaders `tune_dense_case` searches, by name.
+pub const TUNED_SHADERS: [&str; 3] = [
+    DirectConfig::NAME,
+    WinogradConfig::NAME,
+    CoopmatConfig::NAME,
+];
+
 /// `tune_dense` on one named case with the default cache (`tune.json`): `dense_direct`,
-/// and `dense_winograd` where it applies.
+/// and `dense_winograd` and `dense_coopmat` where they apply; `only` (names of
+/// `TUNED_SHADERS`) narrows that, empty for all.
+#[allow(clippy::too_many_arguments)]
 pub fn tune_dense_case(
     dev: &VulkanDevice,
     name: &str,
@@ -247,15 +258,32 @@ pub fn tune_dense_case(
     plan: &TunePlan,
     protocol: &Protocol,
     seed: u64,
+    only: &[String],
     progress: &mut dyn FnMut(SearchProgress),
 ) -> Result<TuneReport> {
+    if let Some(o) = only.iter().find(|o| !TUNED_SHADERS.contains(&o.as_str())) {
+        return Err(Error::parse(
+            "a tuned shader",
+            o,
+            format!("one of {}", TUNED_SHADERS.join(", ")),
+        ));
+    }
+    let wanted = |n: &str| only.is_empty() || only.iter().any(|o| o == n);
     let mut cache = TuneCache::open_default();
     let cache_warning = cache.warning.clone();
-    let mut rows = vec![tune_dense::<DirectConfig>(
-        dev, spec, plan, protocol, seed, &mut cache, progress,
-    )?];
-    if WinogradConfig::applies(spec).is_ok() {
+    let mut rows = Vec::new();
+    if wanted(DirectConfig::NAME) {
+        rows.push(tune_dense::<DirectConfig>(
+            dev, spec, plan, protocol, seed, &mut cache, progress,
+        )?);
+    }
+    if wanted(WinogradConfig::NAME) && WinogradConfig::applies(spec).is_ok() {
         rows.push(tune_dense::<WinogradConfig>(
+            dev, spec, plan, protocol, seed, &mut cache, progress,
+        )?);
+    }
+    if wanted(CoopmatConfig::NAME) && CoopmatConfig::applies(dev.info(), spec).is_ok() {
+        rows.push(tune_dense::<CoopmatConfig>(
             dev, spec, plan, protocol, seed, &mut cache, progress,
         )?);
     }

@@ -34,6 +34,11 @@ pub struct VulkanDeviceInfo {
     /// `16x16x16 f16*f16+f32=f32 subgroup`; empty where it has none (lavapipe).
     #[serde(default)]
     pub cooperative_matrix: Vec<String>,
+    /// Whether the cooperative-matrix shader can run: the 16x16x16 f16*f16+f32 subgroup
+    /// shape and the features it needs (cooperativeMatrix, vulkanMemoryModel,
+    /// shaderFloat16), which `VulkanDevice::open` then enables.
+    #[serde(default)]
+    pub coopmat_f16: bool,
 }
 
 /// Limits like lavapipe's (32 KiB shared, subgroup 8, 16-bit storage, no cooperative
@@ -54,6 +59,7 @@ pub(crate) fn lavapipe_like() -> VulkanDeviceInfo {
         timestamp_period_ns: 1.0,
         storage_f16: true,
         cooperative_matrix: Vec::new(),
+        coopmat_f16: false,
     }
 }
 
@@ -82,7 +88,9 @@ fn open_instance() -> Result<Arc<Instance>> {
     })?;
     let app = vk::ApplicationInfo::default()
         .application_name(c"evokernel")
-        .api_version(vk::make_api_version(0, 1, 1, 0));
+        // 1.2 for the core memory-model and float16 feature structs (the shaders target
+        // SPIR-V 1.3; devices below 1.2 simply lack the cooperative-matrix shader).
+        .api_version(vk::make_api_version(0, 1, 2, 0));
     let info = vk::InstanceCreateInfo::default().application_info(&app);
     // SAFETY: a valid create-info with no extensions or layers.
     let instance =
@@ -93,17 +101,44 @@ fn open_instance() -> Result<Arc<Instance>> {
     }))
 }
 
-/// The cooperative-matrix shapes of `pd`, where it has `VK_KHR_cooperative_matrix`.
-fn cooperative_shapes(inst: &Instance, pd: vk::PhysicalDevice) -> Vec<String> {
+/// Whether `pd` has `VK_KHR_cooperative_matrix`.
+fn has_cooperative_matrix(inst: &Instance, pd: vk::PhysicalDevice) -> bool {
     // SAFETY: `pd` came from this instance.
     let exts =
         unsafe { inst.instance.enumerate_device_extension_properties(pd) }.unwrap_or_default();
-    let has = exts.iter().any(|e| {
+    exts.iter().any(|e| {
         // SAFETY: extension_name is a NUL-terminated array filled by the driver.
         let name = unsafe { CStr::from_ptr(e.extension_name.as_ptr()) };
         name == ash::khr::cooperative_matrix::NAME
-    });
-    if !has {
+    })
+}
+
+/// Whether the cooperative-matrix shader's features are there: cooperativeMatrix,
+/// vulkanMemoryModel, shaderFloat16 (and a device API of 1.2 for the latter two).
+fn coopmat_features(inst: &Instance, pd: vk::PhysicalDevice, api: u32) -> bool {
+    if vk::api_version_minor(api) < 2 && vk::api_version_major(api) == 1 {
+        return false;
+    }
+    let mut coop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
+    let mut model = vk::PhysicalDeviceVulkanMemoryModelFeatures::default();
+    let mut f16 = vk::PhysicalDeviceShaderFloat16Int8Features::default();
+    let mut features2 = vk::PhysicalDeviceFeatures2::default()
+        .push_next(&mut coop)
+        .push_next(&mut model)
+        .push_next(&mut f16);
+    // SAFETY: `pd` has the extension (checked by the caller) and API 1.2.
+    unsafe {
+        inst.instance
+            .get_physical_device_features2(pd, &mut features2)
+    };
+    coop.cooperative_matrix == vk::TRUE
+        && model.vulkan_memory_model == vk::TRUE
+        && f16.shader_float16 == vk::TRUE
+}
+
+/// The cooperative-matrix shapes of `pd`, where it has `VK_KHR_cooperative_matrix`.
+fn cooperative_shapes(inst: &Instance, pd: vk::PhysicalDevice) -> Vec<String> {
+    if !has_cooperative_matrix(inst, pd) {
         return Vec::new();
     }
     let coop = ash::khr::cooperative_matrix::Instance::new(&inst._entry, &inst.instance);
@@ -159,6 +194,11 @@ fn describe(instance: &Instance, index: usize, pd: vk::PhysicalDevice) -> Vulkan
         .to_string_lossy()
         .into_owned();
     let v = p.api_version;
+    let cooperative_matrix = cooperative_shapes(instance, pd);
+    let coopmat_f16 = cooperative_matrix
+        .iter()
+        .any(|s| s == super::dense_coopmat::SHAPE)
+        && coopmat_features(instance, pd, v);
     VulkanDeviceInfo {
         index,
         name,
@@ -177,7 +217,8 @@ fn describe(instance: &Instance, index: usize, pd: vk::PhysicalDevice) -> Vulkan
         subgroup_size,
         timestamp_period_ns: p.limits.timestamp_period,
         storage_f16,
-        cooperative_matrix: cooperative_shapes(instance, pd),
+        cooperative_matrix,
+        coopmat_f16,
     }
 }
 
@@ -279,9 +320,23 @@ impl VulkanDevice {
         // 16-bit storage where the device has it (the f16 kernels read and write halves).
         let mut storage16 = vk::PhysicalDevice16BitStorageFeatures::default()
             .storage_buffer16_bit_access(info.storage_f16);
-        let create = vk::DeviceCreateInfo::default()
+        // The cooperative-matrix shader's extension and features, where it can run.
+        let mut coop =
+            vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
+        let mut model =
+            vk::PhysicalDeviceVulkanMemoryModelFeatures::default().vulkan_memory_model(true);
+        let mut f16 = vk::PhysicalDeviceShaderFloat16Int8Features::default().shader_float16(true);
+        let extensions = [ash::khr::cooperative_matrix::NAME.as_ptr()];
+        let mut create = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
             .push_next(&mut storage16);
+        if info.coopmat_f16 {
+            create = create
+                .enabled_extension_names(&extensions)
+                .push_next(&mut coop)
+                .push_next(&mut model)
+                .push_next(&mut f16);
+        }
         // SAFETY: valid create-info for a queue family the device has.
         let device =
             unsafe { inst.create_device(pd, &create, None) }.map_err(vk_err("vkCreateDevice"))?;
@@ -700,6 +755,21 @@ impl ComputeKernel<'_> {
     /// from two timestamps around it where the queue has timestamps. Shader writes are
     /// visible to the host and to transfers afterwards.
     pub(crate) fn launch(&self, push: &[u8], groups: [u32; 2]) -> Result<Option<f64>> {
+        self.launch_repeated(push, groups, 1)
+    }
+
+    /// `reps` dispatches back to back in one submission (a barrier between each, so they
+    /// run one after the other as a stream's launches do), waited for; the device time a
+    /// dispatch in ms (the timestamps around the run over `reps`). A run keeps the GPU
+    /// busy, so its clocks are those of steady work, not of an idle GPU woken by one
+    /// dispatch whose submission and fence wait take longer than the kernel.
+    pub(crate) fn launch_repeated(
+        &self,
+        push: &[u8],
+        groups: [u32; 2],
+        reps: usize,
+    ) -> Result<Option<f64>> {
+        let reps = reps.max(1);
         let dev = self.dev;
         let max = dev.info.max_workgroup_count;
         if groups[0] > max[0] || groups[1] > max[1] {
@@ -734,7 +804,26 @@ impl ComputeKernel<'_> {
                 &[],
             );
             d.cmd_push_constants(cmd, o.layout, vk::ShaderStageFlags::COMPUTE, 0, push);
-            d.cmd_dispatch(cmd, groups[0], groups[1], 1);
+            for r in 0..reps {
+                if r > 0 {
+                    // The next dispatch rewrites the output: after this one's writes.
+                    let order = vk::MemoryBarrier::default()
+                        .src_access_mask(vk::AccessFlags::SHADER_WRITE)
+                        .dst_access_mask(
+                            vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE,
+                        );
+                    d.cmd_pipeline_barrier(
+                        cmd,
+                        vk::PipelineStageFlags::COMPUTE_SHADER,
+                        vk::PipelineStageFlags::COMPUTE_SHADER,
+                        vk::DependencyFlags::empty(),
+                        &[order],
+                        &[],
+                        &[],
+                    );
+                }
+                d.cmd_dispatch(cmd, groups[0], groups[1], 1);
+            }
             if timed {
                 d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, o.queries, 1);
             }
@@ -764,7 +853,7 @@ impl ComputeKernel<'_> {
             )
             .map_err(vk_err("vkGetQueryPoolResults"))?;
             let ns = ticks[1].saturating_sub(ticks[0]) as f64 * dev.info.timestamp_period_ns as f64;
-            Ok(Some(ns * 1e-6))
+            Ok(Some(ns * 1e-6 / reps as f64))
         }
     }
 }

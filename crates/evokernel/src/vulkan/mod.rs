@@ -5,6 +5,7 @@
 //! specialization constants (`tile`), both verified against the oracle. Tested on
 //! Mesa's lavapipe (CPU) in CI; not yet on the H100's driver nor on AMD hardware.
 
+pub mod dense_coopmat;
 pub mod dense_direct;
 pub mod dense_naive;
 pub mod dense_winograd;
@@ -113,6 +114,12 @@ impl<'d> VulkanRun<'d> {
     /// One launch, waited for: its device time in ms where the queue has timestamps.
     pub fn launch(&self) -> Result<Option<f64>> {
         self.kernel.launch(&self.push, self.grid)
+    }
+
+    /// `reps` launches back to back in one submission, waited for: the device time a
+    /// launch in ms where the queue has timestamps (what a timing sample takes).
+    pub fn launch_repeated(&self, reps: usize) -> Result<Option<f64>> {
+        self.kernel.launch_repeated(&self.push, self.grid, reps)
     }
 
     /// The output of the last launch.

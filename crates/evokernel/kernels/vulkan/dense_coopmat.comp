@@ -1,0 +1,162 @@
+#version 450
+// dense_coopmat (Vulkan): dense convolution as an implicit GEMM on cooperative matrices
+// (VK_KHR_cooperative_matrix, 16 x 16 x 16 f16 x f16 + f32 a subgroup). NHWC / NDHWC,
+// f16 in and out, f32 accumulation, groups = 1, Cin and Cout multiples of 8 (16-byte
+// rows). The GEMM: M = outputs (n, d, h, w), N = Cout, K = taps x Cin_pad, where Cin_pad
+// is Cin rounded up to BK so a K step reads one tap: row m of A is the input pixel tap t
+// of output m reads (zero where it falls in the padding or past Cin), B the weights the
+// host packed as [tap][Cin_pad][Cout_pad8] (zeros in the padding).
+// A workgroup of SG_M x SG_N subgroups computes BM x BN outputs (BM = SG_M * TM * 16,
+// BN = SG_N * TN * 16), each subgroup TM x TN accumulator tiles. A K step of BK = 32:
+// every invocation loads its 16-byte pieces of the next step's A and B tiles from
+// global memory into registers, the subgroups multiply the current step's tiles from
+// shared memory (rows padded by 16 bytes against bank conflicts), then the registers go
+// to the other shared buffer (two buffers: one barrier a step). The epilogue converts
+// the accumulators to f16 through shared memory and writes 16-byte row pieces.
+#extension GL_KHR_memory_scope_semantics : enable
+#extension GL_KHR_cooperative_matrix : enable
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : enable
+#extension GL_KHR_shader_subgroup_basic : enable
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const int SG_M = 2;
+layout(constant_id = 2) const int SG_N = 2;
+layout(constant_id = 3) const int TM = 2;
+layout(constant_id = 4) const int TN = 2;
+layout(constant_id = 5) const int THREADS = 128;  // SG_M * SG_N * the subgroup size
+layout(constant_id = 6) const int KD = 1;
+layout(constant_id = 7) const int KH = 1;
+layout(constant_id = 8) const int KW = 1;
+layout(constant_id = 9) const int SH = 1;
+layout(constant_id = 10) const int SW = 1;
+layout(constant_id = 11) const int DH = 1;
+layout(constant_id = 12) const int DW = 1;
+// 16-byte pieces of shared memory: max(2 * STAGE, BM * C_ROW) (the host's shared_bytes).
+layout(constant_id = 13) const int SMEM = 1;
+const int BM = SG_M * TM * 16, BN = SG_N * TN * 16, BK = 32;
+// Shared rows in 16-byte units (8 halves), padded by one.
+const int A_ROW = BK / 8 + 1, B_ROW = BN / 8 + 1, C_ROW = BN / 8 + 1;
+const int A_TILE = BM * A_ROW, B_TILE = BK * B_ROW;
+const int STAGE = A_TILE + B_TILE;
+const int A_PIECES = BM * (BK / 8), B_PIECES = BK * (BN / 8);
+// Pieces an invocation loads a step (the family keeps both exact multiples).
+const int A_LOADS = A_PIECES / THREADS, B_LOADS = B_PIECES / THREADS;
+
+layout(std430, set = 0, binding = 0) readonly buffer Input { uvec4 x[]; };   // f16 x 8
+layout(std430, set = 0, binding = 1) readonly buffer Weight { uvec4 w[]; };  // packed
+layout(std430, set = 0, binding = 2) writeonly buffer Output { uvec4 y[]; };
+
+// Mirrored by vulkan::dense_coopmat (dense_push_fields, then the GEMM's sizes; 4-byte
+// fields, 92 bytes).
+layout(push_constant) uniform Push {
+    int n, cin, cout, cpi, cpo;
+    int id, ih, iw, od, oh, ow;
+    int sd, dd, pd, ph, pw;
+    int channels_last;
+    int m_total;      // n * od * oh * ow
+    int tiles_n;      // BN-column tiles
+    int steps_tap;    // K steps a tap: Cin_pad / BK
+    uint groups;      // workgroups that have work
+    int cout_pad8;    // packed B's row length
+} p;
+
+shared uvec4 smem[SMEM];
+
+coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator> acc[TM * TN];
+
+void main() {
+    uint g = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    if (g >= p.groups) return;  // the whole workgroup: before any barrier
+    const int m0 = int(g / uint(p.tiles_n)) * BM, n0 = int(g % uint(p.tiles_n)) * BN;
+    const int tid = int(gl_LocalInvocationID.x);
+    const int sg = int(gl_SubgroupID), sg_m = sg / SG_N, sg_n = sg % SG_N;
+
+    // This invocation's A pieces: row r = i * THREADS / 4 + tid / 4, piece tid % 4 of the
+    // row's 32 channels; the row's output pixel decomposed once.
+    int a_base[A_LOADS], a_d[A_LOADS], a_h[A_LOADS], a_w[A_LOADS];
+    for (int i = 0; i < A_LOADS; ++i) {
+        const int m = m0 + (tid + i * THREADS) / 4;
+        int q = min(m, p.m_total - 1);
+        const int ow_ = q % p.ow; q /= p.ow;
+        const int oh_ = q % p.oh; q /= p.oh;
+        const int od_ = q % p.od;
+        const int b = q / p.od;
+        a_d[i] = m < p.m_total ? od_ * p.sd - p.pd : -(1 << 20);  // past M: never in range
+        a_h[i] = oh_ * SH - p.ph;
+        a_w[i] = ow_ * SW - p.pw;
+        a_base[i] = b * p.id;
+    }
+    const int a_piece = tid % 4;
+    const int steps = KD * KH * KW * p.steps_tap;
+
+    uvec4 ra[A_LOADS], rb[B_LOADS];
+    // Step s's pieces into registers.
+    #define LOAD_STEP(s)                                                                          \
+    {                                                                                             \
+        const int tap = (s) / p.steps_tap, ci = ((s) % p.steps_tap) * BK + a_piece * 8;           \
+        const int kw_ = tap % KW, kh_ = (tap / KW) % KH, kd_ = tap / (KW * KH);                    \
+        for (int i = 0; i < A_LOADS; ++i) {                                                       \
+            const int d = a_d[i] + kd_ * p.dd, h = a_h[i] + kh_ * DH, w_ = a_w[i] + kw_ * DW;     \
+            const bool inside = d >= 0 && d < p.id && h >= 0 && h < p.ih && w_ >= 0 && w_ < p.iw &&   \
+                            ci < p.cin;                                                           \
+            ra[i] = inside ? x[(((a_base[i] + d) * p.ih + h) * p.iw + w_) * (p.cin / 8) + ci / 8]     \
+                       : uvec4(0);                                                                \
+        }                                                                                         \
+        for (int i = 0; i < B_LOADS; ++i) {                                                       \
+            const int piece = tid + i * THREADS, k = piece / (BN / 8), c = n0 / 8 + piece % (BN / 8); \
+            rb[i] = c < p.cout_pad8 / 8 ? w[((s) * BK + k) * (p.cout_pad8 / 8) + c] : uvec4(0);  \
+        }                                                                                         \
+    }
+    // The registers into shared buffer `buf`.
+    #define STORE_STEP(buf)                                                                       \
+    {                                                                                             \
+        for (int i = 0; i < A_LOADS; ++i) {                                                       \
+            const int piece = tid + i * THREADS;                                                  \
+            smem[(buf) * STAGE + (piece / 4) * A_ROW + piece % 4] = ra[i];                        \
+        }                                                                                         \
+        for (int i = 0; i < B_LOADS; ++i) {                                                       \
+            const int piece = tid + i * THREADS;                                                  \
+            smem[(buf) * STAGE + A_TILE + (piece / (BN / 8)) * B_ROW + piece % (BN / 8)] = rb[i]; \
+        }                                                                                         \
+    }
+
+    for (int t = 0; t < TM * TN; ++t)
+        acc[t] = coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>(0.0);
+
+    LOAD_STEP(0);
+    STORE_STEP(0);
+    barrier();
+    for (int s = 0; s < steps; ++s) {
+        const int buf = s & 1;
+        if (s + 1 < steps) LOAD_STEP(s + 1);
+        for (int kk = 0; kk < BK / 16; ++kk) {
+            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[TM];
+            for (int i = 0; i < TM; ++i)
+                coopMatLoad(a[i], smem, buf * STAGE + (sg_m * TM * 16 + i * 16) * A_ROW + kk * 2, A_ROW,
+                            gl_CooperativeMatrixLayoutRowMajor);
+            for (int j = 0; j < TN; ++j) {
+                coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b;
+                coopMatLoad(b, smem, buf * STAGE + A_TILE + kk * 16 * B_ROW + (sg_n * TN * 16 + j * 16) / 8, B_ROW,
+                            gl_CooperativeMatrixLayoutRowMajor);
+                for (int i = 0; i < TM; ++i) acc[i * TN + j] = coopMatMulAdd(a[i], b, acc[i * TN + j]);
+            }
+        }
+        if (s + 1 < steps) STORE_STEP(buf ^ 1);
+        barrier();
+    }
+
+    // Epilogue: f16 tiles into shared rows of BN halves, then 16-byte pieces out.
+    for (int i = 0; i < TM; ++i)
+        for (int j = 0; j < TN; ++j) {
+            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator> h =
+                coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>(acc[i * TN + j]);
+            coopMatStore(h, smem, (sg_m * TM * 16 + i * 16) * C_ROW + (sg_n * TN * 16 + j * 16) / 8, C_ROW,
+                         gl_CooperativeMatrixLayoutRowMajor);
+        }
+    barrier();
+    for (int piece = tid; piece < BM * (BN / 8); piece += THREADS) {
+        const int r = piece / (BN / 8), c = piece % (BN / 8);
+        const int m = m0 + r, co = n0 + c * 8;
+        if (m < p.m_total && co < p.cout) y[(m * p.cout + co) / 8] = smem[r * C_ROW + c];
+    }
+}
