@@ -1047,7 +1047,7 @@ fn coopmat_shader_matches_the_oracle_where_the_device_has_it() {
     let run = |spec: &DenseConvSpec, seed: u64, config: Option<CoopmatConfig>| {
         let mut x = HostTensor::random_normal(DType::F16, &spec.input_shape(), seed);
         let w = HostTensor::random_normal(DType::F16, &spec.weight_shape(), seed + 1);
-        if seed % 4 == 0 {
+        if seed.is_multiple_of(4) {
             let mut rng = SplitMix64::new(seed);
             for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
                 let i = (rng.next_u64() % x.len() as u64) as usize;
