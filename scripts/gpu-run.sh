@@ -8,7 +8,9 @@ out=/tmp/evk-out
 rm -rf "$out"; mkdir -p "$out"
 export EVOKERNEL_CACHE_DIR=/tmp/evk-cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > "$out/smi.txt" 2>&1
-step() { local name=$1; shift; local t0=$SECONDS; timeout "${LIMIT:-300}" "$@" > "$out/$name.log" 2>&1; local rc=$?; printf '%-12s rc=%-3s %5ss\n' "$name" "$rc" "$((SECONDS - t0))" >> "$out/summary.txt"; return $rc; }
+# Each step's log is tarred into $OUT as soon as it ends: a call cut off by its limit
+# still returns the steps that finished.
+step() { local name=$1; shift; local t0=$SECONDS; timeout "${LIMIT:-300}" "$@" > "$out/$name.log" 2>&1; local rc=$?; printf '%-12s rc=%-3s %5ss\n' "$name" "$rc" "$((SECONDS - t0))" >> "$out/summary.txt"; [ -n "${OUT:-}" ] && tar czf "$OUT/logs.tgz" -C "$out" . 2>/dev/null; return $rc; }
 : > "$out/summary.txt"
 for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
   case $s in
@@ -78,7 +80,7 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       # The Vulkan backend on the NVIDIA driver (scripts/vulkan-nvidia.sh stage before).
       source scripts/vulkan-nvidia.sh env
       step vk_devices .gpu/evokernel devices
-      LIMIT=200 step vk_tests bash -c 'for t in .gpu/tests/vulkan-*; do $t --include-ignored --test-threads=1; done' ;;
+      LIMIT=450 step vk_tests bash -c 'for t in .gpu/tests/vulkan-*; do $t --include-ignored --test-threads=1; done' ;;
     dense)
       # The dense suite on the NVIDIA Vulkan driver (scripts/vulkan-nvidia.sh stage before)
       # against PyTorch's F.convNd (cuDNN, benchmark mode) in the same call; DENSE_ARGS
@@ -94,6 +96,25 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       for s in public channels-last; do
         LIMIT=400 step "vk_$s" .gpu/evokernel bench --op dense-conv --backend vulkan --suite "$s" --json "$out/vk-$s.json"
       done ;;
+    coopmat)
+      # The cooperative-matrix shader on the ResNet-50 3x3 layers: evolutionary then
+      # exhaustive on two (the 3% check), evolutionary on the other three, then
+      # the dense suite (every shader, tuned configs from the cache) beside PyTorch.
+      # Budget ~8 minutes (exhaustive: ~40-50 configs a layer).
+      source scripts/vulkan-nvidia.sh env
+      export EVOKERNEL_CACHE_DIR=/tmp/evk-coopmat
+      ct="tune --op dense-conv --backend vulkan --suite dense --only dense_coopmat --retune"
+      for c in resnet50-3x3-56 resnet50-3x3-14; do
+        LIMIT=60 step "ctune-evo-$c" .gpu/evokernel $ct --case "$c" --search evolutionary --json "$out/ctune-evo-$c.json"
+        LIMIT=120 step "ctune-exh-$c" .gpu/evokernel $ct --case "$c" --search exhaustive --json "$out/ctune-exh-$c.json"
+      done
+      for c in resnet50-3x3-28 resnet50-3x3-7 resnet50-3x3-s2; do
+        LIMIT=60 step "ctune-evo-$c" .gpu/evokernel $ct --case "$c" --search evolutionary --json "$out/ctune-evo-$c.json"
+      done
+      LIMIT=120 step torch_dense python3 scripts/torch_reference.py "$out/torch-dense.json" suite/dense.json --passes forward
+      LIMIT=200 step dense .gpu/evokernel bench --op dense-conv --backend vulkan --suite dense --reference "$out/torch-dense.json" --json "$out/dense.json"
+      cat "$out"/ctune-*.log | grep -E "dense_coopmat" | cut -c1-230 > "$out/tune-summary.log"
+      export EVOKERNEL_CACHE_DIR=/tmp/evk-cache ;;
     densetune)
       # The direct shader's tuner on two dense layers, evolutionary then exhaustive (the
       # issue's 3% check); DENSE_TUNE_CASES overrides the layers.
