@@ -1,9 +1,11 @@
-//! The Vulkan backend (issue 19), started: the loader opened at run time (`ash`, no link
-//! to libvulkan), devices listed with the limits the kernels must respect (read from the
-//! device, never assumed), GLSL compiled to SPIR-V at run time (`shader`), and the
-//! portable naive depthwise forward (`naive`) and the tiled one whose config is
-//! specialization constants (`tile`), both verified against the oracle. Tested on
-//! Mesa's lavapipe (CPU) in CI; not yet on the H100's driver nor on AMD hardware.
+//! The Vulkan backend (issue 19): the loader opened at run time (`ash`, no link to
+//! libvulkan), devices listed with the limits the kernels must respect (read from the
+//! device, never assumed), GLSL compiled to SPIR-V at run time (`shader`), prepared runs
+//! on device-local buffers (`VulkanRun`); the depthwise shaders (`naive`, `tile`,
+//! `depth_rotate`, `depth_rotate_cl`) and the dense ones (`dense_naive`, `dense_direct`,
+//! `dense_winograd`, `dense_coopmat` on cooperative matrices), each verified against the
+//! oracle. Tested on Mesa's lavapipe (CPU) in CI and on the H100's NVIDIA driver; not on
+//! AMD hardware.
 
 pub mod dense_coopmat;
 pub mod dense_direct;
