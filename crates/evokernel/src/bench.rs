@@ -9,7 +9,7 @@ use crate::engine::ConvProblem;
 use crate::error::Result;
 
 /// How long to warm up and how much to time.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Protocol {
     pub warmup_launches: usize,
     pub warmup_ms: f64,
@@ -34,6 +34,19 @@ impl Protocol {
         Protocol {
             launches: launches.max(1),
             ..self
+        }
+    }
+
+    /// The same protocol for samples of `reps` launches each, whose step returns the time
+    /// a launch (the sample over `reps`): warm-up and minimum stay device time, the count
+    /// of launches becomes samples (at least five, where the protocol asks that many).
+    pub fn per_sample(&self, reps: usize) -> Protocol {
+        let reps = reps.max(1);
+        Protocol {
+            warmup_launches: self.warmup_launches.div_ceil(reps),
+            warmup_ms: self.warmup_ms / reps as f64,
+            launches: self.launches.div_ceil(reps).max(self.launches.min(5)),
+            min_ms: self.min_ms / reps as f64,
         }
     }
 }
@@ -191,6 +204,19 @@ pub fn throughput(problem: &ConvProblem, ms: f64, floor_ms: f64) -> Throughput {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_sample_of_launches_keeps_the_protocols_device_time() {
+        let p = Protocol::default();
+        assert_eq!(p.per_sample(1), p);
+        let q = p.per_sample(8);
+        // Each step returns a launch's time: reps x the minimum is the device time timed.
+        assert!((q.min_ms * 8.0 - p.min_ms).abs() < 1e-9);
+        assert!((q.warmup_ms * 8.0 - p.warmup_ms).abs() < 1e-9);
+        assert_eq!(q.launches, 7);
+        assert_eq!(p.per_sample(100).launches, 5);
+        assert_eq!(p.with_launches(2).per_sample(100).launches, 2);
+    }
+
     use super::*;
     use crate::tensor::HostTensor;
 

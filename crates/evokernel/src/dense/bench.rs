@@ -231,17 +231,7 @@ pub(crate) fn time_vulkan(run: &VulkanRun<'_>, protocol: &Protocol) -> Result<Ti
     // 50 us kernel alone would leave the GPU idle, at idle clocks, between submissions).
     let once = timed(1)?;
     let reps = ((SAMPLE_MS / once.max(1e-4)).ceil() as usize).clamp(1, 200);
-    // The protocol's warm-up and minimum are device time: a sample counts `reps` launches.
-    let per_sample = Protocol {
-        warmup_launches: protocol.warmup_launches.div_ceil(reps),
-        warmup_ms: protocol.warmup_ms / reps as f64,
-        launches: protocol
-            .launches
-            .div_ceil(reps)
-            .max(5.min(protocol.launches)),
-        min_ms: protocol.min_ms / reps as f64,
-    };
-    time_launches(&per_sample, |_| timed(reps), 1)
+    time_launches(&protocol.per_sample(reps), |_| timed(reps), 1)
 }
 
 /// The device time a Vulkan timing sample runs (launches back to back), ms.
