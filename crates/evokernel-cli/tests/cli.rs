@@ -951,6 +951,36 @@ fn dense_conv_bench_runs_on_the_cpu_and_checks_its_flags() {
         ]),
         "dense_naive",
     );
+    rejects(
+        &with_dense(&[
+            "--input",
+            "8",
+            "-c",
+            "8",
+            "--kernel",
+            "3",
+            "--config",
+            "dense_coopmat:sg_m=3,sg_n=1,tm=1,tn=1",
+        ]),
+        "sg_m=N,sg_n=N,tm=N,tn=N",
+    );
+    // tune's --only names the shaders it searches.
+    rejects(
+        &[
+            "tune",
+            "--op",
+            "dense-conv",
+            "--input",
+            "8",
+            "-c",
+            "8",
+            "--kernel",
+            "3",
+            "--only",
+            "bogus",
+        ],
+        "dense_coopmat",
+    );
     // Output channels and groups belong to the dense convolution.
     rejects(
         &[

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use evokernel::backend::BackendChoice;
 use evokernel::dense::bench::{bench_dense, DenseCaseReport, DenseKernel};
-use evokernel::dense::tune::tune_dense_case;
+use evokernel::dense::tune::{tune_dense_case, TUNED_SHADERS};
 use evokernel::dense::{load_dense_suite, DenseConvSpec};
 use evokernel::external::ExternalTimes;
 use evokernel::tune::TunePlan;
@@ -275,6 +275,17 @@ pub fn tune(
             c,
             "tune searches the shaders' configs itself; --config is for bench (--only picks \
              the shaders to tune)",
+        ));
+    }
+    if let Some(o) = common
+        .only
+        .iter()
+        .find(|o| !TUNED_SHADERS.contains(&o.as_str()))
+    {
+        return Err(Error::parse(
+            "--only",
+            o,
+            format!("tune searches {}", TUNED_SHADERS.join(", ")),
         ));
     }
     if common.backend == BackendChoice::Cpu || common.backend == BackendChoice::Cuda {

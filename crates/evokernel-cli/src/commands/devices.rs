@@ -40,11 +40,16 @@ pub fn run(json: Option<PathBuf>) -> Result<bool, Error> {
                     if d.storage_f16 { "yes (f16 kernels)" } else { "no (f32 only)" }
                 );
                 println!(
-                    "  cooperative matrices: {}",
+                    "  cooperative matrices: {}; dense_coopmat {}",
                     if d.cooperative_matrix.is_empty() {
                         "none".to_string()
                     } else {
                         d.cooperative_matrix.join(", ")
+                    },
+                    if d.coopmat_f16 {
+                        "runs (features enabled)"
+                    } else {
+                        "does not run here"
                     }
                 );
             }

@@ -269,6 +269,21 @@ pub fn tune_dense_case(
         ));
     }
     let wanted = |n: &str| only.is_empty() || only.iter().any(|o| o == n);
+    // A shader asked for by name that cannot run this spec here is an error, not an
+    // empty report.
+    let named = |n: &str, applies: std::result::Result<(), String>| match applies {
+        Err(reason) if only.iter().any(|o| o == n) => Err(Error::NotApplicable {
+            variant: n.to_string(),
+            spec: spec.to_string(),
+            reason,
+        }),
+        other => Ok(other.is_ok()),
+    };
+    let winograd = named(WinogradConfig::NAME, WinogradConfig::applies(spec))?;
+    let coopmat = named(
+        CoopmatConfig::NAME,
+        CoopmatConfig::applies(dev.info(), spec),
+    )?;
     let mut cache = TuneCache::open_default();
     let cache_warning = cache.warning.clone();
     let mut rows = Vec::new();
@@ -277,12 +292,12 @@ pub fn tune_dense_case(
             dev, spec, plan, protocol, seed, &mut cache, progress,
         )?);
     }
-    if wanted(WinogradConfig::NAME) && WinogradConfig::applies(spec).is_ok() {
+    if wanted(WinogradConfig::NAME) && winograd {
         rows.push(tune_dense::<WinogradConfig>(
             dev, spec, plan, protocol, seed, &mut cache, progress,
         )?);
     }
-    if wanted(CoopmatConfig::NAME) && CoopmatConfig::applies(dev.info(), spec).is_ok() {
+    if wanted(CoopmatConfig::NAME) && coopmat {
         rows.push(tune_dense::<CoopmatConfig>(
             dev, spec, plan, protocol, seed, &mut cache, progress,
         )?);
