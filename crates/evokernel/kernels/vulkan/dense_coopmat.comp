@@ -3,11 +3,11 @@
 // (VK_KHR_cooperative_matrix, 16 x 16 x 16 f16 x f16 + f32 a subgroup). NHWC / NDHWC,
 // f16 in and out, f32 accumulation, groups = 1, Cin and Cout multiples of 8 (16-byte
 // rows). The GEMM: M = outputs (n, d, h, w), N = Cout, K = taps x Cin_pad, where Cin_pad
-// is Cin rounded up to BK so a K step reads one tap: row m of A is the input pixel tap t
-// of output m reads (zero where it falls in the padding or past Cin), B the weights the
-// host packed as [tap][Cin_pad][Cout_pad8] (zeros in the padding).
+// is Cin rounded up to BK (32 or 64) so a K step reads one tap: row m of A is the input
+// pixel tap t of output m reads (zero where it falls in the padding or past Cin), B the
+// weights the host packed as [tap][Cin_pad][Cout_pad8] (zeros in the padding).
 // A workgroup of SG_M x SG_N subgroups computes BM x BN outputs (BM = SG_M * TM * 16,
-// BN = SG_N * TN * 16), each subgroup TM x TN accumulator tiles. A K step of BK = 32:
+// BN = SG_N * TN * 16), each subgroup TM x TN accumulator tiles. A K step of BK:
 // every invocation loads its 16-byte pieces of the next step's A and B tiles from
 // global memory into registers, the subgroups multiply the current step's tiles from
 // shared memory (rows padded by 16 bytes against bank conflicts), then the registers go
@@ -33,7 +33,8 @@ layout(constant_id = 11) const int DH = 1;
 layout(constant_id = 12) const int DW = 1;
 // 16-byte pieces of shared memory: max(2 * STAGE, BM * C_ROW) (the host's shared_bytes).
 layout(constant_id = 13) const int SMEM = 1;
-const int BM = SG_M * TM * 16, BN = SG_N * TN * 16, BK = 32;
+layout(constant_id = 14) const int BK = 32;       // K a step: 32 or 64
+const int BM = SG_M * TM * 16, BN = SG_N * TN * 16, A_PER_ROW = BK / 8;
 // Shared rows in 16-byte units (8 halves), padded by one.
 const int A_ROW = BK / 8 + 1, B_ROW = BN / 8 + 1, C_ROW = BN / 8 + 1;
 const int A_TILE = BM * A_ROW, B_TILE = BK * B_ROW;
@@ -71,11 +72,11 @@ void main() {
     const int tid = int(gl_LocalInvocationID.x);
     const int sg = int(gl_SubgroupID), sg_m = sg / SG_N, sg_n = sg % SG_N;
 
-    // This invocation's A pieces: row r = i * THREADS / 4 + tid / 4, piece tid % 4 of the
-    // row's 32 channels; the row's output pixel decomposed once.
+    // This invocation's A pieces: row (tid + i * THREADS) / A_PER_ROW, piece
+    // tid % A_PER_ROW of the row's BK channels; the row's output pixel decomposed once.
     int a_base[A_LOADS], a_d[A_LOADS], a_h[A_LOADS], a_w[A_LOADS];
     for (int i = 0; i < A_LOADS; ++i) {
-        const int m = m0 + (tid + i * THREADS) / 4;
+        const int m = m0 + (tid + i * THREADS) / A_PER_ROW;
         int q = min(m, p.m_total - 1);
         const int ow_ = q % p.ow; q /= p.ow;
         const int oh_ = q % p.oh; q /= p.oh;
@@ -86,7 +87,7 @@ void main() {
         a_w[i] = ow_ * SW - p.pw;
         a_base[i] = b * p.id;
     }
-    const int a_piece = tid % 4;
+    const int a_piece = tid % A_PER_ROW;
     const int steps = KD * KH * KW * p.steps_tap;
 
     uvec4 ra[A_LOADS], rb[B_LOADS];
@@ -112,7 +113,7 @@ void main() {
     {                                                                                             \
         for (int i = 0; i < A_LOADS; ++i) {                                                       \
             const int piece = tid + i * THREADS;                                                  \
-            smem[(buf) * STAGE + (piece / 4) * A_ROW + piece % 4] = ra[i];                        \
+            smem[(buf) * STAGE + (piece / A_PER_ROW) * A_ROW + piece % A_PER_ROW] = ra[i];        \
         }                                                                                         \
         for (int i = 0; i < B_LOADS; ++i) {                                                       \
             const int piece = tid + i * THREADS;                                                  \

@@ -20,8 +20,6 @@ pub const SOURCE: &str = include_str!("../../kernels/vulkan/dense_coopmat.comp")
 
 /// The cooperative-matrix shape the shader multiplies with (`VulkanDeviceInfo`'s form).
 pub const SHAPE: &str = "16x16x16 f16*f16+f32=f32 subgroup";
-/// K (input channels of one tap) a step: Cin is padded to a multiple of it.
-const BK: usize = 32;
 
 /// One config of the cooperative-matrix shader.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -34,19 +32,22 @@ pub struct CoopmatConfig {
     pub tm: u32,
     /// 16-column accumulator tiles a subgroup.
     pub tn: u32,
+    /// K a step (input channels of one tap; Cin is padded to a multiple): 32 or 64.
+    pub bk: u32,
 }
 
 const SG: [u32; 3] = [1, 2, 4];
 const TILES: [u32; 3] = [1, 2, 4];
+const BKS: [u32; 2] = [32, 64];
 
 impl CoopmatConfig {
     /// The variant name configs are forced, tuned and cached under.
     pub const NAME: &'static str = "dense_coopmat";
     /// The fields, in `values` order.
-    pub const NAMES: [&'static str; 4] = ["sg_m", "sg_n", "tm", "tn"];
+    pub const NAMES: [&'static str; 5] = ["sg_m", "sg_n", "tm", "tn", "bk"];
 
-    pub fn values(&self) -> [u32; 4] {
-        [self.sg_m, self.sg_n, self.tm, self.tn]
+    pub fn values(&self) -> [u32; 5] {
+        [self.sg_m, self.sg_n, self.tm, self.tn, self.bk]
     }
 
     /// Output pixels and channels a workgroup computes.
@@ -66,7 +67,8 @@ impl CoopmatConfig {
     /// of A and B tiles, or the epilogue's staging where that is larger.
     pub fn shared_bytes(&self) -> usize {
         let (bm, bn) = self.block();
-        let stage = bm * (BK / 8 + 1) + BK * (bn / 8 + 1);
+        let bk = self.bk as usize;
+        let stage = bm * (bk / 8 + 1) + bk * (bn / 8 + 1);
         16 * (2 * stage).max(bm * (bn / 8 + 1))
     }
 
@@ -120,10 +122,14 @@ impl CoopmatConfig {
             ));
         }
         let (bm, bn) = self.block();
+        let bk = self.bk as usize;
+        if !BKS.contains(&self.bk) {
+            return Err(format!("bk {bk} (32 or 64)"));
+        }
         // Every invocation loads whole pieces of both tiles a step.
-        if !(bm * BK / 8).is_multiple_of(threads) || !(BK * bn / 8).is_multiple_of(threads) {
+        if !(bm * bk / 8).is_multiple_of(threads) || !(bk * bn / 8).is_multiple_of(threads) {
             return Err(format!(
-                "{threads} invocations do not split a {bm} x {BK} and a {BK} x {bn} tile \
+                "{threads} invocations do not split a {bm} x {bk} and a {bk} x {bn} tile \
                  into whole 16-byte pieces each"
             ));
         }
@@ -156,7 +162,15 @@ impl CoopmatConfig {
             for &sg_n in &SG {
                 for &tm in &TILES {
                     for &tn in &TILES {
-                        v.push(CoopmatConfig { sg_m, sg_n, tm, tn });
+                        for &bk in &BKS {
+                            v.push(CoopmatConfig {
+                                sg_m,
+                                sg_n,
+                                tm,
+                                tn,
+                                bk,
+                            });
+                        }
                     }
                 }
             }
@@ -187,12 +201,17 @@ impl CoopmatConfig {
             sg_n: 4,
             tm: 2,
             tn: 1,
+            bk: 32,
         };
         let l = |a: u32, b: u32| (a.ilog2() as i32 - b.ilog2() as i32).abs();
         Self::space(info, spec)
             .into_iter()
             .min_by_key(|c| {
-                l(c.sg_m, want.sg_m) + l(c.sg_n, want.sg_n) + l(c.tm, want.tm) + l(c.tn, want.tn)
+                l(c.sg_m, want.sg_m)
+                    + l(c.sg_n, want.sg_n)
+                    + l(c.tm, want.tm)
+                    + l(c.tn, want.tn)
+                    + l(c.bk, want.bk)
             })
             .ok_or_else(|| Error::NotApplicable {
                 variant: "vulkan dense_coopmat".into(),
@@ -206,33 +225,36 @@ impl CoopmatConfig {
 }
 
 impl std::fmt::Display for CoopmatConfig {
-    /// `dense_coopmat:sg_m=2,sg_n=2,tm=4,tn=2`, the form configs are forced in.
+    /// `dense_coopmat:sg_m=2,sg_n=4,tm=2,tn=1,bk=32`, the form configs are forced in.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}:sg_m={},sg_n={},tm={},tn={}",
+            "{}:sg_m={},sg_n={},tm={},tn={},bk={}",
             Self::NAME,
             self.sg_m,
             self.sg_n,
             self.tm,
-            self.tn
+            self.tn,
+            self.bk
         )
     }
 }
 
 impl std::str::FromStr for CoopmatConfig {
     type Err = Error;
-    /// `dense_coopmat:sg_m=2,sg_n=2,tm=4,tn=2` (every field; the form `Display` writes).
+    /// `dense_coopmat:sg_m=2,sg_n=4,tm=2,tn=1,bk=32` (every field; the form `Display`
+    /// writes).
     fn from_str(s: &str) -> Result<Self> {
         let expected = || {
             format!(
-                "expected {}:sg_m=N,sg_n=N,tm=N,tn=N (each 1, 2 or 4)",
+                "expected {}:sg_m=N,sg_n=N,tm=N,tn=N,bk=N (each of the first four 1, 2 or 4; \
+                 bk 32 or 64)",
                 Self::NAME
             )
         };
         let bad = || Error::parse("a dense_coopmat config", s, expected());
         let body = s.trim().strip_prefix("dense_coopmat:").ok_or_else(bad)?;
-        let mut v = [None::<u32>; 4];
+        let mut v = [None::<u32>; 5];
         for part in body.split(',') {
             let (k, val) = part.split_once('=').ok_or_else(bad)?;
             let i = Self::NAMES
@@ -241,10 +263,16 @@ impl std::str::FromStr for CoopmatConfig {
                 .ok_or_else(bad)?;
             v[i] = Some(val.trim().parse().map_err(|_| bad())?);
         }
-        let [Some(sg_m), Some(sg_n), Some(tm), Some(tn)] = v else {
+        let [Some(sg_m), Some(sg_n), Some(tm), Some(tn), Some(bk)] = v else {
             return Err(bad());
         };
-        let c = CoopmatConfig { sg_m, sg_n, tm, tn };
+        let c = CoopmatConfig {
+            sg_m,
+            sg_n,
+            tm,
+            tn,
+            bk,
+        };
         if !Self::family().contains(&c) {
             return Err(bad());
         }
@@ -253,12 +281,12 @@ impl std::str::FromStr for CoopmatConfig {
 }
 
 /// The weights `[Cout][Cin][kd][kh][kw]` as the GEMM's B: `[tap][Cin_pad][Cout_pad8]` f16
-/// (Cin_pad = Cin rounded up to 32, Cout_pad8 to 8), zeros in the padding.
-pub fn pack_weights(spec: &DenseConvSpec, w: &HostTensor) -> Result<HostTensor> {
+/// (Cin_pad = Cin rounded up to the K step `bk`, Cout_pad8 to 8), zeros in the padding.
+pub fn pack_weights(spec: &DenseConvSpec, w: &HostTensor, bk: usize) -> Result<HostTensor> {
     w.expect("weight", spec.dtype(), spec.weight_len())?;
     let [kd, kh, kw] = spec.geometry().kernel3();
     let (cin, cout) = (spec.in_channels(), spec.out_channels());
-    let (cin_pad, cout_pad) = (cin.next_multiple_of(BK), cout.next_multiple_of(8));
+    let (cin_pad, cout_pad) = (cin.next_multiple_of(bk), cout.next_multiple_of(8));
     let mut b = vec![half::f16::ZERO; kd * kh * kw * cin_pad * cout_pad];
     for (tap, chunk) in b.chunks_mut(cin_pad * cout_pad).enumerate() {
         let (d, h, x) = (tap / (kh * kw), (tap / kw) % kh, tap % kw);
@@ -306,7 +334,8 @@ pub fn prepare_dense_coopmat<'d>(
         || CoopmatConfig::default_for(info, spec),
         |c| c.fits(info, spec),
     )?;
-    let packed = pack_weights(spec, w)?;
+    let bk = config.bk as usize;
+    let packed = pack_weights(spec, w, bk)?;
     i32_of("input length", spec.input_len())?;
     i32_of("packed weight length", packed.len())?;
     i32_of("output length", spec.output_len())?;
@@ -320,7 +349,7 @@ pub fn prepare_dense_coopmat<'d>(
     for v in [
         m_total,
         tiles_n,
-        spec.in_channels().div_ceil(BK),
+        spec.in_channels().div_ceil(bk),
         groups,
         spec.out_channels().next_multiple_of(8),
     ] {
@@ -342,6 +371,7 @@ pub fn prepare_dense_coopmat<'d>(
         g.dilation3()[1],
         g.dilation3()[2],
         config.shared_bytes() / 16,
+        bk,
     ]
     .iter()
     .enumerate()
@@ -406,13 +436,17 @@ mod tests {
         assert!(space
             .iter()
             .all(|c| c.shared_bytes() <= 48 * 1024 && c.block().1 <= 64));
+        // K steps of 64 where two stages still fit 48 KiB: 64 x 64 tiles yes, 128 x 64 no.
+        assert!(space.iter().any(|c| c.bk == 64 && c.block() == (64, 64)));
+        assert!(!space.iter().any(|c| c.bk == 64 && c.block() == (128, 64)));
         let d = CoopmatConfig::default_for(&info, &s).unwrap();
-        assert_eq!(d.block(), (64, 64));
+        assert_eq!((d.block(), d.bk), ((64, 64), 32));
         assert_eq!(d.to_string().parse::<CoopmatConfig>().unwrap(), d);
         for bad in [
             "dense_coopmat:sg_m=2",
-            "dense_coopmat:sg_m=3,sg_n=2,tm=4,tn=2",
-            "dense_direct:sg_m=2,sg_n=2,tm=4,tn=2",
+            "dense_coopmat:sg_m=3,sg_n=2,tm=4,tn=2,bk=32",
+            "dense_coopmat:sg_m=2,sg_n=2,tm=4,tn=2,bk=48",
+            "dense_direct:sg_m=2,sg_n=2,tm=4,tn=2,bk=32",
         ] {
             assert!(bad.parse::<CoopmatConfig>().is_err(), "{bad}");
         }
@@ -437,8 +471,14 @@ mod tests {
     fn packed_weights_are_the_gemm_b_with_zero_padding() {
         let s = spec(8, 24, 1, DType::F16);
         let w = HostTensor::random_normal(DType::F16, &[s.weight_len()], 3);
-        let b = pack_weights(&s, &w).unwrap();
-        let (cin_pad, cout_pad) = (32, 24);
+        for bk in [32, 64] {
+            check_packed(&s, &w, bk);
+        }
+    }
+
+    fn check_packed(s: &DenseConvSpec, w: &HostTensor, bk: usize) {
+        let b = pack_weights(s, w, bk).unwrap();
+        let (cin_pad, cout_pad) = (bk, 24);
         assert_eq!(b.len(), 9 * cin_pad * cout_pad);
         for tap in 0..9 {
             for ci in 0..cin_pad {
