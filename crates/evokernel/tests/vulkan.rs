@@ -119,6 +119,28 @@ fn naive_shader_matches_the_oracle_on_the_public_suite_shrunk() {
     }
 }
 
+/// Appends `dims` random spatial dims to `p`: kernel 1..=`max_k`, stride 1..=`max_s`,
+/// dilation 1-2, padding 0..=`max_pad` on each side, each input at least the dilated
+/// kernel less its padding plus 0..=`extra`.
+fn push_random_dims(
+    p: &mut ConvParams,
+    pick: &mut dyn FnMut(u64, u64) -> u64,
+    dims: usize,
+    [max_k, max_s, max_pad, extra]: [u64; 4],
+) {
+    for _ in 0..dims {
+        let k = pick(1, max_k) as i64;
+        let (s, dl) = (pick(1, max_s) as i64, pick(1, 2) as i64);
+        let (pb, pa) = (pick(0, max_pad) as i64, pick(0, max_pad) as i64);
+        p.input
+            .push(((dl * (k - 1) + 1) - pb - pa).max(1) + pick(0, extra) as i64);
+        p.kernel.push(k);
+        p.stride.push(s);
+        p.dilation.push(dl);
+        p.padding.push([pb, pa]);
+    }
+}
+
 #[test]
 fn naive_shader_matches_the_oracle_on_random_specs() {
     let dev = device();
@@ -142,17 +164,7 @@ fn naive_shader_matches_the_oracle_on_random_specs() {
             },
             dtype: DType::F32,
         };
-        for _ in 0..dims {
-            let k = pick(1, 5) as i64;
-            let (s, dl) = (pick(1, 3) as i64, pick(1, 2) as i64);
-            let (pb, pa) = (pick(0, 3) as i64, pick(0, 3) as i64);
-            p.input
-                .push(((dl * (k - 1) + 1) - pb - pa).max(1) + pick(0, 12) as i64);
-            p.kernel.push(k);
-            p.stride.push(s);
-            p.dilation.push(dl);
-            p.padding.push([pb, pa]);
-        }
+        push_random_dims(&mut p, &mut pick, dims, [5, 3, 3, 12]);
         if let Ok(spec) = p.validate() {
             check(&dev, &format!("random #{i}"), &spec, 100 + i, i % 4 == 0);
             checked += 1;
@@ -548,17 +560,7 @@ fn dense_shaders_match_the_oracle_on_random_specs() {
             },
             dtype: DType::F32,
         };
-        for _ in 0..dims {
-            let k = pick(1, 4) as i64;
-            let (s, dl) = (pick(1, 3) as i64, pick(1, 2) as i64);
-            let (pb, pa) = (pick(0, 2) as i64, pick(0, 2) as i64);
-            p.input
-                .push(((dl * (k - 1) + 1) - pb - pa).max(1) + pick(0, 10) as i64);
-            p.kernel.push(k);
-            p.stride.push(s);
-            p.dilation.push(dl);
-            p.padding.push([pb, pa]);
-        }
+        push_random_dims(&mut p, &mut pick, dims, [4, 3, 2, 10]);
         let Ok(spec) = DenseConvSpec::from_params(&p, groups * cpo, groups) else {
             continue;
         };
@@ -1028,17 +1030,7 @@ fn coopmat_shader_matches_the_oracle_where_the_device_has_it() {
             layout: Layout::ChannelsLast,
             dtype: DType::F16,
         };
-        for _ in 0..dims {
-            let k = pick(1, 3) as i64;
-            let (s, dl) = (pick(1, 2) as i64, pick(1, 2) as i64);
-            let (pb, pa) = (pick(0, 2) as i64, pick(0, 2) as i64);
-            p.input
-                .push(((dl * (k - 1) + 1) - pb - pa).max(1) + pick(0, 12) as i64);
-            p.kernel.push(k);
-            p.stride.push(s);
-            p.dilation.push(dl);
-            p.padding.push([pb, pa]);
-        }
+        push_random_dims(&mut p, &mut pick, dims, [3, 2, 2, 12]);
         if let Ok(spec) = DenseConvSpec::from_params(&p, 8 * pick(1, 10) as i64, 1) {
             specs.push(spec);
         }
