@@ -92,10 +92,14 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       # Depthwise on Vulkan (dense_naive, tile, depth_rotate, depth_rotate_cl) beside the
       # CUDA kernels, same call, on the public and channels-last suites (every dtype).
       LIMIT=400 step cuda_public .gpu/evokernel bench --suite public --json "$out/cuda-public.json"
+      LIMIT=300 step cuda_channels-last .gpu/evokernel bench --suite channels-last --json "$out/cuda-channels-last.json"
       source scripts/vulkan-nvidia.sh env
       for s in public channels-last; do
         LIMIT=400 step "vk_$s" .gpu/evokernel bench --op dense-conv --backend vulkan --suite "$s" --json "$out/vk-$s.json"
-      done ;;
+        # Per case: Vulkan's best over the CUDA FMA kernels' best (the issue: <= 1.5).
+        python3 scripts/vk_vs_cuda.py "$out/cuda-$s.json" "$out/vk-$s.json" > "$out/vk-vs-cuda-$s.txt" 2>&1
+      done
+      [ -n "${OUT:-}" ] && tar czf "$OUT/logs.tgz" -C "$out" . ;;
     coopmat)
       # The cooperative-matrix shader on the ResNet-50 3x3 layers: evolutionary then
       # exhaustive on two (the issue's 3% check), evolutionary on the other three, then
@@ -157,6 +161,7 @@ grep -E "test result|FAILED|panicked|^== " "$out/tests.log" 2>/dev/null | head -
 for f in memcheck racecheck racecheck_cl bwd_memcheck bwd_racecheck bwd_racecheck_cl; do [ -f "$out/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Hazard" "$out/$f.log" | head -5; done
 for f in devices torch torch_ref run suite suite_cl suite_models engine python blocks torch_bwd dgrad wgrad torch_dense dense vk_public vk_channels-last; do [ -f "$out/$f.log" ] && tail -25 "$out/$f.log"; done
 [ -f "$out/sweep.txt" ] && cat "$out/sweep.txt"
+for f in "$out"/vk-vs-cuda-*.txt; do [ -f "$f" ] && cat "$f"; done
 for f in vk_devices vk_tests; do [ -f "$out/$f.log" ] && tail -30 "$out/$f.log"; done
 [ -f "$out/tune-summary.log" ] && cut -c1-230 "$out/tune-summary.log"
 [ -f "$out/profile.log" ] && grep -vE "^[│┌└╞├]" "$out/profile.log" | grep -E "^seed|verdict|next|occupancy|counters" | cut -c1-260 | tail -40
