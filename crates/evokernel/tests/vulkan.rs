@@ -1012,7 +1012,7 @@ fn bf16_outputs_round_to_nearest() {
 /// refusal says so, by name.
 #[test]
 fn coopmat_shader_matches_the_oracle_where_the_device_has_it() {
-    use evokernel::vulkan::dense_coopmat::{conv_vulkan_dense_coopmat, CoopmatConfig};
+    use evokernel::vulkan::dense_coopmat::{prepare_dense_coopmat, CoopmatConfig};
     let dev = device();
     let mut rng = SplitMix64::new(2029);
     let mut pick = |lo: u64, hi: u64| lo + rng.next_u64() % (hi - lo + 1);
@@ -1046,7 +1046,8 @@ fn coopmat_shader_matches_the_oracle_where_the_device_has_it() {
                 x.set_f64(i, v);
             }
         }
-        let got = conv_vulkan_dense_coopmat(&dev, spec, &x, &w, config).map(|r| r.0);
+        let got = prepare_dense_coopmat(&dev, spec, &x, &w, config)
+            .and_then(|run| run.launch().and_then(|_| run.output()));
         (got, x, w)
     };
     if !dev.info().coopmat_f16 {

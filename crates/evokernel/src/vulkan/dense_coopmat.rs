@@ -304,18 +304,6 @@ fn i32_of(what: &str, v: usize) -> Result<i32> {
     super::i32_of("dense_coopmat", what, v)
 }
 
-/// The convolution of `spec` on `dev` with `config` (None: the default for the device),
-/// with the dispatch's device time in ms where the queue has timestamps.
-pub fn conv_vulkan_dense_coopmat(
-    dev: &VulkanDevice,
-    spec: &DenseConvSpec,
-    x: &HostTensor,
-    w: &HostTensor,
-    config: Option<CoopmatConfig>,
-) -> Result<(HostTensor, Option<f64>)> {
-    super::run_once(prepare_dense_coopmat(dev, spec, x, w, config)?)
-}
-
 /// The shader with `config` (None: the device's default) prepared on device-local
 /// copies of `x` and the packed `w`, to launch and time.
 pub fn prepare_dense_coopmat<'d>(
@@ -356,7 +344,7 @@ pub fn prepare_dense_coopmat<'d>(
         ints.push(i32_of("a size", v)?);
     }
     let [kd, kh, kw] = g.kernel3();
-    let constants: Vec<(u32, u32)> = [
+    let constants = super::spec_constants(&[
         config.invocations(info.subgroup_size) as usize,
         config.sg_m as usize,
         config.sg_n as usize,
@@ -372,11 +360,7 @@ pub fn prepare_dense_coopmat<'d>(
         g.dilation3()[2],
         config.shared_bytes() / 16,
         bk,
-    ]
-    .iter()
-    .enumerate()
-    .map(|(i, &v)| (i as u32, v as u32))
-    .collect();
+    ]);
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
     VulkanRun::new(
         dev,

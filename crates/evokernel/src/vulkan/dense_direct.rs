@@ -376,7 +376,7 @@ pub fn prepare_dense_direct<'d>(
     }
     let (hs, ws) = config.patch(spec);
     let [kd, kh, kw] = g.kernel3();
-    let constants: Vec<(u32, u32)> = [
+    let constants = super::spec_constants(&[
         config.invocations() as usize,
         config.threads_x as usize,
         config.threads_y as usize,
@@ -394,11 +394,7 @@ pub fn prepare_dense_direct<'d>(
         g.dilation3()[2],
         hs,
         ws,
-    ]
-    .iter()
-    .enumerate()
-    .map(|(i, &v)| (i as u32, v as u32))
-    .collect();
+    ]);
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
     VulkanRun::new(
         dev,

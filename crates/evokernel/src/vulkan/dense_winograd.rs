@@ -303,17 +303,16 @@ pub fn prepare_dense_winograd<'d>(
     }
     // Workgroups past the last tile of a full grid row return at once (the shader checks).
     i32_of("workgroups", groups)?;
-    let constants: Vec<(u32, u32)> = [
-        config.invocations(),
-        config.tiles_x,
-        config.tiles_y,
-        config.ko_tile,
-        config.ci_tile,
-    ]
-    .iter()
-    .enumerate()
-    .map(|(i, &v)| (i as u32, v))
-    .collect();
+    let constants = super::spec_constants(
+        &[
+            config.invocations(),
+            config.tiles_x,
+            config.tiles_y,
+            config.ko_tile,
+            config.ci_tile,
+        ]
+        .map(|v| v as usize),
+    );
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
     VulkanRun::new(
         dev,

@@ -244,7 +244,7 @@ pub fn prepare_depth_rotate<'d>(
     .collect::<Result<Vec<i32>>>()?;
     let (hs, ws) = config.band(spec);
     let [kd, kh, kw] = spec.kernel3();
-    let constants: Vec<(u32, u32)> = [
+    let constants = super::spec_constants(&[
         config.workgroup as usize,
         kd,
         kh,
@@ -256,11 +256,7 @@ pub fn prepare_depth_rotate<'d>(
         hs,
         ws,
         config.items(spec),
-    ]
-    .iter()
-    .enumerate()
-    .map(|(i, &v)| (i as u32, v as u32))
-    .collect();
+    ]);
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
     VulkanRun::new(
         dev,

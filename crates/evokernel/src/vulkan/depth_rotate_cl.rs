@@ -185,7 +185,7 @@ pub fn prepare_depth_rotate_cl<'d>(
     .map(|v| i32_of("a size", v))
     .collect::<Result<Vec<i32>>>()?;
     let [kd, kh, kw] = spec.kernel3();
-    let constants: Vec<(u32, u32)> = [
+    let constants = super::spec_constants(&[
         config.workgroup as usize,
         kd,
         kh,
@@ -193,11 +193,7 @@ pub fn prepare_depth_rotate_cl<'d>(
         config.out_w as usize,
         st[2],
         dl[2],
-    ]
-    .iter()
-    .enumerate()
-    .map(|(i, &v)| (i as u32, v as u32))
-    .collect();
+    ]);
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
     VulkanRun::new(
         dev,

@@ -184,6 +184,16 @@ pub(crate) fn run_once(run: VulkanRun<'_>) -> Result<(HostTensor, Option<f64>)> 
     Ok((run.output()?, ms))
 }
 
+/// Specialization constants by id: `values[i]` is `constant_id = i` (the shaders' sizes,
+/// each far below 32 bits).
+pub(crate) fn spec_constants(values: &[usize]) -> Vec<(u32, u32)> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (i as u32, v as u32))
+        .collect()
+}
+
 /// Little-endian bytes of 4-byte push-constant fields, in order.
 pub(crate) fn push_bytes(fields: &[i32]) -> Vec<u8> {
     fields.iter().flat_map(|v| v.to_le_bytes()).collect()

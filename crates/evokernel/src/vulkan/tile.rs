@@ -208,7 +208,7 @@ pub fn prepare_tile<'d>(
     .collect::<Result<Vec<i32>>>()?;
     let (hs, ws) = tile_shape(spec, &config);
     let [kd, kh, kw] = spec.kernel3();
-    let constants: Vec<(u32, u32)> = [
+    let constants = super::spec_constants(&[
         config.workgroup as usize,
         kd,
         kh,
@@ -219,11 +219,7 @@ pub fn prepare_tile<'d>(
         dl[2],
         hs,
         ws,
-    ]
-    .iter()
-    .enumerate()
-    .map(|(i, &v)| (i as u32, v as u32))
-    .collect();
+    ]);
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
     let push = super::push_bytes(&ints);
     super::VulkanRun::new(dev, "tile", &source, &constants, &push, grid, x, w, y)
