@@ -227,16 +227,7 @@ impl CoopmatConfig {
 impl std::fmt::Display for CoopmatConfig {
     /// `dense_coopmat:sg_m=2,sg_n=4,tm=2,tn=1,bk=32`, the form configs are forced in.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}:sg_m={},sg_n={},tm={},tn={},bk={}",
-            Self::NAME,
-            self.sg_m,
-            self.sg_n,
-            self.tm,
-            self.tn,
-            self.bk
-        )
+        super::write_config(f, Self::NAME, &Self::NAMES, &self.values())
     }
 }
 
@@ -252,20 +243,9 @@ impl std::str::FromStr for CoopmatConfig {
                 Self::NAME
             )
         };
-        let bad = || Error::parse("a dense_coopmat config", s, expected());
-        let body = s.trim().strip_prefix("dense_coopmat:").ok_or_else(bad)?;
-        let mut v = [None::<u32>; 5];
-        for part in body.split(',') {
-            let (k, val) = part.split_once('=').ok_or_else(bad)?;
-            let i = Self::NAMES
-                .iter()
-                .position(|f| *f == k.trim())
-                .ok_or_else(bad)?;
-            v[i] = Some(val.trim().parse().map_err(|_| bad())?);
-        }
-        let [Some(sg_m), Some(sg_n), Some(tm), Some(tn), Some(bk)] = v else {
-            return Err(bad());
-        };
+        let what = "a dense_coopmat config";
+        let [sg_m, sg_n, tm, tn, bk] =
+            super::parse_config(s, what, Self::NAME, &Self::NAMES, &expected)?;
         let c = CoopmatConfig {
             sg_m,
             sg_n,
@@ -274,7 +254,7 @@ impl std::str::FromStr for CoopmatConfig {
             bk,
         };
         if !Self::family().contains(&c) {
-            return Err(bad());
+            return Err(Error::parse(what, s, expected()));
         }
         Ok(c)
     }

@@ -71,21 +71,6 @@ impl DirectConfig {
         ]
     }
 
-    /// The tuner's form of this config.
-    pub fn to_config(&self) -> crate::variants::Config {
-        let pairs: Vec<(&str, i64)> = Self::NAMES
-            .iter()
-            .zip(self.values())
-            .map(|(n, v)| (*n, v as i64))
-            .collect();
-        crate::variants::Config::new(Self::NAME, &pairs)
-    }
-
-    /// From the tuner's form (its text parsed as `--config` is).
-    pub fn from_config(c: &crate::variants::Config) -> Result<Self> {
-        c.to_string().parse()
-    }
-
     pub fn invocations(&self) -> u32 {
         self.threads_x * self.threads_y
     }
@@ -250,17 +235,7 @@ impl DirectConfig {
 impl std::fmt::Display for DirectConfig {
     /// `dense_direct:threads_x=16,threads_y=4,...`, the form configs are forced in.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "dense_direct:threads_x={},threads_y={},outputs_x={},outputs_y={},ko_tile={},ci_tile={},lds_pad={}",
-            self.threads_x,
-            self.threads_y,
-            self.outputs_x,
-            self.outputs_y,
-            self.ko_tile,
-            self.ci_tile,
-            self.lds_pad
-        )
+        super::write_config(f, Self::NAME, &Self::NAMES, &self.values())
     }
 }
 
@@ -269,37 +244,20 @@ impl std::str::FromStr for DirectConfig {
     /// `dense_direct:threads_x=16,threads_y=4,outputs_x=2,outputs_y=1,ko_tile=16,ci_tile=8,lds_pad=1`
     /// (every field; the form `Display` writes).
     fn from_str(s: &str) -> Result<Self> {
-        const FIELDS: [&str; 7] = DirectConfig::NAMES;
         let expected = || {
             format!(
                 "expected dense_direct:{} (every field, integers)",
-                FIELDS.map(|f| format!("{f}=N")).join(",")
+                Self::NAMES.map(|f| format!("{f}=N")).join(",")
             )
         };
-        let body = s
-            .trim()
-            .strip_prefix("dense_direct:")
-            .ok_or_else(|| Error::parse("a dense_direct config", s, expected()))?;
-        let mut v = [None::<u32>; 7];
-        for part in body.split(',') {
-            let (k, val) = part
-                .split_once('=')
-                .ok_or_else(|| Error::parse("a dense_direct config", s, expected()))?;
-            let i = FIELDS
-                .iter()
-                .position(|f| *f == k.trim())
-                .ok_or_else(|| Error::parse("a dense_direct config", s, expected()))?;
-            v[i] = Some(
-                val.trim()
-                    .parse()
-                    .map_err(|_| Error::parse("a dense_direct config", s, expected()))?,
-            );
-        }
-        let [Some(threads_x), Some(threads_y), Some(outputs_x), Some(outputs_y), Some(ko_tile), Some(ci_tile), Some(lds_pad)] =
-            v
-        else {
-            return Err(Error::parse("a dense_direct config", s, expected()));
-        };
+        let [threads_x, threads_y, outputs_x, outputs_y, ko_tile, ci_tile, lds_pad] =
+            super::parse_config(
+                s,
+                "a dense_direct config",
+                Self::NAME,
+                &Self::NAMES,
+                &expected,
+            )?;
         let c = DirectConfig {
             threads_x,
             threads_y,
@@ -461,6 +419,7 @@ mod tests {
         // A 7 x 7 output: no 32-column tiles.
         let text = d.to_string();
         assert_eq!(text.parse::<DirectConfig>().unwrap(), d);
+        use crate::dense::tune::TunableShader;
         assert_eq!(DirectConfig::from_config(&d.to_config()).unwrap(), d);
         for bad in [
             "dense_direct:threads_x=16",

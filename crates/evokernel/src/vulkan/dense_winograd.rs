@@ -173,11 +173,7 @@ impl WinogradConfig {
 
 impl std::fmt::Display for WinogradConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "dense_winograd:tiles_x={},tiles_y={},ko_tile={},ci_tile={}",
-            self.tiles_x, self.tiles_y, self.ko_tile, self.ci_tile
-        )
+        super::write_config(f, Self::NAME, &Self::NAMES, &self.values())
     }
 }
 
@@ -192,20 +188,9 @@ impl std::str::FromStr for WinogradConfig {
                 Self::NAMES.map(|f| format!("{f}=N")).join(",")
             )
         };
-        let bad = || Error::parse("a dense_winograd config", s, expected());
-        let body = s.trim().strip_prefix("dense_winograd:").ok_or_else(bad)?;
-        let mut v = [None::<u32>; 4];
-        for part in body.split(',') {
-            let (k, val) = part.split_once('=').ok_or_else(bad)?;
-            let i = Self::NAMES
-                .iter()
-                .position(|f| *f == k.trim())
-                .ok_or_else(bad)?;
-            v[i] = Some(val.trim().parse().map_err(|_| bad())?);
-        }
-        let [Some(tiles_x), Some(tiles_y), Some(ko_tile), Some(ci_tile)] = v else {
-            return Err(bad());
-        };
+        let what = "a dense_winograd config";
+        let [tiles_x, tiles_y, ko_tile, ci_tile] =
+            super::parse_config(s, what, Self::NAME, &Self::NAMES, &expected)?;
         let c = WinogradConfig {
             tiles_x,
             tiles_y,
@@ -215,7 +200,7 @@ impl std::str::FromStr for WinogradConfig {
         if Self::family().contains(&c) {
             Ok(c)
         } else {
-            Err(bad())
+            Err(Error::parse(what, s, expected()))
         }
     }
 }

@@ -184,6 +184,53 @@ pub(crate) fn run_once(run: VulkanRun<'_>) -> Result<(HostTensor, Option<f64>)> 
     Ok((run.output()?, ms))
 }
 
+/// A shader config's text form, `name:field=value,...` (every field, in order): what
+/// `--config` takes, reports print and the tune cache keeps.
+pub(crate) fn write_config(
+    f: &mut std::fmt::Formatter<'_>,
+    name: &str,
+    fields: &[&str],
+    values: &[u32],
+) -> std::fmt::Result {
+    write!(f, "{name}:")?;
+    for (i, (k, v)) in fields.iter().zip(values).enumerate() {
+        write!(f, "{}{k}={v}", if i == 0 { "" } else { "," })?;
+    }
+    Ok(())
+}
+
+/// The values of `name:field=value,...` in `fields`' order, each field given once, else
+/// an error naming `what` and what was `expected`. The caller checks the values against
+/// its family.
+pub(crate) fn parse_config<const N: usize>(
+    text: &str,
+    what: &'static str,
+    name: &str,
+    fields: &[&str; N],
+    expected: &dyn Fn() -> String,
+) -> Result<[u32; N]> {
+    let bad = || Error::parse(what, text, expected());
+    let body = text
+        .trim()
+        .strip_prefix(name)
+        .and_then(|b| b.strip_prefix(':'))
+        .ok_or_else(bad)?;
+    let mut v = [None::<u32>; N];
+    for part in body.split(',') {
+        let (k, val) = part.split_once('=').ok_or_else(bad)?;
+        let i = fields.iter().position(|f| *f == k.trim()).ok_or_else(bad)?;
+        if v[i].is_some() {
+            return Err(bad());
+        }
+        v[i] = Some(val.trim().parse().map_err(|_| bad())?);
+    }
+    let mut out = [0u32; N];
+    for (o, x) in out.iter_mut().zip(v) {
+        *o = x.ok_or_else(bad)?;
+    }
+    Ok(out)
+}
+
 /// Specialization constants by id: `values[i]` is `constant_id = i` (the shaders' sizes,
 /// each far below 32 bits).
 pub(crate) fn spec_constants(values: &[usize]) -> Vec<(u32, u32)> {
@@ -222,5 +269,42 @@ pub(crate) fn vk_err(call: &'static str) -> impl Fn(ash::vk::Result) -> Error {
     move |r| Error::Vulkan {
         call,
         result: format!("{r:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Shown([u32; 2]);
+    impl std::fmt::Display for Shown {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write_config(f, "shader", &["a", "b"], &self.0)
+        }
+    }
+
+    #[test]
+    fn config_text_round_trips_and_refuses_malformed_forms() {
+        let text = Shown([3, 40]).to_string();
+        assert_eq!(text, "shader:a=3,b=40");
+        let parse = |t: &str| {
+            parse_config(t, "a test config", "shader", &["a", "b"], &|| {
+                "a=N,b=N".into()
+            })
+        };
+        assert_eq!(parse(&text).unwrap(), [3, 40]);
+        assert_eq!(parse(" shader: b = 40 ,a=3 ").unwrap(), [3, 40]);
+        for bad in [
+            "shader:a=3",
+            "shader:a=3,b=4,a=5",
+            "shader:a=3,c=4",
+            "shader:a=x,b=4",
+            "shaderx:a=3,b=4",
+            "other:a=3,b=4",
+            "shader a=3,b=4",
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains("a=N,b=N"), "{bad}: {e}");
+        }
     }
 }
