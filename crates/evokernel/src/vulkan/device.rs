@@ -359,9 +359,15 @@ impl VulkanDevice {
         &self.info
     }
 
-    /// A host-visible coherent storage buffer of `bytes` (at least 4).
-    pub(crate) fn host_buffer(&self, bytes: usize) -> Result<HostBuffer<'_>> {
-        let size = bytes.max(4) as u64;
+    /// A storage buffer of `size` bytes bound to new memory of the first type `pick`
+    /// accepts (given the types the buffer allows), or `none` when no type fits; on any
+    /// failure nothing is left allocated.
+    fn bound_buffer(
+        &self,
+        size: u64,
+        pick: impl Fn(u32) -> Option<u32>,
+        none: impl FnOnce() -> Error,
+    ) -> Result<(vk::Buffer, vk::DeviceMemory)> {
         let info = vk::BufferCreateInfo::default()
             .size(size)
             .usage(
@@ -371,25 +377,16 @@ impl VulkanDevice {
             )
             .sharing_mode(vk::SharingMode::EXCLUSIVE);
         let d = &self.device;
-        // SAFETY: valid create-info; every object is destroyed by HostBuffer's drop.
+        // SAFETY: valid create-info; the buffer and memory are the caller's to destroy
+        // once bound, and destroyed here on every failure.
         unsafe {
             let buffer = d
                 .create_buffer(&info, None)
                 .map_err(vk_err("vkCreateBuffer"))?;
             let req = d.get_buffer_memory_requirements(buffer);
-            let want =
-                vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
-            let Some(kind) = (0..self.memory.memory_type_count).find(|&i| {
-                req.memory_type_bits & (1 << i) != 0
-                    && self.memory.memory_types[i as usize]
-                        .property_flags
-                        .contains(want)
-            }) else {
+            let Some(kind) = pick(req.memory_type_bits) else {
                 d.destroy_buffer(buffer, None);
-                return Err(Error::BackendUnavailable {
-                    backend: "vulkan".into(),
-                    reason: format!("{} has no host-visible coherent memory", self.info.name),
-                });
+                return Err(none());
             };
             let alloc = vk::MemoryAllocateInfo::default()
                 .allocation_size(req.size)
@@ -401,10 +398,42 @@ impl VulkanDevice {
                     return Err(vk_err("vkAllocateMemory")(e));
                 }
             };
-            let mapped = d
-                .bind_buffer_memory(buffer, memory, 0)
-                .and_then(|_| d.map_memory(memory, 0, size, vk::MemoryMapFlags::empty()));
-            match mapped {
+            if let Err(e) = d.bind_buffer_memory(buffer, memory, 0) {
+                d.destroy_buffer(buffer, None);
+                d.free_memory(memory, None);
+                return Err(vk_err("vkBindBufferMemory")(e));
+            }
+            Ok((buffer, memory))
+        }
+    }
+
+    /// The first memory type among `allowed` (a requirements bit mask) with `flags`.
+    fn memory_type(&self, allowed: u32, flags: vk::MemoryPropertyFlags) -> Option<u32> {
+        (0..self.memory.memory_type_count).find(|&i| {
+            allowed & (1 << i) != 0
+                && self.memory.memory_types[i as usize]
+                    .property_flags
+                    .contains(flags)
+        })
+    }
+
+    /// A host-visible coherent storage buffer of `bytes` (at least 4).
+    pub(crate) fn host_buffer(&self, bytes: usize) -> Result<HostBuffer<'_>> {
+        let size = bytes.max(4) as u64;
+        let want = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
+        let (buffer, memory) = self.bound_buffer(
+            size,
+            |allowed| self.memory_type(allowed, want),
+            || Error::BackendUnavailable {
+                backend: "vulkan".into(),
+                reason: format!("{} has no host-visible coherent memory", self.info.name),
+            },
+        )?;
+        let d = &self.device;
+        // SAFETY: memory bound above, host-visible; on failure both are destroyed here,
+        // else by HostBuffer's drop.
+        unsafe {
+            match d.map_memory(memory, 0, size, vk::MemoryMapFlags::empty()) {
                 Ok(ptr) => Ok(HostBuffer {
                     dev: self,
                     buffer,
@@ -423,62 +452,27 @@ impl VulkanDevice {
 
     /// A device-local storage buffer of `bytes` (at least 4), filled by `upload` and read
     /// by `download` through a host-visible staging copy: what a timed kernel reads and
-    /// writes (host-visible memory on a discrete GPU would be read across PCIe).
+    /// writes (host-visible memory on a discrete GPU would be read across PCIe). Any
+    /// memory type where the device has no device-local one (lavapipe's are all both).
     pub(crate) fn device_buffer(&self, bytes: usize) -> Result<DeviceBuffer<'_>> {
         let size = bytes.max(4) as u64;
-        let info = vk::BufferCreateInfo::default()
-            .size(size)
-            .usage(
-                vk::BufferUsageFlags::STORAGE_BUFFER
-                    | vk::BufferUsageFlags::TRANSFER_SRC
-                    | vk::BufferUsageFlags::TRANSFER_DST,
-            )
-            .sharing_mode(vk::SharingMode::EXCLUSIVE);
-        let d = &self.device;
-        // SAFETY: valid create-info; the buffer and memory are freed by DeviceBuffer's drop.
-        unsafe {
-            let buffer = d
-                .create_buffer(&info, None)
-                .map_err(vk_err("vkCreateBuffer"))?;
-            let req = d.get_buffer_memory_requirements(buffer);
-            let allowed = |i: u32| req.memory_type_bits & (1 << i) != 0;
-            let local = (0..self.memory.memory_type_count).find(|&i| {
-                allowed(i)
-                    && self.memory.memory_types[i as usize]
-                        .property_flags
-                        .contains(vk::MemoryPropertyFlags::DEVICE_LOCAL)
-            });
-            let Some(kind) =
-                local.or_else(|| (0..self.memory.memory_type_count).find(|&i| allowed(i)))
-            else {
-                d.destroy_buffer(buffer, None);
-                return Err(Error::BackendUnavailable {
-                    backend: "vulkan".into(),
-                    reason: format!("{} has no memory type for a storage buffer", self.info.name),
-                });
-            };
-            let alloc = vk::MemoryAllocateInfo::default()
-                .allocation_size(req.size)
-                .memory_type_index(kind);
-            let memory = match d.allocate_memory(&alloc, None) {
-                Ok(m) => m,
-                Err(e) => {
-                    d.destroy_buffer(buffer, None);
-                    return Err(vk_err("vkAllocateMemory")(e));
-                }
-            };
-            if let Err(e) = d.bind_buffer_memory(buffer, memory, 0) {
-                d.destroy_buffer(buffer, None);
-                d.free_memory(memory, None);
-                return Err(vk_err("vkBindBufferMemory")(e));
-            }
-            Ok(DeviceBuffer {
-                dev: self,
-                buffer,
-                memory,
-                bytes: size as usize,
-            })
-        }
+        let (buffer, memory) = self.bound_buffer(
+            size,
+            |allowed| {
+                self.memory_type(allowed, vk::MemoryPropertyFlags::DEVICE_LOCAL)
+                    .or_else(|| self.memory_type(allowed, vk::MemoryPropertyFlags::empty()))
+            },
+            || Error::BackendUnavailable {
+                backend: "vulkan".into(),
+                reason: format!("{} has no memory type for a storage buffer", self.info.name),
+            },
+        )?;
+        Ok(DeviceBuffer {
+            dev: self,
+            buffer,
+            memory,
+            bytes: size as usize,
+        })
     }
 
     /// Copies `data` into `dst` (through a staging buffer; waits).
