@@ -11,13 +11,13 @@ use evokernel::dense::{dense_reference, dense_suite, DenseConvSpec};
 use evokernel::reference::conv_reference;
 use evokernel::suite::public_suite;
 use evokernel::tensor::SplitMix64;
-use evokernel::vulkan::dense_direct::{conv_vulkan_dense_direct, DirectConfig};
-use evokernel::vulkan::dense_naive::conv_vulkan_dense_naive;
-use evokernel::vulkan::depth_rotate::{conv_vulkan_depth_rotate, RotateConfig};
-use evokernel::vulkan::depth_rotate_cl::{conv_vulkan_depth_rotate_cl, RotateClConfig};
+use evokernel::vulkan::dense_direct::{prepare_dense_direct, DirectConfig};
+use evokernel::vulkan::dense_naive::prepare_dense_naive;
+use evokernel::vulkan::depth_rotate::{prepare_depth_rotate, RotateConfig};
+use evokernel::vulkan::depth_rotate_cl::{prepare_depth_rotate_cl, RotateClConfig};
 use evokernel::vulkan::naive::{conv_vulkan_naive, conv_vulkan_naive_timed};
-use evokernel::vulkan::tile::{conv_vulkan_tile, TileConfig};
-use evokernel::vulkan::{list_vulkan_devices, VulkanDevice};
+use evokernel::vulkan::tile::{prepare_tile, TileConfig};
+use evokernel::vulkan::{list_vulkan_devices, run_once, VulkanDevice};
 use evokernel::{compare, ConvParams, ConvSpec, DType, HostTensor, Layout};
 
 fn device() -> VulkanDevice {
@@ -73,11 +73,15 @@ fn check_with(
     }
     let y = match shader {
         Shader::Naive => conv_vulkan_naive(dev, spec, &x, &w),
-        Shader::Tile(config) => conv_vulkan_tile(dev, spec, &x, &w, config).map(|r| r.0),
-        Shader::Rotate(config) => conv_vulkan_depth_rotate(dev, spec, &x, &w, config).map(|r| r.0),
-        Shader::RotateCl(config) => {
-            conv_vulkan_depth_rotate_cl(dev, spec, &x, &w, config).map(|r| r.0)
-        }
+        Shader::Tile(config) => prepare_tile(dev, spec, &x, &w, config)
+            .and_then(run_once)
+            .map(|r| r.0),
+        Shader::Rotate(config) => prepare_depth_rotate(dev, spec, &x, &w, config)
+            .and_then(run_once)
+            .map(|r| r.0),
+        Shader::RotateCl(config) => prepare_depth_rotate_cl(dev, spec, &x, &w, config)
+            .and_then(run_once)
+            .map(|r| r.0),
     }
     .unwrap_or_else(|e| panic!("{name} {shader:?}: {e}"));
     let want = conv_reference(spec, &x, &w).unwrap();
@@ -342,7 +346,9 @@ fn depthwise_shaders_take_f16_and_bf16_where_the_device_has_16_bit_storage() {
             if !dev.info().storage_f16 {
                 let x = HostTensor::random_normal(dtype, &spec.input_shape(), 1);
                 let w = HostTensor::random_normal(dtype, &spec.weight_shape(), 2);
-                let e = conv_vulkan_tile(&dev, &spec, &x, &w, None).unwrap_err();
+                let e = prepare_tile(&dev, &spec, &x, &w, None)
+                    .and_then(run_once)
+                    .unwrap_err();
                 assert!(e.to_string().contains("16-bit"), "{e}");
                 continue;
             }
@@ -408,7 +414,8 @@ fn tile_configs_past_the_device_limits_are_refused() {
         out_w: 4,
         rows: 32,
     };
-    let e = conv_vulkan_tile(&dev, &spec, &x, &w, Some(too_tall))
+    let e = prepare_tile(&dev, &spec, &x, &w, Some(too_tall))
+        .and_then(run_once)
         .unwrap_err()
         .to_string();
     assert!(e.contains("shared memory") || e.contains("rows"), "{e}");
@@ -417,7 +424,9 @@ fn tile_configs_past_the_device_limits_are_refused() {
         out_w: 4,
         rows: 1,
     };
-    assert!(conv_vulkan_tile(&dev, &spec, &x, &w, Some(too_wide)).is_err());
+    assert!(prepare_tile(&dev, &spec, &x, &w, Some(too_wide))
+        .and_then(run_once)
+        .is_err());
 }
 
 #[test]
@@ -485,8 +494,8 @@ fn check_dense(
         }
     }
     let y = match shader {
-        DenseShader::Naive => conv_vulkan_dense_naive(dev, spec, &x, &w),
-        DenseShader::Direct(c) => conv_vulkan_dense_direct(dev, spec, &x, &w, c),
+        DenseShader::Naive => prepare_dense_naive(dev, spec, &x, &w).and_then(run_once),
+        DenseShader::Direct(c) => prepare_dense_direct(dev, spec, &x, &w, c).and_then(run_once),
     }
     .unwrap_or_else(|e| panic!("{name} {shader:?}: {e}"))
     .0;
@@ -676,7 +685,8 @@ fn direct_configs_past_the_device_limits_are_refused() {
         ci_tile: 16,
         lds_pad: 1,
     };
-    let e = conv_vulkan_dense_direct(&dev, &spec, &x, &w, Some(huge))
+    let e = prepare_dense_direct(&dev, &spec, &x, &w, Some(huge))
+        .and_then(run_once)
         .unwrap_err()
         .to_string();
     assert!(e.contains("shared memory"), "{e}");
@@ -792,7 +802,7 @@ fn dense_tuner_records_a_config_the_bench_reads_back() {
 /// it) but never finite where the oracle is not; other kernels refused.
 #[test]
 fn winograd_shader_matches_the_oracle() {
-    use evokernel::vulkan::dense_winograd::{conv_vulkan_dense_winograd, WinogradConfig};
+    use evokernel::vulkan::dense_winograd::{prepare_dense_winograd, WinogradConfig};
     let dev = device();
     let run = |spec: &DenseConvSpec, seed: u64, config: Option<WinogradConfig>, poison: f64| {
         let dtype = spec.dtype();
@@ -802,7 +812,8 @@ fn winograd_shader_matches_the_oracle() {
             let i = (SplitMix64::new(seed).next_u64() % x.len() as u64) as usize;
             x.set_f64(i, poison);
         }
-        let y = conv_vulkan_dense_winograd(&dev, spec, &x, &w, config)
+        let y = prepare_dense_winograd(&dev, spec, &x, &w, config)
+            .and_then(run_once)
             .unwrap_or_else(|e| panic!("{spec}: {e}"))
             .0;
         (y, dense_reference(spec, &x, &w).unwrap())
@@ -893,7 +904,9 @@ fn winograd_shader_matches_the_oracle() {
     let strided = DenseConvSpec::from_params(&p, 4, 1).unwrap();
     let x = HostTensor::random_normal(DType::F32, &strided.input_shape(), 1);
     let w = HostTensor::random_normal(DType::F32, &strided.weight_shape(), 2);
-    let e = conv_vulkan_dense_winograd(&dev, &strided, &x, &w, None).unwrap_err();
+    let e = prepare_dense_winograd(&dev, &strided, &x, &w, None)
+        .and_then(run_once)
+        .unwrap_err();
     assert!(e.to_string().contains("3 x 3"), "{e}");
 }
 
@@ -997,9 +1010,13 @@ fn bf16_outputs_round_to_nearest() {
     let mut w = HostTensor::zeros(DType::Bf16, &spec.weight_shape());
     w.set_f64(0, 1.0);
     w.set_f64(1, 1.0);
-    let (y, _) = conv_vulkan_dense_naive(&dev, &spec, &x, &w).unwrap();
+    let (y, _) = prepare_dense_naive(&dev, &spec, &x, &w)
+        .and_then(run_once)
+        .unwrap();
     assert_eq!(y.get_f64(0), 1.0 + 1.0 / 128.0);
-    let (y, _) = conv_vulkan_dense_direct(&dev, &spec, &x, &w, None).unwrap();
+    let (y, _) = prepare_dense_direct(&dev, &spec, &x, &w, None)
+        .and_then(run_once)
+        .unwrap();
     assert_eq!(y.get_f64(0), 1.0 + 1.0 / 128.0);
 }
 

@@ -286,18 +286,6 @@ fn i32_of(what: &str, v: usize) -> Result<i32> {
     super::i32_of("dense_direct", what, v)
 }
 
-/// The convolution of `spec` on `dev` with `config` (None: the default for the device),
-/// with the dispatch's device time in ms where the queue has timestamps.
-pub fn conv_vulkan_dense_direct(
-    dev: &VulkanDevice,
-    spec: &DenseConvSpec,
-    x: &HostTensor,
-    w: &HostTensor,
-    config: Option<DirectConfig>,
-) -> Result<(HostTensor, Option<f64>)> {
-    super::run_once(prepare_dense_direct(dev, spec, x, w, config)?)
-}
-
 /// The shader with `config` (None: the device's default) prepared on device-local
 /// copies of `x` and `w`, to launch and time.
 pub fn prepare_dense_direct<'d>(

@@ -16,17 +16,6 @@ fn i32_of(what: &str, v: usize) -> Result<i32> {
     super::i32_of("dense_naive", what, v)
 }
 
-/// The convolution of `spec` on `dev`, with the dispatch's device time in ms where the
-/// queue has timestamps.
-pub fn conv_vulkan_dense_naive(
-    dev: &VulkanDevice,
-    spec: &DenseConvSpec,
-    x: &HostTensor,
-    w: &HostTensor,
-) -> Result<(HostTensor, Option<f64>)> {
-    super::run_once(prepare_dense_naive(dev, spec, x, w)?)
-}
-
 /// The shader prepared on device-local copies of `x` and `w`, to launch and time.
 pub fn prepare_dense_naive<'d>(
     dev: &'d VulkanDevice,

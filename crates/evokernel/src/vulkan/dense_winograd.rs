@@ -239,18 +239,6 @@ fn i32_of(what: &str, v: usize) -> Result<i32> {
     super::i32_of("dense_winograd", what, v)
 }
 
-/// The convolution of `spec` on `dev` with `config` (None: the device's default), with
-/// the dispatch's device time in ms where the queue has timestamps.
-pub fn conv_vulkan_dense_winograd(
-    dev: &VulkanDevice,
-    spec: &DenseConvSpec,
-    x: &HostTensor,
-    w: &HostTensor,
-    config: Option<WinogradConfig>,
-) -> Result<(HostTensor, Option<f64>)> {
-    super::run_once(prepare_dense_winograd(dev, spec, x, w, config)?)
-}
-
 /// The shader with `config` prepared on device-local copies of `x` and the transformed
 /// weights, to launch and time (the transform is host work, outside every launch).
 pub fn prepare_dense_winograd<'d>(

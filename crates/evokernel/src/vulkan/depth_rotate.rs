@@ -182,18 +182,6 @@ fn i32_of(what: &str, v: usize) -> Result<i32> {
     super::i32_of("depth_rotate", what, v)
 }
 
-/// The forward of `spec` on `dev` with `config` (None: the device's default), with the
-/// dispatch's device time in ms where the queue has timestamps.
-pub fn conv_vulkan_depth_rotate(
-    dev: &VulkanDevice,
-    spec: &ConvSpec,
-    x: &HostTensor,
-    w: &HostTensor,
-    config: Option<RotateConfig>,
-) -> Result<(HostTensor, Option<f64>)> {
-    super::run_once(prepare_depth_rotate(dev, spec, x, w, config)?)
-}
-
 /// The shader with `config` (None: the device's default) prepared on device-local
 /// copies of `x` and `w`, to launch and time.
 pub fn prepare_depth_rotate<'d>(

@@ -178,8 +178,9 @@ pub(crate) fn resolve_config<C: std::fmt::Display>(
     Ok(config)
 }
 
-/// One launch of a prepared run: its output and device time (the one-shot form).
-pub(crate) fn run_once(run: VulkanRun<'_>) -> Result<(HostTensor, Option<f64>)> {
+/// One launch of a prepared run (a shader's `prepare_*`): its output and device time, the
+/// one-shot form.
+pub fn run_once(run: VulkanRun<'_>) -> Result<(HostTensor, Option<f64>)> {
     let ms = run.launch()?;
     Ok((run.output()?, ms))
 }

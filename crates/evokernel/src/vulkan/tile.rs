@@ -144,18 +144,6 @@ fn i32_of(what: &str, v: usize) -> Result<i32> {
     super::i32_of("tile", what, v)
 }
 
-/// The forward of `spec` (f32) on `dev` with `config` (None: the default for the
-/// device), with the dispatch's device time in ms where the queue has timestamps.
-pub fn conv_vulkan_tile(
-    dev: &VulkanDevice,
-    spec: &ConvSpec,
-    x: &HostTensor,
-    w: &HostTensor,
-    config: Option<TileConfig>,
-) -> Result<(HostTensor, Option<f64>)> {
-    super::run_once(prepare_tile(dev, spec, x, w, config)?)
-}
-
 /// The shader with `config` (None: the device's default) prepared on device-local
 /// copies of `x` and `w`, to launch and time.
 pub fn prepare_tile<'d>(
