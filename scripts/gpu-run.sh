@@ -101,24 +101,29 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       done
       [ -n "${OUT:-}" ] && tar czf "$OUT/logs.tgz" -C "$out" . ;;
     coopmat)
-      # The cooperative-matrix shader on the ResNet-50 3x3 layers: evolutionary then
-      # exhaustive on two (the 3% check), evolutionary on the other three, then
-      # the dense suite (every shader, tuned configs from the cache) beside PyTorch.
-      # Budget ~8 minutes (exhaustive: ~40-50 configs a layer).
+      # The cooperative-matrix shader on the ResNet-50 3x3 layers: its oracle test, the
+      # evolutionary search on all five, PyTorch and the tuned picks (same call), then
+      # exhaustive on two (the 3% check) last: a call cut short keeps the rest.
       source scripts/vulkan-nvidia.sh env
       export EVOKERNEL_CACHE_DIR=/tmp/evk-coopmat
+      LIMIT=150 step vk_coopmat_test bash -c 'for t in .gpu/tests/vulkan-*; do $t --include-ignored --test-threads=1 coopmat; done'
       ct="tune --op dense-conv --backend vulkan --suite dense --only dense_coopmat --retune"
-      for c in resnet50-3x3-56 resnet50-3x3-14; do
-        LIMIT=60 step "ctune-evo-$c" .gpu/evokernel $ct --case "$c" --search evolutionary --json "$out/ctune-evo-$c.json"
-        LIMIT=120 step "ctune-exh-$c" .gpu/evokernel $ct --case "$c" --search exhaustive --json "$out/ctune-exh-$c.json"
-      done
-      for c in resnet50-3x3-28 resnet50-3x3-7 resnet50-3x3-s2; do
+      for c in ${COOPMAT_CASES:-resnet50-3x3-56 resnet50-3x3-14 resnet50-3x3-28 resnet50-3x3-7 resnet50-3x3-s2}; do
         LIMIT=60 step "ctune-evo-$c" .gpu/evokernel $ct --case "$c" --search evolutionary --json "$out/ctune-evo-$c.json"
       done
       LIMIT=120 step torch_dense python3 scripts/torch_reference.py "$out/torch-dense.json" suite/dense.json --passes forward
-      LIMIT=200 step dense .gpu/evokernel bench --op dense-conv --backend vulkan --suite dense --reference "$out/torch-dense.json" --json "$out/dense.json"
+      LIMIT=150 step dense .gpu/evokernel bench --op dense-conv --backend vulkan --suite dense --only dense_coopmat --reference "$out/torch-dense.json" --json "$out/dense.json"
+      cp "$EVOKERNEL_CACHE_DIR"/*.json "$out/" 2>/dev/null
+      for c in ${COOPMAT_EXH:-resnet50-3x3-56 resnet50-3x3-14}; do
+        LIMIT=150 step "ctune-exh-$c" .gpu/evokernel $ct --case "$c" --search exhaustive --json "$out/ctune-exh-$c.json"
+      done
       cat "$out"/ctune-*.log | grep -E "dense_coopmat" | cut -c1-230 > "$out/tune-summary.log"
       export EVOKERNEL_CACHE_DIR=/tmp/evk-cache ;;
+    vkab)
+      # Two builds of a dense shader on forced configs, A B A B (scripts/vk-ab.sh): stage
+      # the old build as .gpu/evokernel-old and the list as .gpu/ab.txt first.
+      source scripts/vulkan-nvidia.sh env
+      LIMIT=${AB_LIMIT:-200} step vkab bash scripts/vk-ab.sh .gpu/evokernel-old .gpu/evokernel .gpu/ab.txt ;;
     densetune)
       # The direct shader's tuner on two dense layers, evolutionary then exhaustive (the
       # issue's 3% check); DENSE_TUNE_CASES overrides the layers.

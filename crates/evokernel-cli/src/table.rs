@@ -648,6 +648,7 @@ pub fn dense(cases: &[evokernel::dense::bench::DenseCaseReport]) -> String {
         "TFLOP/s",
         "GB/s",
         "x best",
+        "x ref",
     ]);
     for c in cases {
         let best_ms = c
@@ -697,6 +698,10 @@ pub fn dense(cases: &[evokernel::dense::bench::DenseCaseReport]) -> String {
                 "\n{}: {} {:.4} ms ({})",
                 c.name, r.name, r.median_ms, r.source
             );
+        }
+        // The driver's resource report of each shader, where the device gives one.
+        for k in c.candidates.iter().filter(|k| !k.resources.is_empty()) {
+            out += &format!("\n{}: {}: {}", c.name, k.kernel, k.resources.join(", "));
         }
     }
     out

@@ -1023,7 +1023,8 @@ fn bf16_outputs_round_to_nearest() {
 /// The cooperative-matrix shader where the device has it (the H100's driver): seeded
 /// random dense f16 channels-last specs (1-3 spatial dims, stride, dilation, asymmetric
 /// padding, batch; channels multiples of 8 but not all of 16 or 32, so B's padding and
-/// partial tiles in M and N are exercised), NaN/Inf in some inputs, then every config of
+/// partial tiles in M and N are exercised), NaN/Inf in some inputs, at the default and
+/// with two steps loaded ahead, then every config of
 /// its space on two specs (the dense bench checks the dense suite's real layers at
 /// sampled positions). Where the device has no cooperative matrices (lavapipe), the
 /// refusal says so, by name.
@@ -1089,6 +1090,10 @@ fn coopmat_shader_matches_the_oracle_where_the_device_has_it() {
     };
     for (i, spec) in specs.iter().enumerate() {
         check(spec, 700 + i as u64, None);
+        // The two-deep prefetch too: its loop runs steps in pairs (odd counts, one step).
+        let mut two = CoopmatConfig::default_for(dev.info(), spec).unwrap();
+        two.ahead = 2;
+        check(spec, 800 + i as u64, Some(two));
     }
     for spec in &specs[..2] {
         let space = CoopmatConfig::space(dev.info(), spec);

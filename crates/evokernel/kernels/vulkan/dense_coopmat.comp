@@ -7,12 +7,14 @@
 // pixel tap t of output m reads (zero where it falls in the padding or past Cin), B the
 // weights the host packed as [tap][Cin_pad][Cout_pad8] (zeros in the padding).
 // A workgroup of SG_M x SG_N subgroups computes BM x BN outputs (BM = SG_M * TM * 16,
-// BN = SG_N * TN * 16), each subgroup TM x TN accumulator tiles. A K step of BK:
-// every invocation loads its 16-byte pieces of the next step's A and B tiles from
-// global memory into registers, the subgroups multiply the current step's tiles from
-// shared memory (rows padded by 16 bytes against bank conflicts), then the registers go
-// to the other shared buffer (two buffers: one barrier a step). The epilogue converts
-// the accumulators to f16 through shared memory and writes 16-byte row pieces.
+// BN = SG_N * TN * 16), each subgroup TM x TN accumulator tiles. A K step of BK: every
+// invocation loads its 16-byte pieces of step s + AHEAD's A and B tiles from global memory
+// into registers (addresses: a pixel index a row computed once plus the tap's fixed
+// offset; taps followed by counters, not divisions), the subgroups multiply step s's
+// tiles from shared memory (rows padded by 16 bytes against bank conflicts), then step
+// s + 1's registers go to the other shared buffer (two buffers: one barrier a step).
+// The epilogue converts the accumulators to f16 through shared memory and writes 16-byte
+// row pieces.
 #extension GL_KHR_memory_scope_semantics : enable
 #extension GL_KHR_cooperative_matrix : enable
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : enable
@@ -34,6 +36,9 @@ layout(constant_id = 12) const int DW = 1;
 // 16-byte pieces of shared memory: max(2 * STAGE, BM * C_ROW) (the host's shared_bytes).
 layout(constant_id = 13) const int SMEM = 1;
 layout(constant_id = 14) const int BK = 32;       // K a step: 32 or 64
+// Steps loaded ahead of the one multiplied: 1 (one register set) or 2 (two sets, so a
+// load has two steps' multiplies to arrive in).
+layout(constant_id = 15) const int AHEAD = 1;
 const int BM = SG_M * TM * 16, BN = SG_N * TN * 16, A_PER_ROW = BK / 8;
 // Shared rows in 16-byte units (8 halves), padded by one.
 const int A_ROW = BK / 8 + 1, B_ROW = BN / 8 + 1, C_ROW = BN / 8 + 1;
@@ -73,8 +78,10 @@ void main() {
     const int sg = int(gl_SubgroupID), sg_m = sg / SG_N, sg_n = sg % SG_N;
 
     // This invocation's A pieces: row (tid + i * THREADS) / A_PER_ROW, piece
-    // tid % A_PER_ROW of the row's BK channels; the row's output pixel decomposed once.
-    int a_base[A_LOADS], a_d[A_LOADS], a_h[A_LOADS], a_w[A_LOADS];
+    // tid % A_PER_ROW of the row's BK channels. The row's output pixel is decomposed once:
+    // its first tap's input position (d, h, w) and that position's pixel index, to which
+    // a tap adds a fixed offset (the input is linear in d, h, w).
+    int a_pix[A_LOADS], a_d[A_LOADS], a_h[A_LOADS], a_w[A_LOADS];
     for (int i = 0; i < A_LOADS; ++i) {
         const int m = m0 + (tid + i * THREADS) / A_PER_ROW;
         int q = min(m, p.m_total - 1);
@@ -82,34 +89,47 @@ void main() {
         const int oh_ = q % p.oh; q /= p.oh;
         const int od_ = q % p.od;
         const int b = q / p.od;
-        a_d[i] = m < p.m_total ? od_ * p.sd - p.pd : -(1 << 20);  // past M: never in range
+        const int d0 = od_ * p.sd - p.pd;
+        a_d[i] = m < p.m_total ? d0 : -(1 << 20);  // past M: never in range
         a_h[i] = oh_ * SH - p.ph;
         a_w[i] = ow_ * SW - p.pw;
-        a_base[i] = b * p.id;
+        a_pix[i] = ((b * p.id + d0) * p.ih + a_h[i]) * p.iw + a_w[i];
     }
-    const int a_piece = tid % A_PER_ROW;
+    const int a_piece = tid % A_PER_ROW, cin8 = p.cin / 8, cout8 = p.cout_pad8 / 8;
+    // This invocation's B pieces: their offsets within a step's BK rows, or -1 past Cout.
+    int b_off[B_LOADS];
+    for (int i = 0; i < B_LOADS; ++i) {
+        const int piece = tid + i * THREADS, k = piece / (BN / 8), c = n0 / 8 + piece % (BN / 8);
+        b_off[i] = c < cout8 ? k * cout8 + c : -1;
+    }
     const int steps = KD * KH * KW * p.steps_tap;
 
-    uvec4 ra[A_LOADS], rb[B_LOADS];
-    // Step s's pieces into registers.
-    #define LOAD_STEP(s)                                                                          \
+    uvec4 ra0[A_LOADS], rb0[B_LOADS], ra1[A_LOADS], rb1[B_LOADS];
+    // The next step to load: its tap (kd, kh, kw) and channel step within the tap, kept as
+    // counters (no division a step; the same in every invocation).
+    int ld_kd = 0, ld_kh = 0, ld_kw = 0, ld_cs = 0;
+    // Step s's pieces into registers ra, rb, then the counters to step s + 1.
+    #define LOAD_STEP(s, ra, rb)                                                                        \
     {                                                                                             \
-        const int tap = (s) / p.steps_tap, ci = ((s) % p.steps_tap) * BK + a_piece * 8;           \
-        const int kw_ = tap % KW, kh_ = (tap / KW) % KH, kd_ = tap / (KW * KH);                    \
+        const int dd_ = ld_kd * p.dd, dh_ = ld_kh * DH, dw_ = ld_kw * DW;                         \
+        const int tap_pix = (dd_ * p.ih + dh_) * p.iw + dw_, ci = ld_cs * BK + a_piece * 8;       \
         for (int i = 0; i < A_LOADS; ++i) {                                                       \
-            const int d = a_d[i] + kd_ * p.dd, h = a_h[i] + kh_ * DH, w_ = a_w[i] + kw_ * DW;     \
-            const bool inside = d >= 0 && d < p.id && h >= 0 && h < p.ih && w_ >= 0 && w_ < p.iw &&   \
-                            ci < p.cin;                                                           \
-            ra[i] = inside ? x[(((a_base[i] + d) * p.ih + h) * p.iw + w_) * (p.cin / 8) + ci / 8]     \
-                       : uvec4(0);                                                                \
+            const bool inside = uint(a_d[i] + dd_) < uint(p.id) && uint(a_h[i] + dh_) < uint(p.ih) && \
+                                uint(a_w[i] + dw_) < uint(p.iw) && ci < p.cin;                    \
+            ra[i] = inside ? x[(a_pix[i] + tap_pix) * cin8 + ci / 8] : uvec4(0);                  \
         }                                                                                         \
-        for (int i = 0; i < B_LOADS; ++i) {                                                       \
-            const int piece = tid + i * THREADS, k = piece / (BN / 8), c = n0 / 8 + piece % (BN / 8); \
-            rb[i] = c < p.cout_pad8 / 8 ? w[((s) * BK + k) * (p.cout_pad8 / 8) + c] : uvec4(0);  \
+        const int b_step = (s) * BK * cout8;                                                      \
+        for (int i = 0; i < B_LOADS; ++i) rb[i] = b_off[i] >= 0 ? w[b_step + b_off[i]] : uvec4(0); \
+        if (++ld_cs == p.steps_tap) {                                                             \
+            ld_cs = 0;                                                                            \
+            if (++ld_kw == KW) {                                                                  \
+                ld_kw = 0;                                                                        \
+                if (++ld_kh == KH) { ld_kh = 0; ++ld_kd; }                                        \
+            }                                                                                     \
         }                                                                                         \
     }
-    // The registers into shared buffer `buf`.
-    #define STORE_STEP(buf)                                                                       \
+    // Registers ra, rb into shared buffer `buf`.
+    #define STORE_STEP(buf, ra, rb)                                                                      \
     {                                                                                             \
         for (int i = 0; i < A_LOADS; ++i) {                                                       \
             const int piece = tid + i * THREADS;                                                  \
@@ -124,26 +144,47 @@ void main() {
     for (int t = 0; t < TM * TN; ++t)
         acc[t] = coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>(0.0);
 
-    LOAD_STEP(0);
-    STORE_STEP(0);
+    // Step s multiplies from buffer s & 1 while step s + AHEAD's loads are in flight into
+    // one register set and step s + 1's (loaded a step before, where AHEAD is 2) go from
+    // the other into buffer (s + 1) & 1; one barrier a step.
+    #define MULTIPLY_STEP(buf)                                                                    \
+    for (int kk = 0; kk < BK / 16; ++kk) {                                                        \
+        coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[TM];                        \
+        for (int i = 0; i < TM; ++i)                                                              \
+            coopMatLoad(a[i], smem, (buf) * STAGE + (sg_m * TM * 16 + i * 16) * A_ROW + kk * 2, A_ROW, \
+                        gl_CooperativeMatrixLayoutRowMajor);                                      \
+        for (int j = 0; j < TN; ++j) {                                                            \
+            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b;                        \
+            coopMatLoad(b, smem, (buf) * STAGE + A_TILE + kk * 16 * B_ROW + (sg_n * TN * 16 + j * 16) / 8, \
+                        B_ROW, gl_CooperativeMatrixLayoutRowMajor);                               \
+            for (int i = 0; i < TM; ++i) acc[i * TN + j] = coopMatMulAdd(a[i], b, acc[i * TN + j]); \
+        }                                                                                         \
+    }
+    LOAD_STEP(0, ra0, rb0);
+    STORE_STEP(0, ra0, rb0);
+    if (AHEAD == 2 && steps > 1) LOAD_STEP(1, ra1, rb1);
     barrier();
-    for (int s = 0; s < steps; ++s) {
-        const int buf = s & 1;
-        if (s + 1 < steps) LOAD_STEP(s + 1);
-        for (int kk = 0; kk < BK / 16; ++kk) {
-            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[TM];
-            for (int i = 0; i < TM; ++i)
-                coopMatLoad(a[i], smem, buf * STAGE + (sg_m * TM * 16 + i * 16) * A_ROW + kk * 2, A_ROW,
-                            gl_CooperativeMatrixLayoutRowMajor);
-            for (int j = 0; j < TN; ++j) {
-                coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b;
-                coopMatLoad(b, smem, buf * STAGE + A_TILE + kk * 16 * B_ROW + (sg_n * TN * 16 + j * 16) / 8, B_ROW,
-                            gl_CooperativeMatrixLayoutRowMajor);
-                for (int i = 0; i < TM; ++i) acc[i * TN + j] = coopMatMulAdd(a[i], b, acc[i * TN + j]);
+    if (AHEAD == 1) {
+        for (int s = 0; s < steps; ++s) {
+            if (s + 1 < steps) LOAD_STEP(s + 1, ra0, rb0);
+            MULTIPLY_STEP(s & 1);
+            if (s + 1 < steps) STORE_STEP((s + 1) & 1, ra0, rb0);
+            barrier();
+        }
+    } else {
+        // Unrolled by two so each register set is named, not indexed.
+        for (int s = 0; s < steps; s += 2) {
+            if (s + 2 < steps) LOAD_STEP(s + 2, ra0, rb0);
+            MULTIPLY_STEP(0);
+            if (s + 1 < steps) STORE_STEP(1, ra1, rb1);
+            barrier();
+            if (s + 1 < steps) {
+                if (s + 3 < steps) LOAD_STEP(s + 3, ra1, rb1);
+                MULTIPLY_STEP(1);
+                if (s + 2 < steps) STORE_STEP(0, ra0, rb0);
+                barrier();
             }
         }
-        if (s + 1 < steps) STORE_STEP(buf ^ 1);
-        barrier();
     }
 
     // Epilogue: f16 tiles into shared rows of BN halves, then 16-byte pieces out.

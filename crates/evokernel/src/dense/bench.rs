@@ -102,6 +102,10 @@ pub struct DenseCandidate {
     pub error: Option<String>,
     /// The fastest outside reference's time over this kernel's (> 1: faster).
     pub vs_reference: Option<f64>,
+    /// The driver's statistics of the compiled shader (`name value`: registers, code
+    /// size), where the device reports them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<String>,
 }
 
 /// One case of a dense bench.
@@ -185,6 +189,7 @@ pub fn bench_dense(
                 gbps: None,
                 error: Some(e.to_string()),
                 vs_reference: None,
+                resources: Vec::new(),
             },
         };
         candidates.push(c);
@@ -363,6 +368,10 @@ fn run_one(
         (None, true) => Some(time_cpu(spec, x, w, protocol).map_err(named(&label))?),
     };
     let ms = timing.as_ref().map(|t| t.median_ms);
+    let resources = match &vulkan {
+        Some(run) => run.statistics().map_err(named(&label))?,
+        None => Vec::new(),
+    };
     Ok(DenseCandidate {
         kernel: label,
         backend: kernel.backend(),
@@ -373,5 +382,6 @@ fn run_one(
         timing,
         error: None,
         vs_reference: None,
+        resources,
     })
 }

@@ -34,20 +34,30 @@ pub struct CoopmatConfig {
     pub tn: u32,
     /// K a step (input channels of one tap; Cin is padded to a multiple): 32 or 64.
     pub bk: u32,
+    /// Steps loaded ahead of the one multiplied: 1, or 2 (a second register set, so each
+    /// load has two steps' multiplies to arrive in). Tune caches written before the field
+    /// read as 1 (what the shader then did).
+    #[serde(default = "one")]
+    pub ahead: u32,
 }
 
 const SG: [u32; 3] = [1, 2, 4];
 const TILES: [u32; 3] = [1, 2, 4];
 const BKS: [u32; 2] = [32, 64];
+const AHEADS: [u32; 2] = [1, 2];
+
+fn one() -> u32 {
+    1
+}
 
 impl CoopmatConfig {
     /// The variant name configs are forced, tuned and cached under.
     pub const NAME: &'static str = "dense_coopmat";
     /// The fields, in `values` order.
-    pub const NAMES: [&'static str; 5] = ["sg_m", "sg_n", "tm", "tn", "bk"];
+    pub const NAMES: [&'static str; 6] = ["sg_m", "sg_n", "tm", "tn", "bk", "ahead"];
 
-    pub fn values(&self) -> [u32; 5] {
-        [self.sg_m, self.sg_n, self.tm, self.tn, self.bk]
+    pub fn values(&self) -> [u32; 6] {
+        [self.sg_m, self.sg_n, self.tm, self.tn, self.bk, self.ahead]
     }
 
     /// Output pixels and channels a workgroup computes.
@@ -126,6 +136,9 @@ impl CoopmatConfig {
         if !BKS.contains(&self.bk) {
             return Err(format!("bk {bk} (32 or 64)"));
         }
+        if !AHEADS.contains(&self.ahead) {
+            return Err(format!("ahead {} (1 or 2)", self.ahead));
+        }
         // Every invocation loads whole pieces of both tiles a step.
         if !(bm * bk / 8).is_multiple_of(threads) || !(bk * bn / 8).is_multiple_of(threads) {
             return Err(format!(
@@ -163,13 +176,16 @@ impl CoopmatConfig {
                 for &tm in &TILES {
                     for &tn in &TILES {
                         for &bk in &BKS {
-                            v.push(CoopmatConfig {
-                                sg_m,
-                                sg_n,
-                                tm,
-                                tn,
-                                bk,
-                            });
+                            for &ahead in &AHEADS {
+                                v.push(CoopmatConfig {
+                                    sg_m,
+                                    sg_n,
+                                    tm,
+                                    tn,
+                                    bk,
+                                    ahead,
+                                });
+                            }
                         }
                     }
                 }
@@ -202,6 +218,7 @@ impl CoopmatConfig {
             tm: 2,
             tn: 1,
             bk: 32,
+            ahead: 1,
         };
         let l = |a: u32, b: u32| (a.ilog2() as i32 - b.ilog2() as i32).abs();
         Self::space(info, spec)
@@ -212,6 +229,7 @@ impl CoopmatConfig {
                     + l(c.tm, want.tm)
                     + l(c.tn, want.tn)
                     + l(c.bk, want.bk)
+                    + l(c.ahead, want.ahead)
             })
             .ok_or_else(|| Error::NotApplicable {
                 variant: "vulkan dense_coopmat".into(),
@@ -225,7 +243,7 @@ impl CoopmatConfig {
 }
 
 impl std::fmt::Display for CoopmatConfig {
-    /// `dense_coopmat:sg_m=2,sg_n=4,tm=2,tn=1,bk=32`, the form configs are forced in.
+    /// `dense_coopmat:sg_m=2,sg_n=4,tm=2,tn=1,bk=32,ahead=1`, the form configs are forced in.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         super::write_config(f, Self::NAME, &Self::NAMES, &self.values())
     }
@@ -233,18 +251,18 @@ impl std::fmt::Display for CoopmatConfig {
 
 impl std::str::FromStr for CoopmatConfig {
     type Err = Error;
-    /// `dense_coopmat:sg_m=2,sg_n=4,tm=2,tn=1,bk=32` (every field; the form `Display`
+    /// `dense_coopmat:sg_m=2,sg_n=4,tm=2,tn=1,bk=32,ahead=1` (every field; the form `Display`
     /// writes).
     fn from_str(s: &str) -> Result<Self> {
         let expected = || {
             format!(
-                "expected {}:sg_m=N,sg_n=N,tm=N,tn=N,bk=N (each of the first four 1, 2 or 4; \
-                 bk 32 or 64)",
+                "expected {}:sg_m=N,sg_n=N,tm=N,tn=N,bk=N,ahead=N (each of the first four 1, \
+                 2 or 4; bk 32 or 64; ahead 1 or 2)",
                 Self::NAME
             )
         };
         let what = "a dense_coopmat config";
-        let [sg_m, sg_n, tm, tn, bk] =
+        let [sg_m, sg_n, tm, tn, bk, ahead] =
             super::parse_config(s, what, Self::NAME, &Self::NAMES, &expected)?;
         let c = CoopmatConfig {
             sg_m,
@@ -252,6 +270,7 @@ impl std::str::FromStr for CoopmatConfig {
             tm,
             tn,
             bk,
+            ahead,
         };
         if !Self::family().contains(&c) {
             return Err(Error::parse(what, s, expected()));
@@ -340,6 +359,7 @@ pub fn prepare_dense_coopmat<'d>(
         g.dilation3()[2],
         config.shared_bytes() / 16,
         bk,
+        config.ahead as usize,
     ]);
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
     VulkanRun::new(
@@ -408,8 +428,10 @@ mod tests {
         assert_eq!(d.to_string().parse::<CoopmatConfig>().unwrap(), d);
         for bad in [
             "dense_coopmat:sg_m=2",
-            "dense_coopmat:sg_m=3,sg_n=2,tm=4,tn=2,bk=32",
-            "dense_coopmat:sg_m=2,sg_n=2,tm=4,tn=2,bk=48",
+            "dense_coopmat:sg_m=3,sg_n=2,tm=4,tn=2,bk=32,ahead=1",
+            "dense_coopmat:sg_m=2,sg_n=2,tm=4,tn=2,bk=48,ahead=1",
+            "dense_coopmat:sg_m=2,sg_n=2,tm=4,tn=2,bk=32,ahead=3",
+            "dense_coopmat:sg_m=2,sg_n=2,tm=4,tn=2,bk=32",
             "dense_direct:sg_m=2,sg_n=2,tm=4,tn=2,bk=32",
         ] {
             assert!(bad.parse::<CoopmatConfig>().is_err(), "{bad}");

@@ -101,16 +101,37 @@ fn open_instance() -> Result<Arc<Instance>> {
     }))
 }
 
-/// Whether `pd` has `VK_KHR_cooperative_matrix`.
-fn has_cooperative_matrix(inst: &Instance, pd: vk::PhysicalDevice) -> bool {
+/// Whether `pd` has the device extension `wanted`.
+fn has_extension(inst: &Instance, pd: vk::PhysicalDevice, wanted: &CStr) -> bool {
     // SAFETY: `pd` came from this instance.
     let exts =
         unsafe { inst.instance.enumerate_device_extension_properties(pd) }.unwrap_or_default();
     exts.iter().any(|e| {
         // SAFETY: extension_name is a NUL-terminated array filled by the driver.
         let name = unsafe { CStr::from_ptr(e.extension_name.as_ptr()) };
-        name == ash::khr::cooperative_matrix::NAME
+        name == wanted
     })
+}
+
+/// Whether `pd` has `VK_KHR_cooperative_matrix`.
+fn has_cooperative_matrix(inst: &Instance, pd: vk::PhysicalDevice) -> bool {
+    has_extension(inst, pd, ash::khr::cooperative_matrix::NAME)
+}
+
+/// Whether `pd` reports compiled pipelines' statistics (registers, code size:
+/// `VK_KHR_pipeline_executable_properties` with `pipelineExecutableInfo`).
+fn has_executable_statistics(inst: &Instance, pd: vk::PhysicalDevice) -> bool {
+    if !has_extension(inst, pd, ash::khr::pipeline_executable_properties::NAME) {
+        return false;
+    }
+    let mut exec = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default();
+    let mut features2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut exec);
+    // SAFETY: `pd` has the extension (checked above).
+    unsafe {
+        inst.instance
+            .get_physical_device_features2(pd, &mut features2)
+    };
+    exec.pipeline_executable_info == vk::TRUE
 }
 
 /// Whether the cooperative-matrix shader's features are there: cooperativeMatrix,
@@ -244,6 +265,9 @@ pub struct VulkanDevice {
     family: u32,
     /// The compute queue writes timestamps (its family's timestamp_valid_bits > 0).
     timestamps: bool,
+    /// Pipelines are created capturing the driver's statistics (registers, code size),
+    /// where the device reports them.
+    statistics: Option<ash::khr::pipeline_executable_properties::Device>,
     device: ash::Device,
     /// Kept alive past the device (dropped after it).
     _instance: Arc<Instance>,
@@ -326,17 +350,25 @@ impl VulkanDevice {
         let mut model =
             vk::PhysicalDeviceVulkanMemoryModelFeatures::default().vulkan_memory_model(true);
         let mut f16 = vk::PhysicalDeviceShaderFloat16Int8Features::default().shader_float16(true);
-        let extensions = [ash::khr::cooperative_matrix::NAME.as_ptr()];
+        let with_statistics = has_executable_statistics(&instance, pd);
+        let mut exec = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
+            .pipeline_executable_info(true);
+        let mut extensions = Vec::new();
         let mut create = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
             .push_next(&mut storage16);
         if info.coopmat_f16 {
+            extensions.push(ash::khr::cooperative_matrix::NAME.as_ptr());
             create = create
-                .enabled_extension_names(&extensions)
                 .push_next(&mut coop)
                 .push_next(&mut model)
                 .push_next(&mut f16);
         }
+        if with_statistics {
+            extensions.push(ash::khr::pipeline_executable_properties::NAME.as_ptr());
+            create = create.push_next(&mut exec);
+        }
+        create = create.enabled_extension_names(&extensions);
         // SAFETY: valid create-info for a queue family the device has.
         let device =
             unsafe { inst.create_device(pd, &create, None) }.map_err(vk_err("vkCreateDevice"))?;
@@ -344,12 +376,15 @@ impl VulkanDevice {
         let queue = unsafe { device.get_device_queue(family, 0) };
         // SAFETY: `pd` belongs to `inst`.
         let memory = unsafe { inst.get_physical_device_memory_properties(pd) };
+        let statistics = with_statistics
+            .then(|| ash::khr::pipeline_executable_properties::Device::new(inst, &device));
         Ok(VulkanDevice {
             info,
             memory,
             queue,
             family,
             timestamps,
+            statistics,
             device,
             _instance: instance,
         })
@@ -673,10 +708,16 @@ impl VulkanDevice {
                 .module(module)
                 .name(c"main")
                 .specialization_info(&specialization);
+            let flags = if self.statistics.is_some() {
+                vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR
+            } else {
+                vk::PipelineCreateFlags::empty()
+            };
             let pipeline = d
                 .create_compute_pipelines(
                     vk::PipelineCache::null(),
                     &[vk::ComputePipelineCreateInfo::default()
+                        .flags(flags)
                         .stage(stage)
                         .layout(layout)],
                     None,
@@ -745,6 +786,47 @@ pub(crate) struct ComputeKernel<'d> {
 }
 
 impl ComputeKernel<'_> {
+    /// The driver's statistics of the compiled pipeline (e.g. NVIDIA's register count and
+    /// code size), `name value` each; empty where the device reports none.
+    pub(crate) fn statistics(&self) -> Result<Vec<String>> {
+        let Some(ext) = &self.dev.statistics else {
+            return Ok(Vec::new());
+        };
+        let pipeline = vk::PipelineInfoKHR::default().pipeline(self.objects.pipeline);
+        // SAFETY: the pipeline is live and was created capturing statistics.
+        let executables = unsafe { ext.get_pipeline_executable_properties(&pipeline) }
+            .map_err(vk_err("vkGetPipelineExecutablePropertiesKHR"))?;
+        let mut out = Vec::new();
+        for index in 0..executables.len() as u32 {
+            let info = vk::PipelineExecutableInfoKHR::default()
+                .pipeline(self.objects.pipeline)
+                .executable_index(index);
+            // SAFETY: as above; `index` is one of the pipeline's executables.
+            let stats = unsafe { ext.get_pipeline_executable_statistics(&info) }
+                .map_err(vk_err("vkGetPipelineExecutableStatisticsKHR"))?;
+            for s in &stats {
+                // SAFETY: the driver fills `name` NUL-terminated; the union member read is
+                // the one `format` names.
+                let name = unsafe { CStr::from_ptr(s.name.as_ptr()) }.to_string_lossy();
+                let value = unsafe {
+                    match s.format {
+                        vk::PipelineExecutableStatisticFormatKHR::BOOL32 => {
+                            (s.value.b32 != 0).to_string()
+                        }
+                        vk::PipelineExecutableStatisticFormatKHR::INT64 => s.value.i64.to_string(),
+                        vk::PipelineExecutableStatisticFormatKHR::UINT64 => s.value.u64.to_string(),
+                        vk::PipelineExecutableStatisticFormatKHR::FLOAT64 => {
+                            s.value.f64.to_string()
+                        }
+                        _ => "?".into(),
+                    }
+                };
+                out.push(format!("{name} {value}"));
+            }
+        }
+        Ok(out)
+    }
+
     /// One dispatch of `groups` workgroups with `push`, waited for; its device time in ms
     /// from two timestamps around it where the queue has timestamps. Shader writes are
     /// visible to the host and to transfers afterwards.

@@ -124,6 +124,13 @@ impl<'d> VulkanRun<'d> {
         self.kernel.launch_repeated(&self.push, self.grid, reps)
     }
 
+    /// The driver's statistics of the compiled shader (`name value`, e.g. NVIDIA's
+    /// register count): what the resource report of a CUDA kernel says, where the device
+    /// reports it (`VK_KHR_pipeline_executable_properties`); empty elsewhere.
+    pub fn statistics(&self) -> Result<Vec<String>> {
+        self.kernel.statistics()
+    }
+
     /// The output of the last launch.
     pub fn output(&self) -> Result<HostTensor> {
         let mut y = self.out.clone();
