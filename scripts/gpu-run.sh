@@ -58,6 +58,18 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       LIMIT=300 step bwd_memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel verify --suite public --pass all --only dgrad_gather --only wgrad --only wgrad_mma --only wgrad_tile_cl --only depth_reuse --only depth_reuse_fma_cl --only smem_tile
       LIMIT=200 step bwd_racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 40 --kernel 3x5x5 --padding 0,2,2 --pass all --only wgrad --only wgrad_mma --only dgrad_gather --only depth_reuse
       LIMIT=200 step bwd_racecheck_cl compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 40 --kernel 3x5x5 --padding 0,2,2 --layout channels-last --pass all --only wgrad --only wgrad_tile_cl --only dgrad_gather ;;
+    wgradz)
+      # grad-weight past 8 tap-row groups (the groups split over blocks along z):
+      # RepLKNet's 31x31 at the default and forced 1 and 2 rows a thread, a 3-D spec of 11
+      # groups in both layouts, then the sanitizers on a small 17x31 spec.
+      LIMIT=150 step wgradz_verify bash -c 'e=.gpu/evokernel; m="--suite models --case replknet-31x31 --pass wgrad --only wgrad";
+        $e verify $m --bias && $e verify $m --config wgrad:rows=1,run=8,splits=8,warps=1 &&
+        $e verify $m --config wgrad:rows=2,run=8,splits=8,warps=1 &&
+        for l in channels-first channels-last; do $e verify --input 9x30x40 --channels 40 --kernel 5x7x15 --padding 2,3,7 --layout $l --pass wgrad --only wgrad --dtype f32 || exit 1; done'
+      z="verify --input 20x24 --channels 8 --kernel 17x31 --padding 8,15 --pass wgrad --only wgrad --bias"
+      LIMIT=150 step wgradz_memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel $z
+      LIMIT=150 step wgradz_racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel $z
+      LIMIT=150 step wgradz_tests .gpu/tests/gpu-* --include-ignored --test-threads=1 grad_weight ;;
     gemm)
       # The fp8 scaled GEMM's kernels (mma.sync and wgmma rungs) and cuBLASLt against the
       # f64 oracle (every scaling, output type and bias), then under memcheck and racecheck.

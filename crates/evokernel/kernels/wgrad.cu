@@ -12,15 +12,20 @@
 // rows in one thread (run 66) made a loop body too large for the instruction cache and
 // ran the seed 25x slower than its FMA bound). At most 256 threads, 3 blocks an SM.
 // Arguments: a.x = input, a.w = grad_output, a.y = the f32 partials; the forward's
-// geometry; grid (channel blocks, splits), block G * (warps per group) warps. grad-bias
-// is always summed (group 0, a few adds per item), so one specialization serves both;
-// wgrad_finalize's EPI bit 2 writes it.
+// geometry; grid (channel blocks, splits, ZB), block G * (warps per group) warps, where
+// the GT tap-row groups are split into ZB blocks of G <= 8 (ZB = 1 up to 8 groups).
+// grad-bias is always summed (group 0, a few adds per item; written by z block 0), so one
+// specialization serves both; wgrad_finalize's EPI bit 2 writes it.
 template <typename I, typename T, bool CHANNELS_LAST, int KD, int KH, int KW, int SW, int DIL_W,
           int V, int RB>
 __device__ __forceinline__ void wgrad_body(const ConvArgs& a) {
     constexpr int TAPS = KD * KH * KW;
     constexpr int ROWS = KD * KH;  // tap rows (kd, kh)
-    constexpr int G = (ROWS + RB - 1) / RB;  // tap-row groups
+    constexpr int GT = (ROWS + RB - 1) / RB;  // tap-row groups in all
+    // At most 8 groups a block (256 threads): more (RepLKNet's 31 x 31: 16 groups of two
+    // rows) are split over blockIdx.z, each z block the same items for its own groups.
+    constexpr int ZB = (GT + 7) / 8;
+    constexpr int G = (GT + ZB - 1) / ZB;  // tap-row groups a block
     constexpr int SPAN = (V - 1) * SW + (KW - 1) * DIL_W + 1;
     constexpr int NACC = RB * KW + 1;
     static_assert(RB >= 1 && RB <= ROWS, "a tap-row group holds 1..KD*KH rows");
@@ -86,7 +91,7 @@ __device__ __forceinline__ void wgrad_body(const ConvArgs& a) {
         const long long ibase = CHANNELS_LAST ? n * ispatial * a.c + c : (n * a.c + c) * ispatial;
 #pragma unroll
         for (int r = 0; r < RB; ++r) {
-            const int q = group * RB + r;
+            const int q = (blockIdx.z * G + group) * RB + r;
             if (q >= ROWS) break;
             const int kd = q / KH, kh = q - (q / KH) * KH;
             const int id = od * a.sd - a.pd + kd * a.dd;
@@ -140,9 +145,10 @@ __device__ __forceinline__ void wgrad_body(const ConvArgs& a) {
             float s = 0.f;
             const int l = CHANNELS_LAST ? lane : 0;
             for (int w = warp; w < warps; w += G) s += red[w][l];
-            const int q = warp * RB + r;
+            const int q = (blockIdx.z * G + warp) * RB + r;
             const bool is_bias = i == RB * KW;
-            if (live && (CHANNELS_LAST || lane == 0) && (is_bias ? warp == 0 : q < ROWS))
+            if (live && (CHANNELS_LAST || lane == 0) &&
+                (is_bias ? warp == 0 && blockIdx.z == 0 : q < ROWS))
                 out[is_bias ? TAPS : q * KW + k] = s;
         }
         __syncthreads();

@@ -38,9 +38,17 @@ impl Wgrad {
         kd * kh
     }
 
-    /// Tap-row groups of a block for `rows` tap rows per thread.
+    /// Tap-row groups in all for `rows` tap rows per thread.
     pub(crate) fn groups(spec: &ConvSpec, rows: usize) -> usize {
         Self::tap_rows(spec).div_ceil(rows.max(1))
+    }
+
+    /// Blocks along z that split the groups (at most MAX_GROUPS a block), and the groups
+    /// a block; mirrors the kernel's ZB and G.
+    fn group_blocks(spec: &ConvSpec, rows: usize) -> (usize, usize) {
+        let all = Self::groups(spec, rows);
+        let z = all.div_ceil(MAX_GROUPS);
+        (z, all.div_ceil(z))
     }
 
     /// Work items of one channel: output rows x runs of `run` outputs.
@@ -72,19 +80,17 @@ impl Variant for Wgrad {
                 "a kernel {kw} wide needs more than {MAX_ACCUMULATORS} accumulators per thread"
             ));
         }
-        if Self::groups(spec, MAX_ACCUMULATORS / kw) > MAX_GROUPS {
-            return Err(format!(
-                "{} tap rows of {kw} taps need more than {MAX_GROUPS} groups of a block",
-                Self::tap_rows(spec)
-            ));
-        }
         Ok(())
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         let (rows, kw) = (Self::tap_rows(spec), spec.kernel3()[2]);
+        // Rows a thread for 1..=8 groups, and where those exceed the accumulators, the
+        // most that fit (their groups then split over blocks along z).
+        let most = (MAX_ACCUMULATORS / kw).clamp(1, rows);
         let mut per_thread: Vec<i64> = (1..=MAX_GROUPS)
             .map(|g| rows.div_ceil(g))
-            .filter(|&r| r * kw <= MAX_ACCUMULATORS && Self::groups(spec, r) <= MAX_GROUPS)
+            .filter(|&r| r * kw <= MAX_ACCUMULATORS)
+            .chain([most, most.div_ceil(2)])
             .map(|r| r as i64)
             .collect();
         per_thread.sort_unstable();
@@ -122,7 +128,7 @@ impl Variant for Wgrad {
             .filter(|&r| r as usize * kw <= 25)
             .max()
             .unwrap_or(space[0].values[0]);
-        let groups = Self::groups(spec, rows as usize);
+        let (_, groups) = Self::group_blocks(spec, rows as usize);
         let warps = (8 / groups).clamp(1, MAX_GROUPS / groups);
         // Strided W reads a run's inputs `stride` apart: shorter runs (mobilenet-s2, stride
         // 2, channels-last: run 8 0.124 ms vs 16 0.259 ms, tuned in run 76).
@@ -171,10 +177,10 @@ impl Variant for Wgrad {
                 spec.kernel3()[2]
             ));
         }
-        if Self::groups(spec, p.rows) * p.warps > MAX_GROUPS {
+        let (_, groups) = Self::group_blocks(spec, p.rows);
+        if groups * p.warps > MAX_GROUPS {
             return Err(format!(
-                "{} groups of {} warps exceed a block of {MAX_GROUPS} warps",
-                Self::groups(spec, p.rows),
+                "{groups} groups of {} warps exceed a block of {MAX_GROUPS} warps",
                 p.warps
             ));
         }
@@ -188,12 +194,13 @@ impl Variant for Wgrad {
                 spec: spec.to_string(),
                 reason,
             })?;
-        let threads = Self::groups(spec, p.rows) * p.warps * 32;
+        let (z, groups) = Self::group_blocks(spec, p.rows);
+        let threads = groups * p.warps * 32;
         Ok(Launch {
             grid: (
                 grid_x(self, spec, Self::channel_blocks(spec))?,
                 p.splits as u32,
-                1,
+                z as u32,
             ),
             block: (threads as u32, 1, 1),
             shared_bytes: 0,
@@ -237,6 +244,37 @@ pub(crate) fn finalize(spec: &ConvSpec, splits: usize, sms: u32) -> FinalizeKern
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// More than 8 tap-row groups split over blocks along z, at most 8 groups a block:
+    /// 31 x 31 (31 tap rows) at 1 row a thread runs 4 z blocks of 8 groups, at 2 rows 2 of
+    /// 8; the seed's 15 rows stay one block.
+    #[test]
+    fn tap_row_groups_past_a_block_split_along_z() {
+        use crate::spec::ConvParams;
+        let mut p = ConvParams::seed();
+        p.input = vec![1, 40, 40];
+        p.kernel = vec![1, 31, 31];
+        p.padding = vec![[0, 0], [15, 15], [15, 15]];
+        let spec = p.validate().unwrap();
+        assert!(Wgrad.applies(&spec).is_ok());
+        assert_eq!(Wgrad::group_blocks(&spec, 1), (4, 8));
+        assert_eq!(Wgrad::group_blocks(&spec, 2), (2, 8));
+        for rows in [1, 2] {
+            let config = Config::new(
+                "wgrad",
+                &[("rows", rows), ("run", 8), ("splits", 4), ("warps", 1)],
+            );
+            let l = Wgrad.launch(&spec, &config, 132).unwrap();
+            assert_eq!((l.grid.2, l.block.0), (4 / rows as u32, 256));
+        }
+        let seed = ConvParams::seed().validate().unwrap();
+        let l = Wgrad
+            .launch(&seed, &Wgrad.default_config(&seed), 132)
+            .unwrap();
+        assert_eq!(l.grid.2, 1);
+        // Three rows a thread would need 93 accumulators: not in the space.
+        assert!(!Wgrad.space(&spec)[0].values.contains(&3));
+    }
 
     #[test]
     fn finalize_parts_divide_the_splits_and_the_block() {
