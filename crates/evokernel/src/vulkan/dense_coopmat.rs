@@ -60,6 +60,18 @@ impl CoopmatConfig {
         [self.sg_m, self.sg_n, self.tm, self.tn, self.bk, self.ahead]
     }
 
+    /// The config of `values` (in `NAMES` order; unchecked: `fits` and `family` judge it).
+    fn from_values([sg_m, sg_n, tm, tn, bk, ahead]: [u32; 6]) -> Self {
+        CoopmatConfig {
+            sg_m,
+            sg_n,
+            tm,
+            tn,
+            bk,
+            ahead,
+        }
+    }
+
     /// Output pixels and channels a workgroup computes.
     pub fn block(&self) -> (usize, usize) {
         (
@@ -177,14 +189,7 @@ impl CoopmatConfig {
                     for &tn in &TILES {
                         for &bk in &BKS {
                             for &ahead in &AHEADS {
-                                v.push(CoopmatConfig {
-                                    sg_m,
-                                    sg_n,
-                                    tm,
-                                    tn,
-                                    bk,
-                                    ahead,
-                                });
+                                v.push(Self::from_values([sg_m, sg_n, tm, tn, bk, ahead]));
                             }
                         }
                     }
@@ -262,16 +267,13 @@ impl std::str::FromStr for CoopmatConfig {
             )
         };
         let what = "a dense_coopmat config";
-        let [sg_m, sg_n, tm, tn, bk, ahead] =
-            super::parse_config(s, what, Self::NAME, &Self::NAMES, &expected)?;
-        let c = CoopmatConfig {
-            sg_m,
-            sg_n,
-            tm,
-            tn,
-            bk,
-            ahead,
-        };
+        let c = Self::from_values(super::parse_config(
+            s,
+            what,
+            Self::NAME,
+            &Self::NAMES,
+            &expected,
+        )?);
         if !Self::family().contains(&c) {
             return Err(Error::parse(what, s, expected()));
         }
