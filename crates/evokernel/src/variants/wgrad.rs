@@ -84,15 +84,17 @@ impl Variant for Wgrad {
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         let (rows, kw) = (Self::tap_rows(spec), spec.kernel3()[2]);
-        // Rows a thread for 1..=8 groups, and where those exceed the accumulators, the
-        // most that fit (their groups then split over blocks along z).
-        let most = (MAX_ACCUMULATORS / kw).clamp(1, rows);
+        // Rows a thread for 1..=8 groups; where none fits the accumulators, the most that
+        // do and half that (their groups then split over blocks along z).
         let mut per_thread: Vec<i64> = (1..=MAX_GROUPS)
             .map(|g| rows.div_ceil(g))
             .filter(|&r| r * kw <= MAX_ACCUMULATORS)
-            .chain([most, most.div_ceil(2)])
             .map(|r| r as i64)
             .collect();
+        if per_thread.is_empty() {
+            let most = (MAX_ACCUMULATORS / kw).clamp(1, rows);
+            per_thread = vec![most as i64, most.div_ceil(2) as i64];
+        }
         per_thread.sort_unstable();
         per_thread.dedup();
         vec![
