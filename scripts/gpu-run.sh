@@ -102,15 +102,20 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       LIMIT=${DENSE_LIMIT:-500} step dense .gpu/evokernel bench --op dense-conv --backend vulkan --suite dense --reference "$out/torch-dense.json" ${DENSE_ARGS:-} --json "$out/dense.json" ;;
     vkdepthwise)
       # Depthwise on Vulkan (dense_naive, tile, depth_rotate, depth_rotate_cl) beside the
-      # CUDA kernels, same call, on the public and channels-last suites (every dtype).
-      LIMIT=400 step cuda_public .gpu/evokernel bench --suite public --json "$out/cuda-public.json"
-      LIMIT=300 step cuda_channels-last .gpu/evokernel bench --suite channels-last --json "$out/cuda-channels-last.json"
+      # CUDA kernels, same call, on the public and channels-last suites (every dtype; or
+      # VKDW_ARGS, e.g. "--case mobilenet-s2"): the depthwise shaders tuned first
+      # (evolutionary, VKDW_TUNE=0 skips), the bench then runs the tuned configs.
+      LIMIT=400 step cuda_public .gpu/evokernel bench --suite public ${VKDW_ARGS:-} --json "$out/cuda-public.json"
+      LIMIT=300 step cuda_channels-last .gpu/evokernel bench --suite channels-last ${VKDW_ARGS:-} --json "$out/cuda-channels-last.json"
       source scripts/vulkan-nvidia.sh env
+      export EVOKERNEL_CACHE_DIR=/tmp/evk-vkdw
       for s in public channels-last; do
-        LIMIT=400 step "vk_$s" .gpu/evokernel bench --op dense-conv --backend vulkan --suite "$s" --json "$out/vk-$s.json"
+        [ "${VKDW_TUNE:-1}" = 1 ] && LIMIT=${VKDW_TUNE_LIMIT:-300} step "vk_tune_$s" .gpu/evokernel tune --op dense-conv --backend vulkan --suite "$s" ${VKDW_ARGS:-} --search evolutionary --retune --json "$out/vk-tune-$s.json"
+        LIMIT=400 step "vk_$s" .gpu/evokernel bench --op dense-conv --backend vulkan --suite "$s" ${VKDW_ARGS:-} --json "$out/vk-$s.json"
         # Per case: Vulkan's best over the CUDA FMA kernels' best (the issue: <= 1.5).
         python3 scripts/vk_vs_cuda.py "$out/cuda-$s.json" "$out/vk-$s.json" > "$out/vk-vs-cuda-$s.txt" 2>&1
       done
+      export EVOKERNEL_CACHE_DIR=/tmp/evk-cache
       [ -n "${OUT:-}" ] && tar czf "$OUT/logs.tgz" -C "$out" . ;;
     coopmat)
       # The cooperative-matrix shader on the ResNet-50 3x3 layers: its oracle test, the

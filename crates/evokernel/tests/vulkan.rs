@@ -795,6 +795,70 @@ fn dense_tuner_records_a_config_the_bench_reads_back() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// The depthwise shaders are tuned like the dense ones: on a depthwise spec each of
+/// tile, depth_rotate and depth_rotate_cl searches its space (every config checked
+/// against the oracle before it is timed), records its best, and the cache gives that
+/// config back to the bench; a forced config runs as given.
+#[test]
+fn depthwise_shaders_are_tuned_and_their_configs_read_back() {
+    use evokernel::bench::Protocol;
+    use evokernel::dense::bench::{bench_dense, DenseKernel};
+    use evokernel::dense::tune::{tune_dense, tuned_config, TunableShader};
+    use evokernel::tune::{SearchKind, TuneCache, TunePlan, TuneRow};
+    use evokernel::vulkan::VulkanDevice;
+    let dev = device();
+    let p = ConvParams {
+        n: 1,
+        c: 8,
+        input: vec![3, 6, 20],
+        kernel: vec![2, 3, 3],
+        stride: vec![1, 1, 1],
+        dilation: vec![1, 1, 1],
+        padding: vec![[1, 0], [1, 1], [1, 1]],
+        layout: Layout::ChannelsLast,
+        dtype: DType::F32,
+    };
+    let spec = DenseConvSpec::from_params(&p, 8, 8).unwrap();
+    let dir = std::env::temp_dir().join(format!("evk-dw-tune-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cache = TuneCache::open(&dir.join("tune.json"));
+    let plan = TunePlan {
+        search: SearchKind::Evolutionary,
+        max_candidates: Some(5),
+        max_seconds: 60.0,
+        retune: true,
+    };
+    let protocol = Protocol::default().with_launches(3);
+    fn tuned<S: TunableShader + std::fmt::Debug>(
+        dev: &VulkanDevice,
+        spec: &DenseConvSpec,
+        plan: &TunePlan,
+        protocol: &Protocol,
+        cache: &mut TuneCache,
+    ) -> (TuneRow, S) {
+        let row = tune_dense::<S>(dev, spec, plan, protocol, 5, cache, &mut |_| {}).unwrap();
+        assert!(row.timed >= 2 && row.failed == 0, "{row:?}");
+        let best: S = row.best_config.as_deref().unwrap().parse().unwrap();
+        assert_eq!(tuned_config::<S>(cache, dev, spec), Some(best));
+        (row, best)
+    }
+    let (_, tile) = tuned::<TileConfig>(&dev, &spec, &plan, &protocol, &mut cache);
+    let (_, rotate) = tuned::<RotateConfig>(&dev, &spec, &plan, &protocol, &mut cache);
+    let (_, rotate_cl) = tuned::<RotateClConfig>(&dev, &spec, &plan, &protocol, &mut cache);
+    // The tuned configs forced through the bench pass the oracle under their names.
+    let kernels = [
+        DenseKernel::VulkanDepthwiseTile(Some(tile)),
+        DenseKernel::VulkanDepthRotate(Some(rotate)),
+        DenseKernel::VulkanDepthRotateCl(Some(rotate_cl)),
+    ];
+    let report = bench_dense(Some(&dev), "dw", &spec, &kernels, &protocol, 5, Vec::new()).unwrap();
+    let want = [tile.to_string(), rotate.to_string(), rotate_cl.to_string()];
+    for (c, name) in report.candidates.iter().zip(&want) {
+        assert!(c.passed && &c.kernel == name, "{c:?}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// Winograd F(2x2, 3x3): every 3 x 3 stride-1 case of the dense suite on small twins (f32
 /// and f16, both layouts), random 3 x 3 specs (groups, padding, 3-D slices with 1 x 3 x 3
 /// kernels, depth strides), a sample of its config space, NaN inputs reaching exactly

@@ -16,6 +16,7 @@ use evokernel::vulkan::dense_direct::DirectConfig;
 use evokernel::vulkan::dense_winograd::WinogradConfig;
 use evokernel::vulkan::depth_rotate::RotateConfig;
 use evokernel::vulkan::depth_rotate_cl::RotateClConfig;
+use evokernel::vulkan::tile::TileConfig;
 use evokernel::vulkan::VulkanDevice;
 use evokernel::{Error, Pass};
 use serde::Serialize;
@@ -54,7 +55,7 @@ fn refuse_other_flags(common: &Common, gemm: &GemmArgs) -> Result<(), Error> {
         return Err(Error::parse(
             "--op dense-conv",
             flag,
-            "the dense convolution takes the spec flags with --out-channels/--groups (or --suite dense), --only cpu|dense_naive|dense_direct|dense_winograd|dense_coopmat, --config dense_direct:...|dense_winograd:...|dense_coopmat:..., --backend auto|cpu|vulkan, --reference FILE",
+            "the dense convolution takes the spec flags with --out-channels/--groups (or --suite dense), --only cpu|dense_naive|dense_direct|dense_winograd|dense_coopmat|tile|depth_rotate|depth_rotate_cl, --config dense_direct:...|dense_winograd:...|dense_coopmat:...|tile:...|depth_rotate:...|depth_rotate_cl:..., --backend auto|cpu|vulkan, --reference FILE",
         ));
     }
     Ok(())
@@ -132,12 +133,15 @@ fn kernels(
         });
     }
     for c in &common.config {
-        out.push(if c.starts_with(WinogradConfig::NAME) {
-            DenseKernel::VulkanWinograd(Some(c.parse()?))
-        } else if c.starts_with(CoopmatConfig::NAME) {
-            DenseKernel::VulkanCoopmat(Some(c.parse()?))
-        } else {
-            DenseKernel::VulkanDirect(Some(c.parse::<DirectConfig>()?))
+        // The name before ':' picks the shader (depth_rotate_cl is not depth_rotate).
+        let name = c.split(':').next().unwrap_or_default().trim();
+        out.push(match name {
+            WinogradConfig::NAME => DenseKernel::VulkanWinograd(Some(c.parse()?)),
+            CoopmatConfig::NAME => DenseKernel::VulkanCoopmat(Some(c.parse()?)),
+            TileConfig::NAME => DenseKernel::VulkanDepthwiseTile(Some(c.parse()?)),
+            RotateConfig::NAME => DenseKernel::VulkanDepthRotate(Some(c.parse()?)),
+            RotateClConfig::NAME => DenseKernel::VulkanDepthRotateCl(Some(c.parse()?)),
+            _ => DenseKernel::VulkanDirect(Some(c.parse::<DirectConfig>()?)),
         });
     }
     if out.is_empty() {

@@ -18,9 +18,9 @@ use crate::vulkan::dense_coopmat::CoopmatConfig;
 use crate::vulkan::dense_direct::DirectConfig;
 use crate::vulkan::dense_naive::prepare_dense_naive;
 use crate::vulkan::dense_winograd::WinogradConfig;
-use crate::vulkan::depth_rotate::{prepare_depth_rotate, RotateConfig};
-use crate::vulkan::depth_rotate_cl::{prepare_depth_rotate_cl, RotateClConfig};
-use crate::vulkan::tile::{prepare_tile, TileConfig};
+use crate::vulkan::depth_rotate::RotateConfig;
+use crate::vulkan::depth_rotate_cl::RotateClConfig;
+use crate::vulkan::tile::TileConfig;
 use crate::vulkan::{VulkanDevice, VulkanRun};
 
 /// Outputs checked on a large case (plus its first and last).
@@ -41,13 +41,14 @@ pub enum DenseKernel {
     /// the device has them); None: the tuned config, else the device's default.
     VulkanCoopmat(Option<CoopmatConfig>),
     /// Vulkan, the depthwise tiled shader (`vulkan::tile`; groups = in = out channels
-    /// only); None: the device's default.
+    /// only); None: the tuned config, else the device's default.
     VulkanDepthwiseTile(Option<TileConfig>),
     /// Vulkan, the depthwise FMA depth rotation (`vulkan::depth_rotate`; depthwise specs
-    /// with depth stride and dilation 1); None: the device's default.
+    /// with depth stride and dilation 1); None: the tuned config, else the device's
+    /// default.
     VulkanDepthRotate(Option<RotateConfig>),
     /// Vulkan, the channels-last depth rotation with lanes over channels
-    /// (`vulkan::depth_rotate_cl`); None: the device's default.
+    /// (`vulkan::depth_rotate_cl`); None: the tuned config, else the device's default.
     VulkanDepthRotateCl(Option<RotateClConfig>),
 }
 
@@ -60,7 +61,7 @@ impl DenseKernel {
             DenseKernel::VulkanDirect(_) => DirectConfig::NAME,
             DenseKernel::VulkanWinograd(_) => WinogradConfig::NAME,
             DenseKernel::VulkanCoopmat(_) => CoopmatConfig::NAME,
-            DenseKernel::VulkanDepthwiseTile(_) => "tile",
+            DenseKernel::VulkanDepthwiseTile(_) => TileConfig::NAME,
             DenseKernel::VulkanDepthRotate(_) => RotateConfig::NAME,
             DenseKernel::VulkanDepthRotateCl(_) => RotateClConfig::NAME,
         }
@@ -302,15 +303,14 @@ fn prepare_vulkan<'d>(
             reason: "a depthwise shader: groups = input = output channels".into(),
         });
     }
-    let g = spec.geometry();
     Ok(match kernel {
         DenseKernel::VulkanNaive => (prepare_dense_naive(dev, spec, x, w)?, false),
         DenseKernel::VulkanDirect(c) => return tunable(dev, spec, c, x, w),
         DenseKernel::VulkanWinograd(c) => return tunable(dev, spec, c, x, w),
         DenseKernel::VulkanCoopmat(c) => return tunable(dev, spec, c, x, w),
-        DenseKernel::VulkanDepthwiseTile(c) => (prepare_tile(dev, g, x, w, c)?, false),
-        DenseKernel::VulkanDepthRotate(c) => (prepare_depth_rotate(dev, g, x, w, c)?, false),
-        DenseKernel::VulkanDepthRotateCl(c) => (prepare_depth_rotate_cl(dev, g, x, w, c)?, false),
+        DenseKernel::VulkanDepthwiseTile(c) => return tunable(dev, spec, c, x, w),
+        DenseKernel::VulkanDepthRotate(c) => return tunable(dev, spec, c, x, w),
+        DenseKernel::VulkanDepthRotateCl(c) => return tunable(dev, spec, c, x, w),
         DenseKernel::Cpu => {
             return Err(Error::BackendUnavailable {
                 backend: "vulkan".into(),

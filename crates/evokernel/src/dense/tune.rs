@@ -1,5 +1,6 @@
-//! Tuning the Vulkan dense shaders (`dense_direct`, and `dense_winograd` and
-//! `dense_coopmat` where they apply): the configs that fit a spec on the device (its shared memory and
+//! Tuning the Vulkan shaders of `--op dense-conv` (`dense_direct`, and `dense_winograd`
+//! and `dense_coopmat` where they apply; on depthwise specs `tile`, `depth_rotate` and
+//! `depth_rotate_cl`): the configs that fit a spec on the device (its shared memory and
 //! invocations, read from the device) searched with the same tuner as the convolutions
 //! and the GEMM (`tune::search`: exhaustive or evolutionary), each candidate checked
 //! against the f64 oracle's sampled positions before it is timed; the best recorded in
@@ -19,6 +20,9 @@ use crate::variants::{Config, Param};
 use crate::vulkan::dense_coopmat::{self, prepare_dense_coopmat, CoopmatConfig};
 use crate::vulkan::dense_direct::{self, prepare_dense_direct, DirectConfig};
 use crate::vulkan::dense_winograd::{self, prepare_dense_winograd, WinogradConfig};
+use crate::vulkan::depth_rotate::{self, prepare_depth_rotate, RotateConfig};
+use crate::vulkan::depth_rotate_cl::{self, prepare_depth_rotate_cl, RotateClConfig};
+use crate::vulkan::tile::{self, prepare_tile, TileConfig};
 use crate::vulkan::{VulkanDevice, VulkanDeviceInfo, VulkanRun};
 
 /// A Vulkan dense shader whose typed config the tuner searches.
@@ -103,6 +107,78 @@ tunable!(
     WinogradConfig,
     dense_winograd::SOURCE,
     prepare_dense_winograd
+);
+
+/// Why a depthwise shader does not take `spec`: not depthwise, or `applies` of its
+/// geometry says why.
+fn depthwise_applies(
+    spec: &DenseConvSpec,
+    applies: impl FnOnce(&crate::spec::ConvSpec) -> std::result::Result<(), String>,
+) -> std::result::Result<(), String> {
+    if !spec.is_depthwise() {
+        return Err("a depthwise shader: groups = input = output channels".into());
+    }
+    applies(spec.geometry())
+}
+
+/// A depthwise shader's config (on the depthwise `ConvSpec` a depthwise `DenseConvSpec`
+/// holds) as a `TunableShader`: no configs, and refusals, on other specs.
+macro_rules! tunable_depthwise {
+    ($config:ty, $source:path, $prepare:path, $applies:expr) => {
+        impl TunableShader for $config {
+            const NAME: &'static str = <$config>::NAME;
+            const NAMES: &'static [&'static str] = &<$config>::NAMES;
+            const SOURCE: &'static str = $source;
+            fn values(&self) -> Vec<u32> {
+                <$config>::values(self).to_vec()
+            }
+            fn space(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Vec<Self> {
+                match depthwise_applies(spec, $applies) {
+                    Ok(()) => <$config>::space(info, spec.geometry()),
+                    Err(_) => Vec::new(),
+                }
+            }
+            fn default_for(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Result<Self> {
+                depthwise_applies(spec, $applies).map_err(|reason| Error::NotApplicable {
+                    variant: Self::NAME.into(),
+                    spec: spec.to_string(),
+                    reason,
+                })?;
+                <$config>::default_for(info, spec.geometry())
+            }
+            fn fits(
+                &self,
+                info: &VulkanDeviceInfo,
+                spec: &DenseConvSpec,
+            ) -> std::result::Result<(), String> {
+                depthwise_applies(spec, $applies)?;
+                <$config>::fits(self, info, spec.geometry())
+            }
+            fn prepare<'d>(
+                dev: &'d VulkanDevice,
+                spec: &DenseConvSpec,
+                x: &HostTensor,
+                w: &HostTensor,
+                config: Self,
+            ) -> Result<VulkanRun<'d>> {
+                $prepare(dev, spec.geometry(), x, w, Some(config))
+            }
+        }
+    };
+}
+
+tunable_depthwise!(TileConfig, tile::SOURCE, prepare_tile, |_| Ok(()));
+tunable_depthwise!(
+    RotateConfig,
+    depth_rotate::SOURCE,
+    prepare_depth_rotate,
+    RotateConfig::applies
+);
+tunable_depthwise!(
+    RotateClConfig,
+    depth_rotate_cl::SOURCE,
+    prepare_depth_rotate_cl,
+    RotateClConfig::applies
 );
 
 /// The tune target of a Vulkan device: its name, driver version and Vulkan API.
@@ -240,16 +316,83 @@ pub fn tune_dense<S: TunableShader>(
     ))
 }
 
-/// The shaders `tune_dense_case` searches, by name.
-pub const TUNED_SHADERS: [&str; 3] = [
+/// The shaders `tune_dense_case` searches, by name: the dense ones, then the depthwise.
+pub const TUNED_SHADERS: [&str; 6] = [
     DirectConfig::NAME,
     WinogradConfig::NAME,
     CoopmatConfig::NAME,
+    TileConfig::NAME,
+    RotateConfig::NAME,
+    RotateClConfig::NAME,
 ];
 
-/// `tune_dense` on one named case with the default cache (`tune.json`): `dense_direct`,
-/// and `dense_winograd` and `dense_coopmat` where they apply; `only` (names of
-/// `TUNED_SHADERS`) narrows that, empty for all.
+/// The shaders `tune_dense_case` searches on `spec` (names of `TUNED_SHADERS`): those
+/// `only` names, else the bench's ladder (the dense shaders on a dense or grouped spec,
+/// the depthwise ones on a depthwise spec) where they apply. A name `only` gives that is
+/// not a tuned shader, or whose shader cannot take the spec here, is an error.
+pub fn shaders_to_tune(
+    info: &VulkanDeviceInfo,
+    spec: &DenseConvSpec,
+    only: &[String],
+) -> Result<Vec<&'static str>> {
+    if let Some(o) = only.iter().find(|o| !TUNED_SHADERS.contains(&o.as_str())) {
+        return Err(Error::parse(
+            "a tuned shader",
+            o,
+            format!("one of {}", TUNED_SHADERS.join(", ")),
+        ));
+    }
+    let depthwise = spec.is_depthwise();
+    // Whether each shader takes the spec, and whether the ladder has it.
+    let shaders: [(&'static str, std::result::Result<(), String>, bool); 6] = [
+        (DirectConfig::NAME, Ok(()), !depthwise),
+        (
+            WinogradConfig::NAME,
+            WinogradConfig::applies(spec),
+            !depthwise,
+        ),
+        (
+            CoopmatConfig::NAME,
+            CoopmatConfig::applies(info, spec),
+            !depthwise,
+        ),
+        (TileConfig::NAME, depthwise_applies(spec, |_| Ok(())), true),
+        (
+            RotateConfig::NAME,
+            depthwise_applies(spec, RotateConfig::applies),
+            true,
+        ),
+        (
+            RotateClConfig::NAME,
+            depthwise_applies(spec, RotateClConfig::applies),
+            true,
+        ),
+    ];
+    let mut wanted = Vec::new();
+    for (n, applies, in_ladder) in shaders {
+        let named = only.iter().any(|o| o == n);
+        match applies {
+            // A shader asked for by name that cannot run this spec here is an error, not
+            // an empty report.
+            Err(reason) if named => {
+                return Err(Error::NotApplicable {
+                    variant: n.to_string(),
+                    spec: spec.to_string(),
+                    reason,
+                })
+            }
+            Ok(()) if named || (only.is_empty() && in_ladder) => wanted.push(n),
+            _ => {}
+        }
+    }
+    Ok(wanted)
+}
+
+/// `tune_dense` on one named case with the default cache (`tune.json`): on a dense or
+/// grouped spec `dense_direct`, and `dense_winograd` and `dense_coopmat` where they
+/// apply; on a depthwise spec `tile`, and `depth_rotate` and `depth_rotate_cl` where they
+/// apply (the bench's ladders). `only` (names of `TUNED_SHADERS`) picks instead, empty
+/// for the ladder; a shader it names that cannot take the spec is an error.
 #[allow(clippy::too_many_arguments)]
 pub fn tune_dense_case(
     dev: &VulkanDevice,
@@ -261,46 +404,30 @@ pub fn tune_dense_case(
     only: &[String],
     progress: &mut dyn FnMut(SearchProgress),
 ) -> Result<TuneReport> {
-    if let Some(o) = only.iter().find(|o| !TUNED_SHADERS.contains(&o.as_str())) {
-        return Err(Error::parse(
-            "a tuned shader",
-            o,
-            format!("one of {}", TUNED_SHADERS.join(", ")),
-        ));
-    }
-    let wanted = |n: &str| only.is_empty() || only.iter().any(|o| o == n);
-    // A shader asked for by name that cannot run this spec here is an error, not an
-    // empty report.
-    let named = |n: &str, applies: std::result::Result<(), String>| match applies {
-        Err(reason) if only.iter().any(|o| o == n) => Err(Error::NotApplicable {
-            variant: n.to_string(),
-            spec: spec.to_string(),
-            reason,
-        }),
-        other => Ok(other.is_ok()),
-    };
-    let winograd = named(WinogradConfig::NAME, WinogradConfig::applies(spec))?;
-    let coopmat = named(
-        CoopmatConfig::NAME,
-        CoopmatConfig::applies(dev.info(), spec),
-    )?;
+    let wanted = shaders_to_tune(dev.info(), spec, only)?;
     let mut cache = TuneCache::open_default();
     let cache_warning = cache.warning.clone();
     let mut rows = Vec::new();
-    if wanted(DirectConfig::NAME) {
-        rows.push(tune_dense::<DirectConfig>(
-            dev, spec, plan, protocol, seed, &mut cache, progress,
-        )?);
-    }
-    if wanted(WinogradConfig::NAME) && winograd {
-        rows.push(tune_dense::<WinogradConfig>(
-            dev, spec, plan, protocol, seed, &mut cache, progress,
-        )?);
-    }
-    if wanted(CoopmatConfig::NAME) && coopmat {
-        rows.push(tune_dense::<CoopmatConfig>(
-            dev, spec, plan, protocol, seed, &mut cache, progress,
-        )?);
+    for n in wanted {
+        let c = &mut cache;
+        rows.push(match n {
+            DirectConfig::NAME => {
+                tune_dense::<DirectConfig>(dev, spec, plan, protocol, seed, c, progress)
+            }
+            WinogradConfig::NAME => {
+                tune_dense::<WinogradConfig>(dev, spec, plan, protocol, seed, c, progress)
+            }
+            CoopmatConfig::NAME => {
+                tune_dense::<CoopmatConfig>(dev, spec, plan, protocol, seed, c, progress)
+            }
+            TileConfig::NAME => {
+                tune_dense::<TileConfig>(dev, spec, plan, protocol, seed, c, progress)
+            }
+            RotateConfig::NAME => {
+                tune_dense::<RotateConfig>(dev, spec, plan, protocol, seed, c, progress)
+            }
+            _ => tune_dense::<RotateClConfig>(dev, spec, plan, protocol, seed, c, progress),
+        }?);
     }
     Ok(TuneReport {
         name: name.to_string(),
@@ -310,4 +437,105 @@ pub fn tune_dense_case(
         cache_warning,
         rows,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{ConvParams, DType, Layout};
+
+    fn spec(c: i64, cout: i64, groups: i64, layout: Layout, stride_d: i64) -> DenseConvSpec {
+        let p = ConvParams {
+            n: 1,
+            c,
+            input: vec![4, 9, 9],
+            kernel: vec![3, 3, 3],
+            stride: vec![stride_d, 1, 1],
+            dilation: vec![1, 1, 1],
+            padding: vec![[1, 1], [1, 1], [1, 1]],
+            layout,
+            dtype: DType::F32,
+        };
+        DenseConvSpec::from_params(&p, cout, groups).unwrap()
+    }
+
+    /// The ladder follows the spec (dense shaders on dense specs, depthwise shaders where
+    /// they apply on depthwise ones); names pick instead and must apply.
+    #[test]
+    fn the_tuned_shaders_follow_the_spec_and_the_names() {
+        let info = crate::vulkan::device::lavapipe_like();
+        let none: [String; 0] = [];
+        let cl = Layout::ChannelsLast;
+        let dense = spec(8, 8, 1, cl, 1);
+        // 3 x 3 x 3: no Winograd; lavapipe: no cooperative matrices.
+        assert_eq!(
+            shaders_to_tune(&info, &dense, &none).unwrap(),
+            ["dense_direct"]
+        );
+        let dw = spec(8, 8, 8, cl, 1);
+        assert_eq!(
+            shaders_to_tune(&info, &dw, &none).unwrap(),
+            ["tile", "depth_rotate", "depth_rotate_cl"]
+        );
+        // Channels-first, depth stride 2: neither rotation applies.
+        let strided = spec(8, 8, 8, Layout::ChannelsFirst, 2);
+        assert_eq!(shaders_to_tune(&info, &strided, &none).unwrap(), ["tile"]);
+        let named = ["depth_rotate_cl".to_string()];
+        assert_eq!(
+            shaders_to_tune(&info, &dw, &named).unwrap(),
+            ["depth_rotate_cl"]
+        );
+        for (s, name, says) in [
+            (&dense, "depth_rotate", "depthwise"),
+            (&strided, "depth_rotate", "depth stride"),
+            (&dw, "dense_coopmat", "cooperative matrix"),
+            (&dense, "dense_winograd", "3"),
+            (&dw, "tiles", "one of"),
+        ] {
+            let e = shaders_to_tune(&info, s, &[name.to_string()])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{name}: {e}");
+        }
+    }
+
+    /// The depthwise configs' text round-trips through `--config`'s form, and the tuner's
+    /// form of a config parses back to it.
+    #[test]
+    fn depthwise_configs_round_trip_through_their_text() {
+        let info = crate::vulkan::device::lavapipe_like();
+        let dw = spec(8, 8, 8, Layout::ChannelsLast, 1);
+        let tiles = <TileConfig as TunableShader>::space(&info, &dw);
+        let rotations = <RotateConfig as TunableShader>::space(&info, &dw);
+        let cl = <RotateClConfig as TunableShader>::space(&info, &dw);
+        assert!(!tiles.is_empty() && !rotations.is_empty() && !cl.is_empty());
+        for c in &tiles {
+            assert_eq!(c.to_string().parse::<TileConfig>().unwrap(), *c);
+            assert_eq!(TileConfig::from_config(&c.to_config()).unwrap(), *c);
+        }
+        for c in &rotations {
+            assert_eq!(c.to_string().parse::<RotateConfig>().unwrap(), *c);
+        }
+        for c in &cl {
+            assert_eq!(c.to_string().parse::<RotateClConfig>().unwrap(), *c);
+        }
+        for bad in [
+            "tile:workgroup=48,out_w=1,rows=2",
+            "tile:workgroup=64,out_w=1",
+            "depth_rotate:workgroup=64,out_w=3,rows=2",
+            "depth_rotate_cl:workgroup=64,out_w=16",
+        ] {
+            let tile = bad.parse::<TileConfig>().is_err();
+            let rot = bad.parse::<RotateConfig>().is_err();
+            let rcl = bad.parse::<RotateClConfig>().is_err();
+            assert!(tile && rot && rcl, "{bad}");
+        }
+        // Not depthwise: no configs, and the default is refused with the reason.
+        let dense = spec(8, 8, 1, Layout::ChannelsLast, 1);
+        assert!(<RotateConfig as TunableShader>::space(&info, &dense).is_empty());
+        let e = <TileConfig as TunableShader>::default_for(&info, &dense)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("depthwise"), "{e}");
+    }
 }

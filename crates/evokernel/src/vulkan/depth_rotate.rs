@@ -37,6 +37,12 @@ const MAX_ITEMS: usize = 4;
 
 impl RotateConfig {
     pub const NAME: &'static str = "depth_rotate";
+    /// The fields, in `values` order.
+    pub const NAMES: [&'static str; 3] = ["workgroup", "out_w", "rows"];
+
+    pub fn values(&self) -> [u32; 3] {
+        [self.workgroup, self.out_w, self.rows]
+    }
 
     fn as_tile(&self) -> TileConfig {
         TileConfig {
@@ -169,12 +175,34 @@ impl RotateConfig {
 }
 
 impl std::fmt::Display for RotateConfig {
+    /// `depth_rotate:workgroup=128,out_w=4,rows=8`, the form configs are forced in.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "depth_rotate:workgroup={},out_w={},rows={}",
-            self.workgroup, self.out_w, self.rows
-        )
+        super::write_config(f, Self::NAME, &Self::NAMES, &self.values())
+    }
+}
+
+impl std::str::FromStr for RotateConfig {
+    type Err = Error;
+    /// `depth_rotate:workgroup=N,out_w=N,rows=N` (every field; the form `Display` writes).
+    fn from_str(s: &str) -> Result<Self> {
+        let expected = || {
+            format!(
+                "expected {}:workgroup=N,out_w=N,rows=N (workgroup 32-256, out_w 1, 2 or 4, \
+                 rows 1-32, powers of two)",
+                Self::NAME
+            )
+        };
+        let what = "a depth_rotate config";
+        let [workgroup, out_w, rows] =
+            super::parse_config(s, what, Self::NAME, &Self::NAMES, &expected)?;
+        if !WORKGROUPS.contains(&workgroup) || !OUT_WS.contains(&out_w) || !ROWS.contains(&rows) {
+            return Err(Error::parse(what, s, expected()));
+        }
+        Ok(RotateConfig {
+            workgroup,
+            out_w,
+            rows,
+        })
     }
 }
 

@@ -28,6 +28,12 @@ const OUT_WS: [u32; 4] = [1, 2, 4, 8];
 
 impl RotateClConfig {
     pub const NAME: &'static str = "depth_rotate_cl";
+    /// The fields, in `values` order.
+    pub const NAMES: [&'static str; 2] = ["workgroup", "out_w"];
+
+    pub fn values(&self) -> [u32; 2] {
+        [self.workgroup, self.out_w]
+    }
 
     /// Why the shader does not apply to `spec`, if it does not.
     pub fn applies(spec: &ConvSpec) -> std::result::Result<(), String> {
@@ -109,12 +115,28 @@ impl RotateClConfig {
 }
 
 impl std::fmt::Display for RotateClConfig {
+    /// `depth_rotate_cl:workgroup=128,out_w=4`, the form configs are forced in.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "depth_rotate_cl:workgroup={},out_w={}",
-            self.workgroup, self.out_w
-        )
+        super::write_config(f, Self::NAME, &Self::NAMES, &self.values())
+    }
+}
+
+impl std::str::FromStr for RotateClConfig {
+    type Err = Error;
+    /// `depth_rotate_cl:workgroup=N,out_w=N` (every field; the form `Display` writes).
+    fn from_str(s: &str) -> Result<Self> {
+        let expected = || {
+            format!(
+                "expected {}:workgroup=N,out_w=N (workgroup 32-256, out_w 1-8, powers of two)",
+                Self::NAME
+            )
+        };
+        let what = "a depth_rotate_cl config";
+        let [workgroup, out_w] = super::parse_config(s, what, Self::NAME, &Self::NAMES, &expected)?;
+        if !WORKGROUPS.contains(&workgroup) || !OUT_WS.contains(&out_w) {
+            return Err(Error::parse(what, s, expected()));
+        }
+        Ok(RotateClConfig { workgroup, out_w })
     }
 }
 

@@ -26,12 +26,34 @@ pub struct TileConfig {
 }
 
 impl std::fmt::Display for TileConfig {
+    /// `tile:workgroup=128,out_w=4,rows=8`, the form configs are forced in.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "tile:workgroup={},out_w={},rows={}",
-            self.workgroup, self.out_w, self.rows
-        )
+        super::write_config(f, Self::NAME, &Self::NAMES, &self.values())
+    }
+}
+
+impl std::str::FromStr for TileConfig {
+    type Err = Error;
+    /// `tile:workgroup=N,out_w=N,rows=N` (every field; the form `Display` writes).
+    fn from_str(s: &str) -> Result<Self> {
+        let expected = || {
+            format!(
+                "expected {}:workgroup=N,out_w=N,rows=N (workgroup 32-256, out_w 1, 2 or 4, \
+                 rows 1-32, powers of two)",
+                Self::NAME
+            )
+        };
+        let what = "a tile config";
+        let [workgroup, out_w, rows] =
+            super::parse_config(s, what, Self::NAME, &Self::NAMES, &expected)?;
+        if !WORKGROUPS.contains(&workgroup) || !OUT_WS.contains(&out_w) || !ROWS.contains(&rows) {
+            return Err(Error::parse(what, s, expected()));
+        }
+        Ok(TileConfig {
+            workgroup,
+            out_w,
+            rows,
+        })
     }
 }
 
@@ -53,6 +75,15 @@ pub(crate) fn tile_shape(spec: &ConvSpec, c: &TileConfig) -> (usize, usize) {
 }
 
 impl TileConfig {
+    /// The variant name configs are forced, tuned and cached under.
+    pub const NAME: &'static str = "tile";
+    /// The fields, in `values` order.
+    pub const NAMES: [&'static str; 3] = ["workgroup", "out_w", "rows"];
+
+    pub fn values(&self) -> [u32; 3] {
+        [self.workgroup, self.out_w, self.rows]
+    }
+
     /// Shared memory a workgroup of this config needs on `spec`.
     pub fn shared_bytes(&self, spec: &ConvSpec) -> usize {
         let (hs, ws) = tile_shape(spec, self);
