@@ -371,6 +371,25 @@ pub fn tuning(reports: &[TuneReport]) -> String {
         }
     }
     let mut out = t.to_string();
+    // The leaders re-timed side by side (their search time, then their median there).
+    for r in reports {
+        for row in r.rows.iter().filter(|row| !row.confirmed.is_empty()) {
+            let finalists: Vec<String> = row
+                .confirmed
+                .iter()
+                .map(|k| {
+                    let again = k.median_ms().map_or("failed".into(), |m| format!("{m:.4}"));
+                    format!("{} {:.4} -> {again}", k.config, k.search_ms)
+                })
+                .collect();
+            out.push_str(&format!(
+                "\n{} {}: leaders re-timed side by side (ms): {}",
+                r.name,
+                row.variant,
+                finalists.join("; ")
+            ));
+        }
+    }
     if let Some(r) = reports.first() {
         out.push_str(&format!("\ncache: {}", r.cache));
     }

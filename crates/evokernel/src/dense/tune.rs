@@ -3,7 +3,8 @@
 //! `depth_rotate_cl`): the configs that fit a spec on the device (its shared memory and
 //! invocations, read from the device) searched with the same tuner as the convolutions
 //! and the GEMM (`tune::search`: exhaustive or evolutionary), each candidate checked
-//! against the f64 oracle's sampled positions before it is timed; the best recorded in
+//! against the f64 oracle's sampled positions before it is timed, the three leaders
+//! re-timed side by side (three rounds, interleaved) to pick the best; the best recorded in
 //! the same `tune.json` (key `DenseConvSpec::key()`, the shader's name as the variant,
 //! stale when the shader changes). The bench runs the tuned configs.
 
@@ -235,6 +236,10 @@ pub fn tuned_config<S: TunableShader>(
     c.fits(dev.info(), spec).is_ok().then_some(c)
 }
 
+/// Leaders of a search re-timed side by side (`SearchResult::confirm`), and the rounds.
+const FINALISTS: usize = 3;
+const CONFIRM_ROUNDS: usize = 3;
+
 /// Tunes shader `S` for `spec` on `dev` (or reports the cached result unless
 /// `plan.retune`); records the best in `cache`. `progress` sees each timed candidate.
 pub fn tune_dense<S: TunableShader>(
@@ -269,20 +274,22 @@ pub fn tune_dense<S: TunableShader>(
         }
         Ok(Ok(time_vulkan(&run, protocol)?.median_ms))
     };
-    let cost = |c: &Config| -> std::result::Result<f64, String> {
+    let mut cost = |c: &Config| -> std::result::Result<f64, String> {
         let cfg = S::from_config(c).map_err(|e| e.to_string())?;
         time(cfg).unwrap_or_else(|e| Err(e.to_string()))
     };
     let strategy = plan.strategy(size, seed);
-    let result = search(
+    let mut result = search(
         all,
         &params,
         strategy,
         &[default.to_config()],
         |_| {},
-        cost,
+        &mut cost,
         progress,
     );
+    // The leaders again, side by side: the best is the one faster there.
+    result.confirm(FINALISTS, CONFIRM_ROUNDS, &mut cost);
     let default_ms = match result
         .trials
         .iter()
