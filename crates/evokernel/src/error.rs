@@ -54,9 +54,14 @@ pub enum Error {
     #[error("CUDA error {name} in {call}")]
     Cuda { call: String, name: String },
 
-    /// A kernel failed to compile; the NVRTC log is attached.
-    #[error("NVRTC could not compile {kernel}:\n{log}")]
-    Compile { kernel: String, log: String },
+    /// A kernel failed to compile; the compiler's log is attached (`compiler`: NVRTC
+    /// for CUDA kernels, glslang for Vulkan shaders).
+    #[error("{compiler} could not compile {kernel}:\n{log}")]
+    Compile {
+        compiler: &'static str,
+        kernel: String,
+        log: String,
+    },
 
     /// A variant does not support a spec.
     #[error("variant '{variant}' does not apply to {spec}: {reason}")]

@@ -177,6 +177,7 @@ fn nvrtc_compile(
     options: &[String],
 ) -> Result<(Vec<u8>, String, String)> {
     let bad = |what: &str| Error::Compile {
+        compiler: "NVRTC",
         kernel: name.to_string(),
         log: format!("{what} contains a NUL byte"),
     };
@@ -221,6 +222,7 @@ fn nvrtc_compile(
         };
         if r != sys::nvrtcResult::NVRTC_SUCCESS {
             return Err(Error::Compile {
+                compiler: "NVRTC",
                 kernel: format!("{name} ({expr}, {r:?})"),
                 log,
             });

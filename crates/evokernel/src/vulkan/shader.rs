@@ -72,6 +72,7 @@ pub fn compile_compute(name: &str, source: &str) -> Result<Vec<u32>> {
         SpirvVersion, Target, VulkanVersion,
     };
     let fail = |log: String| Error::Compile {
+        compiler: "glslang",
         kernel: format!("{name} (GLSL compute)"),
         log,
     };
@@ -110,6 +111,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("broken") && e.contains("undefined_x"), "{e}");
+        assert!(e.starts_with("glslang could not compile"), "{e}");
     }
 
     #[test]
