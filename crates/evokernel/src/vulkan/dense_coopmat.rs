@@ -207,10 +207,12 @@ impl CoopmatConfig {
             .collect()
     }
 
-    /// The default: 2 x 4 subgroups of 2 x 1 tiles (64 x 64 outputs a workgroup of 256
-    /// invocations on a subgroup of 32), or the fitting config nearest to it (run 147:
-    /// on ResNet-50's 56 x 56 and 14 x 14 layers 0.082 and 0.088 ms where the first
-    /// default, 2 x 2 subgroups of 4 x 2, took 0.25 and 0.29).
+    /// The default: 2 x 2 subgroups of 2 x 2 tiles, K steps of 32, one step ahead (64 x
+    /// 64 outputs a workgroup of 128 invocations on a subgroup of 32), or the fitting
+    /// config nearest to it. By run 150's searches (one timing a config) on ResNet-50's
+    /// five 3x3 layers: the best config on 56 x 56, within 1% of it on 28 x 28, 2% on
+    /// 7 x 7, 7-9% on 14 x 14 and the strided layer, and 4-14% faster than the earlier
+    /// default (2 x 4 subgroups of 2 x 1 tiles) on each.
     pub fn default_for(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Result<CoopmatConfig> {
         Self::applies(info, spec).map_err(|reason| Error::NotApplicable {
             variant: "vulkan dense_coopmat".into(),
@@ -219,9 +221,9 @@ impl CoopmatConfig {
         })?;
         let want = CoopmatConfig {
             sg_m: 2,
-            sg_n: 4,
+            sg_n: 2,
             tm: 2,
-            tn: 1,
+            tn: 2,
             bk: 32,
             ahead: 1,
         };
@@ -248,7 +250,7 @@ impl CoopmatConfig {
 }
 
 impl std::fmt::Display for CoopmatConfig {
-    /// `dense_coopmat:sg_m=2,sg_n=4,tm=2,tn=1,bk=32,ahead=1`, the form configs are forced in.
+    /// `dense_coopmat:sg_m=2,sg_n=2,tm=2,tn=2,bk=32,ahead=1`, the form configs are forced in.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         super::write_config(f, Self::NAME, &Self::NAMES, &self.values())
     }
@@ -256,7 +258,7 @@ impl std::fmt::Display for CoopmatConfig {
 
 impl std::str::FromStr for CoopmatConfig {
     type Err = Error;
-    /// `dense_coopmat:sg_m=2,sg_n=4,tm=2,tn=1,bk=32,ahead=1` (every field; the form `Display`
+    /// `dense_coopmat:sg_m=2,sg_n=2,tm=2,tn=2,bk=32,ahead=1` (every field; the form `Display`
     /// writes).
     fn from_str(s: &str) -> Result<Self> {
         let expected = || {
