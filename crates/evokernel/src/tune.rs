@@ -868,15 +868,19 @@ mod tests {
         assert_eq!(r.confirmed[0].search_ms, 0.9);
         assert_eq!(r.confirmed[0].median_ms(), Some(1.05));
         // A finalist that fails is dropped; nothing left keeps the search's best.
-        let mut again = search(
-            all.clone(),
-            &space,
-            Strategy::Exhaustive,
-            &[],
-            |_| {},
-            |c| Ok(truth(c)),
-            |_| {},
-        );
+        let honest = || {
+            let all = all.clone();
+            search(
+                all,
+                &space,
+                Strategy::Exhaustive,
+                &[],
+                |_| {},
+                |c| Ok(truth(c)),
+                |_| {},
+            )
+        };
+        let mut again = honest();
         again.confirm(2, 2, |c| {
             if c.values["x"] == 3 {
                 Err("launch failed".into())
@@ -887,15 +891,7 @@ mod tests {
         let (best, _) = again.best.clone().unwrap();
         assert_ne!(best.values["x"], 3);
         assert!(again.confirmed.iter().any(|k| k.ms.is_empty()));
-        let mut none = search(
-            all,
-            &space,
-            Strategy::Exhaustive,
-            &[],
-            |_| {},
-            |c| Ok(truth(c)),
-            |_| {},
-        );
+        let mut none = honest();
         none.confirm(3, 2, |_| Err("device lost".into()));
         assert_eq!(none.best.as_ref().unwrap().0.values["x"], 3);
     }

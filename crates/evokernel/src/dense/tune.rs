@@ -66,9 +66,17 @@ pub trait TunableShader:
     }
 }
 
-/// A shader config's inherent methods as its `TunableShader` view.
+/// A shader config's inherent methods as its `TunableShader` view: a dense shader's take
+/// the `DenseConvSpec`; a depthwise shader's (`depthwise`) the depthwise `ConvSpec` it
+/// holds, with no configs and refusals on other specs.
 macro_rules! tunable {
     ($config:ty, $source:path, $prepare:path) => {
+        tunable!(@impl $config, $source, $prepare, |_| Ok(()), whole_spec);
+    };
+    (depthwise $config:ty, $source:path, $prepare:path, $applies:expr) => {
+        tunable!(@impl $config, $source, $prepare, |s| depthwise_applies(s, $applies), depthwise_geometry);
+    };
+    (@impl $config:ty, $source:path, $prepare:path, $applies:expr, $on:path) => {
         impl TunableShader for $config {
             const NAME: &'static str = <$config>::NAME;
             const NAMES: &'static [&'static str] = &<$config>::NAMES;
@@ -77,17 +85,29 @@ macro_rules! tunable {
                 <$config>::values(self).to_vec()
             }
             fn space(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Vec<Self> {
-                <$config>::space(info, spec)
+                let applies: fn(&DenseConvSpec) -> std::result::Result<(), String> = $applies;
+                match applies(spec) {
+                    Ok(()) => <$config>::space(info, $on(spec)),
+                    Err(_) => Vec::new(),
+                }
             }
             fn default_for(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Result<Self> {
-                <$config>::default_for(info, spec)
+                let applies: fn(&DenseConvSpec) -> std::result::Result<(), String> = $applies;
+                applies(spec).map_err(|reason| Error::NotApplicable {
+                    variant: Self::NAME.into(),
+                    spec: spec.to_string(),
+                    reason,
+                })?;
+                <$config>::default_for(info, $on(spec))
             }
             fn fits(
                 &self,
                 info: &VulkanDeviceInfo,
                 spec: &DenseConvSpec,
             ) -> std::result::Result<(), String> {
-                <$config>::fits(self, info, spec)
+                let applies: fn(&DenseConvSpec) -> std::result::Result<(), String> = $applies;
+                applies(spec)?;
+                <$config>::fits(self, info, $on(spec))
             }
             fn prepare<'d>(
                 dev: &'d VulkanDevice,
@@ -96,10 +116,20 @@ macro_rules! tunable {
                 w: &HostTensor,
                 config: Self,
             ) -> Result<VulkanRun<'d>> {
-                $prepare(dev, spec, x, w, Some(config))
+                $prepare(dev, $on(spec), x, w, Some(config))
             }
         }
     };
+}
+
+/// What a dense shader's config methods take: the spec itself.
+fn whole_spec(spec: &DenseConvSpec) -> &DenseConvSpec {
+    spec
+}
+
+/// What a depthwise shader's config methods take: the depthwise `ConvSpec`.
+fn depthwise_geometry(spec: &DenseConvSpec) -> &crate::spec::ConvSpec {
+    spec.geometry()
 }
 
 tunable!(DirectConfig, dense_direct::SOURCE, prepare_dense_direct);
@@ -122,61 +152,15 @@ fn depthwise_applies(
     applies(spec.geometry())
 }
 
-/// A depthwise shader's config (on the depthwise `ConvSpec` a depthwise `DenseConvSpec`
-/// holds) as a `TunableShader`: no configs, and refusals, on other specs.
-macro_rules! tunable_depthwise {
-    ($config:ty, $source:path, $prepare:path, $applies:expr) => {
-        impl TunableShader for $config {
-            const NAME: &'static str = <$config>::NAME;
-            const NAMES: &'static [&'static str] = &<$config>::NAMES;
-            const SOURCE: &'static str = $source;
-            fn values(&self) -> Vec<u32> {
-                <$config>::values(self).to_vec()
-            }
-            fn space(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Vec<Self> {
-                match depthwise_applies(spec, $applies) {
-                    Ok(()) => <$config>::space(info, spec.geometry()),
-                    Err(_) => Vec::new(),
-                }
-            }
-            fn default_for(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Result<Self> {
-                depthwise_applies(spec, $applies).map_err(|reason| Error::NotApplicable {
-                    variant: Self::NAME.into(),
-                    spec: spec.to_string(),
-                    reason,
-                })?;
-                <$config>::default_for(info, spec.geometry())
-            }
-            fn fits(
-                &self,
-                info: &VulkanDeviceInfo,
-                spec: &DenseConvSpec,
-            ) -> std::result::Result<(), String> {
-                depthwise_applies(spec, $applies)?;
-                <$config>::fits(self, info, spec.geometry())
-            }
-            fn prepare<'d>(
-                dev: &'d VulkanDevice,
-                spec: &DenseConvSpec,
-                x: &HostTensor,
-                w: &HostTensor,
-                config: Self,
-            ) -> Result<VulkanRun<'d>> {
-                $prepare(dev, spec.geometry(), x, w, Some(config))
-            }
-        }
-    };
-}
-
-tunable_depthwise!(TileConfig, tile::SOURCE, prepare_tile, |_| Ok(()));
-tunable_depthwise!(
-    RotateConfig,
+tunable!(depthwise TileConfig, tile::SOURCE, prepare_tile, |_| Ok(()));
+tunable!(
+    depthwise RotateConfig,
     depth_rotate::SOURCE,
     prepare_depth_rotate,
     RotateConfig::applies
 );
-tunable_depthwise!(
-    RotateClConfig,
+tunable!(
+    depthwise RotateClConfig,
     depth_rotate_cl::SOURCE,
     prepare_depth_rotate_cl,
     RotateClConfig::applies

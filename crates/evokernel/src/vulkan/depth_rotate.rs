@@ -29,9 +29,8 @@ pub struct RotateConfig {
     pub rows: u32,
 }
 
-const WORKGROUPS: [u32; 4] = [32, 64, 128, 256];
-const OUT_WS: [u32; 3] = [1, 2, 4];
-const ROWS: [u32; 6] = [1, 2, 4, 8, 16, 32];
+// The tiled shader's family (a band of rows, runs of outputs, workgroup sizes).
+use super::tile::{OUT_WS, ROWS, WORKGROUPS};
 /// Runs of outputs an invocation may own (their KD x OUT_W sums each in registers).
 const MAX_ITEMS: usize = 4;
 
@@ -183,25 +182,14 @@ impl std::fmt::Display for RotateConfig {
 
 impl std::str::FromStr for RotateConfig {
     type Err = Error;
-    /// `depth_rotate:workgroup=N,out_w=N,rows=N` (every field; the form `Display` writes).
+    /// `depth_rotate:workgroup=N,out_w=N,rows=N` (every field; the form `Display` writes;
+    /// the tiled shader's fields and family).
     fn from_str(s: &str) -> Result<Self> {
-        let expected = || {
-            format!(
-                "expected {}:workgroup=N,out_w=N,rows=N (workgroup 32-256, out_w 1, 2 or 4, \
-                 rows 1-32, powers of two)",
-                Self::NAME
-            )
-        };
-        let what = "a depth_rotate config";
-        let [workgroup, out_w, rows] =
-            super::parse_config(s, what, Self::NAME, &Self::NAMES, &expected)?;
-        if !WORKGROUPS.contains(&workgroup) || !OUT_WS.contains(&out_w) || !ROWS.contains(&rows) {
-            return Err(Error::parse(what, s, expected()));
-        }
+        let t = super::tile::parse_band_config(s, Self::NAME, "a depth_rotate config")?;
         Ok(RotateConfig {
-            workgroup,
-            out_w,
-            rows,
+            workgroup: t.workgroup,
+            out_w: t.out_w,
+            rows: t.rows,
         })
     }
 }

@@ -36,30 +36,34 @@ impl std::str::FromStr for TileConfig {
     type Err = Error;
     /// `tile:workgroup=N,out_w=N,rows=N` (every field; the form `Display` writes).
     fn from_str(s: &str) -> Result<Self> {
-        let expected = || {
-            format!(
-                "expected {}:workgroup=N,out_w=N,rows=N (workgroup 32-256, out_w 1, 2 or 4, \
-                 rows 1-32, powers of two)",
-                Self::NAME
-            )
-        };
-        let what = "a tile config";
-        let [workgroup, out_w, rows] =
-            super::parse_config(s, what, Self::NAME, &Self::NAMES, &expected)?;
-        if !WORKGROUPS.contains(&workgroup) || !OUT_WS.contains(&out_w) || !ROWS.contains(&rows) {
-            return Err(Error::parse(what, s, expected()));
-        }
-        Ok(TileConfig {
-            workgroup,
-            out_w,
-            rows,
-        })
+        parse_band_config(s, Self::NAME, "a tile config")
     }
 }
 
-const WORKGROUPS: [u32; 4] = [32, 64, 128, 256];
-const OUT_WS: [u32; 3] = [1, 2, 4];
-const ROWS: [u32; 6] = [1, 2, 4, 8, 16, 32];
+/// `name:workgroup=N,out_w=N,rows=N` in the family of the shaders that walk bands of
+/// output rows (tile, depth_rotate), else an error naming `what`.
+pub(crate) fn parse_band_config(s: &str, name: &str, what: &'static str) -> Result<TileConfig> {
+    let expected = || {
+        format!(
+            "expected {name}:workgroup=N,out_w=N,rows=N (workgroup 32-256, out_w 1, 2 or 4, \
+             rows 1-32, powers of two)"
+        )
+    };
+    let [workgroup, out_w, rows] =
+        super::parse_config(s, what, name, &TileConfig::NAMES, &expected)?;
+    if !WORKGROUPS.contains(&workgroup) || !OUT_WS.contains(&out_w) || !ROWS.contains(&rows) {
+        return Err(Error::parse(what, s, expected()));
+    }
+    Ok(TileConfig {
+        workgroup,
+        out_w,
+        rows,
+    })
+}
+
+pub(crate) const WORKGROUPS: [u32; 4] = [32, 64, 128, 256];
+pub(crate) const OUT_WS: [u32; 3] = [1, 2, 4];
+pub(crate) const ROWS: [u32; 6] = [1, 2, 4, 8, 16, 32];
 
 /// The shared tile's rows a slice and floats a row (mirrors tile.comp's HS and WS).
 pub(crate) fn tile_shape(spec: &ConvSpec, c: &TileConfig) -> (usize, usize) {
