@@ -249,39 +249,13 @@ impl CoopmatConfig {
     }
 }
 
-impl std::fmt::Display for CoopmatConfig {
-    /// `dense_coopmat:sg_m=2,sg_n=2,tm=2,tn=2,bk=32,ahead=1`, the form configs are forced in.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        super::write_config(f, Self::NAME, &Self::NAMES, &self.values())
-    }
-}
-
-impl std::str::FromStr for CoopmatConfig {
-    type Err = Error;
-    /// `dense_coopmat:sg_m=2,sg_n=2,tm=2,tn=2,bk=32,ahead=1` (every field; the form `Display`
-    /// writes).
-    fn from_str(s: &str) -> Result<Self> {
-        let expected = || {
-            format!(
-                "expected {}:sg_m=N,sg_n=N,tm=N,tn=N,bk=N,ahead=N (each of the first four 1, \
-                 2 or 4; bk 32 or 64; ahead 1 or 2)",
-                Self::NAME
-            )
-        };
-        let what = "a dense_coopmat config";
-        let c = Self::from_values(super::parse_config(
-            s,
-            what,
-            Self::NAME,
-            &Self::NAMES,
-            &expected,
-        )?);
-        if !Self::family().contains(&c) {
-            return Err(Error::parse(what, s, expected()));
-        }
-        Ok(c)
-    }
-}
+config_text!(
+    CoopmatConfig,
+    "a dense_coopmat config",
+    "sg_m, sg_n, tm, tn each 1, 2 or 4; bk 32 or 64; ahead 1 or 2",
+    |v: [u32; 6]| Some(CoopmatConfig::from_values(v))
+        .filter(|c| CoopmatConfig::family().contains(c))
+);
 
 /// The weights `[Cout][Cin][kd][kh][kw]` as the GEMM's B: `[tap][Cin_pad][Cout_pad8]` f16
 /// (Cin_pad = Cin rounded up to the K step `bk`, Cout_pad8 to 8), zeros in the padding.

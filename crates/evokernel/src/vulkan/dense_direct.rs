@@ -232,32 +232,15 @@ impl DirectConfig {
     }
 }
 
-impl std::fmt::Display for DirectConfig {
-    /// `dense_direct:threads_x=16,threads_y=4,...`, the form configs are forced in.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        super::write_config(f, Self::NAME, &Self::NAMES, &self.values())
-    }
-}
-
-impl std::str::FromStr for DirectConfig {
-    type Err = Error;
-    /// `dense_direct:threads_x=16,threads_y=4,outputs_x=2,outputs_y=1,ko_tile=16,ci_tile=8,lds_pad=1`
-    /// (every field; the form `Display` writes).
-    fn from_str(s: &str) -> Result<Self> {
-        let expected = || {
-            format!(
-                "expected dense_direct:{} (every field, integers)",
-                Self::NAMES.map(|f| format!("{f}=N")).join(",")
-            )
-        };
-        let [threads_x, threads_y, outputs_x, outputs_y, ko_tile, ci_tile, lds_pad] =
-            super::parse_config(
-                s,
-                "a dense_direct config",
-                Self::NAME,
-                &Self::NAMES,
-                &expected,
-            )?;
+config_text!(
+    DirectConfig,
+    "a dense_direct config",
+    format!(
+        "a config of the family: threads_x {THREADS_X:?}, threads_y {THREADS_Y:?}, \
+         outputs_x {OUTPUTS_X:?}, outputs_y {OUTPUTS_Y:?}, ko_tile {KO_TILES:?}, \
+         ci_tile {CI_TILES:?}, lds_pad {LDS_PADS:?}"
+    ),
+    |[threads_x, threads_y, outputs_x, outputs_y, ko_tile, ci_tile, lds_pad]: [u32; 7]| {
         let c = DirectConfig {
             threads_x,
             threads_y,
@@ -267,20 +250,9 @@ impl std::str::FromStr for DirectConfig {
             ci_tile,
             lds_pad,
         };
-        if !Self::family().contains(&c) {
-            return Err(Error::parse(
-                "a dense_direct config",
-                s,
-                format!(
-                    "a config of the family: threads_x {THREADS_X:?}, threads_y {THREADS_Y:?}, \
-                     outputs_x {OUTPUTS_X:?}, outputs_y {OUTPUTS_Y:?}, ko_tile {KO_TILES:?}, \
-                     ci_tile {CI_TILES:?}, lds_pad {LDS_PADS:?}"
-                ),
-            ));
-        }
-        Ok(c)
+        DirectConfig::family().contains(&c).then_some(c)
     }
-}
+);
 
 fn i32_of(what: &str, v: usize) -> Result<i32> {
     super::i32_of("dense_direct", what, v)

@@ -171,39 +171,23 @@ impl WinogradConfig {
     }
 }
 
-impl std::fmt::Display for WinogradConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        super::write_config(f, Self::NAME, &Self::NAMES, &self.values())
-    }
-}
-
-impl std::str::FromStr for WinogradConfig {
-    type Err = Error;
-    /// `dense_winograd:tiles_x=8,tiles_y=4,ko_tile=4,ci_tile=8` (every field).
-    fn from_str(s: &str) -> Result<Self> {
-        let expected = || {
-            format!(
-                "expected dense_winograd:{} (every field, a config of the family: \
-                 tiles_x {TILES_X:?}, tiles_y {TILES_Y:?}, ko_tile {KO_TILES:?}, ci_tile {CI_TILES:?})",
-                Self::NAMES.map(|f| format!("{f}=N")).join(",")
-            )
-        };
-        let what = "a dense_winograd config";
-        let [tiles_x, tiles_y, ko_tile, ci_tile] =
-            super::parse_config(s, what, Self::NAME, &Self::NAMES, &expected)?;
+config_text!(
+    WinogradConfig,
+    "a dense_winograd config",
+    format!(
+        "a config of the family: tiles_x {TILES_X:?}, tiles_y {TILES_Y:?}, \
+         ko_tile {KO_TILES:?}, ci_tile {CI_TILES:?}"
+    ),
+    |[tiles_x, tiles_y, ko_tile, ci_tile]: [u32; 4]| {
         let c = WinogradConfig {
             tiles_x,
             tiles_y,
             ko_tile,
             ci_tile,
         };
-        if Self::family().contains(&c) {
-            Ok(c)
-        } else {
-            Err(Error::parse(what, s, expected()))
-        }
+        WinogradConfig::family().contains(&c).then_some(c)
     }
-}
+);
 
 /// `U = G g G^T` for every (output, input) channel pair: `[co][ci/g][16]`, f32.
 #[allow(clippy::needless_range_loop)] // the indices are the matrices' own

@@ -173,26 +173,18 @@ impl RotateConfig {
     }
 }
 
-impl std::fmt::Display for RotateConfig {
-    /// `depth_rotate:workgroup=128,out_w=4,rows=8`, the form configs are forced in.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        super::write_config(f, Self::NAME, &Self::NAMES, &self.values())
-    }
-}
-
-impl std::str::FromStr for RotateConfig {
-    type Err = Error;
-    /// `depth_rotate:workgroup=N,out_w=N,rows=N` (every field; the form `Display` writes;
-    /// the tiled shader's fields and family).
-    fn from_str(s: &str) -> Result<Self> {
-        let t = super::tile::parse_band_config(s, Self::NAME, "a depth_rotate config")?;
-        Ok(RotateConfig {
-            workgroup: t.workgroup,
-            out_w: t.out_w,
-            rows: t.rows,
+config_text!(
+    RotateConfig,
+    "a depth_rotate config",
+    super::tile::BAND_HINT,
+    |[workgroup, out_w, rows]: [u32; 3]| {
+        super::tile::in_band_family(workgroup, out_w, rows).then_some(RotateConfig {
+            workgroup,
+            out_w,
+            rows,
         })
     }
-}
+);
 
 fn i32_of(what: &str, v: usize) -> Result<i32> {
     super::i32_of("depth_rotate", what, v)

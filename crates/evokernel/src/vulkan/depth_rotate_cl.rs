@@ -114,31 +114,15 @@ impl RotateClConfig {
     }
 }
 
-impl std::fmt::Display for RotateClConfig {
-    /// `depth_rotate_cl:workgroup=128,out_w=4`, the form configs are forced in.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        super::write_config(f, Self::NAME, &Self::NAMES, &self.values())
+config_text!(
+    RotateClConfig,
+    "a depth_rotate_cl config",
+    "workgroup 32-256, out_w 1-8, powers of two",
+    |[workgroup, out_w]: [u32; 2]| {
+        (WORKGROUPS.contains(&workgroup) && OUT_WS.contains(&out_w))
+            .then_some(RotateClConfig { workgroup, out_w })
     }
-}
-
-impl std::str::FromStr for RotateClConfig {
-    type Err = Error;
-    /// `depth_rotate_cl:workgroup=N,out_w=N` (every field; the form `Display` writes).
-    fn from_str(s: &str) -> Result<Self> {
-        let expected = || {
-            format!(
-                "expected {}:workgroup=N,out_w=N (workgroup 32-256, out_w 1-8, powers of two)",
-                Self::NAME
-            )
-        };
-        let what = "a depth_rotate_cl config";
-        let [workgroup, out_w] = super::parse_config(s, what, Self::NAME, &Self::NAMES, &expected)?;
-        if !WORKGROUPS.contains(&workgroup) || !OUT_WS.contains(&out_w) {
-            return Err(Error::parse(what, s, expected()));
-        }
-        Ok(RotateClConfig { workgroup, out_w })
-    }
-}
+);
 
 fn i32_of(what: &str, v: usize) -> Result<i32> {
     super::i32_of("depth_rotate_cl", what, v)

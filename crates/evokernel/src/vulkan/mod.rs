@@ -7,6 +7,37 @@
 //! oracle. Tested on Mesa's lavapipe (CPU) in CI and on the H100's NVIDIA driver; not on
 //! AMD hardware.
 
+/// `Display` and `FromStr` of a shader config in its text form, `NAME:field=value,...`
+/// (`write_config` / `parse_config`), for a config type with `NAME`, `NAMES` and
+/// `values()`: `what` names it in errors, `hint` says what its family allows, `build`
+/// makes the config of values in `NAMES` order, None outside the family.
+macro_rules! config_text {
+    ($config:ty, $what:literal, $hint:expr, $build:expr) => {
+        impl std::fmt::Display for $config {
+            /// The form configs are forced in, reported and cached.
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                $crate::vulkan::write_config(f, Self::NAME, &Self::NAMES, &self.values())
+            }
+        }
+
+        impl std::str::FromStr for $config {
+            type Err = $crate::error::Error;
+            /// Every field, once (the form `Display` writes), in the family.
+            fn from_str(s: &str) -> $crate::error::Result<Self> {
+                let expected = || {
+                    let fields: Vec<String> =
+                        Self::NAMES.iter().map(|f| format!("{f}=N")).collect();
+                    format!("expected {}:{} ({})", Self::NAME, fields.join(","), $hint)
+                };
+                let values =
+                    $crate::vulkan::parse_config(s, $what, Self::NAME, &Self::NAMES, &expected)?;
+                let build = $build;
+                build(values).ok_or_else(|| $crate::error::Error::parse($what, s, expected()))
+            }
+        }
+    };
+}
+
 pub mod dense_coopmat;
 pub mod dense_direct;
 pub mod dense_naive;

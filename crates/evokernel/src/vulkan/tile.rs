@@ -25,40 +25,25 @@ pub struct TileConfig {
     pub rows: u32,
 }
 
-impl std::fmt::Display for TileConfig {
-    /// `tile:workgroup=128,out_w=4,rows=8`, the form configs are forced in.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        super::write_config(f, Self::NAME, &Self::NAMES, &self.values())
+config_text!(
+    TileConfig,
+    "a tile config",
+    BAND_HINT,
+    |[workgroup, out_w, rows]: [u32; 3]| {
+        in_band_family(workgroup, out_w, rows).then_some(TileConfig {
+            workgroup,
+            out_w,
+            rows,
+        })
     }
-}
+);
 
-impl std::str::FromStr for TileConfig {
-    type Err = Error;
-    /// `tile:workgroup=N,out_w=N,rows=N` (every field; the form `Display` writes).
-    fn from_str(s: &str) -> Result<Self> {
-        parse_band_config(s, Self::NAME, "a tile config")
-    }
-}
+/// What the shaders that walk bands of output rows (tile, depth_rotate) take.
+pub(crate) const BAND_HINT: &str = "workgroup 32-256, out_w 1, 2 or 4, rows 1-32, powers of two";
 
-/// `name:workgroup=N,out_w=N,rows=N` in the family of the shaders that walk bands of
-/// output rows (tile, depth_rotate), else an error naming `what`.
-pub(crate) fn parse_band_config(s: &str, name: &str, what: &'static str) -> Result<TileConfig> {
-    let expected = || {
-        format!(
-            "expected {name}:workgroup=N,out_w=N,rows=N (workgroup 32-256, out_w 1, 2 or 4, \
-             rows 1-32, powers of two)"
-        )
-    };
-    let [workgroup, out_w, rows] =
-        super::parse_config(s, what, name, &TileConfig::NAMES, &expected)?;
-    if !WORKGROUPS.contains(&workgroup) || !OUT_WS.contains(&out_w) || !ROWS.contains(&rows) {
-        return Err(Error::parse(what, s, expected()));
-    }
-    Ok(TileConfig {
-        workgroup,
-        out_w,
-        rows,
-    })
+/// Whether the values are of the band shaders' family.
+pub(crate) fn in_band_family(workgroup: u32, out_w: u32, rows: u32) -> bool {
+    WORKGROUPS.contains(&workgroup) && OUT_WS.contains(&out_w) && ROWS.contains(&rows)
 }
 
 pub(crate) const WORKGROUPS: [u32; 4] = [32, 64, 128, 256];
