@@ -182,21 +182,10 @@ impl CoopmatConfig {
 
     /// Every config of the family.
     pub fn family() -> Vec<CoopmatConfig> {
-        let mut v = Vec::new();
-        for &sg_m in &SG {
-            for &sg_n in &SG {
-                for &tm in &TILES {
-                    for &tn in &TILES {
-                        for &bk in &BKS {
-                            for &ahead in &AHEADS {
-                                v.push(Self::from_values([sg_m, sg_n, tm, tn, bk, ahead]));
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        v
+        super::combinations([&SG, &SG, &TILES, &TILES, &BKS, &AHEADS])
+            .into_iter()
+            .map(Self::from_values)
+            .collect()
     }
 
     /// Every config that fits `spec` on the device.

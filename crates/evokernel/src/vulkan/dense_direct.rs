@@ -157,31 +157,31 @@ impl DirectConfig {
 
     /// Every config of the family.
     pub fn family() -> Vec<DirectConfig> {
-        let mut v = Vec::new();
-        for &threads_x in &THREADS_X {
-            for &threads_y in &THREADS_Y {
-                for &outputs_x in &OUTPUTS_X {
-                    for &outputs_y in &OUTPUTS_Y {
-                        for &ko_tile in &KO_TILES {
-                            for &ci_tile in &CI_TILES {
-                                for &lds_pad in &LDS_PADS {
-                                    v.push(DirectConfig {
-                                        threads_x,
-                                        threads_y,
-                                        outputs_x,
-                                        outputs_y,
-                                        ko_tile,
-                                        ci_tile,
-                                        lds_pad,
-                                    });
-                                }
-                            }
-                        }
+        let choices = [
+            &THREADS_X[..],
+            &THREADS_Y,
+            &OUTPUTS_X,
+            &OUTPUTS_Y,
+            &KO_TILES,
+            &CI_TILES,
+            &LDS_PADS,
+        ];
+        super::combinations(choices)
+            .into_iter()
+            .map(
+                |[threads_x, threads_y, outputs_x, outputs_y, ko_tile, ci_tile, lds_pad]| {
+                    DirectConfig {
+                        threads_x,
+                        threads_y,
+                        outputs_x,
+                        outputs_y,
+                        ko_tile,
+                        ci_tile,
+                        lds_pad,
                     }
-                }
-            }
-        }
-        v
+                },
+            )
+            .collect()
     }
 
     /// Every config that fits `spec` on the device.

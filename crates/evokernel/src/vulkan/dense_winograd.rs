@@ -119,22 +119,15 @@ impl WinogradConfig {
 
     /// Every config of the family.
     pub fn family() -> Vec<WinogradConfig> {
-        let mut v = Vec::new();
-        for &tiles_x in &TILES_X {
-            for &tiles_y in &TILES_Y {
-                for &ko_tile in &KO_TILES {
-                    for &ci_tile in &CI_TILES {
-                        v.push(WinogradConfig {
-                            tiles_x,
-                            tiles_y,
-                            ko_tile,
-                            ci_tile,
-                        });
-                    }
-                }
-            }
-        }
-        v
+        super::combinations([&TILES_X, &TILES_Y, &KO_TILES, &CI_TILES])
+            .into_iter()
+            .map(|[tiles_x, tiles_y, ko_tile, ci_tile]| WinogradConfig {
+                tiles_x,
+                tiles_y,
+                ko_tile,
+                ci_tile,
+            })
+            .collect()
     }
 
     /// Every config that fits `spec` on the device (none where Winograd does not apply).

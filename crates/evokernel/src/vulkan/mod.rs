@@ -270,6 +270,25 @@ pub(crate) fn parse_config<const N: usize>(
     Ok(out)
 }
 
+/// Every combination of `choices` (one value of each, the last varying fastest): a
+/// config family as values in field order.
+pub(crate) fn combinations<const N: usize>(choices: [&[u32]; N]) -> Vec<[u32; N]> {
+    let mut out = vec![[0u32; N]];
+    for (i, values) in choices.iter().enumerate() {
+        out = out
+            .into_iter()
+            .flat_map(|prefix| {
+                values.iter().map(move |&v| {
+                    let mut c = prefix;
+                    c[i] = v;
+                    c
+                })
+            })
+            .collect();
+    }
+    out
+}
+
 /// Specialization constants by id: `values[i]` is `constant_id = i` (the shaders' sizes,
 /// each far below 32 bits).
 pub(crate) fn spec_constants(values: &[usize]) -> Vec<(u32, u32)> {
@@ -314,6 +333,15 @@ pub(crate) fn vk_err(call: &'static str) -> impl Fn(ash::vk::Result) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn combinations_vary_the_last_field_fastest() {
+        assert_eq!(
+            combinations([&[1, 2], &[7], &[3, 4]]),
+            vec![[1, 7, 3], [1, 7, 4], [2, 7, 3], [2, 7, 4]]
+        );
+        assert!(combinations([&[1, 2], &[]]).is_empty());
+    }
 
     struct Shown([u32; 2]);
     impl std::fmt::Display for Shown {
