@@ -289,7 +289,10 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
 
     // Consumer warpgroup c: rows m0 + 64c .. + 63 of each tile.
-    const int c = tid / 128 - 1, t = tid % 128, warp = t / 32, lane = t % 32;
+    // The warpgroup index broadcast from lane 0 (as CUTLASS's canonical_warp_group_idx):
+    // the compiler then knows it is warp-uniform, and the descriptors built from it stay in
+    // uniform registers instead of being moved there (R2UR) before every wgmma.
+    const int c = __shfl_sync(0xffffffffu, tid / 128, 0) - 1, t = tid % 128, warp = t / 32, lane = t % 32;
     float acc[ACC];
     // A consumer warp hands stage st back to the producers of every block of the cluster.
     auto release = [&](int st) {
@@ -303,12 +306,14 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
 
     // Waits for ring stage g, issues its four k32 MMAs into `d` (scale-d 0 on the first
     // when `fresh`) and commits them as one group.
+    // Stage 0's descriptors, built once: a stage's are these plus its offset in the
+    // descriptor's 16-byte units (the ring stays far inside the 18-bit address field).
+    const unsigned long long da0 = smm_desc(smm_smem_addr(smem) + c * 64 * BK),
+                             db0 = smm_desc(smm_smem_addr(smem) + A_BYTES);
     auto issue = [&](int g, float* d, bool fresh) {
         const int st = g % STAGES;
         smm_bar_wait(full0 + 8 * st, (g / STAGES) & 1);
-        const unsigned a_at = smm_smem_addr(smem + st * STAGE_BYTES) + c * 64 * BK;
-        const unsigned b_at = smm_smem_addr(smem + st * STAGE_BYTES) + A_BYTES;
-        const unsigned long long da = smm_desc(a_at), db = smm_desc(b_at);
+        const unsigned long long da = da0 + st * (STAGE_BYTES >> 4), db = db0 + st * (STAGE_BYTES >> 4);
         smm_wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 32; ++kk)
@@ -351,7 +356,9 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
 #pragma unroll
             for (int q = 0; q < PIECES; ++q) sb[q] = p.scale_b + min((n0 + 64 * q) / 128, ngroups - 1);
             auto scales = [&](int it, float* s) {
-                const long long kg = min(s_begin + it, k_steps - 1);
+                // 32-bit offsets: K / 128 x M scales stay far below 2^31 (A alone would be
+                // 2^38 bytes), and one IMAD.WIDE a load replaces 64-bit arithmetic.
+                const int kg = min(s_begin + it, k_steps - 1);
                 s[0] = sa0[kg * p.m];
                 s[1] = sa1[kg * p.m];
 #pragma unroll
