@@ -44,8 +44,13 @@ struct ScaledMmWgmmaArgs {
     int splits;                     // splits that have K steps (gridDim.z)
 };
 
-__device__ __forceinline__ unsigned smm_smem_addr(const void* p) {
-    return (unsigned)__cvta_generic_to_shared(p);
+extern __shared__ unsigned char smm_raw[];  // the kernel's dynamic shared memory
+
+// smm_raw's address in the shared window, read from the symbol.
+__device__ __forceinline__ unsigned smm_raw_addr() {
+    unsigned a;
+    asm("mov.u32 %0, smm_raw;\n" : "=r"(a));
+    return a;
 }
 
 __device__ __forceinline__ void smm_bar_init(unsigned bar, unsigned count) {
@@ -112,6 +117,17 @@ __device__ __forceinline__ void smm_bulk_copy_multicast(unsigned dst, const void
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
         "l"(src), "r"(bytes), "r"(bar), "h"(mask)
         : "memory");
+}
+
+// A stage's place in the ring (stage g: slot g % STAGES, round parity (g / STAGES) & 1),
+// followed a step at a time: no division by the ring's size in the consumers' mainloop.
+struct SmmRingPos {
+    int slot;
+    unsigned parity;
+};
+template <int STAGES>
+__device__ __forceinline__ SmmRingPos smm_ring_next(SmmRingPos r) {
+    return r.slot + 1 == STAGES ? SmmRingPos{0, r.parity ^ 1u} : SmmRingPos{r.slot + 1, r.parity};
 }
 
 // A consumer warpgroup's own barrier (named barrier `id`, its 128 threads).
@@ -216,11 +232,14 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
     static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two blocks");
     static_assert(SCALING != 2 || BN <= 192, "block-wise scaling: a total and a partial set of BN <= 192 in 232 registers");
     static_assert(FOLD == 1 || (SCALING == 2 && FOLD == 2 && BN <= 128), "two partial sets: block-wise, BN <= 128 (registers)");
-    extern __shared__ unsigned char smm_raw[];
     // The swizzle pattern repeats every 1024 bytes: stages start on 1024-byte boundaries.
-    unsigned char* smem = smm_raw + ((1024 - (smm_smem_addr(smm_raw) & 1023)) & 1023);
-    unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_BYTES + CONSUMERS * EPI_BYTES);
-    const unsigned full0 = smm_smem_addr(bars), empty0 = full0 + STAGES * 8;
+    // `smem_at` is the ring's shared-window address, from the symbol (a constant to ptxas:
+    // converting the generic pointer costs a read of the cluster rank and arithmetic that
+    // ptxas recomputes inside the mainloop).
+    const unsigned raw_at = smm_raw_addr(), pad = (1024 - (raw_at & 1023)) & 1023;
+    unsigned char* smem = smm_raw + pad;
+    const unsigned smem_at = raw_at + pad;
+    const unsigned full0 = smem_at + STAGES * STAGE_BYTES + CONSUMERS * EPI_BYTES, empty0 = full0 + STAGES * 8;
 
     // A cluster's tile: CLUSTER vertically adjacent tiles, this block's the rank-th.
     const int rank = CLUSTER > 1 ? (int)smm_cluster_rank() : 0;
@@ -253,8 +272,8 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
 
     // A block takes tiles blockIdx.x, + gridDim.x, ... (one tile when the grid has one
     // block a tile; persistent when it has one a SM: the producer then fills the next
-    // tile's stages while the consumers write this one's). `g` counts stages through the
-    // ring across tiles, on both sides.
+    // tile's stages while the consumers write this one's). The producer's `g` counts stages
+    // through the ring across tiles; the consumers follow the same sequence as a `pos`.
     if (tid < 128) {
         // Producer warpgroup: gives its registers to the consumers; one thread issues
         // every copy.
@@ -268,7 +287,7 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
                 for (int it = 0; it < steps; ++it, ++g) {
                     const int st = g % STAGES, round = g / STAGES;
                     if (round > 0) smm_bar_wait(empty0 + 8 * st, (round - 1) & 1);
-                    const unsigned a_dst = smm_smem_addr(smem + st * STAGE_BYTES);
+                    const unsigned a_dst = smem_at + st * STAGE_BYTES;
                     smm_bar_expect(full0 + 8 * st, STAGE_BYTES);
                     smm_tma_2d(a_dst, &p.a_map, (s_begin + it) * BK, m0, full0 + 8 * st);
                     if constexpr (CLUSTER > 1)
@@ -304,16 +323,14 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
         }
     };
 
-    // Waits for ring stage g, issues its four k32 MMAs into `d` (scale-d 0 on the first
-    // when `fresh`) and commits them as one group.
     // Stage 0's descriptors, built once: a stage's are these plus its offset in the
     // descriptor's 16-byte units (the ring stays far inside the 18-bit address field).
-    const unsigned long long da0 = smm_desc(smm_smem_addr(smem) + c * 64 * BK),
-                             db0 = smm_desc(smm_smem_addr(smem) + A_BYTES);
-    auto issue = [&](int g, float* d, bool fresh) {
-        const int st = g % STAGES;
-        smm_bar_wait(full0 + 8 * st, (g / STAGES) & 1);
-        const unsigned long long da = da0 + st * (STAGE_BYTES >> 4), db = db0 + st * (STAGE_BYTES >> 4);
+    const unsigned long long da0 = smm_desc(smem_at + c * 64 * BK), db0 = smm_desc(smem_at + A_BYTES);
+    // Waits for the ring stage at `at`, issues its four k32 MMAs into `d` (scale-d 0 on the
+    // first when `fresh`) and commits them as one group.
+    auto issue = [&](SmmRingPos at, float* d, bool fresh) {
+        smm_bar_wait(full0 + 8 * at.slot, at.parity);
+        const unsigned long long da = da0 + at.slot * (STAGE_BYTES >> 4), db = db0 + at.slot * (STAGE_BYTES >> 4);
         smm_wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 32; ++kk)
@@ -322,7 +339,7 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
         smm_wgmma_commit();
     };
 
-    int g = 0;
+    SmmRingPos pos{0, 0};  // the next stage to consume, across tiles
     for (int tile = blockIdx.x / CLUSTER; tile < tiles; tile += gridDim.x / CLUSTER) {
         int m0, n_tile;
         tile_at(tile, m0, n_tile);
@@ -347,27 +364,35 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
             // piece of the tile (one piece up to BN = 128, whose tiles sit inside one
             // 128-column B block; three at BN = 192, whose tiles straddle two).
             constexpr int PIECES = BN > 128 ? BN / 64 : 1, NS = 2 + PIECES;
-            // A row past M or a piece past N reads the last one's scale: its products are
-            // never stored, and no predicate sits in the mainloop.
+            // A pointer a row of A and one a B piece, each a K step further after every
+            // stage's load (no index arithmetic in the mainloop); after the split's last
+            // stage they stay, so the look-ahead past it rereads that stage. A row past M
+            // or a piece past N reads the last one's scale: its products are never stored.
             const int ngroups = (p.n + 127) / 128;
-            const float* sa0 = p.scale_a + min(row0, p.m - 1);
-            const float* sa1 = p.scale_a + min(row1, p.m - 1);
-            const float* sb[PIECES];
+            const float* pa0 = p.scale_a + (long long)s_begin * p.m + min(row0, p.m - 1);
+            const float* pa1 = p.scale_a + (long long)s_begin * p.m + min(row1, p.m - 1);
+            const float* pb[PIECES];
 #pragma unroll
-            for (int q = 0; q < PIECES; ++q) sb[q] = p.scale_b + min((n0 + 64 * q) / 128, ngroups - 1);
-            auto scales = [&](int it, float* s) {
-                // 32-bit offsets: K / 128 x M scales stay far below 2^31 (A alone would be
-                // 2^38 bytes), and one IMAD.WIDE a load replaces 64-bit arithmetic.
-                const int kg = min(s_begin + it, k_steps - 1);
-                s[0] = sa0[kg * p.m];
-                s[1] = sa1[kg * p.m];
+            for (int q = 0; q < PIECES; ++q)
+                pb[q] = p.scale_b + (long long)s_begin * ngroups + min((n0 + 64 * q) / 128, ngroups - 1);
+            int unloaded = steps;  // stages of this split whose scales are not loaded yet
+            // The next stage's scales into s (called once a stage, in order).
+            auto scales = [&](float* s) {
+                s[0] = *pa0;
+                s[1] = *pa1;
 #pragma unroll
-                for (int q = 0; q < PIECES; ++q) s[2 + q] = sb[q][kg * ngroups];
+                for (int q = 0; q < PIECES; ++q) s[2 + q] = *pb[q];
+                if (--unloaded > 0) {
+                    pa0 += p.m;
+                    pa1 += p.m;
+#pragma unroll
+                    for (int q = 0; q < PIECES; ++q) pb[q] += ngroups;
+                }
             };
-            auto landed = [&](float* set, int gs, const float* s) {
+            auto landed = [&](float* set, SmmRingPos at, const float* s) {
 #pragma unroll
                 for (int i = 0; i < ACC; ++i) smm_fence_reg(set[i]);
-                release(gs % STAGES);
+                release(at.slot);
                 float s0[PIECES], s1[PIECES];
 #pragma unroll
                 for (int q = 0; q < PIECES; ++q) s0[q] = s[0] * s[2 + q], s1[q] = s[1] * s[2 + q];
@@ -382,12 +407,12 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
             };
             if constexpr (FOLD == 1) {
                 float now[NS], next[NS];
-                scales(0, now);
-                for (int it = 0; it < steps; ++it, ++g) {
-                    issue(g, part0, true);
-                    scales(it + 1, next);
+                scales(now);
+                for (int it = 0; it < steps; ++it, pos = smm_ring_next<STAGES>(pos)) {
+                    issue(pos, part0, true);
+                    scales(next);
                     smm_wgmma_wait<0>();
-                    landed(part0, g, now);
+                    landed(part0, pos, now);
 #pragma unroll
                     for (int q = 0; q < NS; ++q) now[q] = next[q];
                 }
@@ -395,43 +420,48 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
                 // Rounds of two stages while a third follows (no branch between an issue
                 // and its wait: ptxas's check is not path-sensitive), then the last one or two.
                 float sa[NS], sb[NS];
-                issue(g, part0, true);
-                scales(0, sa);
+                issue(pos, part0, true);
+                scales(sa);
                 int it = 0;
-                for (; it + 2 < steps; it += 2, g += 2) {
-                    issue(g + 1, part1, true);
-                    scales(it + 1, sb);
+                for (; it + 2 < steps; it += 2) {
+                    const SmmRingPos p1 = smm_ring_next<STAGES>(pos), p2 = smm_ring_next<STAGES>(p1);
+                    issue(p1, part1, true);
+                    scales(sb);
                     smm_wgmma_wait<1>();
-                    landed(part0, g, sa);
-                    issue(g + 2, part0, true);
-                    scales(it + 2, sa);
+                    landed(part0, pos, sa);
+                    issue(p2, part0, true);
+                    scales(sa);
                     smm_wgmma_wait<1>();
-                    landed(part1, g + 1, sb);
+                    landed(part1, p1, sb);
+                    pos = p2;
                 }
                 if (it + 1 < steps) {
-                    issue(g + 1, part1, true);
-                    scales(it + 1, sb);
+                    const SmmRingPos p1 = smm_ring_next<STAGES>(pos);
+                    issue(p1, part1, true);
+                    scales(sb);
                     smm_wgmma_wait<1>();
-                    landed(part0, g, sa);
+                    landed(part0, pos, sa);
                     smm_wgmma_wait<0>();
-                    landed(part1, g + 1, sb);
-                    g += 2;
+                    landed(part1, p1, sb);
+                    pos = smm_ring_next<STAGES>(p1);
                 } else {
                     smm_wgmma_wait<0>();
-                    landed(part0, g, sa);
-                    g += 1;
+                    landed(part0, pos, sa);
+                    pos = smm_ring_next<STAGES>(pos);
                 }
             }
         } else {
-            for (int it = 0; it < steps; ++it, ++g) {
-                issue(g, acc, it == 0);
+            int prev = 0;  // the slot of the stage issued before
+            for (int it = 0; it < steps; ++it, pos = smm_ring_next<STAGES>(pos)) {
+                issue(pos, acc, it == 0);
                 // The previous stage's MMAs have landed once at most this one is in flight.
                 smm_wgmma_wait<1>();
-                if (it > 0) release((g - 1) % STAGES);
+                if (it > 0) release(prev);
+                prev = pos.slot;
             }
             smm_wgmma_wait<0>();
             // The tile's last stage goes back to the producer (the next tile reuses it).
-            release((g - 1) % STAGES);
+            release(prev);
         }
 #pragma unroll
         for (int i = 0; i < ACC; ++i) smm_fence_reg(acc[i]);
