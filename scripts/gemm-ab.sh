@@ -3,7 +3,7 @@
 # A B A B (clocks drift between runs by more than the changes measured). Usage:
 #   scripts/gemm-ab.sh OLD_BINARY NEW_BINARY FILE [ROUNDS]
 # FILE lines: "NAME SCALING MxNxK CONFIG" (CONFIG a scaled_mm_wgmma --config text, or
-# "-" for the default). Prints "NAME round old_ms new_ms old_cublaslt_ms new_cublaslt_ms"
+# "-" for the default; "OLD|NEW" gives each side its own, e.g. two configs of one build). Prints "NAME round old_ms new_ms old_cublaslt_ms new_cublaslt_ms"
 # (cuBLASLt timed A/B in each process) and, last, each name's median new / old.
 old=$1 new=$2 list=$3 rounds=${4:-3}
 tmp=$(mktemp -d)
@@ -26,8 +26,8 @@ PY
 for round in $(seq "$rounds"); do
   while read -r name scaling shape config; do
     [ -z "$name" ] && continue
-    read -r a ar < <(ms "$old" "$scaling" "$shape" "$config")
-    read -r b br < <(ms "$new" "$scaling" "$shape" "$config")
+    read -r a ar < <(ms "$old" "$scaling" "$shape" "${config%%|*}")
+    read -r b br < <(ms "$new" "$scaling" "$shape" "${config##*|}")
     echo "$name $round $a $b $ar $br" | tee -a "$tmp/rows"
   done < "$list"
 done

@@ -136,8 +136,9 @@ impl WgmmaConfig {
     /// stages, panels of 8 tile rows; with 128 x 256 tiles, persistent clusters of two
     /// sharing B (run 128: 8192^3 0.862 ms vs 0.904 for one block a tile, 4096^3 0.115 vs
     /// 0.119, M = 16384 N = 14336 1.549 vs 1.604). Block-wise scaling where its tiles fill
-    /// the SMs: 192 x 128 tiles of three consumers, persistent, no cluster (run 139: 8192^3
-    /// 1.104 ms vs 1.248 for two consumers in clusters, 1.197 for three in clusters). Where
+    /// the SMs: 192 x 128 tiles of three consumers, persistent (run 139: 8192^3 1.104 ms vs
+    /// 1.248 for two consumers in clusters), in clusters of two where the tile rows pair up
+    /// evenly (run 159). Where
     /// the tiles fill less than half the GPU's 132 SMs (decode-sized M and N), split-K up
     /// to filling it (run 7: at M = 128, N = 14336 one split beat two, 0.95x vs 0.72x).
     pub fn default_for(spec: &ScaledMmSpec) -> WgmmaConfig {
@@ -161,14 +162,19 @@ impl WgmmaConfig {
         let tall = spec.scaling() == Scaling::BlockWise
             && spec.m().div_ceil(192) * spec.n().div_ceil(bn) >= 132
             && spec.m() > 2 * 192;
+        // Those tiles in clusters of two (sharing B, 4 stages, panels of 8) where the tile
+        // rows pair up evenly: a pair past M pads a whole 192-row tile of MMAs. Run 159,
+        // A/B on the H100: 4096^3 (22 rows) 0.1398 vs 0.1451 ms, M = 16384 (86) -6%, 6144^3
+        // (32) even; odd counts lose: 8192^3 (43) +5%, M = 2048 (11) +11%.
+        let paired = tall && spec.m().div_ceil(192) % 2 == 0;
         WgmmaConfig {
             bn,
             consumers: if tall { 3 } else { consumers },
-            stages: if tall { 3 } else { 4 },
-            group_m: if tall { 16 } else { 8 },
+            stages: if tall && !paired { 3 } else { 4 },
+            group_m: if tall && !paired { 16 } else { 8 },
             splits,
             persistent: usize::from(wide || tall),
-            cluster: if wide { 2 } else { 1 },
+            cluster: if wide || paired { 2 } else { 1 },
             fold: 1,
         }
     }
@@ -357,6 +363,25 @@ mod tests {
     use super::*;
     use crate::gemm::gemm_suite;
     use crate::DType;
+
+    #[test]
+    fn block_wise_tiles_pair_in_clusters_only_where_the_rows_pair_evenly() {
+        let cfg = |m, n, k| {
+            WgmmaConfig::default_for(
+                &ScaledMmSpec::new(m, n, k, Scaling::BlockWise, DType::Bf16, false).unwrap(),
+            )
+        };
+        // 4096 rows: 22 tiles of 192, 11 pairs; 8192: 43 tiles, a pair would pad one.
+        let even = cfg(4096, 4096, 4096);
+        assert_eq!((even.consumers, even.cluster, even.stages), (3, 2, 4));
+        let odd = cfg(8192, 8192, 8192);
+        assert_eq!(
+            (odd.consumers, odd.cluster, odd.stages, odd.group_m),
+            (3, 1, 3, 16)
+        );
+        assert_eq!(cfg(2048, 4096, 4096).cluster, 1);
+        assert_eq!(cfg(16384, 4096, 4096).cluster, 2);
+    }
 
     #[test]
     fn defaults_fit_the_suite_and_split_decode_shapes() {
