@@ -166,7 +166,7 @@ impl WgmmaConfig {
         // rows pair up evenly: a pair past M pads a whole 192-row tile of MMAs. Run 159,
         // A/B on the H100: 4096^3 (22 rows) 0.1398 vs 0.1451 ms, M = 16384 (86) -6%, 6144^3
         // (32) even; odd counts lose: 8192^3 (43) +5%, M = 2048 (11) +11%.
-        let paired = tall && spec.m().div_ceil(192) % 2 == 0;
+        let paired = tall && spec.m().div_ceil(192).is_multiple_of(2);
         WgmmaConfig {
             bn,
             consumers: if tall { 3 } else { consumers },
