@@ -103,14 +103,22 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
     vkdepthwise)
       # Depthwise on Vulkan (dense_naive, tile, depth_rotate, depth_rotate_cl) beside the
       # CUDA kernels, same call, on the public and channels-last suites (every dtype; or
-      # VKDW_ARGS, e.g. "--case mobilenet-s2"): the depthwise shaders tuned first
-      # (evolutionary, VKDW_TUNE=0 skips), the bench then runs the tuned configs.
+      # VKDW_ARGS, e.g. "--case mobilenet-s2"): the depthwise shaders tuned first, a case
+      # at a time (evolutionary, VKDW_CASES picks, VKDW_TUNE=0 skips), the bench then runs
+      # the tuned configs.
       LIMIT=400 step cuda_public .gpu/evokernel bench --suite public ${VKDW_ARGS:-} --json "$out/cuda-public.json"
       LIMIT=300 step cuda_channels-last .gpu/evokernel bench --suite channels-last ${VKDW_ARGS:-} --json "$out/cuda-channels-last.json"
       source scripts/vulkan-nvidia.sh env
       export EVOKERNEL_CACHE_DIR=/tmp/evk-vkdw
       for s in public channels-last; do
-        [ "${VKDW_TUNE:-1}" = 1 ] && LIMIT=${VKDW_TUNE_LIMIT:-300} step "vk_tune_$s" .gpu/evokernel tune --op dense-conv --backend vulkan --suite "$s" ${VKDW_ARGS:-} --search evolutionary --retune --json "$out/vk-tune-$s.json"
+        # One case a tune (each records its result in the cache as it ends), so a case that
+        # runs past VKDW_TUNE_LIMIT (the NCDHW seeds' searches are long: run 163 finished
+        # no whole suite in 110 s) costs only itself.
+        if [ "${VKDW_TUNE:-1}" = 1 ]; then
+          for c in ${VKDW_CASES:-$(python3 -c "import json,sys; print(' '.join(c['name'] for c in json.load(open(sys.argv[1]))['cases']))" "suite/$s.json")}; do
+            LIMIT=${VKDW_TUNE_LIMIT:-60} step "vk_tune_$s-$c" .gpu/evokernel tune --op dense-conv --backend vulkan --suite "$s" --case "$c" --search evolutionary --retune --json "$out/vk-tune-$s-$c.json"
+          done
+        fi
         LIMIT=400 step "vk_$s" .gpu/evokernel bench --op dense-conv --backend vulkan --suite "$s" ${VKDW_ARGS:-} --json "$out/vk-$s.json"
         # Per case: Vulkan's best over the CUDA FMA kernels' best (the issue: <= 1.5).
         python3 scripts/vk_vs_cuda.py "$out/cuda-$s.json" "$out/vk-$s.json" > "$out/vk-vs-cuda-$s.txt" 2>&1
