@@ -748,14 +748,42 @@ fn dense_bench_verifies_and_times_every_kernel() {
     assert!(r.best.is_some_and(|b| b < 3));
 }
 
+/// A tuner's scratch: a fresh cache in its own directory (removed by the caller), an
+/// evolutionary plan of `candidates` timed configs that retunes, three launches a timing.
+fn tune_scratch(
+    tag: &str,
+    candidates: usize,
+) -> (
+    std::path::PathBuf,
+    evokernel::tune::TuneCache,
+    evokernel::tune::TunePlan,
+    evokernel::bench::Protocol,
+) {
+    use evokernel::tune::{SearchKind, TuneCache, TunePlan};
+    let dir = std::env::temp_dir().join(format!("evk-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cache = TuneCache::open(&dir.join("tune.json"));
+    let plan = TunePlan {
+        search: SearchKind::Evolutionary,
+        max_candidates: Some(candidates),
+        max_seconds: 60.0,
+        retune: true,
+    };
+    (
+        dir,
+        cache,
+        plan,
+        evokernel::bench::Protocol::default().with_launches(3),
+    )
+}
+
 /// The direct shader's tuner on this device: an evolutionary search of a few candidates,
 /// each verified before it is timed; the winner recorded and read back as the tuned
 /// config (what the bench then runs), and a second tune served from the cache.
 #[test]
 fn dense_tuner_records_a_config_the_bench_reads_back() {
-    use evokernel::bench::Protocol;
     use evokernel::dense::tune::{tune_dense, tuned_config};
-    use evokernel::tune::{SearchKind, TuneCache, TunePlan};
+    use evokernel::tune::TunePlan;
     let dev = device();
     let p = ConvParams {
         n: 1,
@@ -769,16 +797,7 @@ fn dense_tuner_records_a_config_the_bench_reads_back() {
         dtype: DType::F32,
     };
     let spec = DenseConvSpec::from_params(&p, 12, 1).unwrap();
-    let dir = std::env::temp_dir().join(format!("evk-dense-tune-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut cache = TuneCache::open(&dir.join("tune.json"));
-    let plan = TunePlan {
-        search: SearchKind::Evolutionary,
-        max_candidates: Some(6),
-        max_seconds: 60.0,
-        retune: true,
-    };
-    let protocol = Protocol::default().with_launches(3);
+    let (dir, mut cache, plan, protocol) = tune_scratch("dense-tune", 6);
     let row = tune_dense::<DirectConfig>(&dev, &spec, &plan, &protocol, 7, &mut cache, &mut |_| {})
         .unwrap();
     assert!(row.timed >= 6 && row.failed == 0, "{row:?}");
@@ -804,7 +823,7 @@ fn depthwise_shaders_are_tuned_and_their_configs_read_back() {
     use evokernel::bench::Protocol;
     use evokernel::dense::bench::{bench_dense, DenseKernel};
     use evokernel::dense::tune::{tune_dense, tuned_config, TunableShader};
-    use evokernel::tune::{SearchKind, TuneCache, TunePlan, TuneRow};
+    use evokernel::tune::{TuneCache, TunePlan, TuneRow};
     use evokernel::vulkan::VulkanDevice;
     let dev = device();
     let p = ConvParams {
@@ -819,16 +838,7 @@ fn depthwise_shaders_are_tuned_and_their_configs_read_back() {
         dtype: DType::F32,
     };
     let spec = DenseConvSpec::from_params(&p, 8, 8).unwrap();
-    let dir = std::env::temp_dir().join(format!("evk-dw-tune-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut cache = TuneCache::open(&dir.join("tune.json"));
-    let plan = TunePlan {
-        search: SearchKind::Evolutionary,
-        max_candidates: Some(5),
-        max_seconds: 60.0,
-        retune: true,
-    };
-    let protocol = Protocol::default().with_launches(3);
+    let (dir, mut cache, plan, protocol) = tune_scratch("dw-tune", 5);
     fn tuned<S: TunableShader + std::fmt::Debug>(
         dev: &VulkanDevice,
         spec: &DenseConvSpec,

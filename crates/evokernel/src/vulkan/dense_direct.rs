@@ -71,6 +71,21 @@ impl DirectConfig {
         ]
     }
 
+    /// The config of `values` (in `NAMES` order; unchecked: `fits` and `family` judge it).
+    fn from_values(
+        [threads_x, threads_y, outputs_x, outputs_y, ko_tile, ci_tile, lds_pad]: [u32; 7],
+    ) -> Self {
+        DirectConfig {
+            threads_x,
+            threads_y,
+            outputs_x,
+            outputs_y,
+            ko_tile,
+            ci_tile,
+            lds_pad,
+        }
+    }
+
     pub fn invocations(&self) -> u32 {
         self.threads_x * self.threads_y
     }
@@ -168,19 +183,7 @@ impl DirectConfig {
         ];
         super::combinations(choices)
             .into_iter()
-            .map(
-                |[threads_x, threads_y, outputs_x, outputs_y, ko_tile, ci_tile, lds_pad]| {
-                    DirectConfig {
-                        threads_x,
-                        threads_y,
-                        outputs_x,
-                        outputs_y,
-                        ko_tile,
-                        ci_tile,
-                        lds_pad,
-                    }
-                },
-            )
+            .map(Self::from_values)
             .collect()
     }
 
@@ -240,18 +243,7 @@ config_text!(
          outputs_x {OUTPUTS_X:?}, outputs_y {OUTPUTS_Y:?}, ko_tile {KO_TILES:?}, \
          ci_tile {CI_TILES:?}, lds_pad {LDS_PADS:?}"
     ),
-    |[threads_x, threads_y, outputs_x, outputs_y, ko_tile, ci_tile, lds_pad]: [u32; 7]| {
-        let c = DirectConfig {
-            threads_x,
-            threads_y,
-            outputs_x,
-            outputs_y,
-            ko_tile,
-            ci_tile,
-            lds_pad,
-        };
-        DirectConfig::family().contains(&c).then_some(c)
-    }
+    |v: [u32; 7]| Some(DirectConfig::from_values(v)).filter(|c| DirectConfig::family().contains(c))
 );
 
 fn i32_of(what: &str, v: usize) -> Result<i32> {

@@ -44,6 +44,16 @@ impl WinogradConfig {
         [self.tiles_x, self.tiles_y, self.ko_tile, self.ci_tile]
     }
 
+    /// The config of `values` (in `NAMES` order; unchecked: `fits` and `family` judge it).
+    fn from_values([tiles_x, tiles_y, ko_tile, ci_tile]: [u32; 4]) -> Self {
+        WinogradConfig {
+            tiles_x,
+            tiles_y,
+            ko_tile,
+            ci_tile,
+        }
+    }
+
     pub fn invocations(&self) -> u32 {
         self.tiles_x * self.tiles_y
     }
@@ -121,12 +131,7 @@ impl WinogradConfig {
     pub fn family() -> Vec<WinogradConfig> {
         super::combinations([&TILES_X, &TILES_Y, &KO_TILES, &CI_TILES])
             .into_iter()
-            .map(|[tiles_x, tiles_y, ko_tile, ci_tile]| WinogradConfig {
-                tiles_x,
-                tiles_y,
-                ko_tile,
-                ci_tile,
-            })
+            .map(Self::from_values)
             .collect()
     }
 
@@ -171,15 +176,8 @@ config_text!(
         "a config of the family: tiles_x {TILES_X:?}, tiles_y {TILES_Y:?}, \
          ko_tile {KO_TILES:?}, ci_tile {CI_TILES:?}"
     ),
-    |[tiles_x, tiles_y, ko_tile, ci_tile]: [u32; 4]| {
-        let c = WinogradConfig {
-            tiles_x,
-            tiles_y,
-            ko_tile,
-            ci_tile,
-        };
-        WinogradConfig::family().contains(&c).then_some(c)
-    }
+    |v: [u32; 4]| Some(WinogradConfig::from_values(v))
+        .filter(|c| WinogradConfig::family().contains(c))
 );
 
 /// `U = G g G^T` for every (output, input) channel pair: `[co][ci/g][16]`, f32.
