@@ -179,7 +179,7 @@ fn gpu_timings(engine: &Engine, dev: &evokernel::cuda::CudaDevice) -> Result<()>
     // SAFETY: the pointers address live buffers sized for `small`.
     let plan_us = per_call(&mut || unsafe { plan.run_raw(&ptrs, cu_stream) })?;
     // SAFETY: the same kernel, arguments and stream as the plan's call.
-    let bare_us = per_call(&mut || unsafe { dev.launch_on(kernel, &args, &epi, cu_stream) })?;
+    let bare_us = per_call(&mut || unsafe { dev.launch_on(kernel, &args, &epi, None, cu_stream) })?;
     let cached_us = {
         let t = Instant::now();
         for _ in 0..1000 {

@@ -386,6 +386,46 @@ __device__ __forceinline__ void store_c_fragment(T* yout, const float* acc, int 
     }
 }
 
+// store_c_fragment with its per-tile work done once, for a tile that writes many planes
+// (the depth-rotation kernels): where this lane's two rows are in a plane and which of
+// its elements exist. Both columns go as one 4-byte store where the pair is aligned in
+// the plane written (rows eight apart share the parity: 8 * ow is even).
+struct CFragmentAt {
+    long long off;  // element offset of row h0 + lane/4, column w0 + 2*(lane%4) in a plane
+    unsigned mask;  // bit 2*half + i: element (half, i) exists; bit 4: off is even
+    __device__ __forceinline__ CFragmentAt() : off(0), mask(0) {}
+    __device__ __forceinline__ CFragmentAt(int h0, int w0, int lane, const ConvArgs& a) {
+        const int col = w0 + (lane & 3) * 2, row = h0 + (lane >> 2);
+        off = (long long)row * a.ow + col;
+        mask = (off & 1) == 0 ? 16u : 0u;
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+                if (row + 8 * half < a.oh && col + i >= 0 && col + i < a.ow) mask |= 1u << (2 * half + i);
+    }
+};
+
+// The plane starts at element `plane` of y.
+template <int EPI, typename T>
+__device__ __forceinline__ void store_c_fragment_at(T* y, long long plane, const float* acc, const CFragmentAt& at,
+                                                    const ConvArgs& a, float bias, const float* res) {
+    const bool even = (plane & 1) == 0;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        T* p = y + plane + at.off + half * 8LL * a.ow;
+        const T lo = from_f32<T>(finish<EPI, T>(acc[2 * half], bias, res[2 * half]));
+        const T hi = from_f32<T>(finish<EPI, T>(acc[2 * half + 1], bias, res[2 * half + 1]));
+        const unsigned both = 3u << (2 * half);
+        if (even && (at.mask & (both | 16u)) == (both | 16u)) {
+            *reinterpret_cast<unsigned*>(p) = pack2(lo, hi);
+        } else {
+            if (at.mask & (1u << (2 * half))) p[0] = lo;
+            if (at.mask & (2u << (2 * half))) p[1] = hi;
+        }
+    }
+}
+
 // The epilogue of one m16n8 accumulator fragment of channel-last output (channel c,
 // output depth od of image n) before it is staged: rows r0 + lane/4 (+8), columns col,
 // col + 1 (col = 8j + 2*(lane%4) - S, possibly outside the row: those are never written,
@@ -490,16 +530,20 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned addr, unsigned* af) {
 // feeds every output depth the slice reaches. At step s (slice s of the chunk), with u =
 // s mod KD known at compile time after unrolling, depth s - kd sits in accumulator
 // (u - kd) mod KD; depths outside [0, depths) belong to other chunks and are skipped.
+// steady (a literal at the call, folded after inlining): every depth the slice reaches
+// is in [0, depths) (s >= KD - 1 and s < depths), so no MMA needs its predicate. (Loading
+// row kh + 1's fragment before row kh's MMAs: no gain on the seed, x3d and video-vae 2%
+// slower, run 165; ptxas serializes the loads again at 80 registers.)
 template <typename T, int KD, int KH>
 __device__ __forceinline__ void rotate_slice(unsigned base, unsigned row_bytes, int s, int u, int depths,
-                                             const unsigned (*bf)[2], float (*acc)[4]) {
+                                             const unsigned (*bf)[2], float (*acc)[4], bool steady = false) {
 #pragma unroll
     for (int kh = 0; kh < KH; ++kh) {
         unsigned af[4];
         ldmatrix_x4(base + kh * row_bytes, af);
 #pragma unroll
         for (int kd = 0; kd < KD; ++kd)
-            if (s - kd >= 0 && s - kd < depths) Mma<T>::run(acc[(u - kd + KD) % KD], af, bf[kd * KH + kh]);
+            if (steady || (s - kd >= 0 && s - kd < depths)) Mma<T>::run(acc[(u - kd + KD) % KD], af, bf[kd * KH + kh]);
     }
 }
 

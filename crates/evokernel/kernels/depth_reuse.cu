@@ -14,14 +14,72 @@
 // Tiling as in streaming.cu: input column 0 at tile column P = pw rounded up to 8, tiles
 // starting at 8j - S, S = P - pw. Stride 1, dilation 1, KW <= 9, input width a multiple
 // of 8; T is bf16 or f16.
+// PRODUCER = 1: a block has one more warp that only copies slices, and the ring's slots
+// are handed over by mbarriers instead of a block barrier a slice: full[slot] completes
+// when the producer's copies into it land, empty[slot] when every tile warp has read it.
+// Tile warps then issue only ldmatrix, MMAs and stores, and drift up to the ring's depth
+// apart instead of meeting at a barrier every slice. On sm_90 one thread of the producer
+// copies a slice with one TMA tensor copy (its zero fill is the padding): with 16-byte
+// cp.async a lane, the producer warp spent ~320 instructions a slice and was the
+// bottleneck (run 166: it never waited for a free slot while the tile warps waited for
+// full ones), and a bulk copy a row still ~12 a row (uniform operands, an ELECT loop).
+// Slots are 128-byte aligned for the TMA. Slices wholly in the depth padding are neither
+// copied nor multiplied (zero contributions; the oracle skips padding too).
 
-template <typename T, int KD, int KH, int KW, int BANDS, int COLS, int DCHUNK, int STAGES, int MINB, int EPI>
-__global__ void __launch_bounds__(BANDS * COLS * 32, MINB) depth_reuse_dwconv(ConvArgs a, EpiArgs e) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+// The input as a TMA tensor map [N*C][D][H][W] with a box of one slice of a block's
+// region (kernel parameter; encoded on the host per launch, zeroed where unused).
+struct alignas(64) SliceMap {
+    unsigned long long opaque[16];
+};
+
+__device__ __forceinline__ void dr_bar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void dr_bar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void dr_bar_wait(unsigned bar, unsigned parity) {
+    unsigned done = 0;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void dr_bar_expect(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// One box of the input's tensor map (columns x rows of one slice of one (n, c)) at
+// column w, row h, depth d of image-channel nc; the TMA unit writes zeros where the box
+// leaves the tensor, which is the convolution's padding.
+__device__ __forceinline__ void dr_tma_slice(unsigned dst, const SliceMap* map, int w, int h, int d, int nc, unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(w), "r"(h), "r"(d), "r"(nc), "r"(bar)
+        : "memory");
+}
+#else
+// Arrives once this thread's earlier cp.async copies have landed.
+__device__ __forceinline__ void dr_bar_arrive_copies(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// 16 bytes, or 16 zero bytes where !ok (src is then not read).
+__device__ __forceinline__ void dr_copy16(unsigned dst, const void* src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+}
+#endif
+
+template <typename T, int KD, int KH, int KW, int BANDS, int COLS, int DCHUNK, int STAGES, int MINB, int PRODUCER, int EPI>
+__global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_reuse_dwconv(ConvArgs a, EpiArgs e, const __grid_constant__ SliceMap map) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
     constexpr int HS = BANDS * 16 + KH - 1;  // slice rows: the region's bands and their halo
     constexpr int PIECES = COLS + 1;         // 16-byte pieces per slice row (8 halo columns)
     constexpr int WS = tc_row_stride(COLS);
     constexpr int SLICE_BYTES = HS * WS * (int)sizeof(T);
+    constexpr int SLOT_BYTES = PRODUCER ? (SLICE_BYTES + 127) / 128 * 128 : SLICE_BYTES;
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ w = static_cast<const T*>(a.w);
     T* __restrict__ y = static_cast<T*>(a.y);
@@ -84,21 +142,121 @@ __global__ void __launch_bounds__(BANDS * COLS * 32, MINB) depth_reuse_dwconv(Co
     for (int q = 0; q < KD; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
     float probe = 0.f;
     // At step s, depth d0 + s - kd sits in accumulator slot (u - kd) mod KD (walk_slices).
-    walk_slices<KD, STAGES>(steps, fetch, [&](int s, int u, int cur) {
-        if (has_tile) {
-            // Depth d0 + s - KD + 1 completes in this step: its residuals load first, so
-            // their latency hides behind the slice's MMAs.
-            const long long plane_out = (nc * a.od + d0 + s - (KD - 1)) * plane;
-            float res[4];
-            if (s >= KD - 1) load_c_residual<T, EPI>(a, e, plane_out, h0, w0, lane, res);
-            rotate_slice<T, KD, KH>(lane_addr + (unsigned)(cur * SLICE_BYTES), WS * sizeof(T), s, u, d1 - d0, bf, acc);
-            if (s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
-                float* done = acc[(u + 1) % KD];
-                probe_fragment(probe, done);
-                store_c_fragment<EPI>(y + plane_out, done, h0, w0, lane, a, bias, res);
-                done[0] = done[1] = done[2] = done[3] = 0.f;
+    // steady: s >= KD - 1 and s < d1 - d0, so every depth the slice reaches is this
+    // block's and one completes (no predicates; most steps of a long chunk).
+    // (Built only where used: an unused one still cost x3d's block-barrier walk a spill.)
+    const CFragmentAt at = PRODUCER ? CFragmentAt(h0, w0, lane, a) : CFragmentAt();
+    // (Called with a literal `steady`: after inlining the predicates fold away.)
+    auto step = [&](int s, int u, int cur, bool steady) {
+        // Depth d0 + s - KD + 1 completes in this step: its residuals load first, so
+        // their latency hides behind the slice's MMAs.
+        const long long plane_out = (nc * a.od + d0 + s - (KD - 1)) * plane;
+        float res[4];
+        if (steady || s >= KD - 1) load_c_residual<T, EPI>(a, e, plane_out, h0, w0, lane, res);
+        // With the producer a slice of depth padding is never copied (it adds nothing);
+        // the block-barrier walk copies zeros and multiplies them (as measured before).
+        const int zd = d0 + s - a.pd;
+        if (PRODUCER == 0 || (zd >= 0 && zd < a.id))
+            rotate_slice<T, KD, KH>(lane_addr + (unsigned)(cur * SLOT_BYTES), WS * sizeof(T), s, u, d1 - d0, bf, acc, steady);
+        if (steady || s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
+            float* done = acc[(u + 1) % KD];
+            probe_fragment(probe, done);
+            if constexpr (PRODUCER != 0) store_c_fragment_at<EPI>(y, plane_out, done, at, a, bias, res);
+            else store_c_fragment<EPI>(y + plane_out, done, h0, w0, lane, a, bias, res);
+            done[0] = done[1] = done[2] = done[3] = 0.f;
+        }
+    };
+    if constexpr (PRODUCER == 0) {
+        walk_slices<KD, STAGES>(steps, fetch, [&](int s, int u, int cur) {
+            if (has_tile) step(s, u, cur, false);
+        });
+    } else {
+        constexpr int NBUF = STAGES + 1;
+        const unsigned full = ring + NBUF * SLOT_BYTES, empty = full + 8 * NBUF;
+        const int tile_warps = min(BANDS, mt - band0) * min(COLS, nt - col0);
+#if __CUDA_ARCH__ >= 900
+        constexpr unsigned FULL_ARRIVALS = 1;  // the producer's expect_tx
+#else
+        constexpr unsigned FULL_ARRIVALS = 32;  // each producer lane, once its copies land
+#endif
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < NBUF; ++i) {
+                dr_bar_init(full + 8 * i, FULL_ARRIVALS);
+                dr_bar_init(empty + 8 * i, tile_warps);
             }
         }
-    });
+        __syncthreads();
+        if (warp == BANDS * COLS) {
+            // The producer: slice s into slot s mod NBUF once its last reader is done.
+            int cur = 0, use = 0;
+#if __CUDA_ARCH__ >= 900
+            if (lane != 0) return;
+            for (int s = 0; s < steps; ++s) {
+                if (use > 0) dr_bar_wait(empty + 8 * cur, (use - 1) & 1);
+                const int zd = d0 + s - a.pd;
+                if (zd >= 0 && zd < a.id) {
+                    dr_bar_expect(full + 8 * cur, SLICE_BYTES);
+                    dr_tma_slice(ring + (unsigned)(cur * SLOT_BYTES), &map, col0 * 8 - P, band0 * 16 - a.ph, zd,
+                                 (int)nc, full + 8 * cur);
+                } else {
+                    dr_bar_arrive(full + 8 * cur);
+                }
+                if (++cur == NBUF) {
+                    cur = 0;
+                    ++use;
+                }
+            }
+#else
+            for (int s = 0; s < steps; ++s) {
+                if (use > 0) dr_bar_wait(empty + 8 * cur, (use - 1) & 1);
+                const int zd = d0 + s - a.pd;
+                if (zd >= 0 && zd < a.id) {
+                    const T* slice = xin + (long long)zd * a.ih * a.iw;
+                    const unsigned buf = ring + (unsigned)(cur * SLOT_BYTES);
+#pragma unroll 4
+                    for (int j = lane; j < HS * PIECES; j += 32) {
+                        const int r = j / PIECES, k = j - r * PIECES;
+                        const int gh = band0 * 16 + r - a.ph, gw = (col0 + k) * 8 - P;
+                        const bool ok = gh >= 0 && gh < a.ih && gw >= 0 && gw < a.iw;
+                        dr_copy16(buf + (unsigned)((r * WS + 8 * k) * (int)sizeof(T)),
+                                  ok ? slice + (long long)gh * a.iw + gw : slice, ok);
+                    }
+                }
+                dr_bar_arrive_copies(full + 8 * cur);
+                if (++cur == NBUF) {
+                    cur = 0;
+                    ++use;
+                }
+            }
+            cp_async_wait<0>();
+#endif
+            return;
+        }
+        if (!has_tile) return;
+        int cur = 0;
+        unsigned parity = 0;
+        auto consume = [&](int s, int u, bool steady) {
+            dr_bar_wait(full + 8 * cur, parity);
+            step(s, u, cur, steady);
+            __syncwarp();
+            if (lane == 0) dr_bar_arrive(empty + 8 * cur);
+            if (++cur == NBUF) {
+                cur = 0;
+                parity ^= 1;
+            }
+        };
+        for (int sb = 0; sb < steps; sb += KD) {
+            if (sb >= KD - 1 && sb + KD <= d1 - d0) {
+#pragma unroll
+                for (int u = 0; u < KD; ++u) consume(sb + u, u, true);
+            } else {
+#pragma unroll
+                for (int u = 0; u < KD; ++u) {
+                    if (sb + u >= steps) break;
+                    consume(sb + u, u, false);
+                }
+            }
+        }
+    }
     if (!isfinite(probe) && a.flag) *a.flag = a.epoch;
 }

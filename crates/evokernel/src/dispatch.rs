@@ -459,7 +459,8 @@ mod tests {
                 driver: "13.0".into(),
                 spec_key: spec.key(),
                 variant: "depth_reuse".into(),
-                config: "depth_reuse:bands=1,cols=11,dchunk=16,minblocks=2,stages=2".into(),
+                config: "depth_reuse:bands=1,cols=11,dchunk=16,minblocks=2,producer=0,stages=2"
+                    .into(),
                 ms: 0.4,
                 date_utc: "2026-11-22".into(),
                 kernel_hash: kernel_hash(crate::variants::find("depth_reuse").unwrap(), "13.0"),
@@ -471,7 +472,7 @@ mod tests {
         assert_eq!(s, Source::Nearest);
         assert_eq!(
             c.to_string(),
-            "depth_reuse:bands=1,cols=11,dchunk=16,minblocks=2,stages=2"
+            "depth_reuse:bands=1,cols=11,dchunk=16,minblocks=2,producer=0,stages=2"
         );
         let forced: Config = "naive:block=128,waves=8".parse().unwrap();
         let c = choose(&spec.clone().into(), &h100(), &cache, &[forced]).unwrap();

@@ -300,6 +300,82 @@ fn every_variant_passes_300_random_specs() {
 }
 
 /// One spec in four runs with a fused epilogue, chosen from its shape.
+/// depth_reuse hands its ring's slices over either by a block barrier a slice or by a
+/// producer warp and mbarriers (`producer`); the defaults test one of them, so both run
+/// here on the public suite and on the random specs depth_reuse applies to, with several
+/// ring depths (the mbarrier phases wrap at different steps), NaN/Inf in a third.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn depth_reuse_passes_with_either_slice_handover() {
+    let engine = Engine::cuda(0).unwrap();
+    let dev = engine.device().unwrap().as_ref();
+    let v = evokernel::variants::find("depth_reuse").unwrap();
+    let cases: Vec<(String, ConvSpec, Vec<evokernel::variants::Config>)> = public_suite()
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.name, c.spec))
+        .chain(
+            random_specs(120, 2027)
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| (format!("random #{i}"), s)),
+        )
+        .filter(|(_, spec)| v.applies(spec).is_ok())
+        .map(|(name, spec)| {
+            let configs = [(0, 1), (0, 4), (1, 1), (1, 4)]
+                .into_iter()
+                .filter_map(|(producer, stages)| {
+                    let mut cfg = v.default_config(&spec);
+                    cfg.values.insert("producer".into(), producer);
+                    cfg.values.insert("stages".into(), stages);
+                    v.fits(&spec, &cfg).is_ok().then_some(cfg)
+                })
+                .collect();
+            (name, spec, configs)
+        })
+        .collect();
+    // Compile every specialization first, on all cores.
+    {
+        use rayon::prelude::*;
+        let exprs: std::collections::BTreeSet<String> = cases
+            .iter()
+            .flat_map(|(_, spec, configs)| {
+                configs.iter().map(|cfg| {
+                    with_epilogue(&v.specialization(spec, cfg).unwrap(), &Epilogue::NONE)
+                })
+            })
+            .collect();
+        exprs.par_iter().for_each(|expr| {
+            dev.jit()
+                .compile(v.name(), v.source(), expr)
+                .unwrap_or_else(|e| panic!("{e}"));
+        });
+    }
+    let mut checked = 0;
+    for (i, (name, spec, configs)) in cases.iter().enumerate() {
+        let non_finite = i % 3 == 0;
+        let mut problem = ProblemData::random(spec, i as u64, 1);
+        if non_finite {
+            problem.inject_non_finite(i as u64);
+        }
+        let reference = oracle(&problem).unwrap();
+        let dp = DeviceProblem::upload(dev, &problem).unwrap();
+        for cfg in configs {
+            let mut run =
+                KernelRun::new(&dp, &engine, cfg).unwrap_or_else(|e| panic!("{name} {cfg}: {e}"));
+            let verdict = check(&mut run, &problem, &reference).unwrap();
+            assert!(
+                verdict.passed,
+                "{name} ({spec}) {cfg} non-finite {non_finite}: {:?}",
+                verdict.comparison
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 40, "only {checked} depth_reuse checks");
+    eprintln!("{checked} depth_reuse checks");
+}
+
 fn random_epilogue(spec: &ConvSpec) -> Epilogue {
     let h = spec
         .key()

@@ -176,6 +176,58 @@ pub struct EpiArgs {
 // SAFETY: plain old data, laid out as the CUDA struct.
 unsafe impl DeviceRepr for EpiArgs {}
 
+/// A TMA tensor map (`CUtensorMap`) of a 2-byte input as [N*C][D][H][W]: the third
+/// parameter of kernels that copy their input slices with the tensor memory accelerator
+/// (kernels/depth_reuse.cu, `SliceMap`).
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug)]
+pub struct SliceMap(pub [u64; 16]);
+
+impl SliceMap {
+    /// For a kernel that takes the parameter but whose config does not read it.
+    pub const UNUSED: SliceMap = SliceMap([0; 16]);
+
+    /// The input of `args` (2-byte elements) in boxes of `cols` x `rows` of one slice;
+    /// reads past the tensor's edges give zeros.
+    pub fn encode(args: &ConvArgs, cols: u32, rows: u32) -> Result<Self> {
+        use cudarc::driver::sys;
+        let [d, h, w] = args.input.map(|v| v as u64);
+        let dims = [w, h, d, (args.n * args.c) as u64];
+        let strides = [2 * w, 2 * w * h, 2 * w * h * d];
+        let boxes = [cols, rows, 1, 1];
+        let elem = [1u32; 4];
+        // SAFETY: a zeroed CUtensorMap is plain data the encoder overwrites.
+        let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
+        // SAFETY: every array has the rank's entries; `args.x` addresses the input.
+        let r = unsafe {
+            sys::cuTensorMapEncodeTiled(
+                &mut map,
+                sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+                4,
+                args.x as *mut std::ffi::c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxes.as_ptr(),
+                elem.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(Error::Cuda {
+                call: format!(
+                    "cuTensorMapEncodeTiled (input {d}x{h}x{w}, {} planes, box {cols}x{rows}; the input must be 16-byte aligned)",
+                    args.n * args.c
+                ),
+                name: format!("{r:?}"),
+            });
+        }
+        Ok(SliceMap(map.opaque))
+    }
+}
+
 // SAFETY: plain old data, laid out as the CUDA struct.
 unsafe impl DeviceRepr for ConvArgs {}
 
@@ -397,15 +449,20 @@ impl CudaDevice {
         kernel: &LoadedKernel,
         args: &ConvArgs,
         epi: &EpiArgs,
+        map: Option<&SliceMap>,
         stream: cudarc::driver::sys::CUstream,
     ) -> Result<()> {
         let l = kernel.launch;
-        let mut params = [
+        let mut params = vec![
             args as *const ConvArgs as *mut std::ffi::c_void,
             epi as *const EpiArgs as *mut std::ffi::c_void,
         ];
-        // SAFETY: `args` matches the kernel's single parameter and outlives the call
-        // (the driver copies parameters at launch); the caller vouches for the rest.
+        if let Some(m) = map {
+            params.push(m as *const SliceMap as *mut std::ffi::c_void);
+        }
+        // SAFETY: the parameters match the kernel's (ConvArgs, EpiArgs and, for kernels
+        // that take one, the input's tensor map) and outlive the call (the driver copies
+        // them at launch); the caller vouches for the rest.
         unsafe {
             cudarc::driver::result::launch_kernel(
                 kernel.function.cu_function(),

@@ -5,7 +5,7 @@
 use super::tensor_core::{row_stride, shifted_tile_columns, tensor_core_applies};
 use super::{
     cuda_type, default_launches, depth_chunk_at_most, depth_chunks, grid_x, ring_params,
-    within_shared, Config, Launch, Param, Variant, DEPTH_CHUNKS,
+    within_shared, Config, InputMap, Launch, Param, Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
@@ -17,7 +17,8 @@ typed_params!(Params {
     cols,
     dchunk,
     stages,
-    minblocks
+    minblocks,
+    producer
 });
 
 /// Most warps a block may have (1024 threads), one tile each.
@@ -31,10 +32,37 @@ fn tile_grid(spec: &ConvSpec) -> (usize, usize) {
 /// Slices fetched ahead of the one being consumed.
 const STAGES: [i64; 4] = [1, 2, 4, 6];
 
-/// The ring: `stages` + 1 slices of a region of `bands` x `cols` tiles.
-fn shared_bytes(spec: &ConvSpec, bands: usize, cols: usize, stages: usize) -> usize {
-    let kh = spec.kernel3()[1];
-    (stages + 1) * (bands * 16 + kh - 1) * row_stride(cols) * 2
+/// One slice of a block's region in the ring: its bands and their halo rows, `row_stride`
+/// columns each (2-byte elements).
+fn slice_shape(spec: &ConvSpec, bands: usize, cols: usize) -> (usize, usize) {
+    (bands * 16 + spec.kernel3()[1] - 1, row_stride(cols))
+}
+
+/// The ring: `stages` + 1 slices of a region of `bands` x `cols` tiles, and with a
+/// producer warp 128-byte aligned slots (the TMA's) and a full and an empty mbarrier
+/// (8 bytes each) a slot.
+fn shared_bytes(
+    spec: &ConvSpec,
+    bands: usize,
+    cols: usize,
+    stages: usize,
+    producer: bool,
+) -> usize {
+    let (rows, width) = slice_shape(spec, bands, cols);
+    let slice = rows * width * 2;
+    if producer {
+        (stages + 1) * (slice.div_ceil(128) * 128 + 16)
+    } else {
+        (stages + 1) * slice
+    }
+}
+
+/// The TMA's limit on each side of a box.
+const MAX_BOX: usize = 256;
+
+/// Threads of a block: a warp per tile, and the producer warp where there is one.
+fn block_threads(bands: usize, cols: usize, producer: bool) -> usize {
+    (bands * cols + usize::from(producer)) * 32
 }
 
 /// Depth chunks of `dchunk` or fewer output depths, balanced (33 depths in chunks of
@@ -85,6 +113,12 @@ impl Variant for DepthReuse {
             },
         ];
         params.extend(ring_params(spec, &STAGES));
+        // How slices reach the ring: 0, every thread copies and a block barrier a slice
+        // hands them over; 1, a producer warp copies and mbarriers hand each slot over.
+        params.push(Param {
+            name: "producer",
+            values: vec![0, 1],
+        });
         params
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
@@ -104,7 +138,9 @@ impl Variant for DepthReuse {
             1
         };
         let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 64);
-        let minblocks = if bands * cols <= 16 { 2 } else { 1 };
+        // A producer warp where it keeps a block within 16 warps (two blocks an SM).
+        let producer = usize::from(bands * cols < 16);
+        let minblocks = if bands * cols + producer <= 16 { 2 } else { 1 };
         Config::new(
             self.name(),
             &[
@@ -113,6 +149,7 @@ impl Variant for DepthReuse {
                 ("dchunk", dchunk),
                 ("stages", 4),
                 ("minblocks", minblocks),
+                ("producer", producer as i64),
             ],
         )
     }
@@ -124,31 +161,54 @@ impl Variant for DepthReuse {
             bands,
             cols,
             stages,
+            producer,
             ..
         } = Params::read(config).map_err(|e| e.to_string())?;
-        if bands.saturating_mul(cols) as i64 > MAX_WARPS {
+        let producer = producer != 0;
+        let warps = bands.saturating_mul(cols) + usize::from(producer);
+        if warps as i64 > MAX_WARPS {
             return Err(format!(
-                "bands x cols = {} warps (one per tile), more than a block's {MAX_WARPS}",
-                bands * cols
+                "bands x cols = {} tile warps{}, more than a block's {MAX_WARPS} warps",
+                bands * cols,
+                if producer { " and a producer" } else { "" }
+            ));
+        }
+        let (rows, width) = slice_shape(spec, bands, cols);
+        if producer && rows.max(width) > MAX_BOX {
+            return Err(format!(
+                "the producer copies a slice of {rows} x {width} as one TMA box, at most {MAX_BOX} a side"
             ));
         }
         within_shared(
             &format!("a ring of {} slices", stages + 1),
-            shared_bytes(spec, bands, cols, stages),
+            shared_bytes(spec, bands, cols, stages, producer),
         )
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "depth_reuse_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}>",
+            "depth_reuse_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             p.bands,
             p.cols,
             p.dchunk,
             p.stages,
-            p.minblocks
+            p.minblocks,
+            p.producer
         ))
+    }
+    fn input_map(&self, spec: &ConvSpec, config: &Config) -> Option<InputMap> {
+        let p = Params::read(config).ok()?;
+        let (rows, cols) = slice_shape(spec, p.bands, p.cols);
+        Some(if p.producer != 0 {
+            InputMap::Slices {
+                cols: cols as u32,
+                rows: rows as u32,
+            }
+        } else {
+            InputMap::Unused
+        })
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
         let Params {
@@ -156,15 +216,17 @@ impl Variant for DepthReuse {
             cols,
             dchunk,
             stages,
+            producer,
             ..
         } = Params::parse(self, spec, config)?;
+        let producer = producer != 0;
         let (mt, nt) = tile_grid(spec);
         let regions = mt.div_ceil(bands) * nt.div_ceil(cols);
         let blocks = spec.n() * spec.c() * depth_chunk_count(spec, dchunk) * regions;
         Ok(Launch {
             grid: (grid_x(self, spec, blocks)?, 1, 1),
-            block: ((bands * cols * 32) as u32, 1, 1),
-            shared_bytes: shared_bytes(spec, bands, cols, stages) as u32,
+            block: (block_threads(bands, cols, producer) as u32, 1, 1),
+            shared_bytes: shared_bytes(spec, bands, cols, stages, producer) as u32,
         })
     }
 }
@@ -195,8 +257,10 @@ mod tests {
             ),
             (Some(1), Some(11), Some(64), Some(2))
         );
+        // Eleven tile warps and the producer.
+        assert_eq!(d.get("producer"), Some(1));
         let l = v.launch(&seed, &d, 132).unwrap();
-        assert_eq!(l.block.0, 11 * 32);
+        assert_eq!(l.block.0, 12 * 32);
         assert_eq!(l.grid.0 as usize, 512 * 3);
         // Video-vae: 17 tile columns split into two regions of 9.
         let vae = case("video-vae-causal");
