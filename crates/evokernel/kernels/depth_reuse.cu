@@ -26,11 +26,23 @@
 // Slots are 128-byte aligned for the TMA. Slices wholly in the depth padding are neither
 // copied nor multiplied (zero contributions; the oracle skips padding too).
 
-// The input as a TMA tensor map [N*C][D][H][W] with a box of one slice of a block's
-// region (kernel parameter; encoded on the host per launch, zeroed where unused).
+// TMA tensor maps [N*C][D][H][W] (encoded on the host per launch, zeroed where unused):
+// the input with a box of one slice of a block's region, and the output with a box of
+// one output depth of a region that spans whole rows (zeroed, and stores go straight
+// from registers, where the output rows are not 16-byte multiples, ow % 8 != 0, or a
+// row has several regions: a TMA store may not start left of the tensor, and a
+// region's first output column is -S; probed on the H100, docs/perf.md run 170).
 struct alignas(64) SliceMap {
     unsigned long long opaque[16];
 };
+struct TmaMaps {
+    SliceMap input, output;
+};
+
+template <typename T>
+__device__ __forceinline__ unsigned short bits16(T v) {
+    return *reinterpret_cast<unsigned short*>(&v);
+}
 
 __device__ __forceinline__ void dr_bar_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
@@ -61,6 +73,17 @@ __device__ __forceinline__ void dr_tma_slice(unsigned dst, const SliceMap* map, 
         "l"(reinterpret_cast<unsigned long long>(map)), "r"(w), "r"(h), "r"(d), "r"(nc), "r"(bar)
         : "memory");
 }
+// The staged output depth (columns x rows of the region at column w, row h) to global
+// memory; the TMA unit drops what lies outside the tensor (tiles past the plane's edges).
+__device__ __forceinline__ void dr_tma_store(const SliceMap* map, unsigned src, int w, int h, int d, int nc) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+                     reinterpret_cast<unsigned long long>(map)),
+                 "r"(w), "r"(h), "r"(d), "r"(nc), "r"(src)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    // The stage is written again two depths later: wait until the store has read it.
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
 #else
 // Arrives once this thread's earlier cp.async copies have landed.
 __device__ __forceinline__ void dr_bar_arrive_copies(unsigned bar) {
@@ -73,13 +96,18 @@ __device__ __forceinline__ void dr_copy16(unsigned dst, const void* src, bool ok
 #endif
 
 template <typename T, int KD, int KH, int KW, int BANDS, int COLS, int DCHUNK, int STAGES, int MINB, int PRODUCER, int EPI>
-__global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_reuse_dwconv(ConvArgs a, EpiArgs e, const __grid_constant__ SliceMap map) {
+__global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_reuse_dwconv(ConvArgs a, EpiArgs e, const __grid_constant__ TmaMaps maps) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     constexpr int HS = BANDS * 16 + KH - 1;  // slice rows: the region's bands and their halo
     constexpr int PIECES = COLS + 1;         // 16-byte pieces per slice row (8 halo columns)
     constexpr int WS = tc_row_stride(COLS);
     constexpr int SLICE_BYTES = HS * WS * (int)sizeof(T);
     constexpr int SLOT_BYTES = PRODUCER ? (SLICE_BYTES + 127) / 128 * 128 : SLICE_BYTES;
+    // With the producer, after the ring: the mbarriers (full and empty a slot, staged and
+    // free a stage), then two stages of one output depth of the region (RW columns).
+    constexpr int NBUF = STAGES + 1;
+    constexpr int RW = COLS * 8, STAGE_BYTES = BANDS * 16 * RW * (int)sizeof(T);
+    constexpr int STAGE_OFFSET = NBUF * SLOT_BYTES + (8 * (2 * NBUF + 4) + 127) / 128 * 128;
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ w = static_cast<const T*>(a.w);
     T* __restrict__ y = static_cast<T*>(a.y);
@@ -146,6 +174,20 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
     // block's and one completes (no predicates; most steps of a long chunk).
     // (Built only where used: an unused one still cost x3d's block-barrier walk a spill.)
     const CFragmentAt at = PRODUCER ? CFragmentAt(h0, w0, lane, a) : CFragmentAt();
+    const unsigned full = ring + NBUF * SLOT_BYTES, empty = full + 8 * NBUF;
+    const unsigned staged = empty + 8 * NBUF, stage_free = staged + 16;
+#if __CUDA_ARCH__ >= 900
+    // Whole output depths of the region leave by one TMA store each (full 32-byte sectors:
+    // a warp's 8-column fragment rows are 16 bytes, two sectors where the tiles are
+    // shifted, and the partial writes kept L2 at 83% of its peak, run 167's ncu).
+    const bool tma_out = PRODUCER != 0 && (a.ow & 7) == 0 && col_regions == 1;
+#else
+    const bool tma_out = false;
+#endif
+    // The stage's column 0 is output column 0 (the region is a whole row); this lane's
+    // columns start at stage_col (odd where S is: then two 2-byte stores).
+    const int stage_col = w0 + (lane & 3) * 2;
+    const unsigned lane_stage = ring + STAGE_OFFSET + (unsigned)(((tb * 16 + (lane >> 2)) * RW + stage_col) * (int)sizeof(T));
     // (Called with a literal `steady`: after inlining the predicates fold away.)
     auto step = [&](int s, int u, int cur, bool steady) {
         // Depth d0 + s - KD + 1 completes in this step: its residuals load first, so
@@ -161,8 +203,33 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
         if (steady || s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
             float* done = acc[(u + 1) % KD];
             probe_fragment(probe, done);
-            if constexpr (PRODUCER != 0) store_c_fragment_at<EPI>(y, plane_out, done, at, a, bias, res);
-            else store_c_fragment<EPI>(y + plane_out, done, h0, w0, lane, a, bias, res);
+            if (tma_out) {
+                // Depth q of the chunk into stage q mod 2, once the store of depth q - 2
+                // has read it; the producer stores the depth when every tile is in.
+                const int q = s - (KD - 1);
+                const unsigned b = (unsigned)q & 1u;
+                if (q >= 2) dr_bar_wait(stage_free + 8 * b, ((q >> 1) - 1) & 1);
+                const unsigned dst = lane_stage + b * STAGE_BYTES;
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const T lo = from_f32<T>(finish<EPI, T>(done[2 * half], bias, res[2 * half]));
+                    const T hi = from_f32<T>(finish<EPI, T>(done[2 * half + 1], bias, res[2 * half + 1]));
+                    const unsigned row = dst + half * 8 * RW * (int)sizeof(T);
+                    if ((stage_col & 1) == 0) {
+                        if (stage_col >= 0) asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row), "r"(pack2(lo, hi)));
+                    } else {
+                        if (stage_col >= 0) asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(row), "h"(bits16(lo)));
+                        if (stage_col + 1 >= 0) asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(row + 2), "h"(bits16(hi)));
+                    }
+                }
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                __syncwarp();
+                if (lane == 0) dr_bar_arrive(staged + 8 * b);
+            } else if constexpr (PRODUCER != 0) {
+                store_c_fragment_at<EPI>(y, plane_out, done, at, a, bias, res);
+            } else {
+                store_c_fragment<EPI>(y + plane_out, done, h0, w0, lane, a, bias, res);
+            }
             done[0] = done[1] = done[2] = done[3] = 0.f;
         }
     };
@@ -171,8 +238,6 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
             if (has_tile) step(s, u, cur, false);
         });
     } else {
-        constexpr int NBUF = STAGES + 1;
-        const unsigned full = ring + NBUF * SLOT_BYTES, empty = full + 8 * NBUF;
         const int tile_warps = min(BANDS, mt - band0) * min(COLS, nt - col0);
 #if __CUDA_ARCH__ >= 900
         constexpr unsigned FULL_ARRIVALS = 1;  // the producer's expect_tx
@@ -184,6 +249,10 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
                 dr_bar_init(full + 8 * i, FULL_ARRIVALS);
                 dr_bar_init(empty + 8 * i, tile_warps);
             }
+            for (int i = 0; i < 2; ++i) {
+                dr_bar_init(staged + 8 * i, tile_warps);
+                dr_bar_init(stage_free + 8 * i, 1);
+            }
         }
         __syncthreads();
         if (warp == BANDS * COLS) {
@@ -191,12 +260,19 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
             int cur = 0, use = 0;
 #if __CUDA_ARCH__ >= 900
             if (lane != 0) return;
+            // Output depth q of the chunk, once every tile warp has staged it.
+            auto store_depth = [&](int q) {
+                const unsigned b = (unsigned)q & 1u;
+                dr_bar_wait(staged + 8 * b, (q >> 1) & 1);
+                dr_tma_store(&maps.output, ring + STAGE_OFFSET + b * STAGE_BYTES, 0, band0 * 16, d0 + q, (int)nc);
+                dr_bar_arrive(stage_free + 8 * b);
+            };
             for (int s = 0; s < steps; ++s) {
                 if (use > 0) dr_bar_wait(empty + 8 * cur, (use - 1) & 1);
                 const int zd = d0 + s - a.pd;
                 if (zd >= 0 && zd < a.id) {
                     dr_bar_expect(full + 8 * cur, SLICE_BYTES);
-                    dr_tma_slice(ring + (unsigned)(cur * SLOT_BYTES), &map, col0 * 8 - P, band0 * 16 - a.ph, zd,
+                    dr_tma_slice(ring + (unsigned)(cur * SLOT_BYTES), &maps.input, col0 * 8 - P, band0 * 16 - a.ph, zd,
                                  (int)nc, full + 8 * cur);
                 } else {
                     dr_bar_arrive(full + 8 * cur);
@@ -205,6 +281,13 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
                     cur = 0;
                     ++use;
                 }
+                // The tile warps have finished step s - NBUF (its slot was free), so the
+                // depth that step completed is staged: this wait does not block.
+                if (tma_out && s - NBUF - (KD - 1) >= 0) store_depth(s - NBUF - (KD - 1));
+            }
+            if (tma_out) {
+                for (int q = max(steps - NBUF - (KD - 1), 0); q < d1 - d0; ++q) store_depth(q);
+                asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
             }
 #else
             for (int s = 0; s < steps; ++s) {

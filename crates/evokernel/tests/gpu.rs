@@ -301,9 +301,10 @@ fn every_variant_passes_300_random_specs() {
 
 /// One spec in four runs with a fused epilogue, chosen from its shape.
 /// depth_reuse hands its ring's slices over either by a block barrier a slice or by a
-/// producer warp and mbarriers (`producer`); the defaults test one of them, so both run
-/// here on the public suite and on the random specs depth_reuse applies to, with several
-/// ring depths (the mbarrier phases wrap at different steps), NaN/Inf in a third.
+/// producer warp and mbarriers (`producer`, with TMA loads and, for whole-row regions,
+/// TMA stores); the defaults test one of them, so both run here on the public suite and
+/// on the random specs depth_reuse applies to, with several ring depths (the mbarrier
+/// phases wrap at different steps) and one-column regions, NaN/Inf in a third.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn depth_reuse_passes_with_either_slice_handover() {
@@ -322,15 +323,26 @@ fn depth_reuse_passes_with_either_slice_handover() {
         )
         .filter(|(_, spec)| v.applies(spec).is_ok())
         .map(|(name, spec)| {
-            let configs = [(0, 1), (0, 4), (1, 1), (1, 4)]
-                .into_iter()
-                .filter_map(|(producer, stages)| {
-                    let mut cfg = v.default_config(&spec);
-                    cfg.values.insert("producer".into(), producer);
-                    cfg.values.insert("stages".into(), stages);
-                    v.fits(&spec, &cfg).is_ok().then_some(cfg)
-                })
-                .collect();
+            // (producer, stages, one tile column a block): with the producer, regions that
+            // are whole rows store through the TMA, narrower ones from registers.
+            let configs = [
+                (0, 1, false),
+                (0, 4, false),
+                (1, 1, false),
+                (1, 4, false),
+                (1, 4, true),
+            ]
+            .into_iter()
+            .filter_map(|(producer, stages, narrow)| {
+                let mut cfg = v.default_config(&spec);
+                cfg.values.insert("producer".into(), producer);
+                cfg.values.insert("stages".into(), stages);
+                if narrow {
+                    cfg.values.insert("cols".into(), 1);
+                }
+                v.fits(&spec, &cfg).is_ok().then_some(cfg)
+            })
+            .collect();
             (name, spec, configs)
         })
         .collect();

@@ -176,60 +176,85 @@ pub struct EpiArgs {
 // SAFETY: plain old data, laid out as the CUDA struct.
 unsafe impl DeviceRepr for EpiArgs {}
 
-/// A TMA tensor map (`CUtensorMap`) of a 2-byte input as [N*C][D][H][W]: the third
-/// parameter of kernels that copy their input slices with the tensor memory accelerator
-/// (kernels/depth_reuse.cu, `SliceMap`).
+/// TMA tensor maps (`CUtensorMap`) of a 2-byte input and output as [N*C][D][H][W]: the
+/// third parameter of kernels that move their slices with the tensor memory accelerator
+/// (kernels/depth_reuse.cu, `TmaMaps`).
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug)]
-pub struct SliceMap(pub [u64; 16]);
+pub struct TmaMaps {
+    pub input: [u64; 16],
+    /// Zeroed where the kernel stores from registers instead (its variant says where).
+    pub output: [u64; 16],
+}
 
-impl SliceMap {
+impl TmaMaps {
     /// For a kernel that takes the parameter but whose config does not read it.
-    pub const UNUSED: SliceMap = SliceMap([0; 16]);
+    pub const UNUSED: TmaMaps = TmaMaps {
+        input: [0; 16],
+        output: [0; 16],
+    };
 
-    /// The input of `args` (2-byte elements) in boxes of `cols` x `rows` of one slice;
-    /// reads past the tensor's edges give zeros.
-    pub fn encode(args: &ConvArgs, cols: u32, rows: u32) -> Result<Self> {
-        use cudarc::driver::sys;
-        let [d, h, w] = args.input.map(|v| v as u64);
-        let dims = [w, h, d, (args.n * args.c) as u64];
-        let strides = [2 * w, 2 * w * h, 2 * w * h * d];
-        let boxes = [cols, rows, 1, 1];
-        let elem = [1u32; 4];
-        // SAFETY: a zeroed CUtensorMap is plain data the encoder overwrites.
-        let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
-        // SAFETY: every array has the rank's entries; `args.x` addresses the input.
-        let r = unsafe {
-            sys::cuTensorMapEncodeTiled(
-                &mut map,
-                sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
-                4,
-                args.x as *mut std::ffi::c_void,
-                dims.as_ptr(),
-                strides.as_ptr(),
-                boxes.as_ptr(),
-                elem.as_ptr(),
-                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
-                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-            )
+    /// The input of `args` in boxes of `input_box` (columns x rows of one slice; reads
+    /// past the tensor's edges give zeros) and, with `output_box`, its output (writes
+    /// past the right and bottom edges are dropped; a store may not start left of or
+    /// above the tensor).
+    pub fn encode(
+        args: &ConvArgs,
+        input_box: [u32; 2],
+        output_box: Option<[u32; 2]>,
+    ) -> Result<Self> {
+        let planes = (args.n * args.c) as u64;
+        let input = encode_2byte_map(args.x, args.input, planes, input_box)?;
+        let output = match output_box {
+            Some(b) => encode_2byte_map(args.y, args.output, planes, b)?,
+            None => [0; 16],
         };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            return Err(Error::Cuda {
-                call: format!(
-                    "cuTensorMapEncodeTiled (input {d}x{h}x{w}, {} planes, box {cols}x{rows}; the input must be 16-byte aligned)",
-                    args.n * args.c
-                ),
-                name: format!("{r:?}"),
-            });
-        }
-        Ok(SliceMap(map.opaque))
+        Ok(TmaMaps { input, output })
     }
 }
 
-// SAFETY: plain old data, laid out as the CUDA struct.
-unsafe impl DeviceRepr for ConvArgs {}
+/// A [planes][D][H][W] tensor of 2-byte elements at `ptr`, in boxes of `cols` x `rows`.
+fn encode_2byte_map(
+    ptr: u64,
+    dhw: [i32; 3],
+    planes: u64,
+    [cols, rows]: [u32; 2],
+) -> Result<[u64; 16]> {
+    use cudarc::driver::sys;
+    let [d, h, w] = dhw.map(|v| v as u64);
+    let dims = [w, h, d, planes];
+    let strides = [2 * w, 2 * w * h, 2 * w * h * d];
+    let boxes = [cols, rows, 1, 1];
+    let elem = [1u32; 4];
+    // SAFETY: a zeroed CUtensorMap is plain data the encoder overwrites.
+    let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
+    // SAFETY: every array has the rank's entries; `ptr` addresses the tensor.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+            4,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(Error::Cuda {
+            call: format!(
+                "cuTensorMapEncodeTiled ({d}x{h}x{w}, {planes} planes, box {cols}x{rows}; the tensor must be 16-byte aligned)"
+            ),
+            name: format!("{r:?}"),
+        });
+    }
+    Ok(map.opaque)
+}
 
 impl ConvArgs {
     /// Fails when a per-dim size does not fit the kernels' 32-bit per-dim indices.
@@ -449,7 +474,7 @@ impl CudaDevice {
         kernel: &LoadedKernel,
         args: &ConvArgs,
         epi: &EpiArgs,
-        map: Option<&SliceMap>,
+        maps: Option<&TmaMaps>,
         stream: cudarc::driver::sys::CUstream,
     ) -> Result<()> {
         let l = kernel.launch;
@@ -457,11 +482,11 @@ impl CudaDevice {
             args as *const ConvArgs as *mut std::ffi::c_void,
             epi as *const EpiArgs as *mut std::ffi::c_void,
         ];
-        if let Some(m) = map {
-            params.push(m as *const SliceMap as *mut std::ffi::c_void);
+        if let Some(m) = maps {
+            params.push(m as *const TmaMaps as *mut std::ffi::c_void);
         }
         // SAFETY: the parameters match the kernel's (ConvArgs, EpiArgs and, for kernels
-        // that take one, the input's tensor map) and outlive the call (the driver copies
+        // that take them, the tensor maps) and outlive the call (the driver copies
         // them at launch); the caller vouches for the rest.
         unsafe {
             cudarc::driver::result::launch_kernel(

@@ -12,12 +12,12 @@ use cudarc::driver::CudaSlice;
 
 use super::{with_epilogue, ConvPointers, ConvProblem};
 use crate::cuda::run::{flip_specialization, repair_specialization};
-use crate::cuda::{ConvArgs, CudaContextExt, CudaDevice, EpiArgs, LoadedKernel, SliceMap};
+use crate::cuda::{ConvArgs, CudaContextExt, CudaDevice, EpiArgs, LoadedKernel, TmaMaps};
 use crate::epilogue::Epilogue;
 use crate::error::{Error, Result};
 use crate::pass::Pass;
 use crate::spec::ConvSpec;
-use crate::variants::{find, Config, InputMap, Instance, Launch, Variant};
+use crate::variants::{find, Config, Instance, Launch, TensorMaps, Variant};
 
 /// How the plan's pass maps onto kernels.
 pub(crate) enum Lowering {
@@ -47,8 +47,8 @@ pub(crate) struct CudaPlan {
     /// (cudaErrorStreamCaptureImplicit).
     repair: Option<(LoadedKernel, CudaSlice<u8>, u64)>,
     lowering: Lowering,
-    /// The main kernel's third parameter, where it takes its input's tensor map.
-    input_map: Option<InputMap>,
+    /// The main kernel's third parameter, where it takes tensor maps.
+    tensor_maps: Option<TensorMaps>,
     pub(crate) workspace_bytes: usize,
     /// A fresh number per launch, so a flag left by an earlier launch means nothing.
     epoch: AtomicU32,
@@ -200,7 +200,7 @@ impl CudaPlan {
         };
         Ok(CudaPlan {
             dev: Arc::clone(dev),
-            input_map: variant.input_map(&kernel_spec, config),
+            tensor_maps: variant.tensor_maps(&kernel_spec, config),
             instance,
             kernel,
             repair,
@@ -296,13 +296,15 @@ impl CudaPlan {
                 let f = ConvArgs::new(spec, 0, ptrs.w, ws + offset)?;
                 self.dev.launch_on(flip, &f, &none, None, stream)?;
             }
-            let map = match self.input_map {
+            let maps = match self.tensor_maps {
                 None => None,
-                Some(InputMap::Unused) => Some(SliceMap::UNUSED),
-                Some(InputMap::Slices { cols, rows }) => Some(SliceMap::encode(&args, cols, rows)?),
+                Some(TensorMaps::Unused) => Some(TmaMaps::UNUSED),
+                Some(TensorMaps::Boxes { input, output }) => {
+                    Some(TmaMaps::encode(&args, input, output)?)
+                }
             };
             self.dev
-                .launch_on(&self.kernel, &args, &epi, map.as_ref(), stream)?;
+                .launch_on(&self.kernel, &args, &epi, maps.as_ref(), stream)?;
             if let Some((r, _, _)) = &self.repair {
                 self.dev.launch_on(r, &args, &epi, None, stream)?;
             }

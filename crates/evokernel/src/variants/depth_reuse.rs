@@ -5,7 +5,7 @@
 use super::tensor_core::{row_stride, shifted_tile_columns, tensor_core_applies};
 use super::{
     cuda_type, default_launches, depth_chunk_at_most, depth_chunks, grid_x, ring_params,
-    within_shared, Config, InputMap, Launch, Param, Variant, DEPTH_CHUNKS,
+    within_shared, Config, Launch, Param, TensorMaps, Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
@@ -38,9 +38,10 @@ fn slice_shape(spec: &ConvSpec, bands: usize, cols: usize) -> (usize, usize) {
     (bands * 16 + spec.kernel3()[1] - 1, row_stride(cols))
 }
 
-/// The ring: `stages` + 1 slices of a region of `bands` x `cols` tiles, and with a
-/// producer warp 128-byte aligned slots (the TMA's) and a full and an empty mbarrier
-/// (8 bytes each) a slot.
+/// The ring: `stages` + 1 slices of a region of `bands` x `cols` tiles. With a producer
+/// warp: 128-byte aligned slots (the TMA's), the mbarriers (a full and an empty one a
+/// slot, a staged and a free one a stage, 8 bytes each) to the next 128 bytes, and two
+/// stages of one output depth of the region (mirrors STAGE_OFFSET in the kernel).
 fn shared_bytes(
     spec: &ConvSpec,
     bands: usize,
@@ -50,11 +51,20 @@ fn shared_bytes(
 ) -> usize {
     let (rows, width) = slice_shape(spec, bands, cols);
     let slice = rows * width * 2;
+    let slots = stages + 1;
     if producer {
-        (stages + 1) * (slice.div_ceil(128) * 128 + 16)
+        let barriers = (8 * (2 * slots + 4)).div_ceil(128) * 128;
+        slots * slice.div_ceil(128) * 128
+            + barriers
+            + 2 * output_box(bands, cols).iter().product::<usize>() * 2
     } else {
-        (stages + 1) * slice
+        slots * slice
     }
+}
+
+/// One output depth of a block's region: its tile columns and bands.
+fn output_box(bands: usize, cols: usize) -> [usize; 2] {
+    [cols * 8, bands * 16]
 }
 
 /// The TMA's limit on each side of a box.
@@ -198,16 +208,20 @@ impl Variant for DepthReuse {
             p.producer
         ))
     }
-    fn input_map(&self, spec: &ConvSpec, config: &Config) -> Option<InputMap> {
+    fn tensor_maps(&self, spec: &ConvSpec, config: &Config) -> Option<TensorMaps> {
         let p = Params::read(config).ok()?;
         let (rows, cols) = slice_shape(spec, p.bands, p.cols);
+        let [out_cols, out_rows] = output_box(p.bands, p.cols);
+        // Stores through the TMA where a region is a whole row of 16-byte rows (mirrors
+        // tma_out in the kernel).
+        let whole_rows = spec.output3()[2].is_multiple_of(8) && tile_grid(spec).1 <= p.cols;
         Some(if p.producer != 0 {
-            InputMap::Slices {
-                cols: cols as u32,
-                rows: rows as u32,
+            TensorMaps::Boxes {
+                input: [cols as u32, rows as u32],
+                output: whole_rows.then_some([out_cols as u32, out_rows as u32]),
             }
         } else {
-            InputMap::Unused
+            TensorMaps::Unused
         })
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {

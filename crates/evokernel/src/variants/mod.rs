@@ -505,9 +505,9 @@ pub trait Variant: Sync {
     fn pass(&self) -> Pass {
         Pass::Forward
     }
-    /// Kernels that take their input's TMA tensor map as a third parameter: what
-    /// `config` copies with it.
-    fn input_map(&self, _spec: &ConvSpec, _config: &Config) -> Option<InputMap> {
+    /// Kernels that take TMA tensor maps of their input and output as a third
+    /// parameter: the boxes `config` moves with them.
+    fn tensor_maps(&self, _spec: &ConvSpec, _config: &Config) -> Option<TensorMaps> {
         None
     }
     /// Grad-weight variants that write wgrad's f32 partials [splits][C][taps + 1]: how
@@ -537,13 +537,17 @@ pub trait Variant: Sync {
     }
 }
 
-/// The third kernel parameter of variants that copy their input with the TMA.
+/// The third kernel parameter of variants that move their data with the TMA.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InputMap {
+pub enum TensorMaps {
     /// The kernel takes the parameter, this config does not read it (passed zeroed).
     Unused,
-    /// Boxes of `cols` x `rows` of one slice of one image-channel.
-    Slices { cols: u32, rows: u32 },
+    /// Boxes (columns, rows) of one slice of one image-channel: the input's and, where
+    /// the kernel stores through the TMA, the output's.
+    Boxes {
+        input: [u32; 2],
+        output: Option<[u32; 2]>,
+    },
 }
 
 /// A variant's second kernel: name, source, name expression (without the epilogue
@@ -949,7 +953,7 @@ large_kernel c53a9cbf41b81dfa94a561db48a39108
 tensor_core 83f90c54e9f7b9edf15e7210ff6a57a6
 streaming 7c4b5ee70cc97753761129ed78bf4994
 streaming_cl 9b1b71bfd5b7d5520dc3d4f58d4a33f8
-depth_reuse 49977cfa9d90e1912ce38646052d29c1
+depth_reuse aea52f4c27f6b6afbf6e7151150bb6d7
 depth_reuse_cl ec6936de43dfbdb5292e4be68d905a56
 depth_reuse_fma 5b8a6c065ab91aa874f47b83918bc2bc
 depth_reuse_fma_cl 4be8943b33033b764bf88a74ad1acfb8
