@@ -148,8 +148,12 @@ impl Variant for DepthReuse {
             1
         };
         let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 64);
-        // A producer warp where it keeps a block within 16 warps (two blocks an SM).
-        let producer = usize::from(bands * cols < 16);
+        // A producer warp where a region is a whole row that stores through the TMA and
+        // the block stays within 16 warps (two blocks an SM): seed 0.334 -> 0.234 ms (run
+        // 171). With register stores it lost (video-vae in one band of 9 columns: 1.15x
+        // slower, run 168), so narrower regions keep the block-barrier walk.
+        let producer =
+            usize::from(bands * cols < 16 && cols >= nt && spec.output3()[2].is_multiple_of(8));
         let minblocks = if bands * cols + producer <= 16 { 2 } else { 1 };
         Config::new(
             self.name(),
