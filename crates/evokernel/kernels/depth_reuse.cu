@@ -30,8 +30,9 @@
 // the input with a box of one slice of a block's region, and the output with a box of
 // one output depth of a region that spans whole rows (zeroed, and stores go straight
 // from registers, where the output rows are not 16-byte multiples, ow % 8 != 0, or a
-// row has several regions: a TMA store may not start left of the tensor, and a
-// region's first output column is -S; probed on the H100, docs/perf.md run 170).
+// row has several regions: a TMA copy's first column must be a multiple of 16 bytes,
+// -8 or 0 but not -6 or 2, and a region's first output column is col0 * 8 - S; probed on
+// the H100, docs/perf.md runs 170 and 177, which is also why tiles stay shifted by S).
 struct alignas(64) SliceMap {
     unsigned long long opaque[16];
 };

@@ -196,8 +196,8 @@ impl TmaMaps {
 
     /// The input of `args` in boxes of `input_box` (columns x rows of one slice; reads
     /// past the tensor's edges give zeros) and, with `output_box`, its output (writes
-    /// past the right and bottom edges are dropped; a store may not start left of or
-    /// above the tensor).
+    /// past the right and bottom edges are dropped). A copy's first column must be a
+    /// multiple of 16 bytes (probed on the H100: docs/results/tma-*-probe-2026-11-26.cu).
     pub fn encode(
         args: &ConvArgs,
         input_box: [u32; 2],
