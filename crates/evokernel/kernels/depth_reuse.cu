@@ -28,11 +28,13 @@
 
 // TMA tensor maps [N*C][D][H][W] (encoded on the host per launch, zeroed where unused):
 // the input with a box of one slice of a block's region, and the output with a box of
-// one output depth of a region that spans whole rows (zeroed, and stores go straight
-// from registers, where the output rows are not 16-byte multiples, ow % 8 != 0, or a
-// row has several regions: a TMA copy's first column must be a multiple of 16 bytes,
-// -8 or 0 but not -6 or 2, and a region's first output column is col0 * 8 - S; probed on
-// the H100, docs/perf.md runs 170 and 177, which is also why tiles stay shifted by S).
+// one output depth of the region's columns [col0 * 8, col0 * 8 + BW) (zeroed, and
+// stores go straight from registers, where output rows are not 16-byte multiples). A
+// TMA copy's first column must be a multiple of 16 bytes (-8 or 0, not -6 or 2: probed
+// on the H100, docs/perf.md runs 170 and 177; also why tiles stay shifted by S), and a
+// region's own columns start at col0 * 8 - S: so the box is the aligned inside of the
+// region, BW = COLS * 8 - 8 where S > 0, and its first S and last 8 - S columns go from
+// registers.
 struct alignas(64) SliceMap {
     unsigned long long opaque[16];
 };
@@ -96,7 +98,11 @@ __device__ __forceinline__ void dr_copy16(unsigned dst, const void* src, bool ok
 }
 #endif
 
-template <typename T, int KD, int KH, int KW, int BANDS, int COLS, int DCHUNK, int STAGES, int MINB, int PRODUCER, int EPI>
+// SPLIT (with the producer): a row has several regions, so the stored box is the
+// aligned inside of the region and its edge columns go from registers; 0 where the region
+// is the whole row (the box from column 0 covers it; the edge code cost the seed 14%,
+// run 178).
+template <typename T, int KD, int KH, int KW, int BANDS, int COLS, int DCHUNK, int STAGES, int MINB, int PRODUCER, int SPLIT, int EPI>
 __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_reuse_dwconv(ConvArgs a, EpiArgs e, const __grid_constant__ TmaMaps maps) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     constexpr int HS = BANDS * 16 + KH - 1;  // slice rows: the region's bands and their halo
@@ -181,14 +187,16 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
     // Whole output depths of the region leave by one TMA store each (full 32-byte sectors:
     // a warp's 8-column fragment rows are 16 bytes, two sectors where the tiles are
     // shifted, and the partial writes kept L2 at 83% of its peak, run 167's ncu).
-    const bool tma_out = PRODUCER != 0 && (a.ow & 7) == 0 && col_regions == 1;
+    const int BW = COLS * 8 - (SPLIT && S > 0 ? 8 : 0);  // the stored box's columns (host: tensor_maps)
+    const bool tma_out = PRODUCER != 0 && (a.ow & 7) == 0 && BW > 0;
 #else
     const bool tma_out = false;
 #endif
-    // The stage's column 0 is output column 0 (the region is a whole row); this lane's
-    // columns start at stage_col (odd where S is: then two 2-byte stores).
-    const int stage_col = w0 + (lane & 3) * 2;
-    const unsigned lane_stage = ring + STAGE_OFFSET + (unsigned)(((tb * 16 + (lane >> 2)) * RW + stage_col) * (int)sizeof(T));
+    // This lane's two columns relative to the box (odd where S is) and whether each is
+    // inside it; the stage holds the box's rows BW apart.
+    const int stage_col = tj * 8 - S + (lane & 3) * 2;
+    const bool in0 = stage_col >= 0 && stage_col < BW, in1 = stage_col + 1 >= 0 && stage_col + 1 < BW;
+    const unsigned lane_stage = ring + STAGE_OFFSET + (unsigned)(((tb * 16 + (lane >> 2)) * BW + stage_col) * (int)sizeof(T));
     // (Called with a literal `steady`: after inlining the predicates fold away.)
     auto step = [&](int s, int u, int cur, bool steady) {
         // Depth d0 + s - KD + 1 completes in this step: its residuals load first, so
@@ -215,12 +223,18 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
                 for (int half = 0; half < 2; ++half) {
                     const T lo = from_f32<T>(finish<EPI, T>(done[2 * half], bias, res[2 * half]));
                     const T hi = from_f32<T>(finish<EPI, T>(done[2 * half + 1], bias, res[2 * half + 1]));
-                    const unsigned row = dst + half * 8 * RW * (int)sizeof(T);
-                    if ((stage_col & 1) == 0) {
-                        if (stage_col >= 0) asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row), "r"(pack2(lo, hi)));
+                    const unsigned row = dst + half * 8 * BW * (int)sizeof(T);
+                    if (in0 && in1 && (stage_col & 1) == 0) {
+                        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row), "r"(pack2(lo, hi)));
                     } else {
-                        if (stage_col >= 0) asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(row), "h"(bits16(lo)));
-                        if (stage_col + 1 >= 0) asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(row + 2), "h"(bits16(hi)));
+                        if (in0) asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(row), "h"(bits16(lo)));
+                        if (in1) asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(row + 2), "h"(bits16(hi)));
+                        if constexpr (SPLIT != 0) {
+                            // The region's columns outside the box, from registers.
+                            T* p = y + plane_out + at.off + half * 8LL * a.ow;
+                            if (!in0 && (at.mask & (1u << (2 * half)))) p[0] = lo;
+                            if (!in1 && (at.mask & (2u << (2 * half)))) p[1] = hi;
+                        }
                     }
                 }
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -265,7 +279,7 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
             auto store_depth = [&](int q) {
                 const unsigned b = (unsigned)q & 1u;
                 dr_bar_wait(staged + 8 * b, (q >> 1) & 1);
-                dr_tma_store(&maps.output, ring + STAGE_OFFSET + b * STAGE_BYTES, 0, band0 * 16, d0 + q, (int)nc);
+                dr_tma_store(&maps.output, ring + STAGE_OFFSET + b * STAGE_BYTES, col0 * 8, band0 * 16, d0 + q, (int)nc);
                 dr_bar_arrive(stage_free + 8 * b);
             };
             for (int s = 0; s < steps; ++s) {

@@ -67,6 +67,25 @@ fn output_box(bands: usize, cols: usize) -> [usize; 2] {
     [cols * 8, bands * 16]
 }
 
+/// Whether a row has several regions of `cols` tiles (the kernel's SPLIT).
+fn split_rows(spec: &ConvSpec, cols: usize) -> bool {
+    tile_grid(spec).1 > cols
+}
+
+/// The columns of a region's output depth that leave by one TMA store. A whole-row
+/// region stores from column 0 all its `cols` * 8. Split rows: a region's tiles start at
+/// col0 * 8 - S (S = pw rounded up to 8, minus pw) and a TMA copy must start at a
+/// multiple of 8 elements, so the aligned inside, 8 fewer where S > 0 (mirrors BW in the
+/// kernel; the rest go from registers).
+fn stored_columns(spec: &ConvSpec, cols: usize) -> usize {
+    let shifted = !spec.pad_before3()[2].is_multiple_of(8);
+    (cols * 8).saturating_sub(if shifted && split_rows(spec, cols) {
+        8
+    } else {
+        0
+    })
+}
+
 /// The TMA's limit on each side of a box.
 const MAX_BOX: usize = 256;
 
@@ -99,11 +118,22 @@ impl Variant for DepthReuse {
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         let (mt, nt) = tile_grid(spec);
-        let mut cols: Vec<i64> = [1, 2, 4, 8, 16, nt, nt.div_ceil(2), nt.div_ceil(3)]
-            .into_iter()
-            .map(|c| c as i64)
-            .filter(|&c| c >= 1 && c <= (nt as i64).min(MAX_WARPS))
-            .collect();
+        // ... and the producer default's regions of at most 15 tiles.
+        let mut cols: Vec<i64> = [
+            1,
+            2,
+            4,
+            8,
+            16,
+            nt,
+            nt.div_ceil(2),
+            nt.div_ceil(3),
+            nt.div_ceil(nt.div_ceil(15)),
+        ]
+        .into_iter()
+        .map(|c| c as i64)
+        .filter(|&c| c >= 1 && c <= (nt as i64).min(MAX_WARPS))
+        .collect();
         cols.sort_unstable();
         cols.dedup();
         let bands: Vec<i64> = [1i64, 2, 4]
@@ -141,20 +171,23 @@ impl Variant for DepthReuse {
         // with 16, 0.336 with 64). Four slices in flight (1.1x over one); registers capped
         // for two blocks per SM where a block has at most 16 warps (three spill: 1.3x slower).
         let (mt, nt) = tile_grid(spec);
-        let cols = nt.div_ceil(nt.div_ceil(16));
-        let bands = if mt.is_multiple_of(2) && 2 * cols <= 32 {
-            2
-        } else {
-            1
-        };
         let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 64);
-        // A producer warp where a region is a whole row that stores through the TMA and
-        // the block stays within 16 warps (two blocks an SM): seed 0.334 -> 0.234 ms (run
-        // 171). With register stores it lost (video-vae in one band of 9 columns: 1.15x
-        // slower, run 168), so narrower regions keep the block-barrier walk.
-        let producer =
-            usize::from(bands * cols < 16 && cols >= nt && spec.output3()[2].is_multiple_of(8));
-        let minblocks = if bands * cols + producer <= 16 { 2 } else { 1 };
+        // With 16-byte output rows (TMA stores): the producer warp, one band, the fewest
+        // equal regions of at most 15 tiles, two blocks an SM (runs 171 and 178-179: seed
+        // 0.334 -> 0.234 ms; video-vae-decoder 0.395 -> 0.312, video-vae-causal 0.265 ->
+        // 0.201, x3d 0.148 -> 0.142 against the barrier walk's defaults below).
+        let producer = usize::from(spec.output3()[2].is_multiple_of(8));
+        let (bands, cols, minblocks) = if producer == 1 {
+            (1, nt.div_ceil(nt.div_ceil(15)), 2)
+        } else {
+            let cols = nt.div_ceil(nt.div_ceil(16));
+            let bands = if mt.is_multiple_of(2) && 2 * cols <= 32 {
+                2
+            } else {
+                1
+            };
+            (bands, cols, if bands * cols <= 16 { 2 } else { 1 })
+        };
         Config::new(
             self.name(),
             &[
@@ -202,27 +235,29 @@ impl Variant for DepthReuse {
         let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "depth_reuse_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}>",
+            "depth_reuse_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             p.bands,
             p.cols,
             p.dchunk,
             p.stages,
             p.minblocks,
-            p.producer
+            p.producer,
+            usize::from(p.producer != 0 && split_rows(spec, p.cols))
         ))
     }
     fn tensor_maps(&self, spec: &ConvSpec, config: &Config) -> Option<TensorMaps> {
         let p = Params::read(config).ok()?;
         let (rows, cols) = slice_shape(spec, p.bands, p.cols);
-        let [out_cols, out_rows] = output_box(p.bands, p.cols);
-        // Stores through the TMA where a region is a whole row of 16-byte rows (mirrors
-        // tma_out in the kernel).
-        let whole_rows = spec.output3()[2].is_multiple_of(8) && tile_grid(spec).1 <= p.cols;
+        let out_rows = output_box(p.bands, p.cols)[1];
+        let out_cols = stored_columns(spec, p.cols);
+        // Stores through the TMA where output rows are 16-byte multiples (mirrors tma_out
+        // in the kernel).
+        let tma_out = spec.output3()[2].is_multiple_of(8) && out_cols > 0;
         Some(if p.producer != 0 {
             TensorMaps::Boxes {
                 input: [cols as u32, rows as u32],
-                output: whole_rows.then_some([out_cols as u32, out_rows as u32]),
+                output: tma_out.then_some([out_cols as u32, out_rows as u32]),
             }
         } else {
             TensorMaps::Unused
@@ -280,14 +315,23 @@ mod tests {
         let l = v.launch(&seed, &d, 132).unwrap();
         assert_eq!(l.block.0, 12 * 32);
         assert_eq!(l.grid.0 as usize, 512 * 3);
-        // Video-vae: 17 tile columns split into two regions of 9.
+        // Video-vae: 17 tile columns split into two regions of 9, one band, the producer.
         let vae = case("video-vae-causal");
         let d = v.default_config(&vae);
         assert_eq!(
-            (d.get("bands"), d.get("cols"), d.get("minblocks")),
-            (Some(2), Some(9), Some(1))
+            (
+                d.get("bands"),
+                d.get("cols"),
+                d.get("minblocks"),
+                d.get("producer")
+            ),
+            (Some(1), Some(9), Some(2), Some(1))
         );
-        assert_eq!(v.default_config(&case("x3d-3x3x3")).get("bands"), Some(2));
+        assert!(split_rows(&vae, 9) && !split_rows(&seed, 11));
+        // Two regions of 9 tiles: each stores its 64 aligned inner columns (S = 6).
+        assert_eq!(stored_columns(&vae, 9), 64);
+        assert_eq!(stored_columns(&seed, 11), 88);
+        assert_eq!(v.default_config(&case("x3d-3x3x3")).get("bands"), Some(1));
         // Every valid config has at most 32 warps; the too-big products are pruned.
         assert!(valid_configs(&v, &vae).contains(&d));
         let all = valid_configs(&v, &vae);
