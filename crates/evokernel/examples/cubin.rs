@@ -59,7 +59,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         v.default_config(&spec)
     };
     let expr = with_epilogue(&v.specialization(&spec, &config)?, &epilogue);
-    let compiled = Jit::new("sm_90")?
+    let compiled = Jit::new(&std::env::var("EVOKERNEL_ARCH").unwrap_or_else(|_| "sm_90".into()))?
         .without_cache()
         .compile(v.name(), v.source(), &expr)?;
     std::fs::write(out, &compiled.cubin)?;

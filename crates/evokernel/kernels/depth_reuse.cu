@@ -47,20 +47,33 @@ __device__ __forceinline__ unsigned short bits16(T v) {
     return *reinterpret_cast<unsigned short*>(&v);
 }
 
+// (sm_80 has mbarriers too, with the older forms: no `_` sink, test_wait for try_wait.)
 __device__ __forceinline__ void dr_bar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
 }
 __device__ __forceinline__ void dr_bar_arrive(unsigned bar) {
+#if __CUDA_ARCH__ >= 900
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#else
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+#endif
 }
 __device__ __forceinline__ void dr_bar_wait(unsigned bar, unsigned parity) {
     unsigned done = 0;
     do {
+#if __CUDA_ARCH__ >= 900
         asm volatile(
             "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
             : "=r"(done)
             : "r"(bar), "r"(parity)
             : "memory");
+#else
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+#endif
     } while (!done);
 }
 #if __CUDA_ARCH__ >= 900
@@ -111,7 +124,7 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
     constexpr int SLICE_BYTES = HS * WS * (int)sizeof(T);
     constexpr int SLOT_BYTES = PRODUCER ? (SLICE_BYTES + 127) / 128 * 128 : SLICE_BYTES;
     // With the producer, after the ring: the mbarriers (full and empty a slot, staged and
-    // free a stage), then two stages of one output depth of the region (RW columns).
+    // free a stage), then two stages of one output depth of the region (at most RW columns).
     constexpr int NBUF = STAGES + 1;
     constexpr int RW = COLS * 8, STAGE_BYTES = BANDS * 16 * RW * (int)sizeof(T);
     constexpr int STAGE_OFFSET = NBUF * SLOT_BYTES + (8 * (2 * NBUF + 4) + 127) / 128 * 128;
@@ -183,11 +196,11 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
     const CFragmentAt at = PRODUCER ? CFragmentAt(h0, w0, lane, a) : CFragmentAt();
     const unsigned full = ring + NBUF * SLOT_BYTES, empty = full + 8 * NBUF;
     const unsigned staged = empty + 8 * NBUF, stage_free = staged + 16;
+    const int BW = COLS * 8 - (SPLIT && S > 0 ? 8 : 0);  // the stored box's columns (host: tensor_maps)
 #if __CUDA_ARCH__ >= 900
     // Whole output depths of the region leave by one TMA store each (full 32-byte sectors:
     // a warp's 8-column fragment rows are 16 bytes, two sectors where the tiles are
     // shifted, and the partial writes kept L2 at 83% of its peak, run 167's ncu).
-    const int BW = COLS * 8 - (SPLIT && S > 0 ? 8 : 0);  // the stored box's columns (host: tensor_maps)
     const bool tma_out = PRODUCER != 0 && (a.ow & 7) == 0 && BW > 0;
 #else
     const bool tma_out = false;
@@ -237,7 +250,9 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
                         }
                     }
                 }
+#if __CUDA_ARCH__ >= 900
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
                 __syncwarp();
                 if (lane == 0) dr_bar_arrive(staged + 8 * b);
             } else if constexpr (PRODUCER != 0) {

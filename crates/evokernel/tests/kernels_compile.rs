@@ -258,3 +258,23 @@ fn scaled_mm_wgmma_kernels_compile_for_sm90a() {
         true,
     );
 }
+
+/// depth_reuse's producer path uses sm_90's TMA and mbarrier forms; on older GPUs the
+/// same configs must still build (cp.async copies, sm_80's mbarrier forms): the seed's
+/// whole-row default and a split-row one, both layouts of the handover.
+#[test]
+fn depth_reuse_builds_for_sm80_in_every_handover() {
+    let jit = Jit::new("sm_80").unwrap().without_cache();
+    let v = evokernel::variants::find("depth_reuse").unwrap();
+    let suite = evokernel::suite::public_suite().unwrap();
+    for case in ["seed-bf16", "video-vae-causal"] {
+        let spec = &suite.iter().find(|c| c.name == case).unwrap().spec;
+        for producer in [0, 1] {
+            let mut cfg = v.default_config(spec);
+            cfg.values.insert("producer".into(), producer);
+            let expr = with_epilogue(&v.specialization(spec, &cfg).unwrap(), &Epilogue::NONE);
+            jit.compile(v.name(), v.source(), &expr)
+                .unwrap_or_else(|e| panic!("{case} {cfg}: {e}"));
+        }
+    }
+}
