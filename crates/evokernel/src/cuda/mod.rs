@@ -222,33 +222,61 @@ fn encode_2byte_map(
 ) -> Result<[u64; 16]> {
     use cudarc::driver::sys;
     let [d, h, w] = dhw.map(|v| v as u64);
-    let dims = [w, h, d, planes];
-    let strides = [2 * w, 2 * w * h, 2 * w * h * d];
-    let boxes = [cols, rows, 1, 1];
-    let elem = [1u32; 4];
+    encode_tiled_map(
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+        ptr,
+        &[w, h, d, planes],
+        &[2 * w, 2 * w * h, 2 * w * h * d],
+        &[cols, rows, 1, 1],
+        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+        sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+    )
+}
+
+/// A TMA tensor map (`cuTensorMapEncodeTiled`) of the tensor at `ptr`: `dims` innermost
+/// first, `strides` in bytes for every dim but the innermost, `boxes` a copy's extent per
+/// dim, every element taken, zeros read past the edges. The tensor must be 16-byte
+/// aligned and its strides multiples of 16.
+pub(crate) fn encode_tiled_map(
+    data_type: cudarc::driver::sys::CUtensorMapDataType,
+    ptr: u64,
+    dims: &[u64],
+    strides: &[u64],
+    boxes: &[u32],
+    swizzle: cudarc::driver::sys::CUtensorMapSwizzle,
+    l2: cudarc::driver::sys::CUtensorMapL2promotion,
+) -> Result<[u64; 16]> {
+    use cudarc::driver::sys;
+    let rank = dims.len();
+    assert!(
+        (1..=5).contains(&rank) && strides.len() == rank - 1 && boxes.len() == rank,
+        "a tensor map's dims, strides and boxes disagree on its rank"
+    );
+    let elem = [1u32; 5];
     // SAFETY: a zeroed CUtensorMap is plain data the encoder overwrites.
     let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
-    // SAFETY: every array has the rank's entries; `ptr` addresses the tensor.
+    // SAFETY: every array has the rank's entries (checked above); the caller's `ptr`
+    // addresses the tensor the dims and strides describe.
     let r = unsafe {
         sys::cuTensorMapEncodeTiled(
             &mut map,
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
-            4,
+            data_type,
+            rank as u32,
             ptr as *mut std::ffi::c_void,
             dims.as_ptr(),
             strides.as_ptr(),
             boxes.as_ptr(),
             elem.as_ptr(),
             sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
-            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            swizzle,
+            l2,
             sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
     };
     if r != sys::CUresult::CUDA_SUCCESS {
         return Err(Error::Cuda {
             call: format!(
-                "cuTensorMapEncodeTiled ({d}x{h}x{w}, {planes} planes, box {cols}x{rows}; the tensor must be 16-byte aligned)"
+                "cuTensorMapEncodeTiled (dims {dims:?}, byte strides {strides:?}, box {boxes:?}; the tensor must be 16-byte aligned, its strides multiples of 16)"
             ),
             name: format!("{r:?}"),
         });

@@ -14,7 +14,7 @@ use super::pack::PackedB;
 use super::reference::{f32_bytes, ScaledMmData};
 use super::spec::ScaledMmSpec;
 use super::wgmma::{WgmmaConfig, SOURCE as WGMMA_SOURCE, STEP_K};
-use crate::cuda::{CudaDevice, KernelResources, LoadedKernel};
+use crate::cuda::{encode_tiled_map, CudaDevice, KernelResources, LoadedKernel};
 use crate::error::{Error, Result};
 use crate::tensor::HostTensor;
 
@@ -73,36 +73,15 @@ enum Launches {
 /// zeros past the edges.
 fn a_tensor_map(a: u64, spec: &ScaledMmSpec, cfg: &WgmmaConfig) -> Result<[u64; 16]> {
     use cudarc::driver::sys;
-    // SAFETY: a zeroed CUtensorMap is plain data the encoder overwrites.
-    let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
-    let dims = [spec.k() as u64, spec.m() as u64];
-    let strides = [spec.k() as u64];
-    let boxes = [STEP_K as u32, cfg.bm() as u32];
-    let elem = [1u32, 1];
-    // SAFETY: every array has the rank's entries; `a` is a device address of M x K bytes.
-    let r = unsafe {
-        sys::cuTensorMapEncodeTiled(
-            &mut map,
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-            2,
-            a as *mut std::ffi::c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxes.as_ptr(),
-            elem.as_ptr(),
-            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    };
-    if r != sys::CUresult::CUDA_SUCCESS {
-        return Err(Error::Cuda {
-            call: "cuTensorMapEncodeTiled".into(),
-            name: format!("{r:?}"),
-        });
-    }
-    Ok(map.opaque)
+    encode_tiled_map(
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        a,
+        &[spec.k() as u64, spec.m() as u64],
+        &[spec.k() as u64],
+        &[STEP_K as u32, cfg.bm() as u32],
+        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+        sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+    )
 }
 
 /// One scaled GEMM on a device, ready to launch.
