@@ -207,7 +207,9 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
 #endif
     // This lane's two columns relative to the box (odd where S is) and whether each is
     // inside it; the stage holds the box's rows BW apart.
-    const int stage_col = tj * 8 - S + (lane & 3) * 2;
+    // (A whole-row region has col0 = 0: SPLIT = 0 says so at compile time.)
+    const int box0 = SPLIT ? col0 * 8 : 0;  // the box's first output column
+    const int stage_col = w0 - box0 + (lane & 3) * 2;
     const bool in0 = stage_col >= 0 && stage_col < BW, in1 = stage_col + 1 >= 0 && stage_col + 1 < BW;
     const unsigned lane_stage = ring + STAGE_OFFSET + (unsigned)(((tb * 16 + (lane >> 2)) * BW + stage_col) * (int)sizeof(T));
     // (Called with a literal `steady`: after inlining the predicates fold away.)
@@ -237,7 +239,16 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
                     const T lo = from_f32<T>(finish<EPI, T>(done[2 * half], bias, res[2 * half]));
                     const T hi = from_f32<T>(finish<EPI, T>(done[2 * half + 1], bias, res[2 * half + 1]));
                     const unsigned row = dst + half * 8 * BW * (int)sizeof(T);
-                    if (in0 && in1 && (stage_col & 1) == 0) {
+                    if constexpr (SPLIT == 0) {
+                        // The whole row: every column of the region right of 0 is in the box.
+                        if ((stage_col & 1) == 0) {
+                            if (stage_col >= 0) asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row), "r"(pack2(lo, hi)));
+                        } else {
+                            if (stage_col >= 0) asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(row), "h"(bits16(lo)));
+                            if (stage_col + 1 >= 0)
+                                asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(row + 2), "h"(bits16(hi)));
+                        }
+                    } else if (in0 && in1 && (stage_col & 1) == 0) {
                         asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row), "r"(pack2(lo, hi)));
                     } else {
                         if (in0) asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(row), "h"(bits16(lo)));
@@ -294,7 +305,7 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
             auto store_depth = [&](int q) {
                 const unsigned b = (unsigned)q & 1u;
                 dr_bar_wait(staged + 8 * b, (q >> 1) & 1);
-                dr_tma_store(&maps.output, ring + STAGE_OFFSET + b * STAGE_BYTES, col0 * 8, band0 * 16, d0 + q, (int)nc);
+                dr_tma_store(&maps.output, ring + STAGE_OFFSET + b * STAGE_BYTES, box0, band0 * 16, d0 + q, (int)nc);
                 dr_bar_arrive(stage_free + 8 * b);
             };
             for (int s = 0; s < steps; ++s) {
