@@ -4,10 +4,11 @@
 # gzipped per-SASS-instruction page (warp-state samples, executed instructions; read with
 # scripts/sass_profile.py). Usage: scripts/ncu-sass.sh NAME CASE VARIANT [CONFIG] [PASS]
 name=$1 c=$2 variant=$3 cfg=${4:--} pass=${5:-forward}
+bin=${BIN:-.gpu/evokernel}  # BIN: another build (A/B)
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 force=(); [ "$cfg" != - ] && force=(--config "$variant:$cfg")
 timeout 150 "$NCU" --kernel-name "regex:${variant}_dwconv" --launch-count 1 --set full --import-source no \
-  -o "/tmp/$name" .gpu/evokernel bench --suite public --case "$c" --pass "$pass" --only "$variant" "${force[@]}" \
+  -o "/tmp/$name" "$bin" bench --suite public --case "$c" --pass "$pass" --only "$variant" "${force[@]}" \
   > "$OUT/$name-ncu.log" 2>&1
 "$NCU" -i "/tmp/$name.ncu-rep" --page details --csv > "$OUT/$name-details.csv" 2>&1
 "$NCU" -i "/tmp/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/$name-sass.csv" 2>&1

@@ -248,6 +248,86 @@ __device__ __forceinline__ void fill_slices(const T* __restrict__ xin, S* tile, 
     }
 }
 
+// Hopper data movement shared by the kernels that use it (depth_reuse.cu, wgrad_mma.cu):
+// mbarriers, TMA tensor copies and their sm_80 stand-ins.
+// A TMA tensor map (CUtensorMap) as a kernel parameter, and the pair a kernel takes as
+// its third parameter (Rust: cuda::TmaMaps, same layout): the input's and the
+// output-shaped tensor's (y, or grad-output for grad-weight kernels).
+struct alignas(64) TmaMap {
+    unsigned long long opaque[16];
+};
+struct TmaMaps {
+    TmaMap input, output;
+};
+// (sm_80 has mbarriers too, with the older forms: no `_` sink, test_wait for try_wait.)
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#else
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done = 0;
+    do {
+#if __CUDA_ARCH__ >= 900
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+#else
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+#endif
+    } while (!done);
+}
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Generic-proxy writes to shared memory made visible to the TMA unit (async proxy).
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// One box of a [planes][D][H][W] tensor map at column w, row h, depth d of plane nc into
+// shared memory at dst (128-byte aligned; a box's first column a multiple of 16 bytes),
+// completing bar's transaction bytes. The TMA unit writes zeros where the box leaves
+// the tensor, which is a convolution's padding.
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaMap* map, int w, int h, int d, int nc, unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(w), "r"(h), "r"(d), "r"(nc), "r"(bar)
+        : "memory");
+}
+// A staged box from shared memory at src to global memory at (w, h, d, nc); the TMA unit
+// drops what lies outside the tensor. Returns once the box has been read.
+__device__ __forceinline__ void tma_store_4d(const TmaMap* map, unsigned src, int w, int h, int d, int nc) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+                     reinterpret_cast<unsigned long long>(map)),
+                 "r"(w), "r"(h), "r"(d), "r"(nc), "r"(src)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    // The caller writes the stage again soon: wait until the store has read it.
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+#else
+// Arrives once this thread's earlier cp.async copies have landed.
+__device__ __forceinline__ void mbar_arrive_copies(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// 16 bytes, or 16 zero bytes where !ok (src is then not read).
+__device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+}
+#endif
+
 // Tensor-core pieces shared by tensor_core.cu and streaming.cu.
 template <typename T> struct Mma;
 template <> struct Mma<__nv_bfloat16> {

@@ -26,7 +26,12 @@
 // Slots are 128-byte aligned for the TMA. Slices wholly in the depth padding are neither
 // copied nor multiplied (zero contributions; the oracle skips padding too).
 
-// TMA tensor maps [N*C][D][H][W] (encoded on the host per launch, zeroed where unused):
+template <typename T>
+__device__ __forceinline__ unsigned short bits16(T v) {
+    return *reinterpret_cast<unsigned short*>(&v);
+}
+
+// The TMA tensor maps (TmaMaps, common.cuh; [N*C][D][H][W], encoded on the host per launch, zeroed where unused):
 // the input with a box of one slice of a block's region, and the output with a box of
 // one output depth of the region's columns [col0 * 8, col0 * 8 + BW) (zeroed, and
 // stores go straight from registers, where output rows are not 16-byte multiples). A
@@ -35,81 +40,6 @@
 // region's own columns start at col0 * 8 - S: so the box is the aligned inside of the
 // region, BW = COLS * 8 - 8 where S > 0, and its first S and last 8 - S columns go from
 // registers.
-struct alignas(64) SliceMap {
-    unsigned long long opaque[16];
-};
-struct TmaMaps {
-    SliceMap input, output;
-};
-
-template <typename T>
-__device__ __forceinline__ unsigned short bits16(T v) {
-    return *reinterpret_cast<unsigned short*>(&v);
-}
-
-// (sm_80 has mbarriers too, with the older forms: no `_` sink, test_wait for try_wait.)
-__device__ __forceinline__ void dr_bar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void dr_bar_arrive(unsigned bar) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-#else
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
-#endif
-}
-__device__ __forceinline__ void dr_bar_wait(unsigned bar, unsigned parity) {
-    unsigned done = 0;
-    do {
-#if __CUDA_ARCH__ >= 900
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-#else
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-#endif
-    } while (!done);
-}
-#if __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void dr_bar_expect(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// One box of the input's tensor map (columns x rows of one slice of one (n, c)) at
-// column w, row h, depth d of image-channel nc; the TMA unit writes zeros where the box
-// leaves the tensor, which is the convolution's padding.
-__device__ __forceinline__ void dr_tma_slice(unsigned dst, const SliceMap* map, int w, int h, int d, int nc, unsigned bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
-        "l"(reinterpret_cast<unsigned long long>(map)), "r"(w), "r"(h), "r"(d), "r"(nc), "r"(bar)
-        : "memory");
-}
-// The staged output depth (columns x rows of the region at column w, row h) to global
-// memory; the TMA unit drops what lies outside the tensor (tiles past the plane's edges).
-__device__ __forceinline__ void dr_tma_store(const SliceMap* map, unsigned src, int w, int h, int d, int nc) {
-    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
-                     reinterpret_cast<unsigned long long>(map)),
-                 "r"(w), "r"(h), "r"(d), "r"(nc), "r"(src)
-                 : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-    // The stage is written again two depths later: wait until the store has read it.
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-#else
-// Arrives once this thread's earlier cp.async copies have landed.
-__device__ __forceinline__ void dr_bar_arrive_copies(unsigned bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-// 16 bytes, or 16 zero bytes where !ok (src is then not read).
-__device__ __forceinline__ void dr_copy16(unsigned dst, const void* src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
-}
-#endif
 
 // SPLIT (with the producer): a row has several regions, so the stored box is the
 // aligned inside of the region and its edge columns go from registers; 0 where the region
@@ -232,7 +162,7 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
                 // has read it; the producer stores the depth when every tile is in.
                 const int q = s - (KD - 1);
                 const unsigned b = (unsigned)q & 1u;
-                if (q >= 2) dr_bar_wait(stage_free + 8 * b, ((q >> 1) - 1) & 1);
+                if (q >= 2) mbar_wait(stage_free + 8 * b, ((q >> 1) - 1) & 1);
                 const unsigned dst = lane_stage + b * STAGE_BYTES;
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
@@ -262,10 +192,10 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
                     }
                 }
 #if __CUDA_ARCH__ >= 900
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                fence_proxy_async();
 #endif
                 __syncwarp();
-                if (lane == 0) dr_bar_arrive(staged + 8 * b);
+                if (lane == 0) mbar_arrive(staged + 8 * b);
             } else if constexpr (PRODUCER != 0) {
                 store_c_fragment_at<EPI>(y, plane_out, done, at, a, bias, res);
             } else {
@@ -287,12 +217,12 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
 #endif
         if (threadIdx.x == 0) {
             for (int i = 0; i < NBUF; ++i) {
-                dr_bar_init(full + 8 * i, FULL_ARRIVALS);
-                dr_bar_init(empty + 8 * i, tile_warps);
+                mbar_init(full + 8 * i, FULL_ARRIVALS);
+                mbar_init(empty + 8 * i, tile_warps);
             }
             for (int i = 0; i < 2; ++i) {
-                dr_bar_init(staged + 8 * i, tile_warps);
-                dr_bar_init(stage_free + 8 * i, 1);
+                mbar_init(staged + 8 * i, tile_warps);
+                mbar_init(stage_free + 8 * i, 1);
             }
         }
         __syncthreads();
@@ -304,19 +234,19 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
             // Output depth q of the chunk, once every tile warp has staged it.
             auto store_depth = [&](int q) {
                 const unsigned b = (unsigned)q & 1u;
-                dr_bar_wait(staged + 8 * b, (q >> 1) & 1);
-                dr_tma_store(&maps.output, ring + STAGE_OFFSET + b * STAGE_BYTES, box0, band0 * 16, d0 + q, (int)nc);
-                dr_bar_arrive(stage_free + 8 * b);
+                mbar_wait(staged + 8 * b, (q >> 1) & 1);
+                tma_store_4d(&maps.output, ring + STAGE_OFFSET + b * STAGE_BYTES, box0, band0 * 16, d0 + q, (int)nc);
+                mbar_arrive(stage_free + 8 * b);
             };
             for (int s = 0; s < steps; ++s) {
-                if (use > 0) dr_bar_wait(empty + 8 * cur, (use - 1) & 1);
+                if (use > 0) mbar_wait(empty + 8 * cur, (use - 1) & 1);
                 const int zd = d0 + s - a.pd;
                 if (zd >= 0 && zd < a.id) {
-                    dr_bar_expect(full + 8 * cur, SLICE_BYTES);
-                    dr_tma_slice(ring + (unsigned)(cur * SLOT_BYTES), &maps.input, col0 * 8 - P, band0 * 16 - a.ph, zd,
+                    mbar_expect_tx(full + 8 * cur, SLICE_BYTES);
+                    tma_load_4d(ring + (unsigned)(cur * SLOT_BYTES), &maps.input, col0 * 8 - P, band0 * 16 - a.ph, zd,
                                  (int)nc, full + 8 * cur);
                 } else {
-                    dr_bar_arrive(full + 8 * cur);
+                    mbar_arrive(full + 8 * cur);
                 }
                 if (++cur == NBUF) {
                     cur = 0;
@@ -332,7 +262,7 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
             }
 #else
             for (int s = 0; s < steps; ++s) {
-                if (use > 0) dr_bar_wait(empty + 8 * cur, (use - 1) & 1);
+                if (use > 0) mbar_wait(empty + 8 * cur, (use - 1) & 1);
                 const int zd = d0 + s - a.pd;
                 if (zd >= 0 && zd < a.id) {
                     const T* slice = xin + (long long)zd * a.ih * a.iw;
@@ -342,11 +272,11 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
                         const int r = j / PIECES, k = j - r * PIECES;
                         const int gh = band0 * 16 + r - a.ph, gw = (col0 + k) * 8 - P;
                         const bool ok = gh >= 0 && gh < a.ih && gw >= 0 && gw < a.iw;
-                        dr_copy16(buf + (unsigned)((r * WS + 8 * k) * (int)sizeof(T)),
+                        cp_async16_zfill(buf + (unsigned)((r * WS + 8 * k) * (int)sizeof(T)),
                                   ok ? slice + (long long)gh * a.iw + gw : slice, ok);
                     }
                 }
-                dr_bar_arrive_copies(full + 8 * cur);
+                mbar_arrive_copies(full + 8 * cur);
                 if (++cur == NBUF) {
                     cur = 0;
                     ++use;
@@ -360,10 +290,10 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
         int cur = 0;
         unsigned parity = 0;
         auto consume = [&](int s, int u, bool steady) {
-            dr_bar_wait(full + 8 * cur, parity);
+            mbar_wait(full + 8 * cur, parity);
             step(s, u, cur, steady);
             __syncwarp();
-            if (lane == 0) dr_bar_arrive(empty + 8 * cur);
+            if (lane == 0) mbar_arrive(empty + 8 * cur);
             if (++cur == NBUF) {
                 cur = 0;
                 parity ^= 1;

@@ -34,26 +34,45 @@
 // them) has +-Inf or a finite value. Any non-finite input reaches some accumulator, so
 // an item whose accumulators are not all finite is summed again by an exact scalar loop
 // that skips what the oracle skips, and its MMA sums are dropped.
-template <int KS, int KW, int DW>
+template <int KS, int KW, int DW, bool TMA>
 struct WgradMmaTile {
-    // Outputs of a W tile: the 16*KS input columns from floor4(ow0 - pw) cover them.
-    static constexpr int TW = ((16 * KS - 3 - (KW - 1) * DW) / 4) * 4;
-    static_assert(TW >= 4, "k-steps too few for the kernel width");
+    // Outputs of a W tile: the 16*KS input columns from floor4(ow0 - pw) cover them
+    // (floor8 with TMA copies, whose first column must be a multiple of 16 bytes, and
+    // then a multiple of 8 outputs, so every tile's grad-output box starts aligned).
+    static constexpr int ALIGN = TMA ? 8 : 4;
+    static constexpr int TW = ((16 * KS - (ALIGN - 1) - (KW - 1) * DW) / ALIGN) * ALIGN;
+    static_assert(TW >= ALIGN, "k-steps too few for the kernel width");
 };
 
-// One ring slot: KD input rows of 16*KS columns, then the grad-output row between zero
-// margins (LEFT before: the Toeplitz reads reach (8*NT - 1)*DW + 4 elements left of the
-// tile, the last one for the word below an odd start; zeros after it up to 16*KS + 4
-// columns). Mirrored by WgradMma::shared_bytes.
-template <int KD, int KS, int NT, int DW, int TW>
+// One ring slot: the KD input rows of 16*KS columns (from XOFF) of RPS output rows, and
+// their grad-output rows between zero margins (LEFT before: the Toeplitz reads reach
+// (8*NT - 1)*DW + ALIGN elements left of the tile, the last one for the word below an
+// odd start; zeros after it up to 16*KS + 4 columns). cp.async copies (RPS = 1): the
+// input rows first, then the grad-output row. TMA copies: the grad-output rows first,
+// each TMA destination and the slot 128-byte aligned (multiples of 64 elements); with
+// RPS > 1 (one tile a row) the grad-output rows are GYROW apart, read as one box that
+// runs past the row's end, so each row's zeros past the tensor's edge are the next
+// row's left margin and its own right one. Input rows: [kd][RPS][16*KS]. Mirrored by
+// WgradMma::shared_bytes.
+template <int KD, int KS, int NT, int DW, int TW, bool TMA, int RPS>
 struct WgradMmaRing {
     static constexpr int XROW = 16 * KS;
-    static constexpr int LEFT = ((4 + (8 * NT - 1) * DW + 3) / 4) * 4;
-    static constexpr int GY = KD * XROW + LEFT;        // the grad-output row's first element
-    static constexpr int SLOT = GY + 16 * KS + 4 + 4;  // a multiple of 4: 8-byte aligned
-    static constexpr int XCH = KD * 4 * KS;            // 8-byte chunks of the input rows
-    static constexpr int GCH = TW / 4;                 // 8-byte chunks of the grad-output row
+    static constexpr int ALIGN = TMA ? 8 : 4;
+    static constexpr int LEFT = ((ALIGN + (8 * NT - 1) * DW + 3) / 4) * 4;
+    __host__ __device__ static constexpr int up64(int v) { return (v + 63) / 64 * 64; }
+    __host__ __device__ static constexpr int up8(int v) { return (v + 7) / 8 * 8; }
+    static constexpr int GYROW = RPS > 1 ? up8((16 * KS + 4 > TW + LEFT) ? 16 * KS + 4 : TW + LEFT) : 0;
+    static constexpr int GYBOX = RPS > 1 ? GYROW : TW;  // the grad-output box's columns
+    // The grad-output row's first element, and the input rows'.
+    static constexpr int GY = TMA ? up64(LEFT) : KD * XROW + LEFT;
+    static constexpr int XOFF = TMA ? up64(GY + (RPS > 1 ? RPS * GYROW : 16 * KS + 4)) : 0;
+    static constexpr int XKD = RPS * XROW;  // between depths
+    static constexpr int SLOT = TMA ? up64(XOFF + KD * XKD) : GY + 16 * KS + 4 + 4;
+    static_assert(RPS == 1 || TMA, "several rows a slot only with TMA boxes");
+    static constexpr int XCH = KD * 4 * KS;  // 8-byte chunks of the input rows
+    static constexpr int GCH = TW / 4;       // 8-byte chunks of the grad-output row
     static_assert(SLOT % 4 == 0 && GY % 4 == 0, "8-byte aligned copies");
+    static_assert(!TMA || (SLOT % 64 == 0 && GY % 64 == 0 && XOFF % 64 == 0), "128-byte aligned TMA boxes");
 };
 
 __device__ __forceinline__ void cp_async8_zfill(unsigned dst, const void* src, bool ok) {
@@ -66,12 +85,18 @@ __device__ __forceinline__ unsigned pack_pair(const unsigned short* h) {
     return h[0] | ((unsigned)h[1] << 16);
 }
 
-template <typename T, int KD, int KH, int KW, int DW, int KS, int NT, int BK, int R, bool VEC>
-__device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short* smem) {
+template <typename T, int KD, int KH, int KW, int DW, int KS, int NT, int BK, int R, bool VEC, bool TMA, int RPS>
+__device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short* smem, const TmaMaps& maps) {
     constexpr int ROWS = KD * KH;
     constexpr int TAPS = ROWS * KW;
-    constexpr int TW = WgradMmaTile<KS, KW, DW>::TW;
-    using Ring = WgradMmaRing<KD, KS, NT, DW, TW>;
+    constexpr int TW = WgradMmaTile<KS, KW, DW, TMA>::TW;
+    using Ring = WgradMmaRing<KD, KS, NT, DW, TW, TMA, RPS>;
+    // TMA copies on Hopper; elsewhere the same layout is filled by cp.async.
+#if __CUDA_ARCH__ >= 900
+    constexpr bool COPY_TMA = TMA;
+#else
+    constexpr bool COPY_TMA = false;
+#endif
     constexpr int BH = BK * KH;  // output rows of a band
     constexpr bool ONES = ROWS < 16;  // A's row 15 all ones: C[15][0] is grad-bias
     constexpr int XK = (Ring::XCH + 31) / 32, GK = (Ring::GCH + 31) / 32;
@@ -86,23 +111,37 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
     const int g = lane >> 2, q = lane & 3;
     const long long c = blockIdx.x;
     const int split = blockIdx.y, splits = gridDim.y;
-    // Shared memory: every warp's ring, then every warp's f32 sums.
+    // Shared memory: every warp's ring, then every warp's f32 sums, then (TMA) every
+    // warp's R slot barriers, 8-byte aligned.
     unsigned short* ring = smem + warp * (R * Ring::SLOT);
     float* wacc_all = reinterpret_cast<float*>(smem + warps * (R * Ring::SLOT));
     float* wacc = wacc_all + warp * (TAPS + 1);
+    const unsigned bars = ((unsigned)__cvta_generic_to_shared(wacc_all + warps * (TAPS + 1)) + 7u) / 8u * 8u +
+                          (unsigned)(warp * R * 8);
     // Zero margins once: the copies only ever write the rows and the row's TW values.
     for (int i = lane; i < R * Ring::SLOT; i += 32) ring[i] = 0;
     for (int i = lane; i < TAPS + 1; i += 32) wacc[i] = 0.f;
+#if __CUDA_ARCH__ >= 900
+    if constexpr (COPY_TMA) {
+        // The zeros are written before any TMA copy lands in the same slots.
+        fence_proxy_async();
+        if (lane == 0)
+            for (int i = 0; i < R; ++i) mbar_init(bars + 8 * i, 1);
+    }
+#endif
     __syncwarp();
     const unsigned ring_s = (unsigned)__cvta_generic_to_shared(ring);
+    // Each slot's barrier completes once per row copied into it: the parity to wait
+    // for is bit `slot` here, flipped per wait (warp-uniform).
+    unsigned phases = 0;
 
     const int bands = (a.oh + BH - 1) / BH, tiles = (a.ow + TW - 1) / TW;
     const long long items = a.n * a.od * (long long)bands * tiles;
     const long long lo = items * split / splits, hi = items * (split + 1) / splits;
     const long long plane = (long long)a.ih * a.iw;
-    // The columns' offset from the tile's first output: floor4(ow0 - pw) + pw - ow0, the
-    // same for every tile (TW is a multiple of 4).
-    const int off = ((-a.pw) & ~3) + a.pw;
+    // The columns' offset from the tile's first output: floor4(ow0 - pw) + pw - ow0
+    // (floor8 with TMA), the same for every tile (TW is a multiple of 4, or 8).
+    const int off = ((-a.pw) & -Ring::ALIGN) + a.pw;
     // This thread's A rows: m = g and g + 8 -> (kd, slot).
     int kd_r[2], slot_r[2];
     bool row_live[2];
@@ -151,6 +190,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
         // issued row: issue() is called for rows 0, 1, 2, ... in order) and whether its
         // depth and columns exist; the same for the grad-output chunk.
         const int ih_first = oh0 - a.ph + KH - 1;
+        const int nc = (int)(n * a.c + c), id0 = od * a.sd - a.pd;
         const T* xsrc[XK];
         bool xok[XK];
 #pragma unroll
@@ -168,13 +208,26 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
             gok[k] = i < Ring::GCH && ow < a.ow;
             gsrc[k] = gyp + (long long)oh0 * a.ow + ow;
         }
-        auto issue = [&](int rr) {
-            const int oh = oh0 + rr;
+        // Copies the rows of slot group gi (rows gi*RPS.., RPS of them) into slot gi mod R.
+        auto issue = [&](int gi) {
+            const int rr = gi * RPS, oh = oh0 + rr;
             if (oh < oh1) {
                 const int ih = oh - a.ph + KH - 1;
                 const bool ihok = ih >= 0 && ih < a.ih;
-                const int slot = (rr & (R - 1)) * Ring::SLOT;
-                if constexpr (VEC) {
+                const int slot = (gi & (R - 1)) * Ring::SLOT;
+                if constexpr (COPY_TMA) {
+#if __CUDA_ARCH__ >= 900
+                    // One lane: the grad-output rows (GYBOX columns from the tile's first
+                    // output) and the KD input rows of each (depths id0.., unit dilation)
+                    // as two boxes; zeros past the edges.
+                    if (lane == 0) {
+                        const unsigned bar = bars + 8u * (unsigned)(gi & (R - 1)), dst = ring_s + 2u * slot;
+                        mbar_expect_tx(bar, (unsigned)(RPS * (Ring::GYBOX + KD * Ring::XROW) * sizeof(T)));
+                        tma_load_4d(dst + 2u * Ring::GY, &maps.output, ow0, oh, od, nc, bar);
+                        tma_load_4d(dst + 2u * Ring::XOFF, &maps.input, cb, ih, id0, nc, bar);
+                    }
+#endif
+                } else if constexpr (VEC) {
                     const unsigned dst = ring_s + 2u * slot;
                     // Only lanes with a chunk copy: a zero-filled copy past the slot's
                     // rows would land in the next slot.
@@ -183,7 +236,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                         if (lane + 32 * k < Ring::XCH) {
                             const bool ok = xok[k] && ihok;
                             // Source-size 0 reads nothing; the address is kept inside x.
-                            cp_async8_zfill(dst + 2u * xch_at[k], ok ? xsrc[k] : x, ok);
+                            cp_async8_zfill(dst + 2u * (Ring::XOFF + xch_at[k]), ok ? xsrc[k] : x, ok);
                         }
                         xsrc[k] += a.iw;
                     }
@@ -207,7 +260,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                                 ? __ldg(reinterpret_cast<const unsigned short*>(
                                       xc + id * plane + (long long)ih * a.iw + col + e))
                                 : (unsigned short)0;
-                        *reinterpret_cast<uint2*>(ring + slot + kd * Ring::XROW + 4 * ch) =
+                        *reinterpret_cast<uint2*>(ring + slot + Ring::XOFF + kd * Ring::XROW + 4 * ch) =
                             make_uint2(pack_pair(h), pack_pair(h + 2));
                     }
                     for (int i = lane; i < Ring::GCH; i += 32) {
@@ -224,7 +277,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                     }
                 }
             }
-            cp_async_commit();
+            if constexpr (!COPY_TMA) cp_async_commit();
         };
         unsigned af[KS][4];
 #pragma unroll
@@ -234,7 +287,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
         // The previous item's readers of the ring are done before it is refilled.
         __syncwarp();
 #pragma unroll
-        for (int rr = 0; rr < R - 1; ++rr) issue(rr);
+        for (int gi = 0; gi < R - 1; ++gi) issue(gi);
         // The band's first output row also reads input rows oh0 - ph + 0..KH-2 (slots
         // 0..KH-2): straight from global memory into A.
 #pragma unroll
@@ -271,17 +324,34 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[p][t][e] = 0.f;
 
+        // The row's slot group and its place in it.
+        int gi = 0, sub = 0;
         for (int ohb = oh0; ohb < oh1; ohb += KH) {
 #pragma unroll
             for (int p = 0; p < KH; ++p) {
-                const int oh = ohb + p, rr = oh - oh0;
+                const int oh = ohb + p;
                 if (oh >= oh1) break;
-                // Slot (rr - 1) mod R was read by the row before: refill it R - 1 ahead.
-                __syncwarp();
-                issue(rr + R - 1);
-                cp_async_wait<R - 1>();
-                __syncwarp();
-                const unsigned short* src = ring + (rr & (R - 1)) * Ring::SLOT;
+                if (sub == 0) {
+                    // Slot (gi - 1) mod R was read by the rows before: refill it R - 1 ahead.
+                    __syncwarp();
+                    issue(gi + R - 1);
+                    if constexpr (COPY_TMA) {
+                        const unsigned sl = (unsigned)(gi & (R - 1));
+                        mbar_wait(bars + 8u * sl, (phases >> sl) & 1u);
+                        phases ^= 1u << sl;
+                    } else {
+                        cp_async_wait<R - 1>();
+                        __syncwarp();
+                    }
+                }
+                const unsigned short* slot = ring + (gi & (R - 1)) * Ring::SLOT;
+                // This row's grad-output row (at GY) and input rows (at XOFF, XKD apart).
+                const unsigned short* src = slot + sub * Ring::GYROW;
+                const unsigned short* xsub = slot + Ring::XOFF + sub * Ring::XROW;
+                if (++sub == RPS) {
+                    sub = 0;
+                    ++gi;
+                }
                 if constexpr (!ONES) {
                     for (int e = lane; e < TW; e += 32) {
                         T tv;
@@ -297,7 +367,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                         // (ptxas merges each pair into one 8-byte load and moves the
                         // halves into a0/a2; volatile 4-byte loads kept the moves: no fewer instructions).
                         const unsigned* xr = reinterpret_cast<const unsigned*>(
-                            src + kd_r[j] * Ring::XROW + 4 * q);
+                            xsub + kd_r[j] * Ring::XKD + 4 * q);
 #pragma unroll
                         for (int s2 = 0; s2 < KS; ++s2) {
                             af[s2][j] = xr[8 * s2];
@@ -393,15 +463,26 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
     }
 }
 
-template <typename T, int KD, int KH, int KW, int DW, int KS, int NT, int BK, int R, int EPI>
-__global__ void __launch_bounds__(256, 2) wgrad_mma_dwconv(ConvArgs a, EpiArgs) {
-    extern __shared__ __align__(16) unsigned short wgrad_mma_smem[];
-    // 8-byte copies need 4-column chunks that rows never straddle, in both tensors.
-    const bool vec = a.iw % 4 == 0 && a.ow % 4 == 0 &&
-                     ((reinterpret_cast<unsigned long long>(a.x) |
-                       reinterpret_cast<unsigned long long>(a.w)) & 7) == 0;
-    if (vec)
-        wgrad_mma_body<T, KD, KH, KW, DW, KS, NT, BK, R, true>(a, wgrad_mma_smem);
-    else
-        wgrad_mma_body<T, KD, KH, KW, DW, KS, NT, BK, R, false>(a, wgrad_mma_smem);
+// TMA: the ring is filled by TMA tensor copies (maps: the input, and grad-output as the
+// output-shaped tensor; boxes of 16*KS columns x KD depths and TW columns). The host
+// picks it only where rows are 16-byte multiples and depth dilation is 1 (the engine
+// hands over 16-byte aligned tensors), so only the vectorized body is built.
+// RPS: output rows a slot holds (TMA only; more than 1 only where a tile is the whole
+// row), so a warp issues its two boxes once per RPS rows.
+// WARPS and MINB: the block's warps and how many blocks an SM must hold (the register cap).
+template <typename T, int KD, int KH, int KW, int DW, int KS, int NT, int BK, int R, int TMA, int RPS, int WARPS, int MINB, int EPI>
+__global__ void __launch_bounds__(WARPS * 32, MINB) wgrad_mma_dwconv(ConvArgs a, EpiArgs, const __grid_constant__ TmaMaps maps) {
+    extern __shared__ __align__(128) unsigned short wgrad_mma_smem[];
+    if constexpr (TMA != 0) {
+        wgrad_mma_body<T, KD, KH, KW, DW, KS, NT, BK, R, true, true, RPS>(a, wgrad_mma_smem, maps);
+    } else {
+        // 8-byte copies need 4-column chunks that rows never straddle, in both tensors.
+        const bool vec = a.iw % 4 == 0 && a.ow % 4 == 0 &&
+                         ((reinterpret_cast<unsigned long long>(a.x) |
+                           reinterpret_cast<unsigned long long>(a.w)) & 7) == 0;
+        if (vec)
+            wgrad_mma_body<T, KD, KH, KW, DW, KS, NT, BK, R, true, false, 1>(a, wgrad_mma_smem, maps);
+        else
+            wgrad_mma_body<T, KD, KH, KW, DW, KS, NT, BK, R, false, false, 1>(a, wgrad_mma_smem, maps);
+    }
 }

@@ -612,6 +612,126 @@ fn backward_passes_on_the_public_and_channels_last_suites() {
     eprintln!("{checked} backward kernel checks over both suites");
 }
 
+/// wgrad_mma's two ways of filling its ring, cp.async chunks and TMA boxes (one or
+/// several output rows a slot), on the public suite's grad-weight cases it takes and on
+/// random channels-first specs whose rows are 16-byte multiples (where TMA applies):
+/// tiles that are the whole row and narrower ones, rings of 2 and 4 slots, NaN/Inf in a
+/// third, grad-bias in every check.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn wgrad_mma_passes_with_either_ring_fill() {
+    let engine = Engine::cuda(0).unwrap();
+    let dev = engine.device().unwrap().as_ref();
+    let v = evokernel::variants::find("wgrad_mma").unwrap();
+    let mut rng = SplitMix64::new(2031);
+    let mut pick = |lo: u64, hi: u64| (lo + rng.next_u64() % (hi - lo + 1)) as i64;
+    let mut specs: Vec<(String, ConvSpec)> = public_suite()
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.name, c.spec))
+        .collect();
+    for i in 0..60 {
+        let (kd, kh) = (pick(1, 3), pick(1, 5));
+        let (kw, dw) = (pick(1, 9), pick(1, 2));
+        // "Same" padding along W (split at random) keeps ow = iw, a multiple of 8.
+        let span = (kw - 1) * dw;
+        let pw = pick(0, span as u64);
+        let mut p = ConvParams::seed();
+        p.n = pick(1, 2);
+        p.c = pick(1, 24);
+        p.dtype = if i % 2 == 0 { DType::Bf16 } else { DType::F16 };
+        p.input = vec![pick(kd as u64, 7), pick(kh as u64, 30), 8 * pick(1, 20)];
+        p.kernel = vec![kd, kh, kw];
+        p.stride = vec![pick(1, 2), 1, 1];
+        p.dilation = vec![1, 1, dw];
+        p.padding = vec![
+            [pick(0, 1), pick(0, 1)],
+            [pick(0, 2), pick(0, 2)],
+            [pw, span - pw],
+        ];
+        if let Ok(spec) = p.validate() {
+            specs.push((format!("random #{i}"), spec));
+        }
+    }
+    let mut cases = Vec::new();
+    for (name, spec) in specs {
+        if v.applies(&spec).is_err() {
+            continue;
+        }
+        let mut configs = Vec::new();
+        for (tma, rows, ring, narrow) in [
+            (0, 1, 4, false),
+            (1, 1, 4, false),
+            (1, 1, 2, true),
+            (1, 2, 4, false),
+            (1, 4, 2, false),
+        ] {
+            let mut cfg = v.default_config(&spec);
+            cfg.values.insert("tma".into(), tma);
+            cfg.values.insert("rows".into(), rows);
+            cfg.values.insert("ring".into(), ring);
+            if narrow {
+                cfg.values.insert("ks".into(), 3);
+            }
+            if evokernel::variants::check_config(v, &spec, &cfg).is_ok()
+                && v.launch(&spec, &cfg, 132).is_ok()
+                && !configs.contains(&cfg)
+            {
+                configs.push(cfg);
+            }
+        }
+        cases.push((name, spec, configs));
+    }
+    // Compile every specialization first, on all cores.
+    {
+        use rayon::prelude::*;
+        let exprs: std::collections::BTreeSet<String> = cases
+            .iter()
+            .flat_map(|(_, spec, configs)| {
+                configs.iter().map(|cfg| {
+                    with_epilogue(&v.specialization(spec, cfg).unwrap(), &Epilogue::NONE)
+                })
+            })
+            .collect();
+        exprs.par_iter().for_each(|expr| {
+            dev.jit()
+                .compile(v.name(), v.source(), expr)
+                .unwrap_or_else(|e| panic!("{e}"));
+        });
+    }
+    let mut checked = 0;
+    let mut tma_checked = 0;
+    for (i, (name, spec, configs)) in cases.iter().enumerate() {
+        let non_finite = i % 3 == 0;
+        let conv = ConvProblem::new(spec.clone())
+            .with_epilogue(Epilogue {
+                bias: true,
+                ..Epilogue::NONE
+            })
+            .with_pass(Pass::Wgrad);
+        let mut problem = ProblemData::random_fused(&conv, i as u64, 1);
+        if non_finite {
+            problem.inject_non_finite(i as u64);
+        }
+        let reference = oracle(&problem).unwrap();
+        let dp = DeviceProblem::upload(dev, &problem).unwrap();
+        for cfg in configs {
+            let mut run =
+                KernelRun::new(&dp, &engine, cfg).unwrap_or_else(|e| panic!("{name} {cfg}: {e}"));
+            let verdict = check(&mut run, &problem, &reference).unwrap();
+            assert!(
+                verdict.passed,
+                "{name} ({spec}) {cfg} non-finite {non_finite}: {:?}",
+                verdict.comparison
+            );
+            checked += 1;
+            tma_checked += usize::from(cfg.values["tma"] == 1);
+        }
+    }
+    eprintln!("{checked} wgrad_mma checks, {tma_checked} with TMA boxes");
+    assert!(tma_checked >= 40, "only {tma_checked} TMA checks");
+}
+
 /// Grad-weight where padding and tile tails meet non-finite values: an Inf grad_output at
 /// the first output and a NaN at the last (both corners, where taps read padding), an Inf
 /// input at the last position of the first row (read by the row's last outputs only).

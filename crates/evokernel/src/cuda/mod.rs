@@ -176,9 +176,9 @@ pub struct EpiArgs {
 // SAFETY: plain old data, laid out as the CUDA struct.
 unsafe impl DeviceRepr for EpiArgs {}
 
-/// TMA tensor maps (`CUtensorMap`) of a 2-byte input and output as [N*C][D][H][W]: the
-/// third parameter of kernels that move their slices with the tensor memory accelerator
-/// (kernels/depth_reuse.cu, `TmaMaps`).
+/// TMA tensor maps (`CUtensorMap`) of a 2-byte input and output-shaped tensor as
+/// [N*C][D][H][W]: the third parameter of kernels that move their data with the tensor
+/// memory accelerator (kernels/common.cuh, `TmaMaps`; depth_reuse.cu, wgrad_mma.cu).
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug)]
 pub struct TmaMaps {
@@ -194,31 +194,34 @@ impl TmaMaps {
         output: [0; 16],
     };
 
-    /// The input of `args` in boxes of `input_box` (columns x rows of one slice; reads
-    /// past the tensor's edges give zeros) and, with `output_box`, its output (writes
-    /// past the right and bottom edges are dropped). A copy's first column must be a
-    /// multiple of 16 bytes (probed on the H100: docs/results/tma-*-probe-2026-11-26.cu).
+    /// The input of `args` in boxes of `input_box` (columns x rows x depths; reads past
+    /// the tensor's edges give zeros) and, with `output_box`, the output-shaped tensor at
+    /// `output` (args.y, or grad-output for grad-weight kernels; writes past the right
+    /// and bottom edges are dropped). A copy's first column must be a multiple of 16
+    /// bytes (probed on the H100: docs/results/tma-*-probe-2026-11-26.cu).
     pub fn encode(
         args: &ConvArgs,
-        input_box: [u32; 2],
-        output_box: Option<[u32; 2]>,
+        input_box: [u32; 3],
+        output: u64,
+        output_box: Option<[u32; 3]>,
     ) -> Result<Self> {
         let planes = (args.n * args.c) as u64;
         let input = encode_2byte_map(args.x, args.input, planes, input_box)?;
         let output = match output_box {
-            Some(b) => encode_2byte_map(args.y, args.output, planes, b)?,
+            Some(b) => encode_2byte_map(output, args.output, planes, b)?,
             None => [0; 16],
         };
         Ok(TmaMaps { input, output })
     }
 }
 
-/// A [planes][D][H][W] tensor of 2-byte elements at `ptr`, in boxes of `cols` x `rows`.
+/// A [planes][D][H][W] tensor of 2-byte elements at `ptr`, in boxes of `cols` x `rows` x
+/// `depths`.
 fn encode_2byte_map(
     ptr: u64,
     dhw: [i32; 3],
     planes: u64,
-    [cols, rows]: [u32; 2],
+    [cols, rows, depths]: [u32; 3],
 ) -> Result<[u64; 16]> {
     use cudarc::driver::sys;
     let [d, h, w] = dhw.map(|v| v as u64);
@@ -227,7 +230,7 @@ fn encode_2byte_map(
         ptr,
         &[w, h, d, planes],
         &[2 * w, 2 * w * h, 2 * w * h * d],
-        &[cols, rows, 1, 1],
+        &[cols, rows, depths, 1],
         sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
         sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
     )

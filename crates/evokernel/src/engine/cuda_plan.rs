@@ -300,7 +300,12 @@ impl CudaPlan {
                 None => None,
                 Some(TensorMaps::Unused) => Some(TmaMaps::UNUSED),
                 Some(TensorMaps::Boxes { input, output }) => {
-                    Some(TmaMaps::encode(&args, input, output)?)
+                    // A grad-weight kernel's output-shaped tensor is grad-output.
+                    let shaped = match self.lowering {
+                        Lowering::Wgrad { .. } => args.w,
+                        _ => args.y,
+                    };
+                    Some(TmaMaps::encode(&args, input, shaped, output)?)
                 }
             };
             self.dev

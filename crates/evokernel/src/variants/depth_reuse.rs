@@ -256,8 +256,8 @@ impl Variant for DepthReuse {
         let tma_out = spec.output3()[2].is_multiple_of(8) && out_cols > 0;
         Some(if p.producer != 0 {
             TensorMaps::Boxes {
-                input: [cols as u32, rows as u32],
-                output: tma_out.then_some([out_cols as u32, out_rows as u32]),
+                input: [cols as u32, rows as u32, 1],
+                output: tma_out.then_some([out_cols as u32, out_rows as u32, 1]),
             }
         } else {
             TensorMaps::Unused

@@ -542,11 +542,12 @@ pub trait Variant: Sync {
 pub enum TensorMaps {
     /// The kernel takes the parameter, this config does not read it (passed zeroed).
     Unused,
-    /// Boxes (columns, rows) of one slice of one image-channel: the input's and, where
-    /// the kernel stores through the TMA, the output's.
+    /// Boxes (columns, rows, depths) of one image-channel: the input's and, where the
+    /// kernel moves it through the TMA, the output-shaped tensor's (the output; for a
+    /// grad-weight kernel, grad-output).
     Boxes {
-        input: [u32; 2],
-        output: Option<[u32; 2]>,
+        input: [u32; 3],
+        output: Option<[u32; 3]>,
     },
 }
 
@@ -961,7 +962,7 @@ dgrad_gather 5fc50c8418cde94ba899e1ae3e272897
 dgrad_gather_cl 5b6d1fea50bd0b8cbc0b7c851fc0049c
 wgrad c79b8b7b0cbfdff9fcf6d09b687c72ae
 wgrad_cl cf8a747ae51c53e28b3f060ab1a9199a
-wgrad_mma 8af488654afec433084ae587d4d936d0
+wgrad_mma 68da7ba9484a4ec1244b629c3baff44e
 wgrad_tile_cl f725eb7e089f7ebd0ea3eb9468ca30b9
 ";
 

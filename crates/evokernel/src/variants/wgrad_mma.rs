@@ -4,10 +4,13 @@
 //! matrix (N = the KW taps), along W (K); input rows stay in registers while the rows
 //! that read them pass. Deterministic, with wgrad's partials and finalize. Parameters:
 //! `ks` k-steps of 16 columns per W tile, `bk` output rows per work item in units of KH,
-//! `ring` slots of each warp's cp.async ring (rows in flight + 1), `warps` per block (one
-//! channel), `splits` slices of each channel's items.
+//! `ring` slots of each warp's ring (rows in flight + 1), `warps` per block (one
+//! channel), `splits` slices of each channel's items, `tma` 1: the ring is filled by TMA
+//! tensor copies (one lane, two boxes a slot) instead of every lane's cp.async chunks,
+//! `rows` output rows a slot (TMA, where one tile is the whole row: fewer, larger boxes),
+//! `minblocks` blocks an SM the register allocation must allow (`__launch_bounds__`).
 
-use super::{cuda_type, grid_x, Config, Launch, Param, Variant};
+use super::{cuda_type, grid_x, Config, Launch, Param, TensorMaps, Variant};
 use crate::error::{Error, Result};
 use crate::pass::Pass;
 use crate::spec::{ConvSpec, DType, Layout};
@@ -19,7 +22,10 @@ typed_params!(Params {
     bk,
     ring,
     warps,
-    splits
+    splits,
+    tma,
+    rows,
+    minblocks
 });
 
 /// Most tap rows (KD*KH): one 16-row MMA tile; mirrors the kernel's static_assert.
@@ -30,16 +36,38 @@ const KSTEPS: [i64; 9] = [2, 3, 4, 5, 6, 7, 8, 9, 10];
 const BANDS: [i64; 10] = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16];
 
 impl WgradMma {
+    /// Alignment of a tile's first column and width: TMA copies start at multiples of 16
+    /// bytes (the kernel's WgradMmaTile::ALIGN).
+    fn align(tma: bool) -> usize {
+        if tma {
+            8
+        } else {
+            4
+        }
+    }
+
     /// Outputs of a W tile with `ks` k-steps (the kernel's WgradMmaTile::TW).
-    fn tile_width(spec: &ConvSpec, ks: usize) -> usize {
+    fn tile_width(spec: &ConvSpec, ks: usize, tma: bool) -> usize {
         let (kw, dw) = (spec.kernel3()[2], spec.dilation3()[2]);
+        let align = Self::align(tma);
         let cols = 16 * ks;
-        let need = 3 + (kw - 1) * dw;
-        if cols < need + 4 {
+        let need = align - 1 + (kw - 1) * dw;
+        if cols < need + align {
             0
         } else {
-            (cols - need) / 4 * 4
+            (cols - need) / align * align
         }
+    }
+
+    /// Where the ring can be filled by TMA boxes: rows of both tensors 16-byte multiples
+    /// (the engine hands over 16-byte aligned tensors), the KD input rows consecutive
+    /// depths, the zero margin left of the grad-output row within 64 elements.
+    fn tma_applies(spec: &ConvSpec) -> bool {
+        let ([kd, _, _], [dd, _, dw]) = (spec.kernel3(), spec.dilation3());
+        spec.input3()[2].is_multiple_of(8)
+            && spec.output3()[2].is_multiple_of(8)
+            && (dd == 1 || kd == 1)
+            && 8 + (8 * Self::n_tiles(spec) - 1) * dw <= 64
     }
 
     fn n_tiles(spec: &ConvSpec) -> usize {
@@ -47,20 +75,58 @@ impl WgradMma {
     }
 
     /// Work items of one channel: (n, od, band, W tile).
-    fn items(spec: &ConvSpec, ks: usize, bk: usize) -> usize {
+    fn items(spec: &ConvSpec, ks: usize, bk: usize, tma: bool) -> usize {
         let [od, oh, ow] = spec.output3();
         let bh = bk * spec.kernel3()[1];
-        spec.n() * od * oh.div_ceil(bh) * ow.div_ceil(Self::tile_width(spec, ks).max(1))
+        spec.n() * od * oh.div_ceil(bh) * ow.div_ceil(Self::tile_width(spec, ks, tma).max(1))
+    }
+
+    /// Columns of a slot's grad-output rows with `rows` > 1 (the kernel's
+    /// WgradMmaRing::GYROW): its k-range's reads and the next row's left margin.
+    fn gy_row(spec: &ConvSpec, ks: usize) -> usize {
+        (16 * ks + 4)
+            .max(Self::tile_width(spec, ks, true) + Self::left(spec, true))
+            .div_ceil(8)
+            * 8
+    }
+
+    /// Zeros left of a grad-output row (the kernel's WgradMmaRing::LEFT).
+    fn left(spec: &ConvSpec, tma: bool) -> usize {
+        (Self::align(tma) + (8 * Self::n_tiles(spec) - 1) * spec.dilation3()[2]).div_ceil(4) * 4
     }
 
     /// Shared bytes of a block: per warp a ring of `ring` slots (KD input rows and a
-    /// grad-output row between zero margins each) and the f32 sums (mirrors the kernel's
-    /// WgradMmaRing).
-    fn shared_bytes(spec: &ConvSpec, ks: usize, ring: usize, warps: usize) -> usize {
-        let dw = spec.dilation3()[2];
-        let left = (4 + (8 * Self::n_tiles(spec) - 1) * dw).div_ceil(4) * 4;
-        let slot = spec.kernel3()[0] * 16 * ks + left + 16 * ks + 8;
-        warps * (ring * slot * 2 + (spec.taps() + 1) * 4)
+    /// grad-output row between zero margins, for each of `rows` output rows) and the f32
+    /// sums, and with `tma` a barrier a slot (mirrors the kernel's WgradMmaRing and its
+    /// barrier offset).
+    fn shared_bytes(
+        spec: &ConvSpec,
+        ks: usize,
+        ring: usize,
+        warps: usize,
+        tma: bool,
+        rows: usize,
+    ) -> usize {
+        let xrows = spec.kernel3()[0] * 16 * ks;
+        let left = Self::left(spec, tma);
+        let up64 = |v: usize| v.div_ceil(64) * 64;
+        let slot = if tma {
+            let gy = up64(left);
+            let gy_rows = if rows > 1 {
+                rows * Self::gy_row(spec, ks)
+            } else {
+                16 * ks + 4
+            };
+            up64(up64(gy + gy_rows) + rows * xrows)
+        } else {
+            xrows + left + 16 * ks + 8
+        };
+        let sums = warps * (ring * slot * 2 + (spec.taps() + 1) * 4);
+        if tma {
+            sums.div_ceil(8) * 8 + warps * ring * 8
+        } else {
+            sums
+        }
     }
 }
 
@@ -103,13 +169,14 @@ impl Variant for WgradMma {
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         let [_, oh, ow] = spec.output3();
         let kh = spec.kernel3()[1];
-        // No wider tile than one that holds the whole row; no taller band than the plane.
+        // No wider tile than one that holds the whole row (as TMA tiles where they apply,
+        // which are at most as wide); no taller band than the plane.
+        let tma = Self::tma_applies(spec);
         let mut ks = Vec::new();
         for &k in &KSTEPS {
-            let tw = Self::tile_width(spec, k as usize);
-            if tw >= 4 {
+            if Self::tile_width(spec, k as usize, false) >= 4 {
                 ks.push(k);
-                if tw >= ow {
+                if Self::tile_width(spec, k as usize, tma) >= ow {
                     break;
                 }
             }
@@ -142,42 +209,94 @@ impl Variant for WgradMma {
                 name: "splits",
                 values: vec![1, 2, 4, 8, 16, 32],
             },
+            Param {
+                name: "tma",
+                values: if Self::tma_applies(spec) {
+                    vec![0, 1]
+                } else {
+                    vec![0]
+                },
+            },
+            Param {
+                name: "minblocks",
+                values: vec![2, 3, 4, 5, 6, 8],
+            },
+            Param {
+                name: "rows",
+                values: if Self::tma_applies(spec) {
+                    vec![1, 2, 4]
+                } else {
+                    vec![1]
+                },
+            },
         ]
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
         let [_, oh, ow] = spec.output3();
         let kh = spec.kernel3()[1];
         let space = self.space(spec);
-        // The tile that wastes fewest columns (k-steps x tiles), fewer tiles on a tie
-        // (each tile reloads its band's first KH - 1 rows), at most 8 k-steps (the
-        // input rows held take 4 registers a k-step).
+        let tma = Self::tma_applies(spec);
+        // A tile that is the whole row where at most 10 k-steps hold it (one box a slot
+        // of several rows; run 184's tuning), else the tile that wastes fewest columns
+        // (k-steps x tiles), fewer tiles on a tie (each tile reloads its band's first
+        // KH - 1 rows), at most 8 k-steps (the input rows held take 4 registers a k-step).
+        let fits = |k: i64| Self::tile_width(spec, k as usize, tma) > 0;
         let ks = space[0]
             .values
             .iter()
             .copied()
-            .filter(|&k| k <= 8)
-            .min_by_key(|&k| {
-                let tiles = ow.div_ceil(Self::tile_width(spec, k as usize));
-                (tiles * k as usize, tiles)
+            .find(|&k| fits(k) && Self::tile_width(spec, k as usize, tma) >= ow)
+            .or_else(|| {
+                space[0]
+                    .values
+                    .iter()
+                    .copied()
+                    .filter(|&k| k <= 8 && fits(k))
+                    .min_by_key(|&k| {
+                        let tiles = ow.div_ceil(Self::tile_width(spec, k as usize, tma));
+                        (tiles * k as usize, tiles)
+                    })
             })
             .unwrap_or(space[0].values[0]);
-        // The band whose row steps, each band's KH - 1 filling rows included, are fewest.
+        let whole_rows = tma && Self::tile_width(spec, ks as usize, true) >= ow;
+        // Bands of about half the plane (at least two items a plane and channel: more,
+        // smaller items balance the warps; run 184's tuning picked 2-3 bands everywhere),
+        // else the band whose row steps, each band's KH - 1 filling rows included, are
+        // fewest.
         let bk = space[1]
             .values
             .iter()
             .copied()
-            .min_by_key(|&b| {
-                let bh = b as usize * kh;
-                (
-                    oh.div_ceil(bh) * (bh.min(oh) + kh - 1),
-                    usize::MAX - b as usize,
-                )
-            })
-            .unwrap_or(1);
-        let warps = 4usize;
-        // About 4 blocks an SM of a 132-SM H100, each warp with 2 items or more.
-        let want = (4 * 132usize).div_ceil(spec.c().max(1));
-        let cap = (Self::items(spec, ks as usize, bk as usize) / (2 * warps)).clamp(1, 32);
+            .find(|&b| tma && 2 * b as usize * kh >= oh && oh > 2 * kh)
+            .unwrap_or_else(|| {
+                space[1]
+                    .values
+                    .iter()
+                    .copied()
+                    .min_by_key(|&b| {
+                        let bh = b as usize * kh;
+                        (
+                            oh.div_ceil(bh) * (bh.min(oh) + kh - 1),
+                            usize::MAX - b as usize,
+                        )
+                    })
+                    .unwrap_or(1)
+            });
+        // TMA boxes of narrower tiles (one row a slot): more, smaller blocks with a deeper
+        // ring and up to 204 registers (run 184's tuning of video-vae-decoder: 2 warps,
+        // 8 slots, 5 blocks, 32 splits). cp.async: run 76's defaults.
+        let (warps, ring, minblocks, blocks_per_sm) = match (tma, whole_rows) {
+            (true, true) => (4usize, 2, 4, 8usize),
+            (true, false) => (2, 8, 5, 32),
+            (false, _) => (4, 4, 4, 4),
+        };
+        // About `blocks_per_sm` blocks an SM of a 132-SM H100 over the launch, each warp
+        // with 2 items or more.
+        let want = (blocks_per_sm * 132).div_ceil(spec.c().max(1));
+        // (At least one item a warp where slots hold one row: the tuning's 32 splits.)
+        let per_warp = if tma && !whole_rows { 1 } else { 2 };
+        let cap =
+            (Self::items(spec, ks as usize, bk as usize, tma) / (per_warp * warps)).clamp(1, 32);
         let mut splits = 1usize;
         while splits < want && splits * 2 <= cap {
             splits *= 2;
@@ -187,9 +306,14 @@ impl Variant for WgradMma {
             &[
                 ("ks", ks),
                 ("bk", bk),
-                ("ring", 4),
+                // Whole-row tiles: slots of 4 rows, 2 of them (one filling while the
+                // other is read).
+                ("ring", ring),
                 ("warps", warps as i64),
                 ("splits", splits as i64),
+                ("tma", i64::from(tma)),
+                ("rows", if whole_rows { 4 } else { 1 }),
+                ("minblocks", minblocks),
             ],
         )
     }
@@ -197,28 +321,62 @@ impl Variant for WgradMma {
         let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "wgrad_mma_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}>",
+            "wgrad_mma_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             spec.dilation3()[2],
             p.ks,
             Self::n_tiles(spec),
             p.bk,
-            p.ring
+            p.ring,
+            p.tma,
+            p.rows,
+            p.warps,
+            p.minblocks
         ))
+    }
+    fn tensor_maps(&self, spec: &ConvSpec, config: &Config) -> Option<TensorMaps> {
+        let p = Params::read(config).ok()?;
+        Some(if p.tma != 0 {
+            // The KD input rows of a k-range, and the grad-output row of a tile.
+            let gy_cols = if p.rows > 1 {
+                Self::gy_row(spec, p.ks)
+            } else {
+                Self::tile_width(spec, p.ks, true)
+            };
+            TensorMaps::Boxes {
+                input: [16 * p.ks as u32, p.rows as u32, spec.kernel3()[0] as u32],
+                output: Some([gy_cols as u32, p.rows as u32, 1]),
+            }
+        } else {
+            TensorMaps::Unused
+        })
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
         let p = Params::parse(self, spec, config)?;
-        if Self::tile_width(spec, p.ks) < 4 {
+        let tw = Self::tile_width(spec, p.ks, p.tma != 0);
+        if tw < Self::align(p.tma != 0) {
             return Err(Error::NotApplicable {
                 variant: self.name().into(),
                 spec: spec.to_string(),
                 reason: format!("{} k-steps hold no W tile", p.ks),
             });
         }
+        if p.rows > 1 && (p.tma == 0 || tw < spec.output3()[2]) {
+            return Err(Error::NotApplicable {
+                variant: self.name().into(),
+                spec: spec.to_string(),
+                reason: format!(
+                    "{} rows a slot need TMA copies and a tile that is the whole row ({tw} of {} outputs)",
+                    p.rows,
+                    spec.output3()[2]
+                ),
+            });
+        }
         Ok(Launch {
             grid: (grid_x(self, spec, spec.c())?, p.splits as u32, 1),
             block: (p.warps as u32 * 32, 1, 1),
-            shared_bytes: Self::shared_bytes(spec, p.ks, p.ring, p.warps) as u32,
+            shared_bytes: Self::shared_bytes(spec, p.ks, p.ring, p.warps, p.tma != 0, p.rows)
+                as u32,
         })
     }
     fn partial_splits(&self, spec: &ConvSpec, config: &Config) -> Result<Option<usize>> {
@@ -240,25 +398,34 @@ mod tests {
             }
             let (kw, dw, pw) = (s.kernel3()[2], s.dilation3()[2], s.pad_before3()[2]);
             for &ks in &WgradMma.space(s)[0].values {
-                let tw = WgradMma::tile_width(s, ks as usize);
-                assert_eq!(tw % 4, 0);
-                // The first column is ow0 - pw rounded down to 4; the last one read is
-                // (ow0 + tw - 1) - pw + (kw - 1) dw, inside the 16 ks columns.
-                let first = -(pw as i64) - (-(pw as i64)).rem_euclid(4);
-                let last = tw as i64 - 1 - pw as i64 + ((kw - 1) * dw) as i64;
-                assert!(last - first < 16 * ks, "{} ks={ks}", case.name);
+                for tma in [false, true] {
+                    let (tw, align) = (
+                        WgradMma::tile_width(s, ks as usize, tma),
+                        WgradMma::align(tma) as i64,
+                    );
+                    if tw == 0 {
+                        continue;
+                    }
+                    assert_eq!(tw as i64 % align, 0);
+                    // The first column is ow0 - pw rounded down to 4 (8); the last one
+                    // read is (ow0 + tw - 1) - pw + (kw - 1) dw, inside the 16 ks columns.
+                    let first = -(pw as i64) - (-(pw as i64)).rem_euclid(align);
+                    let last = tw as i64 - 1 - pw as i64 + ((kw - 1) * dw) as i64;
+                    assert!(last - first < 16 * ks, "{} ks={ks} tma={tma}", case.name);
+                }
             }
         }
     }
 
     #[test]
-    fn the_seed_takes_one_tile_per_row_and_one_band_per_plane() {
+    fn the_seed_takes_whole_row_tiles_in_two_bands() {
         let seed = crate::spec::ConvParams::seed().validate().unwrap();
         let c = WgradMma.default_config(&seed);
         assert_eq!(
             c.to_string(),
-            "wgrad_mma:bk=10,ks=6,ring=4,splits=2,warps=4"
+            "wgrad_mma:bk=5,ks=6,minblocks=4,ring=2,rows=4,splits=4,tma=1,warps=4"
         );
-        assert_eq!(WgradMma::items(&seed, 6, 10), 59);
+        assert_eq!(WgradMma::items(&seed, 6, 5, true), 59 * 2);
+        assert_eq!(WgradMma::tile_width(&seed, 6, true), 80);
     }
 }
