@@ -122,19 +122,25 @@ impl Variant for Wgrad {
     fn default_config(&self, spec: &ConvSpec) -> Config {
         let kw = spec.kernel3()[2];
         let space = self.space(spec);
-        // About 16-25 accumulators a thread (the seed: 5 tap rows of 5, 3 groups).
+        // About 16-25 accumulators a thread (the seed: 5 tap rows of 5, 3 groups); at most
+        // 12 for rows of 3 taps or fewer, whose threads have less to do: more groups
+        // (odd-dilated, 21 rows of 3 taps: 4 rows a thread 0.090 ms, 7 rows 0.152; run
+        // 188, exhaustive).
+        let most = if kw <= 3 { 12 } else { 25 };
         let rows = space[0]
             .values
             .iter()
             .copied()
-            .filter(|&r| r as usize * kw <= 25)
+            .filter(|&r| r as usize * kw <= most)
             .max()
             .unwrap_or(space[0].values[0]);
         let (_, groups) = Self::group_blocks(spec, rows as usize);
         let warps = (8 / groups).clamp(1, MAX_GROUPS / groups);
         // Strided W reads a run's inputs `stride` apart: shorter runs (mobilenet-s2, stride
-        // 2, channels-last: run 8 0.124 ms vs 16 0.259 ms, tuned in run 76).
-        let run = if kw >= 5 || spec.stride3()[2] > 1 {
+        // 2, channels-last: run 8 0.124 ms vs 16 0.259 ms, tuned in run 76); so do several
+        // tap rows (odd-dilated: run 8 0.090 ms vs 16 0.124, run 188); one tap row of
+        // narrow taps keeps 16 (causal-conv1d, run 76).
+        let run = if kw >= 5 || spec.stride3()[2] > 1 || Self::tap_rows(spec) > 1 {
             8
         } else {
             16
