@@ -305,6 +305,53 @@ fn every_variant_passes_300_random_specs() {
 /// TMA stores); the defaults test one of them, so both run here on the public suite and
 /// on the random specs depth_reuse applies to, with several ring depths (the mbarrier
 /// phases wrap at different steps) and one-column regions, NaN/Inf in a third.
+/// Runs each config on `problem` against the oracle and asserts it passes; the count.
+fn check_configs(
+    engine: &Engine,
+    problem: &ProblemData,
+    name: &str,
+    spec: &ConvSpec,
+    configs: &[evokernel::variants::Config],
+    non_finite: bool,
+) -> usize {
+    let dev = engine.device().unwrap().as_ref();
+    let reference = oracle(problem).unwrap();
+    let dp = DeviceProblem::upload(dev, problem).unwrap();
+    for cfg in configs {
+        let mut run =
+            KernelRun::new(&dp, engine, cfg).unwrap_or_else(|e| panic!("{name} {cfg}: {e}"));
+        let verdict = check(&mut run, problem, &reference).unwrap();
+        assert!(
+            verdict.passed,
+            "{name} ({spec}) {cfg} non-finite {non_finite}: {:?}",
+            verdict.comparison
+        );
+    }
+    configs.len()
+}
+
+/// Compiles every (spec, config) specialization of `v` in `cases` first, on all cores.
+fn precompile_configs(
+    dev: &evokernel::cuda::CudaDevice,
+    v: &dyn evokernel::variants::Variant,
+    cases: &[(String, ConvSpec, Vec<evokernel::variants::Config>)],
+) {
+    use rayon::prelude::*;
+    let exprs: std::collections::BTreeSet<String> = cases
+        .iter()
+        .flat_map(|(_, spec, configs)| {
+            configs
+                .iter()
+                .map(|cfg| with_epilogue(&v.specialization(spec, cfg).unwrap(), &Epilogue::NONE))
+        })
+        .collect();
+    exprs.par_iter().for_each(|expr| {
+        dev.jit()
+            .compile(v.name(), v.source(), expr)
+            .unwrap_or_else(|e| panic!("{e}"));
+    });
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn depth_reuse_passes_with_either_slice_handover() {
@@ -346,23 +393,7 @@ fn depth_reuse_passes_with_either_slice_handover() {
             (name, spec, configs)
         })
         .collect();
-    // Compile every specialization first, on all cores.
-    {
-        use rayon::prelude::*;
-        let exprs: std::collections::BTreeSet<String> = cases
-            .iter()
-            .flat_map(|(_, spec, configs)| {
-                configs.iter().map(|cfg| {
-                    with_epilogue(&v.specialization(spec, cfg).unwrap(), &Epilogue::NONE)
-                })
-            })
-            .collect();
-        exprs.par_iter().for_each(|expr| {
-            dev.jit()
-                .compile(v.name(), v.source(), expr)
-                .unwrap_or_else(|e| panic!("{e}"));
-        });
-    }
+    precompile_configs(dev, v, &cases);
     let mut checked = 0;
     for (i, (name, spec, configs)) in cases.iter().enumerate() {
         let non_finite = i % 3 == 0;
@@ -370,19 +401,7 @@ fn depth_reuse_passes_with_either_slice_handover() {
         if non_finite {
             problem.inject_non_finite(i as u64);
         }
-        let reference = oracle(&problem).unwrap();
-        let dp = DeviceProblem::upload(dev, &problem).unwrap();
-        for cfg in configs {
-            let mut run =
-                KernelRun::new(&dp, &engine, cfg).unwrap_or_else(|e| panic!("{name} {cfg}: {e}"));
-            let verdict = check(&mut run, &problem, &reference).unwrap();
-            assert!(
-                verdict.passed,
-                "{name} ({spec}) {cfg} non-finite {non_finite}: {:?}",
-                verdict.comparison
-            );
-            checked += 1;
-        }
+        checked += check_configs(&engine, &problem, name, spec, configs, non_finite);
     }
     assert!(checked >= 40, "only {checked} depth_reuse checks");
     eprintln!("{checked} depth_reuse checks");
@@ -682,23 +701,7 @@ fn wgrad_mma_passes_with_either_ring_fill() {
         }
         cases.push((name, spec, configs));
     }
-    // Compile every specialization first, on all cores.
-    {
-        use rayon::prelude::*;
-        let exprs: std::collections::BTreeSet<String> = cases
-            .iter()
-            .flat_map(|(_, spec, configs)| {
-                configs.iter().map(|cfg| {
-                    with_epilogue(&v.specialization(spec, cfg).unwrap(), &Epilogue::NONE)
-                })
-            })
-            .collect();
-        exprs.par_iter().for_each(|expr| {
-            dev.jit()
-                .compile(v.name(), v.source(), expr)
-                .unwrap_or_else(|e| panic!("{e}"));
-        });
-    }
+    precompile_configs(dev, v, &cases);
     let mut checked = 0;
     let mut tma_checked = 0;
     for (i, (name, spec, configs)) in cases.iter().enumerate() {
@@ -713,20 +716,8 @@ fn wgrad_mma_passes_with_either_ring_fill() {
         if non_finite {
             problem.inject_non_finite(i as u64);
         }
-        let reference = oracle(&problem).unwrap();
-        let dp = DeviceProblem::upload(dev, &problem).unwrap();
-        for cfg in configs {
-            let mut run =
-                KernelRun::new(&dp, &engine, cfg).unwrap_or_else(|e| panic!("{name} {cfg}: {e}"));
-            let verdict = check(&mut run, &problem, &reference).unwrap();
-            assert!(
-                verdict.passed,
-                "{name} ({spec}) {cfg} non-finite {non_finite}: {:?}",
-                verdict.comparison
-            );
-            checked += 1;
-            tma_checked += usize::from(cfg.values["tma"] == 1);
-        }
+        checked += check_configs(&engine, &problem, name, spec, configs, non_finite);
+        tma_checked += configs.iter().filter(|c| c.values["tma"] == 1).count();
     }
     eprintln!("{checked} wgrad_mma checks, {tma_checked} with TMA boxes");
     assert!(tma_checked >= 40, "only {tma_checked} TMA checks");

@@ -188,6 +188,14 @@ impl Variant for WgradMma {
                 break;
             }
         }
+        // TMA's choices where it applies, else the first (cp.async, one row a slot).
+        let with_tma = |values: Vec<i64>| {
+            if tma {
+                values
+            } else {
+                values[..1].to_vec()
+            }
+        };
         vec![
             Param {
                 name: "ks",
@@ -211,11 +219,7 @@ impl Variant for WgradMma {
             },
             Param {
                 name: "tma",
-                values: if Self::tma_applies(spec) {
-                    vec![0, 1]
-                } else {
-                    vec![0]
-                },
+                values: with_tma(vec![0, 1]),
             },
             Param {
                 name: "minblocks",
@@ -223,11 +227,7 @@ impl Variant for WgradMma {
             },
             Param {
                 name: "rows",
-                values: if Self::tma_applies(spec) {
-                    vec![1, 2, 4]
-                } else {
-                    vec![1]
-                },
+                values: with_tma(vec![1, 2, 4]),
             },
         ]
     }
