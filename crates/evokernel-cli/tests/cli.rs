@@ -3,6 +3,38 @@
 
 use std::process::{Command, Output};
 
+/// A scratch directory under the system's temp dir, removed when the test ends, passed
+/// or panicked (tests used to leave one per run in /tmp).
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for Scratch {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// The binary cargo built, or (in a staged copy on the GPU machine) the one beside
 /// the tests folder.
 fn binary() -> std::path::PathBuf {
@@ -119,8 +151,7 @@ fn bad_flags_files_and_backends_exit_2() {
         &["verify", "--suite", "/no/such/suite.json"],
         "cannot read suite file",
     );
-    let dir = std::env::temp_dir().join(format!("evokernel-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("evokernel-cli");
     let bad = dir.join("bad.json");
     std::fs::write(&bad, "{\"cases\": [{\"name\": 3}]}").unwrap();
     rejects(&["verify", "--suite", bad.to_str().unwrap()], "case #1");
@@ -147,8 +178,7 @@ fn help_explains_every_command_with_an_example() {
 
 #[test]
 fn verify_and_bench_a_small_spec_on_the_cpu() {
-    let dir = std::env::temp_dir().join(format!("evokernel-cli-ok-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("evokernel-cli-ok");
     let json = dir.join("r.json");
     let plots = dir.join("plots");
     let mut args = vec![
@@ -219,8 +249,7 @@ fn verify_and_bench_a_small_spec_on_the_cpu() {
 /// --bias) of a strided, dilated, asymmetrically padded spec; the report says each pass.
 #[test]
 fn verify_every_pass_on_the_cpu() {
-    let dir = std::env::temp_dir().join(format!("evokernel-cli-pass-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("evokernel-cli-pass");
     let json = dir.join("r.json");
     let out = evokernel(&[
         "verify",
@@ -276,8 +305,7 @@ fn verify_every_pass_on_the_cpu() {
 #[test]
 fn plots_a_recorded_h100_report() {
     // A real report from the H100 machine (docs/results), embedded so the staged test runs anywhere.
-    let dir = std::env::temp_dir().join(format!("evokernel-cli-plot-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("evokernel-cli-plot");
     let json = dir.join("run.json");
     std::fs::write(
         &json,
@@ -643,8 +671,7 @@ fn resource_reproducers_are_refused_before_allocating() {
 #[test]
 fn plot_refuses_absurd_reports() {
     let good = include_str!("../../../docs/results/h100-run-722363d.json");
-    let dir = std::env::temp_dir().join(format!("evokernel-plot-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("evokernel-plot-bad");
     let mut v: serde_json::Value = serde_json::from_str(good).unwrap();
     v["cases"][0]["rows"][0]["timing"]["median_ms"] = serde_json::json!(0.0);
     let zero = dir.join("zero.json");
@@ -765,8 +792,7 @@ fn only_help_names_every_registered_variant() {
 /// a user error.
 #[test]
 fn reference_times_reach_the_report_and_the_summary() {
-    let dir = std::env::temp_dir().join(format!("evokernel-cli-ref-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("evokernel-cli-ref");
     let refs = dir.join("torch.json");
     // A reference far faster than the CPU for odd-dilated, none for causal-conv1d's
     // forward, one for its grad-input.
@@ -846,15 +872,13 @@ fn reference_times_reach_the_report_and_the_summary() {
         ],
         "torch_reference.py",
     );
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// `bench --op dense-conv` on the CPU (no device needed): a grouped spec verified and
 /// timed, the JSON report written; its flags checked before any work.
 #[test]
 fn dense_conv_bench_runs_on_the_cpu_and_checks_its_flags() {
-    let dir = std::env::temp_dir().join(format!("evk-cli-dense-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("evk-cli-dense");
     let json = dir.join("dense.json");
     let out = evokernel(&[
         "bench",
@@ -905,7 +929,6 @@ fn dense_conv_bench_runs_on_the_cpu_and_checks_its_flags() {
             .unwrap()
             > 0.0
     );
-    std::fs::remove_dir_all(&dir).ok();
 
     let dense = ["bench", "--op", "dense-conv", "--backend", "cpu"];
     let with_dense = |extra: &[&'static str]| {
