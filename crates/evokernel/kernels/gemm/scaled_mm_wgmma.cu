@@ -25,14 +25,11 @@
 // (deterministic), adds the bias and converts.
 // Scaling: 0 per-tensor, 1 row-wise (scale_a[row] * scale_b[col]), 2 block-wise
 // (scale_a[k / 128][row] * scale_b[k / 128][col / 128]: A's scales M-fastest, so a warp's
-// rows read them in one coalesced load). bias is f32 [N] or null.
-
-struct alignas(64) SmmTensorMap {
-    unsigned long long opaque[16];  // CUtensorMap, encoded on the host (cuTensorMapEncodeTiled)
-};
+// rows read them in one coalesced load). bias is f32 [N] or null. The mbarrier and TmaMap
+// pieces are common.cuh's.
 
 struct ScaledMmWgmmaArgs {
-    SmmTensorMap a_map;             // A [M, K] e4m3: box 128 B x BM rows, 128-byte swizzle
+    TmaMap a_map;                   // A [M, K] e4m3: box 128 B x BM rows, 128-byte swizzle
     const unsigned char* b_packed;  // PackedB's bytes for tiles BN x 128
     void* d;                        // [M, N] TOut
     const float* scale_a;
@@ -51,18 +48,6 @@ __device__ __forceinline__ unsigned smm_raw_addr() {
     unsigned a;
     asm("mov.u32 %0, smm_raw;\n" : "=r"(a));
     return a;
-}
-
-__device__ __forceinline__ void smm_bar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-
-__device__ __forceinline__ void smm_bar_expect(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void smm_bar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
 // Arrives on the barrier at the same shared address in block `rank` of the cluster. The
@@ -84,19 +69,7 @@ __device__ __forceinline__ void smm_cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
-// Waits until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void smm_bar_wait(unsigned bar, unsigned parity) {
-    unsigned done = 0;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
-}
-
-__device__ __forceinline__ void smm_tma_2d(unsigned dst, const SmmTensorMap* map, int x, int y, unsigned bar) {
+__device__ __forceinline__ void smm_tma_2d(unsigned dst, const TmaMap* map, int x, int y, unsigned bar) {
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
         "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(bar)
@@ -262,8 +235,8 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
     const int tid = threadIdx.x;
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            smm_bar_init(full0 + 8 * s, 1);
-            smm_bar_init(empty0 + 8 * s, RELEASES);
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, RELEASES);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -286,9 +259,9 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
                 const unsigned char* bsrc = p.b_packed + ((long long)n_tile * k_steps + s_begin) * B_BYTES + rank * B_SHARE;
                 for (int it = 0; it < steps; ++it, ++g) {
                     const int st = g % STAGES, round = g / STAGES;
-                    if (round > 0) smm_bar_wait(empty0 + 8 * st, (round - 1) & 1);
+                    if (round > 0) mbar_wait(empty0 + 8 * st, (round - 1) & 1);
                     const unsigned a_dst = smem_at + st * STAGE_BYTES;
-                    smm_bar_expect(full0 + 8 * st, STAGE_BYTES);
+                    mbar_expect_tx(full0 + 8 * st, STAGE_BYTES);
                     smm_tma_2d(a_dst, &p.a_map, (s_begin + it) * BK, m0, full0 + 8 * st);
                     if constexpr (CLUSTER > 1)
                         smm_bulk_copy_multicast(a_dst + A_BYTES + rank * B_SHARE, bsrc + (long long)it * B_BYTES, B_SHARE,
@@ -301,7 +274,7 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
             // wait for every stage's last release before the block may exit.
             if constexpr (CLUSTER > 1)
                 for (int i = 0; i < STAGES; ++i, ++g)
-                    if (g >= STAGES) smm_bar_wait(empty0 + 8 * (g % STAGES), (g / STAGES - 1) & 1);
+                    if (g >= STAGES) mbar_wait(empty0 + 8 * (g % STAGES), (g / STAGES - 1) & 1);
         }
         return;
     }
@@ -319,7 +292,7 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
             if constexpr (CLUSTER > 1)
                 for (int r = 0; r < CLUSTER; ++r) smm_bar_arrive_in(empty0 + 8 * st, r);
             else
-                smm_bar_arrive(empty0 + 8 * st);
+                mbar_arrive(empty0 + 8 * st);
         }
     };
 
@@ -329,7 +302,7 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__((CONSUMERS + 1
     // Waits for the ring stage at `at`, issues its four k32 MMAs into `d` (scale-d 0 on the
     // first when `fresh`) and commits them as one group.
     auto issue = [&](SmmRingPos at, float* d, bool fresh) {
-        smm_bar_wait(full0 + 8 * at.slot, at.parity);
+        mbar_wait(full0 + 8 * at.slot, at.parity);
         const unsigned long long da = da0 + at.slot * (STAGE_BYTES >> 4), db = db0 + at.slot * (STAGE_BYTES >> 4);
         smm_wgmma_fence();
 #pragma unroll
