@@ -170,7 +170,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
 #pragma unroll
     for (int k = 0; k < XK; ++k) {
         const int i = lane + 32 * k, kd = i / (4 * KS), ch = i - kd * (4 * KS);
-        xch_at[k] = kd * Ring::XROW + 4 * ch;
+        xch_at[k] = kd * Ring::XKD + 4 * ch;
     }
     float bacc = 0.f;
     const unsigned one = IsBf16<T>::value ? 0x3F803F80u : 0x3C003C00u;
@@ -195,7 +195,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
         bool xok[XK];
 #pragma unroll
         for (int k = 0; k < XK; ++k) {
-            const int i = lane + 32 * k, kd = i / (4 * KS), col = cb + (xch_at[k] - kd * Ring::XROW);
+            const int i = lane + 32 * k, kd = i / (4 * KS), col = cb + (xch_at[k] - kd * Ring::XKD);
             const int id = od * a.sd - a.pd + kd * a.dd;
             xok[k] = i < Ring::XCH && id >= 0 && id < a.id && col >= 0 && col < a.iw;
             xsrc[k] = xc + id * plane + (long long)ih_first * a.iw + col;
@@ -229,23 +229,33 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
 #endif
                 } else if constexpr (VEC) {
                     const unsigned dst = ring_s + 2u * slot;
-                    // Only lanes with a chunk copy: a zero-filled copy past the slot's
-                    // rows would land in the next slot.
+                    // The slot's RPS rows (more than 1 only in a TMA layout built off
+                    // Hopper: the same places the boxes would fill, zeros past the edges).
 #pragma unroll
-                    for (int k = 0; k < XK; ++k) {
-                        if (lane + 32 * k < Ring::XCH) {
-                            const bool ok = xok[k] && ihok;
-                            // Source-size 0 reads nothing; the address is kept inside x.
-                            cp_async8_zfill(dst + 2u * (Ring::XOFF + xch_at[k]), ok ? xsrc[k] : x, ok);
+                    for (int r = 0; r < RPS; ++r) {
+                        const bool ihok_r = RPS == 1 ? ihok : ih + r >= 0 && ih + r < a.ih;
+                        const bool ohok_r = RPS == 1 || oh + r < a.oh;
+                        // Only lanes with a chunk copy: a zero-filled copy past the slot's
+                        // rows would land in the next slot.
+#pragma unroll
+                        for (int k = 0; k < XK; ++k) {
+                            if (lane + 32 * k < Ring::XCH) {
+                                const bool ok = xok[k] && ihok_r;
+                                // Source-size 0 reads nothing; the address is kept inside x.
+                                cp_async8_zfill(dst + 2u * (Ring::XOFF + r * Ring::XROW + xch_at[k]),
+                                                ok ? xsrc[k] : x, ok);
+                            }
+                            xsrc[k] += a.iw;
                         }
-                        xsrc[k] += a.iw;
-                    }
 #pragma unroll
-                    for (int k = 0; k < GK; ++k) {
-                        if (lane + 32 * k < Ring::GCH)
-                            cp_async8_zfill(dst + 2u * (Ring::GY + 4 * (lane + 32 * k)),
-                                            gok[k] ? gsrc[k] : gy, gok[k]);
-                        gsrc[k] += a.ow;
+                        for (int k = 0; k < GK; ++k) {
+                            if (lane + 32 * k < Ring::GCH) {
+                                const bool ok = gok[k] && ohok_r;
+                                cp_async8_zfill(dst + 2u * (Ring::GY + r * Ring::GYROW + 4 * (lane + 32 * k)),
+                                                ok ? gsrc[k] : gy, ok);
+                            }
+                            gsrc[k] += a.ow;
+                        }
                     }
                 } else {
                     // Element by element, masked: rows of any width and alignment.

@@ -278,3 +278,22 @@ fn depth_reuse_builds_for_sm80_in_every_handover() {
         }
     }
 }
+
+/// wgrad_mma's TMA ring falls back to cp.async copies of the same layout off Hopper
+/// (the TMA and mbarrier forms are sm_90 only): both fills, one and four rows a slot,
+/// build for sm_80.
+#[test]
+fn wgrad_mma_builds_for_sm80_with_either_ring_fill() {
+    let jit = Jit::new("sm_80").unwrap().without_cache();
+    let v = evokernel::variants::find("wgrad_mma").unwrap();
+    let suite = evokernel::suite::public_suite().unwrap();
+    let spec = &suite.iter().find(|c| c.name == "seed-bf16").unwrap().spec;
+    for (tma, rows) in [(0, 1), (1, 1), (1, 4)] {
+        let mut cfg = v.default_config(spec);
+        cfg.values.insert("tma".into(), tma);
+        cfg.values.insert("rows".into(), rows);
+        let expr = with_epilogue(&v.specialization(spec, &cfg).unwrap(), &Epilogue::NONE);
+        jit.compile(v.name(), v.source(), &expr)
+            .unwrap_or_else(|e| panic!("{cfg}: {e}"));
+    }
+}
