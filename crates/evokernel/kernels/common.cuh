@@ -248,7 +248,8 @@ __device__ __forceinline__ void fill_slices(const T* __restrict__ xin, S* tile, 
     }
 }
 
-// Hopper data movement shared by the kernels that use it (depth_reuse.cu, wgrad_mma.cu):
+// Hopper data movement shared by the kernels that use it (depth_reuse.cu, wgrad_mma.cu,
+// gemm/scaled_mm_wgmma.cu):
 // mbarriers, TMA tensor copies and their sm_80 stand-ins.
 // A TMA tensor map (CUtensorMap) as a kernel parameter, and the pair a kernel takes as
 // its third parameter (Rust: cuda::TmaMaps, same layout): the input's and the

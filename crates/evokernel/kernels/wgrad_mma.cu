@@ -34,12 +34,15 @@
 // them) has +-Inf or a finite value. Any non-finite input reaches some accumulator, so
 // an item whose accumulators are not all finite is summed again by an exact scalar loop
 // that skips what the oracle skips, and its MMA sums are dropped.
+// A tile's first column and width are multiples of this: 4 for 8-byte cp.async chunks,
+// 8 with TMA copies, whose first column must be a multiple of 16 bytes.
+__host__ __device__ constexpr int wgrad_mma_align(bool tma) { return tma ? 8 : 4; }
+
 template <int KS, int KW, int DW, bool TMA>
 struct WgradMmaTile {
-    // Outputs of a W tile: the 16*KS input columns from floor4(ow0 - pw) cover them
-    // (floor8 with TMA copies, whose first column must be a multiple of 16 bytes, and
-    // then a multiple of 8 outputs, so every tile's grad-output box starts aligned).
-    static constexpr int ALIGN = TMA ? 8 : 4;
+    // Outputs of a W tile: the 16*KS input columns from floor_ALIGN(ow0 - pw) cover them
+    // (with TMA a multiple of 8 outputs, so every tile's grad-output box starts aligned).
+    static constexpr int ALIGN = wgrad_mma_align(TMA);
     static constexpr int TW = ((16 * KS - (ALIGN - 1) - (KW - 1) * DW) / ALIGN) * ALIGN;
     static_assert(TW >= ALIGN, "k-steps too few for the kernel width");
 };
@@ -57,7 +60,7 @@ struct WgradMmaTile {
 template <int KD, int KS, int NT, int DW, int TW, bool TMA, int RPS>
 struct WgradMmaRing {
     static constexpr int XROW = 16 * KS;
-    static constexpr int ALIGN = TMA ? 8 : 4;
+    static constexpr int ALIGN = wgrad_mma_align(TMA);
     static constexpr int LEFT = ((ALIGN + (8 * NT - 1) * DW + 3) / 4) * 4;
     __host__ __device__ static constexpr int up64(int v) { return (v + 63) / 64 * 64; }
     __host__ __device__ static constexpr int up8(int v) { return (v + 7) / 8 * 8; }
@@ -233,6 +236,8 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                     // Hopper: the same places the boxes would fill, zeros past the edges).
 #pragma unroll
                     for (int r = 0; r < RPS; ++r) {
+                        // (Row 0's checks are the issue's own: ptxas keeps RPS = 1's code
+                        // as it was only with them spelled so.)
                         const bool ihok_r = RPS == 1 ? ihok : ih + r >= 0 && ih + r < a.ih;
                         const bool ohok_r = RPS == 1 || oh + r < a.oh;
                         // Only lanes with a chunk copy: a zero-filled copy past the slot's

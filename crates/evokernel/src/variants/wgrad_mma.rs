@@ -63,11 +63,11 @@ impl WgradMma {
     /// (the engine hands over 16-byte aligned tensors), the KD input rows consecutive
     /// depths, the zero margin left of the grad-output row within 64 elements.
     fn tma_applies(spec: &ConvSpec) -> bool {
-        let ([kd, _, _], [dd, _, dw]) = (spec.kernel3(), spec.dilation3());
+        let (kd, dd) = (spec.kernel3()[0], spec.dilation3()[0]);
         spec.input3()[2].is_multiple_of(8)
             && spec.output3()[2].is_multiple_of(8)
             && (dd == 1 || kd == 1)
-            && 8 + (8 * Self::n_tiles(spec) - 1) * dw <= 64
+            && Self::left(spec, true) <= 64
     }
 
     fn n_tiles(spec: &ConvSpec) -> usize {
