@@ -249,7 +249,7 @@ __device__ __forceinline__ void fill_slices(const T* __restrict__ xin, S* tile, 
 }
 
 // Hopper data movement shared by the kernels that use it (depth_reuse.cu, wgrad_mma.cu,
-// gemm/scaled_mm_wgmma.cu):
+// wgrad_tile_cl.cu, gemm/scaled_mm_wgmma.cu):
 // mbarriers, TMA tensor copies and their sm_80 stand-ins.
 // A TMA tensor map (CUtensorMap) as a kernel parameter, and the pair a kernel takes as
 // its third parameter (Rust: cuda::TmaMaps, same layout): the input's and the
@@ -305,6 +305,15 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaMap* map, int
     asm volatile(
         "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
         "l"(reinterpret_cast<unsigned long long>(map)), "r"(w), "r"(h), "r"(d), "r"(nc), "r"(bar)
+        : "memory");
+}
+// One box of a 5-D tensor map at coordinates (c0, c1, c2, c3, c4), innermost first (a
+// channels-last [N][D][H][W][C] tensor: channel, column, row, depth, image), the same way.
+__device__ __forceinline__ void tma_load_5d(unsigned dst, const TmaMap* map, int c0, int c1, int c2, int c3, int c4,
+                                            unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar)
         : "memory");
 }
 // A staged box from shared memory at src to global memory at (w, h, d, nc); the TMA unit

@@ -18,9 +18,17 @@
 // grad_output times a padded 0 would be NaN where PyTorch has none): items whose window
 // lies inside the input take a path without checks.
 // Arguments: a.x = input, a.w = grad_output, a.y = the f32 partials; grid (channel
-// blocks, splits); dynamic shared memory 2 * (KD * HT * WT + TH * TW) * CB elements.
+// blocks, splits); dynamic shared memory 2 * (KD * HT * WT + TH * TW) * CB elements
+// (with TMA each of the four regions starts 128-byte aligned).
 // C * sizeof(T) and CB * sizeof(T) are multiples of LB (the copy size, 4, 8 or 16 bytes)
 // and the tensors 16-byte aligned (the descriptor and the engine check).
+// TMA (ncu run 191, mobilenet-s2: half the warp samples and a quarter of the instructions
+// were the cp.async loop's address and bounds arithmetic, 10 warps an SM): one thread
+// issues an item's two boxes instead -- [KD][HT][WT][CB] of the input at (c0, iw0, ih0,
+// id0, n), [TH][TW][CB] of grad_output -- on a per-buffer mbarrier; the boxes' zero fill
+// is the padding and the tail. The host picks it where C * sizeof(T) and CB * sizeof(T)
+// are multiples of 16 and depth dilation is 1 (or KD is); off Hopper the cp.async copies
+// fill the same layout.
 
 template <int LB>
 __device__ __forceinline__ void wgrad_tile_copy(unsigned dst, const void* src, bool ok) {
@@ -75,8 +83,8 @@ struct WgradTileItem {
     int id0, ih0, iw0;  // input position of the window's first tap
 };
 
-template <typename T, int VEC, int CB, int KD, int KH, int KW, int SW, int DW, int RB, int TH, int TW, int LB>
-__device__ __forceinline__ void wgrad_tile_cl_body(const ConvArgs& a) {
+template <typename T, int VEC, int CB, int KD, int KH, int KW, int SW, int DW, int RB, int TH, int TW, int LB, bool TMA>
+__device__ __forceinline__ void wgrad_tile_cl_body(const ConvArgs& a, const TmaMaps& maps) {
     constexpr int TAPS = KD * KH * KW;
     constexpr int ROWS = KD * KH;
     constexpr int WT = (TW - 1) * SW + (KW - 1) * DW + 1;  // input positions a tile row reads
@@ -87,16 +95,28 @@ __device__ __forceinline__ void wgrad_tile_cl_body(const ConvArgs& a) {
     static_assert(RB >= 1 && RB <= ROWS, "a group holds 1..KD*KH tap rows");
     static_assert(RB * KW * VEC <= 64, "accumulators must fit the registers");
     constexpr int EPL = LB / (int)sizeof(T);  // elements a copy moves
+    static_assert(!TMA || (CB * (int)sizeof(T)) % 16 == 0, "a TMA box's rows are 16-byte multiples");
+#if __CUDA_ARCH__ >= 900
+    constexpr bool COPY_TMA = TMA;
+#else
+    constexpr bool COPY_TMA = false;
+#endif
+    // A region's elements rounded up to 128 bytes where the TMA writes it.
+    auto region = [](int elems) {
+        constexpr int A = TMA ? 128 / (int)sizeof(T) : 1;
+        return (elems + A - 1) / A * A;
+    };
 
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ gy = static_cast<const T*>(a.w);
     float* __restrict__ partials = static_cast<float*>(a.y);
-    extern __shared__ __align__(16) unsigned char wgrad_tile_smem[];
+    extern __shared__ __align__(128) unsigned char wgrad_tile_smem[];
     T* smem = reinterpret_cast<T*>(wgrad_tile_smem);
 
     const int HT = (TH - 1) * a.sh + (KH - 1) * a.dh + 1;  // input rows a tile reads per kd
     const int XPOS = KD * HT * WT;
-    const int STAGE = (XPOS + TH * TW) * CB;  // elements of one buffer
+    const int GOFF = region(XPOS * CB);            // grad_output's region in a buffer
+    const int STAGE = GOFF + region(TH * TW * CB);  // elements of one buffer
     const int lane = threadIdx.x, group = threadIdx.y, worker = threadIdx.z;
     const int workers = blockDim.z;
     const int tid = lane + CV * (group + blockDim.y * worker);
@@ -145,7 +165,34 @@ __device__ __forceinline__ void wgrad_tile_cl_body(const ConvArgs& a) {
     const int part = tid % PER_POS, p0 = tid / PER_POS;
     const long long cpart = c0 + part * EPL;
     const bool copies = p0 < pstep && cpart < C;
+    // TMA: one mbarrier a buffer, completed once per item copied into it; bit b of
+    // `phases` is the parity buffer b's next wait is for.
+    __shared__ __align__(8) unsigned long long wgrad_tile_bars[2];
+    const unsigned bars = (unsigned)__cvta_generic_to_shared(wgrad_tile_bars);
+    unsigned phases = 0;
+#if __CUDA_ARCH__ >= 900
+    if constexpr (COPY_TMA) {
+        if (tid == 0) {
+            mbar_init(bars, 1);
+            mbar_init(bars + 8, 1);
+        }
+        __syncthreads();
+    }
+#endif
     auto fetch = [&](long long it, const WgradTileItem& t, int b) {
+#if __CUDA_ARCH__ >= 900
+        if constexpr (COPY_TMA) {
+            if (it < hi && tid == 0) {
+                const unsigned dst = (unsigned)__cvta_generic_to_shared(smem + (long long)b * STAGE);
+                const unsigned bar = bars + 8u * b;
+                mbar_expect_tx(bar, (unsigned)((XPOS + TH * TW) * CB * sizeof(T)));
+                tma_load_5d(dst, &maps.input, (int)c0, t.iw0, t.ih0, t.id0, (int)t.n, bar);
+                tma_load_5d(dst + (unsigned)(GOFF * sizeof(T)), &maps.output, (int)c0, t.ow0, t.oh0, t.od, (int)t.n,
+                            bar);
+            }
+            return;
+        }
+#endif
         if (it < hi && copies) {
             const T* xn = x + t.n * a.id * (long long)a.ih * a.iw * C + cpart;  // n's input
             const T* gn = gy + (t.n * a.od + t.od) * (long long)a.oh * a.ow * C + cpart;
@@ -164,7 +211,7 @@ __device__ __forceinline__ void wgrad_tile_cl_body(const ConvArgs& a) {
                                         ok ? xp + ((long long)ih * a.iw + iw) * C : gy, ok);
                 }
             }
-            const unsigned bg = base + (unsigned)(XPOS * CB * sizeof(T));
+            const unsigned bg = base + (unsigned)(GOFF * sizeof(T));
             for (int pos = p0; pos < TH * TW; pos += pstep) {
                 const int i = pos / TW, j = pos - i * TW;
                 const int oh = t.oh0 + i, ow = t.ow0 + j;
@@ -195,7 +242,7 @@ __device__ __forceinline__ void wgrad_tile_cl_body(const ConvArgs& a) {
     // input) skip those positions one by one.
     auto sum_item = [&](const T* buf, const WgradTileItem& t, bool interior, bool tail) {
         const T* xs = buf + lane * VEC;
-        const T* gs = buf + XPOS * CB + lane * VEC;
+        const T* gs = buf + GOFF + lane * VEC;
         for (int i = worker; i < TH; i += workers) {
             if (tail && t.oh0 + i >= a.oh) break;
             float g[TW][VEC];
@@ -269,8 +316,13 @@ __device__ __forceinline__ void wgrad_tile_cl_body(const ConvArgs& a) {
     for (long long it = lo; it < hi; ++it) {
         const WgradTileItem next = item_at(it + 1);
         fetch(it + 1, next, b ^ 1);
-        cp_async_wait<1>();
-        __syncthreads();
+        if constexpr (COPY_TMA) {
+            mbar_wait(bars + 8u * b, (phases >> b) & 1u);
+            phases ^= 1u << b;
+        } else {
+            cp_async_wait<1>();
+            __syncthreads();
+        }
         const bool tail = cur.oh0 + TH > a.oh || cur.ow0 + TW > a.ow;
         const bool interior = !tail && cur.id0 >= 0 && cur.id0 + (KD - 1) * a.dd < a.id && cur.ih0 >= 0 &&
                               cur.ih0 + HT <= a.ih && cur.iw0 >= 0 && cur.iw0 + WT <= a.iw;
@@ -308,8 +360,11 @@ __device__ __forceinline__ void wgrad_tile_cl_body(const ConvArgs& a) {
 
 // MINB: blocks of 256 threads an SM must hold, a register cap (1: 255, 2: 128, 3: 85,
 // 4: 64 a thread) for more resident warps.
+// TMA: the buffers are filled by TMA boxes (maps: the input and grad_output as 5-D
+// [N][D][H][W][C] tensors; the Rust side encodes them).
 template <typename T, int VEC, int CB, int KD, int KH, int KW, int SW, int DW, int RB, int TH, int TW, int LB,
-          int MINB, int EPI>
-__global__ void __launch_bounds__(256, MINB) wgrad_tile_cl_dwconv(ConvArgs a, EpiArgs) {
-    wgrad_tile_cl_body<T, VEC, CB, KD, KH, KW, SW, DW, RB, TH, TW, LB>(a);
+          int TMA, int MINB, int EPI>
+__global__ void __launch_bounds__(256, MINB)
+    wgrad_tile_cl_dwconv(ConvArgs a, EpiArgs, const __grid_constant__ TmaMaps maps) {
+    wgrad_tile_cl_body<T, VEC, CB, KD, KH, KW, SW, DW, RB, TH, TW, LB, TMA != 0>(a, maps);
 }

@@ -723,6 +723,117 @@ fn wgrad_mma_passes_with_either_ring_fill() {
     assert!(tma_checked >= 40, "only {tma_checked} TMA checks");
 }
 
+/// wgrad_tile_cl with its buffers filled by cp.async and by TMA boxes (whose zero fill is
+/// the padding and the tails) on the channels-last suites and random channels-last
+/// specs: 1-3 dims, strides, dilations (depth dilation 1 for boxes), partial channel
+/// blocks, tiles with tails, NaN/Inf in a third of them, grad-bias.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn wgrad_tile_cl_passes_with_either_fill() {
+    let engine = Engine::cuda(0).unwrap();
+    let dev = engine.device().unwrap().as_ref();
+    let v = evokernel::variants::find("wgrad_tile_cl").unwrap();
+    let mut rng = SplitMix64::new(2032);
+    let mut pick = |lo: u64, hi: u64| (lo + rng.next_u64() % (hi - lo + 1)) as i64;
+    let mut specs: Vec<(String, ConvSpec)> = public_suite()
+        .unwrap()
+        .into_iter()
+        .chain(channels_last_suite().unwrap())
+        .map(|c| (c.name, c.spec))
+        .filter(|(_, s)| s.layout() == Layout::ChannelsLast)
+        .collect();
+    for i in 0..60 {
+        let dims = pick(1, 3) as usize;
+        let (kd, kh, kw) = (pick(1, 3), pick(1, 5), pick(1, 7));
+        let mut p = ConvParams::seed();
+        p.layout = Layout::ChannelsLast;
+        p.n = pick(1, 3);
+        p.dtype = [DType::Bf16, DType::F16, DType::F32][i % 3];
+        // Whole 16-byte pixels mostly (TMA), a few 4-byte ones (cp.async only).
+        let unit = if p.dtype == DType::F32 { 4 } else { 8 };
+        p.c = if i % 7 == 6 {
+            pick(1, 40) * 2
+        } else {
+            unit * pick(1, 40)
+        };
+        let (sd, sh, sw) = (pick(1, 2), pick(1, 2), pick(1, 2));
+        let (dh, dw) = (pick(1, 2), pick(1, 2));
+        let all = [
+            (kd, sd, 1, pick(kd as u64, 6)),
+            (kh, sh, dh, pick((kh * dh) as u64, 24)),
+            (kw, sw, dw, pick((kw * dw) as u64, 40)),
+        ];
+        let used = &all[3 - dims..];
+        p.input = used.iter().map(|t| t.3).collect();
+        p.kernel = used.iter().map(|t| t.0).collect();
+        p.stride = used.iter().map(|t| t.1).collect();
+        p.dilation = used.iter().map(|t| t.2).collect();
+        p.padding = used
+            .iter()
+            .map(|t| {
+                let span = ((t.0 - 1) * t.2) as u64;
+                [pick(0, span), pick(0, span)]
+            })
+            .collect();
+        if let Ok(spec) = p.validate() {
+            specs.push((format!("random #{i}"), spec));
+        }
+    }
+    let mut cases = Vec::new();
+    for (name, spec) in specs {
+        if v.applies(&spec).is_err() {
+            continue;
+        }
+        let mut configs = Vec::new();
+        for (tma, th, tw, workers, smallest_cb) in [
+            (0, 0, 0, 0, false),
+            (1, 0, 0, 0, false),
+            (1, 8, 4, 2, false),
+            (1, 2, 16, 1, true),
+            (1, 4, 8, 4, false),
+        ] {
+            let mut cfg = v.default_config(&spec);
+            cfg.values.insert("tma".into(), tma);
+            for (k, val) in [("th", th), ("tw", tw), ("workers", workers)] {
+                if val > 0 {
+                    cfg.values.insert(k.into(), val);
+                }
+            }
+            if smallest_cb {
+                let cbs = v.space(&spec).into_iter().find(|p| p.name == "cb").unwrap();
+                cfg.values.insert("cb".into(), cbs.values[0]);
+            }
+            if evokernel::variants::check_config(v, &spec, &cfg).is_ok()
+                && v.launch(&spec, &cfg, 132).is_ok()
+                && !configs.contains(&cfg)
+            {
+                configs.push(cfg);
+            }
+        }
+        cases.push((name, spec, configs));
+    }
+    precompile_configs(dev, v, &cases);
+    let mut checked = 0;
+    let mut tma_checked = 0;
+    for (i, (name, spec, configs)) in cases.iter().enumerate() {
+        let non_finite = i % 3 == 0;
+        let conv = ConvProblem::new(spec.clone())
+            .with_epilogue(Epilogue {
+                bias: true,
+                ..Epilogue::NONE
+            })
+            .with_pass(Pass::Wgrad);
+        let mut problem = ProblemData::random_fused(&conv, i as u64, 1);
+        if non_finite {
+            problem.inject_non_finite(i as u64);
+        }
+        checked += check_configs(&engine, &problem, name, spec, configs, non_finite);
+        tma_checked += configs.iter().filter(|c| c.values["tma"] == 1).count();
+    }
+    eprintln!("{checked} wgrad_tile_cl checks, {tma_checked} with TMA boxes");
+    assert!(tma_checked >= 60, "only {tma_checked} TMA checks");
+}
+
 /// Grad-weight where padding and tile tails meet non-finite values: an Inf grad_output at
 /// the first output and a NaN at the last (both corners, where taps read padding), an Inf
 /// input at the last position of the first row (read by the row's last outputs only).

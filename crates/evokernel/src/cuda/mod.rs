@@ -213,6 +213,63 @@ impl TmaMaps {
         };
         Ok(TmaMaps { input, output })
     }
+
+    /// The channels-last [N][D][H][W][C] input of `args` (elements of `elem_bytes`, 2 or
+    /// 4) in boxes of `input_box` (channels x columns x rows x depths of one image; reads
+    /// past the edges give zeros) and, with `output_box`, the output-shaped tensor at
+    /// `output` the same way. C * `elem_bytes` and a box's channels' bytes must be
+    /// multiples of 16.
+    pub fn encode_channels_last(
+        args: &ConvArgs,
+        elem_bytes: usize,
+        input_box: [u32; 4],
+        output: u64,
+        output_box: Option<[u32; 4]>,
+    ) -> Result<Self> {
+        let map = |ptr, dhw, b| {
+            encode_channels_last_map(ptr, elem_bytes, args.n as u64, args.c as u64, dhw, b)
+        };
+        let input = map(args.x, args.input, input_box)?;
+        let output = match output_box {
+            Some(b) => map(output, args.output, b)?,
+            None => [0; 16],
+        };
+        Ok(TmaMaps { input, output })
+    }
+}
+
+/// A channels-last [n][D][H][W][c] tensor of `elem_bytes`-byte elements at `ptr` as a 5-D
+/// map, innermost first, in boxes of `[channels, cols, rows, depths]` of one image.
+fn encode_channels_last_map(
+    ptr: u64,
+    elem_bytes: usize,
+    n: u64,
+    c: u64,
+    dhw: [i32; 3],
+    [channels, cols, rows, depths]: [u32; 4],
+) -> Result<[u64; 16]> {
+    use cudarc::driver::sys::CUtensorMapDataType as T;
+    let data_type = match elem_bytes {
+        2 => T::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+        4 => T::CU_TENSOR_MAP_DATA_TYPE_UINT32,
+        other => {
+            return Err(Error::Cuda {
+                call: format!("a channels-last tensor map of {other}-byte elements (2 or 4 only)"),
+                name: "CUDA_ERROR_INVALID_VALUE".into(),
+            })
+        }
+    };
+    let [d, h, w] = dhw.map(|v| v as u64);
+    let e = elem_bytes as u64;
+    encode_tiled_map(
+        data_type,
+        ptr,
+        &[c, w, h, d, n],
+        &[e * c, e * c * w, e * c * w * h, e * c * w * h * d],
+        &[channels, cols, rows, depths, 1],
+        cudarc::driver::sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+        cudarc::driver::sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+    )
 }
 
 /// A [planes][D][H][W] tensor of 2-byte elements at `ptr`, in boxes of `cols` x `rows` x

@@ -296,16 +296,25 @@ impl CudaPlan {
                 let f = ConvArgs::new(spec, 0, ptrs.w, ws + offset)?;
                 self.dev.launch_on(flip, &f, &none, None, stream)?;
             }
+            // A grad-weight kernel's output-shaped tensor is grad-output.
+            let shaped = match self.lowering {
+                Lowering::Wgrad { .. } => args.w,
+                _ => args.y,
+            };
             let maps = match self.tensor_maps {
                 None => None,
                 Some(TensorMaps::Unused) => Some(TmaMaps::UNUSED),
                 Some(TensorMaps::Boxes { input, output }) => {
-                    // A grad-weight kernel's output-shaped tensor is grad-output.
-                    let shaped = match self.lowering {
-                        Lowering::Wgrad { .. } => args.w,
-                        _ => args.y,
-                    };
                     Some(TmaMaps::encode(&args, input, shaped, output)?)
+                }
+                Some(TensorMaps::ChannelsLast { input, output }) => {
+                    Some(TmaMaps::encode_channels_last(
+                        &args,
+                        spec.dtype().size_bytes(),
+                        input,
+                        shaped,
+                        output,
+                    )?)
                 }
             };
             self.dev

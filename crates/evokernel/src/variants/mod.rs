@@ -549,6 +549,12 @@ pub enum TensorMaps {
         input: [u32; 3],
         output: Option<[u32; 3]>,
     },
+    /// Boxes (channels, columns, rows, depths) of one image of channels-last data: the
+    /// input's and, where the kernel moves it through the TMA, the output-shaped tensor's.
+    ChannelsLast {
+        input: [u32; 4],
+        output: Option<[u32; 4]>,
+    },
 }
 
 /// A variant's second kernel: name, source, name expression (without the epilogue
@@ -963,7 +969,7 @@ dgrad_gather_cl 5b6d1fea50bd0b8cbc0b7c851fc0049c
 wgrad 12c90f7774f54ed0166b7d6ae9a858a1
 wgrad_cl cf8a747ae51c53e28b3f060ab1a9199a
 wgrad_mma 68da7ba9484a4ec1244b629c3baff44e
-wgrad_tile_cl f725eb7e089f7ebd0ea3eb9468ca30b9
+wgrad_tile_cl 4e5fe028fdf64de24339b5c3c783d8b6
 ";
 
     #[test]

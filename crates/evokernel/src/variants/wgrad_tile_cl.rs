@@ -5,10 +5,11 @@
 //! finalize. Parameters: `vec` bytes of channels a thread reads (4 or 8), `cb` channels a
 //! block, `rows` tap rows (kd, kh) a thread, `th` and `tw` the tile, `workers` per block
 //! (each takes every workers-th row of the tile; summed in order), `splits` slices of the
-//! items.
+//! items, `tma` 1: one thread fills a buffer with two TMA boxes (where rows of `cb`
+//! channels are 16-byte multiples and depth dilation is 1), `minblocks` a register cap.
 
 use super::wgrad::Wgrad;
-use super::{cuda_type, grid_x, within_shared, Config, Launch, Param, Variant};
+use super::{cuda_type, grid_x, within_shared, Config, Launch, Param, TensorMaps, Variant};
 use crate::error::{Error, Result};
 use crate::pass::Pass;
 use crate::spec::{ConvSpec, Layout};
@@ -23,6 +24,7 @@ typed_params!(Params {
     tw,
     workers,
     splits,
+    tma,
     minblocks
 });
 
@@ -48,6 +50,35 @@ impl WgradTileCl {
         [16, 8, 4]
             .into_iter()
             .find(|&b| (spec.c() * s).is_multiple_of(b) && (cb * s).is_multiple_of(b))
+    }
+
+    /// Whether a block of `cb` channels can be filled by TMA boxes: the tensors' pixel
+    /// rows and the box's rows 16-byte multiples, consecutive kernel depths (a box holds
+    /// KD depths), every box extent at most 256.
+    fn tma_fits(
+        spec: &ConvSpec,
+        cb: usize,
+        th: usize,
+        tw: usize,
+    ) -> std::result::Result<(), String> {
+        let s = spec.dtype().size_bytes();
+        if !(spec.c() * s).is_multiple_of(16) || !(cb * s).is_multiple_of(16) {
+            return Err(format!(
+                "TMA boxes need a pixel's channels ({}) and a block's ({cb}) in 16-byte multiples",
+                spec.c()
+            ));
+        }
+        let kd = spec.kernel3()[0];
+        if kd > 1 && spec.dilation3()[0] != 1 {
+            return Err("TMA boxes hold consecutive depths: depth dilation must be 1".into());
+        }
+        let extents = [cb, Self::window_w(spec, tw), Self::window_h(spec, th), kd];
+        if extents.iter().any(|&e| e > 256) {
+            return Err(format!(
+                "a TMA box of {extents:?} exceeds 256 along some dim"
+            ));
+        }
+        Ok(())
     }
 
     /// Tap rows a thread may take: KD * KH's near-equal divisions whose accumulators fit
@@ -105,6 +136,9 @@ impl WgradTileCl {
         if threads > MAX_THREADS {
             return Err(format!("{threads} threads exceed a block of {MAX_THREADS}"));
         }
+        if p.tma != 0 {
+            Self::tma_fits(spec, p.cb, p.th, p.tw)?;
+        }
         within_shared("the two tile buffers", Self::shared_bytes(spec, p))
     }
 
@@ -131,9 +165,19 @@ impl WgradTileCl {
 
     fn shared_bytes(spec: &ConvSpec, p: &Params) -> usize {
         let kd = spec.kernel3()[0];
-        let positions = kd * Self::window_h(spec, p.th) * Self::window_w(spec, p.tw) + p.th * p.tw;
+        let s = p.cb * spec.dtype().size_bytes();
+        let input = kd * Self::window_h(spec, p.th) * Self::window_w(spec, p.tw) * s;
+        let grad_output = p.th * p.tw * s;
+        // TMA boxes land 128-byte aligned (the kernel's `region`).
+        let region = |b: usize| {
+            if p.tma != 0 {
+                b.next_multiple_of(128)
+            } else {
+                b
+            }
+        };
         // Two buffers; the workers' reduction reuses them (a float a thread).
-        (2 * positions * p.cb * spec.dtype().size_bytes()).max(4 * Self::threads(spec, p))
+        (2 * (region(input) + region(grad_output))).max(4 * Self::threads(spec, p))
     }
 
     /// Channels a block may take: powers of two and C's near-equal divisions in whole
@@ -198,6 +242,7 @@ impl Variant for WgradTileCl {
             tw: 4,
             workers: 1,
             splits: 1,
+            tma: 0,
             minblocks: 1,
         });
         match smallest {
@@ -237,6 +282,18 @@ impl Variant for WgradTileCl {
             Param {
                 name: "splits",
                 values: vec![1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+            },
+            // TMA boxes where some channel block's rows are 16-byte multiples.
+            Param {
+                name: "tma",
+                values: if Self::channel_blocks(spec)
+                    .iter()
+                    .any(|&cb| Self::tma_fits(spec, cb as usize, 1, 4).is_ok())
+                {
+                    vec![0, 1]
+                } else {
+                    vec![0]
+                },
             },
             // A register cap for more resident warps (the kernel's MINB).
             Param {
@@ -301,6 +358,7 @@ impl Variant for WgradTileCl {
         while splits < want && splits * 2 <= by_items.min(by_bytes).min(512) {
             splits *= 2;
         }
+        let tma = Self::tma_fits(spec, cb, th, tw).is_ok();
         let p = Params {
             vec: 4,
             cb,
@@ -309,6 +367,7 @@ impl Variant for WgradTileCl {
             tw,
             workers,
             splits,
+            tma: tma as usize,
             minblocks: 1,
         };
         Config::new(self.name(), &p.pairs())
@@ -319,7 +378,7 @@ impl Variant for WgradTileCl {
         // `parse` checked the config (`fits`): the copies exist.
         let copy = Self::copy_bytes(spec, p.cb).unwrap_or_default();
         Ok(format!(
-            "wgrad_tile_cl_dwconv<{}, {}, {}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}>",
+            "wgrad_tile_cl_dwconv<{}, {}, {}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             Self::vector(spec, p.vec),
             p.cb,
@@ -329,8 +388,27 @@ impl Variant for WgradTileCl {
             p.th,
             p.tw,
             copy,
+            p.tma,
             p.minblocks
         ))
+    }
+    fn tensor_maps(&self, spec: &ConvSpec, config: &Config) -> Option<TensorMaps> {
+        let p = Params::read(config).ok()?;
+        Some(if p.tma != 0 {
+            // An item's KD x HT x WT input window and its TH x TW grad_output tile.
+            let kd = spec.kernel3()[0];
+            TensorMaps::ChannelsLast {
+                input: [
+                    p.cb as u32,
+                    Self::window_w(spec, p.tw) as u32,
+                    Self::window_h(spec, p.th) as u32,
+                    kd as u32,
+                ],
+                output: Some([p.cb as u32, p.tw as u32, p.th as u32, 1]),
+            }
+        } else {
+            TensorMaps::Unused
+        })
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
         Self::check(spec, &Params::read(config).map_err(|e| e.to_string())?)
@@ -363,7 +441,7 @@ impl Variant for WgradTileCl {
 }
 
 impl Params {
-    fn pairs(&self) -> [(&'static str, i64); 8] {
+    fn pairs(&self) -> [(&'static str, i64); 9] {
         [
             ("vec", self.vec as i64),
             ("cb", self.cb as i64),
@@ -372,6 +450,7 @@ impl Params {
             ("tw", self.tw as i64),
             ("workers", self.workers as i64),
             ("splits", self.splits as i64),
+            ("tma", self.tma as i64),
             ("minblocks", self.minblocks as i64),
         ]
     }
@@ -436,6 +515,7 @@ mod tests {
             tw: 16,
             workers: 8,
             splits: 1,
+            tma: 0,
             minblocks: 1,
         };
         let err = WgradTileCl
