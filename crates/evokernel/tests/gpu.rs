@@ -915,17 +915,21 @@ fn grad_weight_keeps_padding_out_of_non_finite_values() {
             }
             let mut configs = vec![v.default_config(&spec)];
             if v.name() == "wgrad_tile_cl" {
-                // Tiles of 8 x 16 on 9-21 wide planes: tails on both axes.
+                // Tiles of 8 x 16 on 9-21 wide planes: tails on both axes, filled by
+                // cp.async and by TMA boxes.
                 for c in [
                     "wgrad_tile_cl:vec=4,cb=16,rows=3,th=8,tw=16,workers=2,splits=4,minblocks=3",
                     "wgrad_tile_cl:vec=8,cb=48,rows=1,th=8,tw=16,workers=1,splits=2,minblocks=1",
                 ] {
-                    let c: evokernel::variants::Config = c.parse().unwrap();
-                    if evokernel::variants::check_config(v, &spec, &c).is_ok() {
-                        configs.push(c);
+                    for tma in [",tma=0", ",tma=1"] {
+                        let c: evokernel::variants::Config = format!("{c}{tma}").parse().unwrap();
+                        if evokernel::variants::check_config(v, &spec, &c).is_ok() {
+                            configs.push(c);
+                        }
                     }
                 }
-                assert!(configs.len() > 1, "{spec}: no tail config fits");
+                let boxes = configs.iter().filter(|c| c.values.get("tma") == Some(&1)).count();
+                assert!(boxes >= 2, "{spec}: {boxes} TMA tail configs fit");
             }
             for cfg in configs {
                 let mut run = KernelRun::new(&dp, &engine, &cfg)
