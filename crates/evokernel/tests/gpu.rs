@@ -928,7 +928,10 @@ fn grad_weight_keeps_padding_out_of_non_finite_values() {
                         }
                     }
                 }
-                let boxes = configs.iter().filter(|c| c.values.get("tma") == Some(&1)).count();
+                let boxes = configs
+                    .iter()
+                    .filter(|c| c.values.get("tma") == Some(&1))
+                    .count();
                 assert!(boxes >= 2, "{spec}: {boxes} TMA tail configs fit");
             }
             for cfg in configs {
