@@ -246,30 +246,57 @@ fn encode_channels_last_map(
     n: u64,
     c: u64,
     dhw: [i32; 3],
-    [channels, cols, rows, depths]: [u32; 4],
+    boxes: [u32; 4],
 ) -> Result<[u64; 16]> {
     use cudarc::driver::sys::CUtensorMapDataType as T;
     let data_type = match elem_bytes {
         2 => T::CU_TENSOR_MAP_DATA_TYPE_UINT16,
         4 => T::CU_TENSOR_MAP_DATA_TYPE_UINT32,
         other => {
-            return Err(Error::Cuda {
-                call: format!("a channels-last tensor map of {other}-byte elements (2 or 4 only)"),
-                name: "CUDA_ERROR_INVALID_VALUE".into(),
+            return Err(Error::NotApplicable {
+                variant: "TMA tensor map".into(),
+                spec: format!("channels-last data of {other}-byte elements"),
+                reason: "boxes of 2- and 4-byte elements only".into(),
             })
         }
     };
-    let [d, h, w] = dhw.map(|v| v as u64);
-    let e = elem_bytes as u64;
+    let g = ChannelsLastMap::new(elem_bytes as u64, n, c, dhw, boxes);
     encode_tiled_map(
         data_type,
         ptr,
-        &[c, w, h, d, n],
-        &[e * c, e * c * w, e * c * w * h, e * c * w * h * d],
-        &[channels, cols, rows, depths, 1],
+        &g.dims,
+        &g.strides,
+        &g.boxes,
         cudarc::driver::sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
         cudarc::driver::sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
     )
+}
+
+/// The geometry `cuTensorMapEncodeTiled` gets for channels-last data: dims (C, W, H, D,
+/// N), byte strides of the four outer dims, boxes of one image.
+#[derive(Debug, PartialEq, Eq)]
+struct ChannelsLastMap {
+    dims: [u64; 5],
+    strides: [u64; 4],
+    boxes: [u32; 5],
+}
+
+impl ChannelsLastMap {
+    fn new(
+        elem_bytes: u64,
+        n: u64,
+        c: u64,
+        dhw: [i32; 3],
+        [channels, cols, rows, depths]: [u32; 4],
+    ) -> Self {
+        let [d, h, w] = dhw.map(|v| v as u64);
+        let pixel = elem_bytes * c;
+        ChannelsLastMap {
+            dims: [c, w, h, d, n],
+            strides: [pixel, pixel * w, pixel * w * h, pixel * w * h * d],
+            boxes: [channels, cols, rows, depths, 1],
+        }
+    }
 }
 
 /// A [planes][D][H][W] tensor of 2-byte elements at `ptr`, in boxes of `cols` x `rows` x
@@ -707,4 +734,27 @@ pub fn list_devices() -> Result<Vec<GpuInfo>> {
     (0..count)
         .map(|i| query_info(&CudaContext::new(i).cuda("cuCtxCreate")?, i))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn channels_last_maps_step_a_pixel_then_a_row_then_a_plane_then_an_image() {
+        // mobilenet-s2's input: 32 x 112 x 112 x 144 f16, a 9 x 17 window of 144 channels.
+        let g = super::ChannelsLastMap::new(2, 32, 144, [1, 112, 112], [144, 17, 9, 1]);
+        assert_eq!(g.dims, [144, 112, 112, 1, 32]);
+        assert_eq!(
+            g.strides,
+            [288, 288 * 112, 288 * 112 * 112, 288 * 112 * 112]
+        );
+        assert_eq!(g.boxes, [144, 17, 9, 1, 1]);
+        // TMA wants every stride a multiple of 16 bytes: a pixel of 144 f16 channels is.
+        assert!(g.strides.iter().all(|s| s % 16 == 0));
+        // A 3-D box: 3 depths of the NDHWC seed, 32 f32 channels.
+        let g = super::ChannelsLastMap::new(4, 1, 512, [61, 45, 80], [32, 12, 12, 3]);
+        assert_eq!(g.dims, [512, 80, 45, 61, 1]);
+        assert_eq!(g.strides[0], 2048);
+        assert_eq!(g.strides[3], 2048 * 80 * 45 * 61);
+        assert_eq!(g.boxes, [32, 12, 12, 3, 1]);
+    }
 }
