@@ -352,6 +352,48 @@ fn precompile_configs(
     });
 }
 
+/// Adds `cfg` to `configs` where it checks and launches for `spec` and is new.
+fn push_launchable(
+    v: &dyn evokernel::variants::Variant,
+    spec: &ConvSpec,
+    cfg: evokernel::variants::Config,
+    configs: &mut Vec<evokernel::variants::Config>,
+) {
+    if evokernel::variants::check_config(v, spec, &cfg).is_ok()
+        && v.launch(spec, &cfg, 132).is_ok()
+        && !configs.contains(&cfg)
+    {
+        configs.push(cfg);
+    }
+}
+
+/// Grad-weight (and grad-bias) of every case's configs of `v` against the oracle, NaN and
+/// Inf in every third case's operands; (configs checked, of them with `tma=1`).
+fn check_wgrad_cases(
+    engine: &Engine,
+    v: &dyn evokernel::variants::Variant,
+    cases: &[(String, ConvSpec, Vec<evokernel::variants::Config>)],
+) -> (usize, usize) {
+    precompile_configs(engine.device().unwrap().as_ref(), v, cases);
+    let (mut checked, mut tma_checked) = (0, 0);
+    for (i, (name, spec, configs)) in cases.iter().enumerate() {
+        let non_finite = i % 3 == 0;
+        let conv = ConvProblem::new(spec.clone())
+            .with_epilogue(Epilogue {
+                bias: true,
+                ..Epilogue::NONE
+            })
+            .with_pass(Pass::Wgrad);
+        let mut problem = ProblemData::random_fused(&conv, i as u64, 1);
+        if non_finite {
+            problem.inject_non_finite(i as u64);
+        }
+        checked += check_configs(engine, &problem, name, spec, configs, non_finite);
+        tma_checked += configs.iter().filter(|c| c.values["tma"] == 1).count();
+    }
+    (checked, tma_checked)
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn depth_reuse_passes_with_either_slice_handover() {
@@ -640,7 +682,6 @@ fn backward_passes_on_the_public_and_channels_last_suites() {
 #[ignore = "needs a CUDA GPU"]
 fn wgrad_mma_passes_with_either_ring_fill() {
     let engine = Engine::cuda(0).unwrap();
-    let dev = engine.device().unwrap().as_ref();
     let v = evokernel::variants::find("wgrad_mma").unwrap();
     let mut rng = SplitMix64::new(2031);
     let mut pick = |lo: u64, hi: u64| (lo + rng.next_u64() % (hi - lo + 1)) as i64;
@@ -692,33 +733,11 @@ fn wgrad_mma_passes_with_either_ring_fill() {
             if narrow {
                 cfg.values.insert("ks".into(), 3);
             }
-            if evokernel::variants::check_config(v, &spec, &cfg).is_ok()
-                && v.launch(&spec, &cfg, 132).is_ok()
-                && !configs.contains(&cfg)
-            {
-                configs.push(cfg);
-            }
+            push_launchable(v, &spec, cfg, &mut configs);
         }
         cases.push((name, spec, configs));
     }
-    precompile_configs(dev, v, &cases);
-    let mut checked = 0;
-    let mut tma_checked = 0;
-    for (i, (name, spec, configs)) in cases.iter().enumerate() {
-        let non_finite = i % 3 == 0;
-        let conv = ConvProblem::new(spec.clone())
-            .with_epilogue(Epilogue {
-                bias: true,
-                ..Epilogue::NONE
-            })
-            .with_pass(Pass::Wgrad);
-        let mut problem = ProblemData::random_fused(&conv, i as u64, 1);
-        if non_finite {
-            problem.inject_non_finite(i as u64);
-        }
-        checked += check_configs(&engine, &problem, name, spec, configs, non_finite);
-        tma_checked += configs.iter().filter(|c| c.values["tma"] == 1).count();
-    }
+    let (checked, tma_checked) = check_wgrad_cases(&engine, v, &cases);
     eprintln!("{checked} wgrad_mma checks, {tma_checked} with TMA boxes");
     assert!(tma_checked >= 40, "only {tma_checked} TMA checks");
 }
@@ -731,7 +750,6 @@ fn wgrad_mma_passes_with_either_ring_fill() {
 #[ignore = "needs a CUDA GPU"]
 fn wgrad_tile_cl_passes_with_either_fill() {
     let engine = Engine::cuda(0).unwrap();
-    let dev = engine.device().unwrap().as_ref();
     let v = evokernel::variants::find("wgrad_tile_cl").unwrap();
     let mut rng = SplitMix64::new(2032);
     let mut pick = |lo: u64, hi: u64| (lo + rng.next_u64() % (hi - lo + 1)) as i64;
@@ -803,33 +821,11 @@ fn wgrad_tile_cl_passes_with_either_fill() {
                 let cbs = v.space(&spec).into_iter().find(|p| p.name == "cb").unwrap();
                 cfg.values.insert("cb".into(), cbs.values[0]);
             }
-            if evokernel::variants::check_config(v, &spec, &cfg).is_ok()
-                && v.launch(&spec, &cfg, 132).is_ok()
-                && !configs.contains(&cfg)
-            {
-                configs.push(cfg);
-            }
+            push_launchable(v, &spec, cfg, &mut configs);
         }
         cases.push((name, spec, configs));
     }
-    precompile_configs(dev, v, &cases);
-    let mut checked = 0;
-    let mut tma_checked = 0;
-    for (i, (name, spec, configs)) in cases.iter().enumerate() {
-        let non_finite = i % 3 == 0;
-        let conv = ConvProblem::new(spec.clone())
-            .with_epilogue(Epilogue {
-                bias: true,
-                ..Epilogue::NONE
-            })
-            .with_pass(Pass::Wgrad);
-        let mut problem = ProblemData::random_fused(&conv, i as u64, 1);
-        if non_finite {
-            problem.inject_non_finite(i as u64);
-        }
-        checked += check_configs(&engine, &problem, name, spec, configs, non_finite);
-        tma_checked += configs.iter().filter(|c| c.values["tma"] == 1).count();
-    }
+    let (checked, tma_checked) = check_wgrad_cases(&engine, v, &cases);
     eprintln!("{checked} wgrad_tile_cl checks, {tma_checked} with TMA boxes");
     assert!(tma_checked >= 60, "only {tma_checked} TMA checks");
 }
