@@ -297,3 +297,33 @@ fn wgrad_mma_builds_for_sm80_with_either_ring_fill() {
             .unwrap_or_else(|e| panic!("{cfg}: {e}"));
     }
 }
+
+/// wgrad_tile_cl off Hopper: a `tma=1` config fills the same 128-byte-aligned buffers
+/// with cp.async (the TMA and mbarrier forms are sm_90 only); both fills build for sm_80,
+/// 2-D and 3-D, f16 and f32.
+#[test]
+fn wgrad_tile_cl_builds_for_sm80_with_either_fill() {
+    let jit = Jit::new("sm_80").unwrap().without_cache();
+    let v = evokernel::variants::find("wgrad_tile_cl").unwrap();
+    let suite = evokernel::suite::public_suite().unwrap();
+    let mut specs: Vec<_> = ["mobilenet-s2", "seed-bf16-ndhwc"]
+        .iter()
+        .map(|n| suite.iter().find(|c| c.name == *n).unwrap().spec.clone())
+        .collect();
+    let mut f32_seed = ConvParams::seed();
+    f32_seed.layout = Layout::ChannelsLast;
+    f32_seed.dtype = DType::F32;
+    f32_seed.c = 64;
+    specs.push(f32_seed.validate().unwrap());
+    for spec in &specs {
+        for tma in [0, 1] {
+            let mut cfg = v.default_config(spec);
+            cfg.values.insert("tma".into(), tma);
+            evokernel::variants::check_config(v, spec, &cfg)
+                .unwrap_or_else(|e| panic!("{cfg}: {e}"));
+            let expr = with_epilogue(&v.specialization(spec, &cfg).unwrap(), &Epilogue::NONE);
+            jit.compile(v.name(), v.source(), &expr)
+                .unwrap_or_else(|e| panic!("{cfg}: {e}"));
+        }
+    }
+}
