@@ -2,7 +2,7 @@
 //! backend against the f64 oracle under MEASURE.md's gates.
 
 use evokernel::backend::ProblemData;
-use evokernel::cpu::{conv_cpu, dgrad_cpu, wgrad_cpu};
+use evokernel::cpu::{conv_cpu, dgrad_cpu, wgrad_cpu, wgrad_cpu_with, Isa};
 use evokernel::reference::{conv_reference, dgrad_reference, wgrad_reference};
 use evokernel::tensor::compare;
 use evokernel::verify::oracle;
@@ -128,14 +128,25 @@ proptest! {
         dgrad_cpu(&spec, &gy, &w, &mut gx).unwrap();
         let c = compare(&gx, &dgrad_reference(&spec, &gy, &w).unwrap()).unwrap();
         prop_assert!(c.passes(spec.dtype()), "dgrad {} seed {}: {:?}", spec, seed, c);
+        let want = wgrad_reference(&spec, &x, &gy).unwrap();
         let mut gw = HostTensor::nan(spec.dtype(), &spec.weight_shape());
         wgrad_cpu(&spec, &x, &gy, &mut gw).unwrap();
-        let c = compare(&gw, &wgrad_reference(&spec, &x, &gy).unwrap()).unwrap();
+        let c = compare(&gw, &want).unwrap();
         prop_assert!(c.passes(spec.dtype()), "wgrad {} seed {}: {:?}", spec, seed, c);
         // Deterministic: the same bits on a second run.
         let mut again = HostTensor::nan(spec.dtype(), &spec.weight_shape());
         wgrad_cpu(&spec, &x, &gy, &mut again).unwrap();
         prop_assert_eq!(gw.as_bytes(), again.as_bytes());
+        // Every vector width this CPU runs (AVX-512's masked tails, AVX2, portable).
+        for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable] {
+            if !isa.supported() {
+                continue;
+            }
+            let mut gw = HostTensor::nan(spec.dtype(), &spec.weight_shape());
+            wgrad_cpu_with(isa, &spec, &x, &gy, &mut gw).unwrap();
+            let c = compare(&gw, &want).unwrap();
+            prop_assert!(c.passes(spec.dtype()), "wgrad {:?} {} seed {}: {:?}", isa, spec, seed, c);
+        }
     }
 
     #[test]

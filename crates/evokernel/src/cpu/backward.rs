@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use super::conv_cpu;
+use super::{conv_cpu, fma, Isa};
 use crate::error::Result;
 use crate::reference::coords;
 use crate::spec::ConvSpec;
@@ -56,12 +56,25 @@ pub fn dgrad_cpu(
 
 /// grad-weight: `grad_w[c, k]` sums `x[n, c, o * stride + k * dilation - pad] * gy[n, c, o]`
 /// over the batch and the outputs whose tap k lands in the input. One task per channel
-/// and tap row (kd, kh): for each output row it takes the dot products of the
-/// grad_output row with the input row shifted by each kw (contiguous slices with unit W
-/// stride, summed in 8 f32 lanes so they vectorize), rows summed in f32 and added in f64.
-/// The order is fixed: the same bits every run. (The first version, one task per weight
-/// element with per-element index arithmetic, took 825 ms where the forward takes 24.)
+/// and tap row (kd, kh): for each output row it multiplies the grad_output row with the
+/// input row shifted by each kw (contiguous slices with unit W stride) into `L` f32 lanes
+/// a tap, which are added into f64 totals every `FOLD` rows. The order is fixed: the same
+/// bits every run on a machine (FMA or not follows the detected ISA, as the forward).
+/// (One task per weight element with per-element index arithmetic took 825 ms on the
+/// seed's shape with 64 channels; a dot product per row and tap, reduced across its
+/// lanes every row, 140-184 ms.)
 pub fn wgrad_cpu(
+    spec: &ConvSpec,
+    input: &HostTensor,
+    grad_output: &HostTensor,
+    grad_weight: &mut HostTensor,
+) -> Result<()> {
+    wgrad_cpu_with(Isa::detect(), spec, input, grad_output, grad_weight)
+}
+
+/// [`wgrad_cpu`] with the vector width and FMA of `isa` (tests compare them).
+pub fn wgrad_cpu_with(
+    isa: Isa,
     spec: &ConvSpec,
     input: &HostTensor,
     grad_output: &HostTensor,
@@ -70,66 +83,23 @@ pub fn wgrad_cpu(
     input.expect("input", spec.dtype(), spec.input_len())?;
     grad_output.expect("grad_output", spec.dtype(), spec.output_len())?;
     grad_weight.expect("grad_weight", spec.dtype(), spec.weight_len())?;
+    isa.check()?;
     // Both operands channels-first in f32, so every row is a contiguous slice.
     let x = channels_first_f32(spec, input, spec.input3());
     let gy = channels_first_f32(spec, grad_output, spec.output3());
-    let (stride, dil, pad) = (spec.stride3(), spec.dilation3(), spec.pad_before3());
-    let [id_, ih_, iw_] = spec.input3();
-    let [od_, oh_, ow_] = spec.output3();
-    let [kd, kh, kw] = spec.kernel3();
-    let (ispatial, ospatial) = (id_ * ih_ * iw_, od_ * oh_ * ow_);
+    let [kd, kh, _] = spec.kernel3();
     let rows: Vec<Vec<f32>> = (0..spec.c() * kd * kh)
         .into_par_iter()
         .map(|task| {
             let (c, a, b) = (task / (kd * kh), (task / kh) % kd, task % kh);
-            let mut total = vec![0f64; kw];
-            let mut row_sum = vec![0f32; kw];
-            for n in 0..spec.n() {
-                let xb = &x[(n * spec.c() + c) * ispatial..][..ispatial];
-                let gb = &gy[(n * spec.c() + c) * ospatial..][..ospatial];
-                for d in 0..od_ {
-                    let Some(zd) = spec.tap_input(0, d, a) else {
-                        continue;
-                    };
-                    for h in 0..oh_ {
-                        let Some(zh) = spec.tap_input(1, h, b) else {
-                            continue;
-                        };
-                        let g = &gb[(d * oh_ + h) * ow_..][..ow_];
-                        let xr = &xb[(zd * ih_ + zh) * iw_..][..iw_];
-                        row_sum.iter_mut().for_each(|v| *v = 0.0);
-                        for (e, acc) in row_sum.iter_mut().enumerate() {
-                            // Outputs w whose tap e lands inside the row.
-                            let off = (e * dil[2]) as i64 - pad[2] as i64;
-                            let lo = if off >= 0 {
-                                0
-                            } else {
-                                ((-off) as usize).div_ceil(stride[2])
-                            };
-                            let last = iw_ as i64 - 1 - off;
-                            if last < 0 {
-                                continue;
-                            }
-                            let hi = (last as usize / stride[2] + 1).min(ow_);
-                            if lo >= hi {
-                                continue;
-                            }
-                            let start = (lo * stride[2]) as i64 + off;
-                            *acc = if stride[2] == 1 {
-                                dot(&g[lo..hi], &xr[start as usize..start as usize + hi - lo])
-                            } else {
-                                (lo..hi)
-                                    .map(|w| g[w] * xr[((w * stride[2]) as i64 + off) as usize])
-                                    .sum()
-                            };
-                        }
-                        for (t, r) in total.iter_mut().zip(&row_sum) {
-                            *t += *r as f64;
-                        }
-                    }
-                }
+            // SAFETY: each wrapper is called only when `isa.check` found its features.
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => unsafe { wgrad_task_avx512(spec, &x, &gy, c, a, b) },
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { wgrad_task_avx2(spec, &x, &gy, c, a, b) },
+                _ => wgrad_task::<8, false>(spec, &x, &gy, c, a, b),
             }
-            total.into_iter().map(|t| t as f32).collect()
         })
         .collect();
     let values: Vec<f32> = rows.into_iter().flatten().collect();
@@ -137,21 +107,177 @@ pub fn wgrad_cpu(
     Ok(())
 }
 
-/// A dot product in 8 f32 lanes (a fixed order, so it vectorizes and repeats exactly).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for ((lane, p), q) in lanes.iter_mut().zip(x).zip(y) {
-            *lane += p * q;
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn wgrad_task_avx512(
+    spec: &ConvSpec,
+    x: &[f32],
+    gy: &[f32],
+    c: usize,
+    a: usize,
+    b: usize,
+) -> Vec<f32> {
+    wgrad_task::<16, true>(spec, x, gy, c, a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn wgrad_task_avx2(
+    spec: &ConvSpec,
+    x: &[f32],
+    gy: &[f32],
+    c: usize,
+    a: usize,
+    b: usize,
+) -> Vec<f32> {
+    wgrad_task::<8, true>(spec, x, gy, c, a, b)
+}
+
+/// `acc` plus the products of `g` and `x` (at least `L` long) in `L` lanes: whole vectors,
+/// then the last `L` products with the lanes already summed masked off (a scalar tail
+/// loop, or a zero-padded copy, was half the time: most taps' ranges are OW - 1 or 2).
+#[inline(always)]
+fn row_taps<const L: usize, const FMA: bool>(acc: &mut [f32; L], g: &[f32], x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if L == 16 && FMA {
+        // SAFETY: L == 16 with FMA is only built inside wgrad_task_avx512 (avx512f).
+        unsafe { row_taps_avx512(acc.as_mut_ptr(), g, x) };
+        return;
+    }
+    let len = g.len();
+    for (gv, xv) in g.chunks_exact(L).zip(x.chunks_exact(L)) {
+        for i in 0..L {
+            acc[i] = fma::<FMA>(gv[i], xv[i], acc[i]);
         }
     }
-    let mut tail = 0f32;
-    for (x, y) in ra.iter().zip(rb) {
-        tail += x * y;
+    for j in len - len % L..len {
+        acc[j % L] = fma::<FMA>(g[j], x[j], acc[j % L]);
     }
-    lanes.iter().sum::<f32>() + tail
+}
+
+/// [`row_taps`] in 16 AVX-512 lanes; the tail as one masked load and FMA (no scalar loop).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn row_taps_avx512(acc: *mut f32, g: &[f32], x: &[f32]) {
+    use std::arch::x86_64::*;
+    let len = g.len().min(x.len());
+    // Two chains: one FMA chain waits 4 cycles a vector on rows of ~5 vectors.
+    let mut a = _mm512_loadu_ps(acc);
+    let mut b = _mm512_setzero_ps();
+    let mut j = 0;
+    while j + 32 <= len {
+        a = _mm512_fmadd_ps(
+            _mm512_loadu_ps(g.as_ptr().add(j)),
+            _mm512_loadu_ps(x.as_ptr().add(j)),
+            a,
+        );
+        b = _mm512_fmadd_ps(
+            _mm512_loadu_ps(g.as_ptr().add(j + 16)),
+            _mm512_loadu_ps(x.as_ptr().add(j + 16)),
+            b,
+        );
+        j += 32;
+    }
+    if j + 16 <= len {
+        a = _mm512_fmadd_ps(
+            _mm512_loadu_ps(g.as_ptr().add(j)),
+            _mm512_loadu_ps(x.as_ptr().add(j)),
+            a,
+        );
+        j += 16;
+    }
+    a = _mm512_add_ps(a, b);
+    if j < len {
+        let m: __mmask16 = (1u32 << (len - j)) as u16 - 1;
+        let gv = _mm512_maskz_loadu_ps(m, g.as_ptr().add(j));
+        let xv = _mm512_maskz_loadu_ps(m, x.as_ptr().add(j));
+        a = _mm512_mask3_fmadd_ps(gv, xv, a, m);
+    }
+    _mm512_storeu_ps(acc, a);
+}
+
+/// Output rows whose products a tap's f32 lanes hold before they are added into its f64
+/// total (at most FOLD * ceil(OW / L) terms a lane).
+const FOLD: usize = 16;
+
+/// The KW weights of channel `c`, tap row (`a`, `b`): `L` lanes a tap (product i of a row
+/// goes to lane i % L), folded into f64 every `FOLD` rows and at the end.
+#[inline(always)]
+fn wgrad_task<const L: usize, const FMA: bool>(
+    spec: &ConvSpec,
+    x: &[f32],
+    gy: &[f32],
+    c: usize,
+    a: usize,
+    b: usize,
+) -> Vec<f32> {
+    let (stride, dil, pad) = (spec.stride3(), spec.dilation3(), spec.pad_before3());
+    let [id_, ih_, iw_] = spec.input3();
+    let [od_, oh_, ow_] = spec.output3();
+    let kw = spec.kernel3()[2];
+    let (ispatial, ospatial) = (id_ * ih_ * iw_, od_ * oh_ * ow_);
+    // Each tap's outputs whose input lands inside the row: [lo, hi) and the first input.
+    let ranges: Vec<Option<(usize, usize, usize)>> = (0..kw)
+        .map(|e| {
+            let off = (e * dil[2]) as i64 - pad[2] as i64;
+            let lo = if off >= 0 {
+                0
+            } else {
+                ((-off) as usize).div_ceil(stride[2])
+            };
+            let last = iw_ as i64 - 1 - off;
+            if last < 0 {
+                return None;
+            }
+            let hi = (last as usize / stride[2] + 1).min(ow_);
+            (lo < hi).then(|| (lo, hi, ((lo * stride[2]) as i64 + off) as usize))
+        })
+        .collect();
+    let mut total = vec![0f64; kw];
+    let mut lanes = vec![[0f32; L]; kw];
+    let mut pending = 0;
+    let fold = |total: &mut [f64], lanes: &mut [[f32; L]]| {
+        for (t, l) in total.iter_mut().zip(lanes.iter_mut()) {
+            *t += l.iter().map(|&v| v as f64).sum::<f64>();
+            *l = [0.0; L];
+        }
+    };
+    for n in 0..spec.n() {
+        let xb = &x[(n * spec.c() + c) * ispatial..][..ispatial];
+        let gb = &gy[(n * spec.c() + c) * ospatial..][..ospatial];
+        for d in 0..od_ {
+            let Some(zd) = spec.tap_input(0, d, a) else {
+                continue;
+            };
+            for h in 0..oh_ {
+                let Some(zh) = spec.tap_input(1, h, b) else {
+                    continue;
+                };
+                let g = &gb[(d * oh_ + h) * ow_..][..ow_];
+                let xr = &xb[(zd * ih_ + zh) * iw_..][..iw_];
+                for (acc, range) in lanes.iter_mut().zip(&ranges) {
+                    let Some((lo, hi, start)) = *range else {
+                        continue;
+                    };
+                    if stride[2] == 1 {
+                        row_taps::<L, FMA>(acc, &g[lo..hi], &xr[start..start + hi - lo]);
+                    } else {
+                        for (i, w) in (lo..hi).enumerate() {
+                            let v = xr[start + i * stride[2]];
+                            acc[i % L] = fma::<FMA>(g[w], v, acc[i % L]);
+                        }
+                    }
+                }
+                pending += 1;
+                if pending == FOLD {
+                    fold(&mut total, &mut lanes);
+                    pending = 0;
+                }
+            }
+        }
+    }
+    fold(&mut total, &mut lanes);
+    total.into_iter().map(|t| t as f32).collect()
 }
 
 /// A tensor of `spec`'s layout with spatial sizes `dims` as f32 in [N, C, D, H, W] order.

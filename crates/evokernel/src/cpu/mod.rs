@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 mod backward;
-pub use backward::{bias_grad_cpu, dgrad_cpu, flip_kernel, wgrad_cpu};
+pub use backward::{bias_grad_cpu, dgrad_cpu, flip_kernel, wgrad_cpu, wgrad_cpu_with};
 
 use crate::bench::Ceilings;
 use crate::epilogue::{Activation, Epilogue};
@@ -58,6 +58,21 @@ impl Isa {
             (self, Isa::detect()),
             (Isa::Portable, _) | (Isa::Avx2, Isa::Avx2 | Isa::Avx512) | (Isa::Avx512, Isa::Avx512)
         )
+    }
+
+    /// `Err` naming the ISA to use instead where this CPU cannot run `self`'s code.
+    pub fn check(self) -> Result<()> {
+        if self.supported() {
+            return Ok(());
+        }
+        Err(Error::BackendUnavailable {
+            backend: format!("cpu-{}", self.name()),
+            reason: format!(
+                "this CPU lacks {}; use cpu-{}",
+                self.name(),
+                Isa::detect().name()
+            ),
+        })
     }
 
     /// f32 lanes per SIMD register.
@@ -181,16 +196,7 @@ pub fn conv_cpu_with(
     weight: &HostTensor,
     output: &mut HostTensor,
 ) -> Result<()> {
-    if !isa.supported() {
-        return Err(Error::BackendUnavailable {
-            backend: format!("cpu-{}", isa.name()),
-            reason: format!(
-                "this CPU lacks {}; use cpu-{}",
-                isa.name(),
-                Isa::detect().name()
-            ),
-        });
-    }
+    isa.check()?;
     input.expect("input", spec.dtype(), spec.input_len())?;
     weight.expect("weight", spec.dtype(), spec.weight_len())?;
     output.expect("output", spec.dtype(), spec.output_len())?;
@@ -440,7 +446,7 @@ fn cf_rows_body<T: Element, const L: usize, const FMA: bool>(
 }
 
 #[inline(always)]
-fn fma<const FMA: bool>(a: f32, b: f32, acc: f32) -> f32 {
+pub(super) fn fma<const FMA: bool>(a: f32, b: f32, acc: f32) -> f32 {
     if FMA {
         a.mul_add(b, acc)
     } else {
