@@ -7,7 +7,7 @@ use rayon::prelude::*;
 use super::{conv_cpu, fma, Isa};
 use crate::error::Result;
 use crate::reference::coords;
-use crate::spec::ConvSpec;
+use crate::spec::{ConvSpec, Layout};
 use crate::tensor::{Element, HostTensor, TensorData};
 
 /// grad-input of `spec`'s forward: `grad_input[n, c, i]` sums `w[c, k] * gy[n, c, o]` over
@@ -84,53 +84,82 @@ pub fn wgrad_cpu_with(
     grad_output.expect("grad_output", spec.dtype(), spec.output_len())?;
     grad_weight.expect("grad_weight", spec.dtype(), spec.weight_len())?;
     isa.check()?;
-    // Both operands channels-first in f32, so every row is a contiguous slice.
-    let x = channels_first_f32(spec, input, spec.input3());
-    let gy = channels_first_f32(spec, grad_output, spec.output3());
-    let [kd, kh, _] = spec.kernel3();
-    let rows: Vec<Vec<f32>> = (0..spec.c() * kd * kh)
-        .into_par_iter()
-        .map(|task| {
-            let (c, a, b) = (task / (kd * kh), (task / kh) % kd, task % kh);
-            // SAFETY: each wrapper is called only when `isa.check` found its features.
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => unsafe { wgrad_task_avx512(spec, &x, &gy, c, a, b) },
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => unsafe { wgrad_task_avx2(spec, &x, &gy, c, a, b) },
-                _ => wgrad_task::<8, false>(spec, &x, &gy, c, a, b),
-            }
-        })
-        .collect();
+    // Channels-first operands are read in place (a task widens the rows it uses: widening
+    // both tensors up front cost ~40% of the pass in allocation, page faults and
+    // conversion); channels-last ones are transposed to channels-first f32 first.
+    let rows = match (spec.layout(), input.data(), grad_output.data()) {
+        (Layout::ChannelsFirst, TensorData::Bf16(x), TensorData::Bf16(g)) => {
+            wgrad_tasks(isa, spec, x, g)
+        }
+        (Layout::ChannelsFirst, TensorData::F16(x), TensorData::F16(g)) => {
+            wgrad_tasks(isa, spec, x, g)
+        }
+        (Layout::ChannelsFirst, TensorData::F32(x), TensorData::F32(g)) => {
+            wgrad_tasks(isa, spec, x, g)
+        }
+        _ => {
+            let x = channels_first_f32(spec, input, spec.input3());
+            let g = channels_first_f32(spec, grad_output, spec.output3());
+            wgrad_tasks(isa, spec, &x, &g)
+        }
+    };
     let values: Vec<f32> = rows.into_iter().flatten().collect();
     store(grad_weight, &values);
     Ok(())
 }
 
+/// Every task's weights, in weight order, from channels-first `x` and `gy`.
+fn wgrad_tasks<T: Element>(isa: Isa, spec: &ConvSpec, x: &[T], gy: &[T]) -> Vec<Vec<f32>> {
+    let [kd, kh, _] = spec.kernel3();
+    // A task per channel, kernel depth and group of tap rows: all KH rows together where
+    // there are tasks enough for the threads (each grad_output row is then read once for
+    // KH x KW taps), else one row a task.
+    let groups = if spec.c() * kd >= 4 * rayon::current_num_threads() {
+        1
+    } else {
+        kh
+    };
+    (0..spec.c() * kd * groups)
+        .into_par_iter()
+        .map(|task| {
+            let (c, a, q) = (task / (kd * groups), (task / groups) % kd, task % groups);
+            let taps = q * kh / groups..(q + 1) * kh / groups;
+            // SAFETY: each wrapper is called only when `isa.check` found its features.
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => unsafe { wgrad_task_avx512(spec, x, gy, c, a, taps) },
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { wgrad_task_avx2(spec, x, gy, c, a, taps) },
+                _ => wgrad_task::<T, 8, false>(spec, x, gy, c, a, taps),
+            }
+        })
+        .collect()
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn wgrad_task_avx512(
+unsafe fn wgrad_task_avx512<T: Element>(
     spec: &ConvSpec,
-    x: &[f32],
-    gy: &[f32],
+    x: &[T],
+    gy: &[T],
     c: usize,
     a: usize,
-    b: usize,
+    taps: std::ops::Range<usize>,
 ) -> Vec<f32> {
-    wgrad_task::<16, true>(spec, x, gy, c, a, b)
+    wgrad_task::<T, 16, true>(spec, x, gy, c, a, taps)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn wgrad_task_avx2(
+unsafe fn wgrad_task_avx2<T: Element>(
     spec: &ConvSpec,
-    x: &[f32],
-    gy: &[f32],
+    x: &[T],
+    gy: &[T],
     c: usize,
     a: usize,
-    b: usize,
+    taps: std::ops::Range<usize>,
 ) -> Vec<f32> {
-    wgrad_task::<8, true>(spec, x, gy, c, a, b)
+    wgrad_task::<T, 8, true>(spec, x, gy, c, a, taps)
 }
 
 /// `acc` plus the products of `g` and `x` (at least `L` long) in `L` lanes: whole vectors,
@@ -200,16 +229,17 @@ unsafe fn row_taps_avx512(acc: *mut f32, g: &[f32], x: &[f32]) {
 /// total (at most FOLD * ceil(OW / L) terms a lane).
 const FOLD: usize = 16;
 
-/// The KW weights of channel `c`, tap row (`a`, `b`): `L` lanes a tap (product i of a row
-/// goes to lane i % L), folded into f64 every `FOLD` rows and at the end.
+/// The weights of channel `c`, kernel depth `a` and tap rows `taps` (kh), KW a row: `L`
+/// lanes a tap (product i of a row goes to lane i % L), folded into f64 every `FOLD`
+/// output rows and at the end.
 #[inline(always)]
-fn wgrad_task<const L: usize, const FMA: bool>(
+fn wgrad_task<T: Element, const L: usize, const FMA: bool>(
     spec: &ConvSpec,
-    x: &[f32],
-    gy: &[f32],
+    x: &[T],
+    gy: &[T],
     c: usize,
     a: usize,
-    b: usize,
+    taps: std::ops::Range<usize>,
 ) -> Vec<f32> {
     let (stride, dil, pad) = (spec.stride3(), spec.dilation3(), spec.pad_before3());
     let [id_, ih_, iw_] = spec.input3();
@@ -233,9 +263,11 @@ fn wgrad_task<const L: usize, const FMA: bool>(
             (lo < hi).then(|| (lo, hi, ((lo * stride[2]) as i64 + off) as usize))
         })
         .collect();
-    let mut total = vec![0f64; kw];
-    let mut lanes = vec![[0f32; L]; kw];
+    let rows = taps.len();
+    let mut total = vec![0f64; rows * kw];
+    let mut lanes = vec![[0f32; L]; rows * kw];
     let mut pending = 0;
+    let (mut g, mut xr) = (vec![0f32; ow_], vec![0f32; iw_]);
     let fold = |total: &mut [f64], lanes: &mut [[f32; L]]| {
         for (t, l) in total.iter_mut().zip(lanes.iter_mut()) {
             *t += l.iter().map(|&v| v as f64).sum::<f64>();
@@ -250,21 +282,23 @@ fn wgrad_task<const L: usize, const FMA: bool>(
                 continue;
             };
             for h in 0..oh_ {
-                let Some(zh) = spec.tap_input(1, h, b) else {
-                    continue;
-                };
-                let g = &gb[(d * oh_ + h) * ow_..][..ow_];
-                let xr = &xb[(zd * ih_ + zh) * iw_..][..iw_];
-                for (acc, range) in lanes.iter_mut().zip(&ranges) {
-                    let Some((lo, hi, start)) = *range else {
+                widen_row(&gb[(d * oh_ + h) * ow_..][..ow_], &mut g);
+                for (b, row_lanes) in taps.clone().zip(lanes.chunks_exact_mut(kw)) {
+                    let Some(zh) = spec.tap_input(1, h, b) else {
                         continue;
                     };
-                    if stride[2] == 1 {
-                        row_taps::<L, FMA>(acc, &g[lo..hi], &xr[start..start + hi - lo]);
-                    } else {
-                        for (i, w) in (lo..hi).enumerate() {
-                            let v = xr[start + i * stride[2]];
-                            acc[i % L] = fma::<FMA>(g[w], v, acc[i % L]);
+                    widen_row(&xb[(zd * ih_ + zh) * iw_..][..iw_], &mut xr);
+                    for (acc, range) in row_lanes.iter_mut().zip(&ranges) {
+                        let Some((lo, hi, start)) = *range else {
+                            continue;
+                        };
+                        if stride[2] == 1 {
+                            row_taps::<L, FMA>(acc, &g[lo..hi], &xr[start..start + hi - lo]);
+                        } else {
+                            for (i, w) in (lo..hi).enumerate() {
+                                let v = xr[start + i * stride[2]];
+                                acc[i % L] = fma::<FMA>(g[w], v, acc[i % L]);
+                            }
                         }
                     }
                 }
@@ -361,6 +395,14 @@ pub fn flip_kernel(spec: &ConvSpec, weight: &HostTensor) -> Result<HostTensor> {
 
 /// The tensor's elements as f32 (one match on the dtype, then a slice conversion: an
 /// element-wise `get_f64` made widening most of the CPU grad-weight's time).
+/// `src` as f32 into `dst` (as long).
+#[inline(always)]
+fn widen_row<T: Element>(src: &[T], dst: &mut [f32]) {
+    for (d, &v) in dst.iter_mut().zip(src) {
+        *d = v.to_f32();
+    }
+}
+
 fn widen(t: &HostTensor) -> Vec<f32> {
     use half::slice::HalfFloatSliceExt;
     match t.data() {
