@@ -84,9 +84,18 @@ pub fn wgrad_cpu_with(
     grad_output.expect("grad_output", spec.dtype(), spec.output_len())?;
     grad_weight.expect("grad_weight", spec.dtype(), spec.weight_len())?;
     isa.check()?;
-    // Channels-first operands are read in place (a task widens the rows it uses: widening
-    // both tensors up front cost ~40% of the pass in allocation, page faults and
-    // conversion); channels-last ones are transposed to channels-first f32 first.
+    // Both layouts are read in place, widened where a task uses them (widening both
+    // tensors up front cost ~40% of the pass in allocation, page faults and conversion).
+    if spec.layout() == Layout::ChannelsLast {
+        let values = match (input.data(), grad_output.data()) {
+            (TensorData::Bf16(x), TensorData::Bf16(g)) => wgrad_cl_tasks(isa, spec, x, g),
+            (TensorData::F16(x), TensorData::F16(g)) => wgrad_cl_tasks(isa, spec, x, g),
+            (TensorData::F32(x), TensorData::F32(g)) => wgrad_cl_tasks(isa, spec, x, g),
+            _ => unreachable!("`expect` checked both dtypes"),
+        };
+        store(grad_weight, &values);
+        return Ok(());
+    }
     let rows = match (spec.layout(), input.data(), grad_output.data()) {
         (Layout::ChannelsFirst, TensorData::Bf16(x), TensorData::Bf16(g)) => {
             wgrad_tasks(isa, spec, x, g)
@@ -106,6 +115,128 @@ pub fn wgrad_cpu_with(
     let values: Vec<f32> = rows.into_iter().flatten().collect();
     store(grad_weight, &values);
     Ok(())
+}
+
+/// Channels a channels-last grad-weight task takes: its lanes.
+const CL_LANES: usize = 16;
+
+/// grad-weight of channels-last `x` and `gy`, in weight order: a task per block of 16
+/// channels and kernel depth, its lanes over channels (a pixel's channels are
+/// contiguous), one f32 accumulator vector a tap, folded into f64 every output row.
+fn wgrad_cl_tasks<T: Element>(isa: Isa, spec: &ConvSpec, x: &[T], gy: &[T]) -> Vec<f32> {
+    let [kd, kh, kw] = spec.kernel3();
+    let blocks = spec.c().div_ceil(CL_LANES);
+    let tasks: Vec<Vec<[f64; CL_LANES]>> = (0..blocks * kd)
+        .into_par_iter()
+        .map(|task| {
+            let (cb, a) = (task / kd, task % kd);
+            // SAFETY: each wrapper is called only when `isa.check` found its features.
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 | Isa::Avx2 => unsafe { wgrad_cl_task_fma(spec, x, gy, cb, a) },
+                _ => wgrad_cl_task::<T, false>(spec, x, gy, cb, a),
+            }
+        })
+        .collect();
+    let taps = kh * kw;
+    let mut values = vec![0f32; spec.weight_len()];
+    for (task, sums) in tasks.iter().enumerate() {
+        let (cb, a) = (task / kd, task % kd);
+        for (t, lanes) in sums.iter().enumerate() {
+            for (i, &v) in lanes.iter().enumerate() {
+                let c = cb * CL_LANES + i;
+                if c < spec.c() {
+                    values[(c * kd + a) * taps + t] = v as f32;
+                }
+            }
+        }
+    }
+    values
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn wgrad_cl_task_fma<T: Element>(
+    spec: &ConvSpec,
+    x: &[T],
+    gy: &[T],
+    cb: usize,
+    a: usize,
+) -> Vec<[f64; CL_LANES]> {
+    wgrad_cl_task::<T, true>(spec, x, gy, cb, a)
+}
+
+/// The KH x KW taps of kernel depth `a` for channels `cb * 16..`: for every output, its
+/// grad_output vector times the input vector each in-bounds tap reads (padded taps are
+/// skipped, never multiplied by 0: a non-finite grad_output must not reach them).
+#[inline(always)]
+fn wgrad_cl_task<T: Element, const FMA: bool>(
+    spec: &ConvSpec,
+    x: &[T],
+    gy: &[T],
+    cb: usize,
+    a: usize,
+) -> Vec<[f64; CL_LANES]> {
+    let c = spec.c();
+    let (c0, width) = (cb * CL_LANES, (c - cb * CL_LANES).min(CL_LANES));
+    let [id_, ih_, iw_] = spec.input3();
+    let [od_, oh_, ow_] = spec.output3();
+    let [_, kh, kw] = spec.kernel3();
+    let mut total = vec![[0f64; CL_LANES]; kh * kw];
+    let mut acc = vec![[0f32; CL_LANES]; kh * kw];
+    // A row's pixels' channels widened once: [positions][lanes] (zeros past C).
+    let widen_row = |t: &[T], at: usize, out: &mut [[f32; CL_LANES]]| {
+        for (p, v) in out.iter_mut().enumerate() {
+            for (o, &e) in v.iter_mut().zip(&t[(at + p) * c + c0..][..width]) {
+                *o = e.to_f32();
+            }
+        }
+    };
+    let mut grow = vec![[0f32; CL_LANES]; ow_];
+    let mut xrows = vec![[0f32; CL_LANES]; kh * iw_];
+    let mut live = vec![false; kh];
+    for n in 0..spec.n() {
+        for d in 0..od_ {
+            let Some(zd) = spec.tap_input(0, d, a) else {
+                continue;
+            };
+            for h in 0..oh_ {
+                widen_row(gy, ((n * od_ + d) * oh_ + h) * ow_, &mut grow);
+                for (b, (row, ok)) in xrows.chunks_exact_mut(iw_).zip(live.iter_mut()).enumerate() {
+                    *ok = false;
+                    if let Some(zh) = spec.tap_input(1, h, b) {
+                        widen_row(x, ((n * id_ + zd) * ih_ + zh) * iw_, row);
+                        *ok = true;
+                    }
+                }
+                // Output by output, every tap: KH x KW independent accumulators.
+                for (w, &g) in grow.iter().enumerate() {
+                    for b in 0..kh {
+                        if !live[b] {
+                            continue;
+                        }
+                        for e in 0..kw {
+                            let Some(zw) = spec.tap_input(2, w, e) else {
+                                continue;
+                            };
+                            let xv = xrows[b * iw_ + zw];
+                            let s = &mut acc[b * kw + e];
+                            for i in 0..CL_LANES {
+                                s[i] = fma::<FMA>(g[i], xv[i], s[i]);
+                            }
+                        }
+                    }
+                }
+                for (t, s) in total.iter_mut().zip(acc.iter_mut()) {
+                    for i in 0..CL_LANES {
+                        t[i] += s[i] as f64;
+                    }
+                    *s = [0.0; CL_LANES];
+                }
+            }
+        }
+    }
+    total
 }
 
 /// Every task's weights, in weight order, from channels-first `x` and `gy`.
