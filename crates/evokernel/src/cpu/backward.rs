@@ -86,35 +86,32 @@ pub fn wgrad_cpu_with(
     isa.check()?;
     // Both layouts are read in place, widened where a task uses them (widening both
     // tensors up front cost ~40% of the pass in allocation, page faults and conversion).
-    if spec.layout() == Layout::ChannelsLast {
-        let values = match (input.data(), grad_output.data()) {
-            (TensorData::Bf16(x), TensorData::Bf16(g)) => wgrad_cl_tasks(isa, spec, x, g),
-            (TensorData::F16(x), TensorData::F16(g)) => wgrad_cl_tasks(isa, spec, x, g),
-            (TensorData::F32(x), TensorData::F32(g)) => wgrad_cl_tasks(isa, spec, x, g),
-            _ => unreachable!("`expect` checked both dtypes"),
-        };
-        store(grad_weight, &values);
-        return Ok(());
-    }
-    let rows = match (spec.layout(), input.data(), grad_output.data()) {
-        (Layout::ChannelsFirst, TensorData::Bf16(x), TensorData::Bf16(g)) => {
-            wgrad_tasks(isa, spec, x, g)
-        }
-        (Layout::ChannelsFirst, TensorData::F16(x), TensorData::F16(g)) => {
-            wgrad_tasks(isa, spec, x, g)
-        }
-        (Layout::ChannelsFirst, TensorData::F32(x), TensorData::F32(g)) => {
-            wgrad_tasks(isa, spec, x, g)
-        }
-        _ => {
-            let x = channels_first_f32(spec, input, spec.input3());
-            let g = channels_first_f32(spec, grad_output, spec.output3());
-            wgrad_tasks(isa, spec, &x, &g)
-        }
+    let channels_last = spec.layout() == Layout::ChannelsLast;
+    let values = match (input.data(), grad_output.data()) {
+        (TensorData::Bf16(x), TensorData::Bf16(g)) => wgrad_layout(isa, spec, channels_last, x, g),
+        (TensorData::F16(x), TensorData::F16(g)) => wgrad_layout(isa, spec, channels_last, x, g),
+        (TensorData::F32(x), TensorData::F32(g)) => wgrad_layout(isa, spec, channels_last, x, g),
+        _ => unreachable!("`expect` checked both dtypes"),
     };
-    let values: Vec<f32> = rows.into_iter().flatten().collect();
     store(grad_weight, &values);
     Ok(())
+}
+
+/// grad-weight in weight order from `x` and `gy` of either layout.
+fn wgrad_layout<T: Element>(
+    isa: Isa,
+    spec: &ConvSpec,
+    channels_last: bool,
+    x: &[T],
+    gy: &[T],
+) -> Vec<f32> {
+    if channels_last {
+        return wgrad_cl_tasks(isa, spec, x, gy);
+    }
+    wgrad_tasks(isa, spec, x, gy)
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// Channels a channels-last grad-weight task takes: its lanes.
@@ -443,37 +440,6 @@ fn wgrad_task<T: Element, const L: usize, const FMA: bool>(
     }
     fold(&mut total, &mut lanes);
     total.into_iter().map(|t| t as f32).collect()
-}
-
-/// A tensor of `spec`'s layout with spatial sizes `dims` as f32 in [N, C, D, H, W] order.
-fn channels_first_f32(spec: &ConvSpec, t: &HostTensor, dims: [usize; 3]) -> Vec<f32> {
-    let v = widen(t);
-    if spec.layout() == crate::spec::Layout::ChannelsFirst {
-        return v;
-    }
-    // A task per 16 channels of one sample: each reads a 64-byte run of channels per
-    // position (every cache line of the input once) and writes 16 output rows.
-    const GROUP: usize = 16;
-    let (c, spatial) = (spec.c(), dims[0] * dims[1] * dims[2]);
-    let mut out = vec![0f32; v.len()];
-    out.par_chunks_mut(spatial * c)
-        .enumerate()
-        .for_each(|(n, sample)| {
-            sample
-                .par_chunks_mut(GROUP * spatial)
-                .enumerate()
-                .for_each(|(g, rows)| {
-                    let c0 = g * GROUP;
-                    let width = (c - c0).min(GROUP);
-                    for p in 0..spatial {
-                        let src = &v[(n * spatial + p) * c + c0..][..width];
-                        for (k, &x) in src.iter().enumerate() {
-                            rows[k * spatial + p] = x;
-                        }
-                    }
-                });
-        });
-    out
 }
 
 /// grad-bias of the fused epilogue: `grad_b[c]` sums `gy[n, c, o]` over the batch and
