@@ -11,8 +11,8 @@ use evokernel::cuda::jit::Jit;
 use evokernel::cuda::run::{flip_specialization, repair_specialization};
 use evokernel::engine::with_epilogue;
 use evokernel::suite::{channels_last_suite, public_suite};
-use evokernel::variants::registry;
-use evokernel::{Activation, ConvParams, DType, Epilogue, Layout, Pass};
+use evokernel::variants::{registry, Variant};
+use evokernel::{Activation, ConvParams, ConvSpec, DType, Epilogue, Layout, Pass};
 
 #[test]
 fn every_variant_compiles_for_sm90() {
@@ -259,6 +259,18 @@ fn scaled_mm_wgmma_kernels_compile_for_sm90a() {
     );
 }
 
+/// Compiles `v`'s default config for `spec` with `params` overridden, for sm_80 (the
+/// fallbacks of kernels whose TMA and mbarrier forms are sm_90 only).
+fn builds_for_sm80(jit: &Jit, v: &dyn Variant, spec: &ConvSpec, params: &[(&str, i64)]) {
+    let mut cfg = v.default_config(spec);
+    for &(k, val) in params {
+        cfg.values.insert(k.into(), val);
+    }
+    let expr = with_epilogue(&v.specialization(spec, &cfg).unwrap(), &Epilogue::NONE);
+    jit.compile(v.name(), v.source(), &expr)
+        .unwrap_or_else(|e| panic!("{spec} {cfg}: {e}"));
+}
+
 /// depth_reuse's producer path uses sm_90's TMA and mbarrier forms; on older GPUs the
 /// same configs must still build (cp.async copies, sm_80's mbarrier forms): the seed's
 /// whole-row default and a split-row one, both layouts of the handover.
@@ -270,11 +282,7 @@ fn depth_reuse_builds_for_sm80_in_every_handover() {
     for case in ["seed-bf16", "video-vae-causal"] {
         let spec = &suite.iter().find(|c| c.name == case).unwrap().spec;
         for producer in [0, 1] {
-            let mut cfg = v.default_config(spec);
-            cfg.values.insert("producer".into(), producer);
-            let expr = with_epilogue(&v.specialization(spec, &cfg).unwrap(), &Epilogue::NONE);
-            jit.compile(v.name(), v.source(), &expr)
-                .unwrap_or_else(|e| panic!("{case} {cfg}: {e}"));
+            builds_for_sm80(&jit, v, spec, &[("producer", producer)]);
         }
     }
 }
@@ -289,12 +297,7 @@ fn wgrad_mma_builds_for_sm80_with_either_ring_fill() {
     let suite = evokernel::suite::public_suite().unwrap();
     let spec = &suite.iter().find(|c| c.name == "seed-bf16").unwrap().spec;
     for (tma, rows) in [(0, 1), (1, 1), (1, 4)] {
-        let mut cfg = v.default_config(spec);
-        cfg.values.insert("tma".into(), tma);
-        cfg.values.insert("rows".into(), rows);
-        let expr = with_epilogue(&v.specialization(spec, &cfg).unwrap(), &Epilogue::NONE);
-        jit.compile(v.name(), v.source(), &expr)
-            .unwrap_or_else(|e| panic!("{cfg}: {e}"));
+        builds_for_sm80(&jit, v, spec, &[("tma", tma), ("rows", rows)]);
     }
 }
 
@@ -321,9 +324,7 @@ fn wgrad_tile_cl_builds_for_sm80_with_either_fill() {
             cfg.values.insert("tma".into(), tma);
             evokernel::variants::check_config(v, spec, &cfg)
                 .unwrap_or_else(|e| panic!("{cfg}: {e}"));
-            let expr = with_epilogue(&v.specialization(spec, &cfg).unwrap(), &Epilogue::NONE);
-            jit.compile(v.name(), v.source(), &expr)
-                .unwrap_or_else(|e| panic!("{cfg}: {e}"));
+            builds_for_sm80(&jit, v, spec, &[("tma", tma)]);
         }
     }
 }

@@ -55,14 +55,16 @@ pub fn dgrad_cpu(
 }
 
 /// grad-weight: `grad_w[c, k]` sums `x[n, c, o * stride + k * dilation - pad] * gy[n, c, o]`
-/// over the batch and the outputs whose tap k lands in the input. One task per channel
-/// and tap row (kd, kh): for each output row it multiplies the grad_output row with the
-/// input row shifted by each kw (contiguous slices with unit W stride) into `L` f32 lanes
-/// a tap, which are added into f64 totals every `FOLD` rows. The order is fixed: the same
-/// bits every run on a machine (FMA or not follows the detected ISA, as the forward).
-/// (One task per weight element with per-element index arithmetic took 825 ms on the
-/// seed's shape with 64 channels; a dot product per row and tap, reduced across its
-/// lanes every row, 140-184 ms.)
+/// over the batch and the outputs whose tap k lands in the input; both layouts read in
+/// place. Channels-first: a task per channel and kernel depth (`wgrad_tasks`) multiplies
+/// each grad_output row with the input rows of its KH tap rows shifted by each kw into
+/// `L` f32 lanes a tap; channels-last: a task per 16 channels and kernel depth
+/// (`wgrad_cl_tasks`), lanes over channels. Lanes are added into f64 totals every `FOLD`
+/// output rows (every row, channels-last). The order is fixed: the same bits every run
+/// on a machine, whatever its thread count (FMA or not follows the detected ISA, as the
+/// forward). (One task per weight element took 825 ms on the seed's shape with 64
+/// channels; a dot product per row and tap on operands widened up front, 132-140 ms;
+/// this form 40 ms.)
 pub fn wgrad_cpu(
     spec: &ConvSpec,
     input: &HostTensor,
