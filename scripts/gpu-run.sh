@@ -56,8 +56,8 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       LIMIT=${BWD_LIMIT:-300} step dgrad .gpu/evokernel bench --suite "$bs" --pass dgrad --reference "$out/torch-bwd.json" ${BWD_ARGS:-} --json "$out/dgrad.json"
       LIMIT=${BWD_LIMIT:-300} step wgrad .gpu/evokernel bench --suite "$bs" --pass wgrad --reference "$out/torch-bwd.json" ${BWD_ARGS:-} --json "$out/wgrad.json" ;;
     bwdcheck)
-      LIMIT=300 step bwd_memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel verify --suite public --pass all --only dgrad_gather --only wgrad --only wgrad_mma --only wgrad_tile_cl --only depth_reuse --only depth_reuse_fma_cl --only smem_tile
-      LIMIT=200 step bwd_racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 40 --kernel 3x5x5 --padding 0,2,2 --pass all --only wgrad --only wgrad_mma --only dgrad_gather --only depth_reuse
+      LIMIT=300 step bwd_memcheck compute-sanitizer --tool memcheck --print-limit 20 .gpu/evokernel verify --suite public --pass all --only dgrad_gather --only wgrad --only wgrad_mma --only wgrad_tile --only wgrad_tile_cl --only depth_reuse --only depth_reuse_fma_cl --only smem_tile
+      LIMIT=200 step bwd_racecheck compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 40 --kernel 3x5x5 --padding 0,2,2 --pass all --only wgrad --only wgrad_mma --only wgrad_tile --only dgrad_gather --only depth_reuse
       LIMIT=200 step bwd_racecheck_cl compute-sanitizer --tool racecheck --print-limit 20 .gpu/evokernel verify --input 5x20x40 --channels 40 --kernel 3x5x5 --padding 0,2,2 --layout channels-last --pass all --only wgrad --only wgrad_tile_cl --only dgrad_gather ;;
     wgradz)
       # grad-weight past 8 tap-row groups (the groups split over blocks along z):

@@ -122,6 +122,12 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
         // leave 15 of 16 empty.
         // Not on rows narrower than its 16-column steps (x3d-m-res4, W 14: 0.428 vs wgrad
         // 0.347 ms, run 101).
+        // With 3-wide kernel rows the FMA tiles win (x3d 0.135 vs 0.160 ms tuned, run 196):
+        // an MMA's 8 columns hold 3 taps.
+        "wgrad_mma" if spec.kernel3()[2] <= 3 && spec.kernel3()[0] * spec.kernel3()[1] >= 3 && !narrow => (
+            1,
+            "grad-weight on tensor cores (3-wide kernel rows: FMA tiles ahead)",
+        ),
         "wgrad_mma" if spec.kernel3()[0] * spec.kernel3()[1] >= 3 && !narrow => (
             0,
             "grad-weight on tensor cores (input rows kept in registers)",
@@ -145,7 +151,25 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
             0,
             "grad-weight on channels-last 1-D data, several channels a lane",
         ),
-        "wgrad" => (1, "the grad-weight kernel"),
+        // Channels-first grad-weight on FMA pipes from shared-memory tiles (docs/perf.md,
+        // runs 195-197): ahead of tensor cores on 3-wide kernel rows (x3d 0.134 vs 0.167
+        // ms, video-vae-causal 0.196 vs 0.227), the only fast kernel in f32 (the seed 0.68
+        // vs wgrad's 5.38), past wgrad_mma's 16x16 taps (RepLKNet 0.83 vs 2.38) and on 1-D
+        // rows (conformer-k31 0.044 vs 0.167, causal-conv1d 0.077 vs 0.136); behind wgrad
+        // on rows narrower than 16 (x3d-m-res4 0.53 vs 0.23).
+        "wgrad_tile" if !narrow && spec.kernel3()[2] <= 3 => (
+            0,
+            "grad-weight from shared-memory tiles on FMA pipes (3-wide kernel rows)",
+        ),
+        "wgrad_tile" if !narrow => (
+            1,
+            "grad-weight from shared-memory tiles on FMA pipes (input rows widened once)",
+        ),
+        "wgrad_tile" => (
+            3,
+            "grad-weight from shared-memory tiles (rows narrower than 16: behind wgrad)",
+        ),
+        "wgrad" => (2, "the grad-weight kernel"),
         "wgrad_cl" => (
             2,
             "grad-weight on channels-last data (few channels or one depth: wgrad wins)",
@@ -368,11 +392,22 @@ mod tests {
     }
 
     #[test]
-    fn grad_weight_ranking_pins_the_measured_channels_last_winners() {
+    fn grad_weight_ranking_pins_the_measured_winners() {
         // Runs 106-110 (docs/perf.md): wgrad_tile_cl against wgrad and wgrad_cl in the
         // same calls on every channels-last case; 1-D rows from run 91; x3d-m-res4 (W 14)
         // from run 101: wgrad 0.347 vs wgrad_mma 0.428 ms.
+        // Channels-first: wgrad_tile against wgrad_mma and wgrad at defaults, run 197.
         let winners = [
+            ("seed-bf16", "wgrad_mma"),
+            ("seed-f32", "wgrad_tile"),
+            ("x3d-3x3x3", "wgrad_tile"),
+            ("video-vae-causal", "wgrad_tile"),
+            ("convnext-7x7", "wgrad_mma"),
+            ("causal-conv1d", "wgrad_tile"),
+            ("conformer-k31", "wgrad_tile"),
+            ("lfm-shortconv-k3", "wgrad_tile"),
+            ("replknet-31x31", "wgrad_tile"),
+            ("video-vae-decoder", "wgrad_mma"),
             ("x3d-m-res4", "wgrad"),
             ("seed-bf16-ndhwc", "wgrad_tile_cl"),
             ("mobilenet-s2", "wgrad_tile_cl"),

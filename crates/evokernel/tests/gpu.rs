@@ -8,7 +8,7 @@ use evokernel::cuda::cudnn::CudnnRun;
 use evokernel::cuda::list_devices;
 use evokernel::cuda::run::{DeviceProblem, KernelRun};
 use evokernel::engine::with_epilogue;
-use evokernel::suite::{channels_last_suite, public_suite};
+use evokernel::suite::{channels_last_suite, models_suite, public_suite};
 use evokernel::tensor::SplitMix64;
 use evokernel::variants::registry;
 use evokernel::verify::{check, oracle};
@@ -742,6 +742,92 @@ fn wgrad_mma_passes_with_either_ring_fill() {
     assert!(tma_checked >= 40, "only {tma_checked} TMA checks");
 }
 
+/// wgrad_tile (channels-first, FMA pipes) with its buffers filled by TMA boxes and by the
+/// threads, on the public and models suites' channels-first cases it takes and on random
+/// channels-first specs: 1-3 dims, every dtype, W and D strides, W dilation (and depth
+/// dilation, threads' copies only), widths that are and are not 16-byte multiples, tiles
+/// with tails on both axes, partial last kernel-row groups, NaN/Inf in a third, grad-bias.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn wgrad_tile_passes_with_either_fill() {
+    let engine = Engine::cuda(0).unwrap();
+    let v = evokernel::variants::find("wgrad_tile").unwrap();
+    let mut rng = SplitMix64::new(2033);
+    let mut pick = |lo: u64, hi: u64| (lo + rng.next_u64() % (hi - lo + 1)) as i64;
+    let mut specs: Vec<(String, ConvSpec)> = public_suite()
+        .unwrap()
+        .into_iter()
+        .chain(models_suite().unwrap())
+        .map(|c| (c.name, c.spec))
+        .filter(|(_, s)| s.layout() == Layout::ChannelsFirst)
+        .collect();
+    for i in 0..60 {
+        let dims = pick(1, 3) as usize;
+        let (kd, kh, kw) = (pick(1, 3), pick(1, 5), pick(1, 7));
+        let mut p = ConvParams::seed();
+        p.n = pick(1, 3);
+        p.c = pick(1, 12);
+        p.dtype = [DType::Bf16, DType::F16, DType::F32][i % 3];
+        let (sd, sw) = (pick(1, 2), pick(1, 2));
+        let (dd, dw) = (if i % 5 == 4 { 2 } else { 1 }, pick(1, 2));
+        // Mostly widths that make 16-byte rows (TMA) at unit W stride, some odd ones.
+        let iw = if i % 4 == 3 {
+            pick((kw * dw) as u64, 40)
+        } else {
+            8 * pick(1, 12)
+        };
+        let all = [
+            (kd, sd, dd, pick((kd * dd) as u64, 6)),
+            (kh, 1, 1, pick(kh as u64, 30)),
+            (kw, sw, dw, iw.max(kw * dw)),
+        ];
+        let used = &all[3 - dims..];
+        p.input = used.iter().map(|t| t.3).collect();
+        p.kernel = used.iter().map(|t| t.0).collect();
+        p.stride = used.iter().map(|t| t.1).collect();
+        p.dilation = used.iter().map(|t| t.2).collect();
+        p.padding = used
+            .iter()
+            .map(|t| {
+                let span = ((t.0 - 1) * t.2) as u64;
+                [pick(0, span), pick(0, span)]
+            })
+            .collect();
+        if let Ok(spec) = p.validate() {
+            specs.push((format!("random #{i}"), spec));
+        }
+    }
+    let mut cases = Vec::new();
+    for (name, spec) in specs {
+        if v.applies(&spec).is_err() {
+            continue;
+        }
+        let mut configs = Vec::new();
+        // (tma, tw, rw, workers, rows): 0 keeps the default's value.
+        for (tma, tw, rw, workers, rows) in [
+            (0, 0, 0, 0, 0),
+            (1, 0, 0, 0, 0),
+            (1, 16, 3, 2, 0),
+            (1, 8, 1, 4, 2),
+            (0, 16, 5, 1, 2),
+        ] {
+            let mut cfg = v.default_config(&spec);
+            cfg.values.insert("tma".into(), tma);
+            for (k, val) in [("tw", tw), ("rw", rw), ("workers", workers), ("rows", rows)] {
+                if val > 0 {
+                    cfg.values.insert(k.into(), val);
+                }
+            }
+            push_launchable(v, &spec, cfg, &mut configs);
+        }
+        cases.push((name, spec, configs));
+    }
+    let (checked, tma_checked) = check_wgrad_cases(&engine, v, &cases);
+    eprintln!("{checked} wgrad_tile checks, {tma_checked} with TMA boxes");
+    assert!(tma_checked >= 60, "only {tma_checked} TMA checks");
+    assert!(checked >= tma_checked + 40, "only {checked} checks");
+}
+
 /// wgrad_tile_cl with its buffers filled by cp.async and by TMA boxes (whose zero fill is
 /// the padding and the tails) on the channels-last suites and random channels-last
 /// specs: 1-3 dims, strides, dilations (depth dilation 1 for boxes), partial channel
@@ -874,6 +960,14 @@ fn grad_weight_keeps_padding_out_of_non_finite_values() {
             vec![1, 1, 1],
             [0, 1, 1],
         ),
+        (
+            Layout::ChannelsFirst,
+            DType::F32,
+            vec![3, 13, 20],
+            vec![3, 5, 5],
+            vec![1, 1, 1],
+            [1, 2, 2],
+        ),
     ] {
         let mut p = ConvParams::seed();
         p.n = 2;
@@ -929,6 +1023,21 @@ fn grad_weight_keeps_padding_out_of_non_finite_values() {
                     .filter(|c| c.values.get("tma") == Some(&1))
                     .count();
                 assert!(boxes >= 2, "{spec}: {boxes} TMA tail configs fit");
+            }
+            if v.name() == "wgrad_tile" {
+                // Tiles of 6 x 16 on 13 x 19-20 planes (tails on both axes), a partial last
+                // kernel-row group; boxes where rows are 16-byte multiples.
+                for c in [
+                    "wgrad_tile:tw=16,rw=3,workers=2,rows=2,splits=2,minblocks=1",
+                    "wgrad_tile:tw=8,rw=1,workers=4,rows=1,splits=1,minblocks=1",
+                ] {
+                    for tma in [",tma=0", ",tma=1"] {
+                        let c: evokernel::variants::Config = format!("{c}{tma}").parse().unwrap();
+                        if evokernel::variants::check_config(v, &spec, &c).is_ok() {
+                            configs.push(c);
+                        }
+                    }
+                }
             }
             for cfg in configs {
                 let mut run = KernelRun::new(&dp, &engine, &cfg)
@@ -1023,11 +1132,11 @@ fn run_pass(plan: &evokernel::Plan, data: &ProblemData) -> HostTensor {
             .unwrap(),
         Pass::Dgrad => plan
             .dgrad_host(&data.grad_outputs[0], &data.weight)
-            .unwrap(),
+            .unwrap_or_else(|e| panic!("{}: {e}", plan.instance_name())),
         Pass::Wgrad => {
             let (gw, gb) = plan
                 .wgrad_host(&data.inputs[0], &data.grad_outputs[0])
-                .unwrap();
+                .unwrap_or_else(|e| panic!("{}: {e}", plan.instance_name()));
             evokernel::backend::join_grads(&gw, gb.as_ref())
         }
     }

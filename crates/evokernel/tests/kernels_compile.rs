@@ -328,3 +328,22 @@ fn wgrad_tile_cl_builds_for_sm80_with_either_fill() {
         }
     }
 }
+
+/// wgrad_tile's TMA boxes compile away off Hopper, where the threads copy the same layout:
+/// both fills build for sm_80 on the seed (bf16, f32) and x3d.
+#[test]
+fn wgrad_tile_builds_for_sm80_with_either_fill() {
+    let jit = Jit::new("sm_80").unwrap().without_cache();
+    let v = evokernel::variants::find("wgrad_tile").unwrap();
+    let suite = evokernel::suite::public_suite().unwrap();
+    for case in ["seed-bf16", "seed-f32", "x3d-3x3x3"] {
+        let spec = &suite.iter().find(|c| c.name == case).unwrap().spec;
+        for tma in [0, 1] {
+            let mut cfg = v.default_config(spec);
+            cfg.values.insert("tma".into(), tma);
+            evokernel::variants::check_config(v, spec, &cfg)
+                .unwrap_or_else(|e| panic!("{cfg}: {e}"));
+            builds_for_sm80(&jit, v, spec, &[("tma", tma)]);
+        }
+    }
+}

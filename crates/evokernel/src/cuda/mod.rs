@@ -201,14 +201,15 @@ impl TmaMaps {
     /// bytes (probed on the H100: docs/results/tma-*-probe-2026-11-26.cu).
     pub fn encode(
         args: &ConvArgs,
+        elem_bytes: usize,
         input_box: [u32; 3],
         output: u64,
         output_box: Option<[u32; 3]>,
     ) -> Result<Self> {
         let planes = (args.n * args.c) as u64;
-        let input = encode_2byte_map(args.x, args.input, planes, input_box)?;
+        let input = encode_plane_map(args.x, elem_bytes, args.input, planes, input_box)?;
         let output = match output_box {
-            Some(b) => encode_2byte_map(output, args.output, planes, b)?,
+            Some(b) => encode_plane_map(output, elem_bytes, args.output, planes, b)?,
             None => [0; 16],
         };
         Ok(TmaMaps { input, output })
@@ -248,18 +249,7 @@ fn encode_channels_last_map(
     dhw: [i32; 3],
     boxes: [u32; 4],
 ) -> Result<[u64; 16]> {
-    use cudarc::driver::sys::CUtensorMapDataType as T;
-    let data_type = match elem_bytes {
-        2 => T::CU_TENSOR_MAP_DATA_TYPE_UINT16,
-        4 => T::CU_TENSOR_MAP_DATA_TYPE_UINT32,
-        other => {
-            return Err(Error::NotApplicable {
-                variant: "TMA tensor map".into(),
-                spec: format!("channels-last data of {other}-byte elements"),
-                reason: "boxes of 2- and 4-byte elements only".into(),
-            })
-        }
-    };
+    let data_type = element_type(elem_bytes)?;
     let g = ChannelsLastMap::new(elem_bytes as u64, n, c, dhw, boxes);
     encode_tiled_map(
         data_type,
@@ -270,6 +260,20 @@ fn encode_channels_last_map(
         cudarc::driver::sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
         cudarc::driver::sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
     )
+}
+
+/// The TMA element type of `elem_bytes`-byte elements (bits moved, not interpreted).
+fn element_type(elem_bytes: usize) -> Result<cudarc::driver::sys::CUtensorMapDataType> {
+    use cudarc::driver::sys::CUtensorMapDataType as T;
+    match elem_bytes {
+        2 => Ok(T::CU_TENSOR_MAP_DATA_TYPE_UINT16),
+        4 => Ok(T::CU_TENSOR_MAP_DATA_TYPE_UINT32),
+        other => Err(Error::NotApplicable {
+            variant: "TMA tensor map".into(),
+            spec: format!("data of {other}-byte elements"),
+            reason: "boxes of 2- and 4-byte elements only".into(),
+        }),
+    }
 }
 
 /// The geometry `cuTensorMapEncodeTiled` gets for channels-last data: dims (C, W, H, D,
@@ -299,21 +303,24 @@ impl ChannelsLastMap {
     }
 }
 
-/// A [planes][D][H][W] tensor of 2-byte elements at `ptr`, in boxes of `cols` x `rows` x
-/// `depths`.
-fn encode_2byte_map(
+/// A [planes][D][H][W] tensor of `elem_bytes`-byte elements (2 or 4) at `ptr`, in boxes
+/// of `cols` x `rows` x `depths`.
+fn encode_plane_map(
     ptr: u64,
+    elem_bytes: usize,
     dhw: [i32; 3],
     planes: u64,
     [cols, rows, depths]: [u32; 3],
 ) -> Result<[u64; 16]> {
     use cudarc::driver::sys;
+    let data_type = element_type(elem_bytes)?;
     let [d, h, w] = dhw.map(|v| v as u64);
+    let e = elem_bytes as u64;
     encode_tiled_map(
-        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+        data_type,
         ptr,
         &[w, h, d, planes],
-        &[2 * w, 2 * w * h, 2 * w * h * d],
+        &[e * w, e * w * h, e * w * h * d],
         &[cols, rows, depths, 1],
         sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
         sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
@@ -537,7 +544,11 @@ impl CudaDevice {
         let function = module
             .load_function(&compiled.symbol)
             .cuda("cuModuleGetFunction")?;
-        if launch.shared_bytes > 48 * 1024 {
+        // Past 48 KiB of static and dynamic shared memory together a launch needs the
+        // opt-in (a TMA kernel's barriers are static: 49152 dynamic bytes plus 16 static
+        // failed with CUDA_ERROR_INVALID_VALUE, run 198).
+        let static_shared = function.shared_size_bytes().cuda("cuFuncGetAttribute")?;
+        if launch.shared_bytes as usize + static_shared as usize > 48 * 1024 {
             function
                 .set_attribute(
                     FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -613,7 +624,14 @@ impl CudaDevice {
                 &mut params,
             )
         }
-        .cuda("cuLaunchKernel")
+        .map_err(|e| {
+            // The geometry says which launch a setting was out of range for.
+            let call = format!(
+                "cuLaunchKernel (grid {:?}, block {:?}, {} bytes of shared memory)",
+                l.grid, l.block, l.shared_bytes
+            );
+            Err::<(), _>(e).cuda(&call).unwrap_err()
+        })
     }
 
     /// Launches a kernel whose only parameter is `args`.

@@ -304,9 +304,13 @@ impl CudaPlan {
             let maps = match self.tensor_maps {
                 None => None,
                 Some(TensorMaps::Unused) => Some(TmaMaps::UNUSED),
-                Some(TensorMaps::Boxes { input, output }) => {
-                    Some(TmaMaps::encode(&args, input, shaped, output)?)
-                }
+                Some(TensorMaps::Boxes { input, output }) => Some(TmaMaps::encode(
+                    &args,
+                    spec.dtype().size_bytes(),
+                    input,
+                    shaped,
+                    output,
+                )?),
                 Some(TensorMaps::ChannelsLast { input, output }) => {
                     Some(TmaMaps::encode_channels_last(
                         &args,

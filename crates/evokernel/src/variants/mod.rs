@@ -58,6 +58,7 @@ mod tensor_core;
 mod wgrad;
 mod wgrad_cl;
 mod wgrad_mma;
+mod wgrad_tile;
 mod wgrad_tile_cl;
 
 pub use channels_last::ChannelsLast;
@@ -77,6 +78,7 @@ pub use tensor_core::TensorCore;
 pub use wgrad::Wgrad;
 pub use wgrad_cl::WgradCl;
 pub use wgrad_mma::WgradMma;
+pub use wgrad_tile::WgradTile;
 pub use wgrad_tile_cl::WgradTileCl;
 
 /// Dynamic shared memory a block may opt into on sm_90 (227 KiB).
@@ -598,6 +600,7 @@ pub fn registry() -> Vec<&'static dyn Variant> {
         &Wgrad,
         &WgradCl,
         &WgradMma,
+        &WgradTile,
         &WgradTileCl,
     ]
 }
@@ -969,6 +972,7 @@ dgrad_gather_cl 5b6d1fea50bd0b8cbc0b7c851fc0049c
 wgrad 12c90f7774f54ed0166b7d6ae9a858a1
 wgrad_cl cf8a747ae51c53e28b3f060ab1a9199a
 wgrad_mma 68da7ba9484a4ec1244b629c3baff44e
+wgrad_tile 20b4a2383722ccd0560f067541d732d6
 wgrad_tile_cl 4e5fe028fdf64de24339b5c3c783d8b6
 ";
 
