@@ -248,6 +248,52 @@ __device__ __forceinline__ void fill_slices(const T* __restrict__ xin, S* tile, 
     }
 }
 
+// The work items of the grad-weight tile kernels (wgrad_tile.cu, wgrad_tile_cl.cu): the
+// output tiles of TH rows x TW columns of every (n, od), columns fastest, and this block's
+// slice [lo, hi) of them (blockIdx.y of gridDim.y).
+struct TileItem {
+    long long n;
+    int od, oh0, ow0;
+};
+template <int TH, int TW>
+struct TileItems {
+    int tiles_h, tiles_w;
+    long long lo, hi;
+    bool narrow;  // 64-bit divisions cost ~70 instructions each: 32-bit ones where items fit
+    __device__ __forceinline__ explicit TileItems(const ConvArgs& a) {
+        tiles_h = (a.oh + TH - 1) / TH;
+        tiles_w = (a.ow + TW - 1) / TW;
+        const long long items = a.n * a.od * (long long)tiles_h * tiles_w;
+        const int split = blockIdx.y, splits = gridDim.y;
+        lo = items * split / splits;
+        hi = items * (split + 1) / splits;
+        narrow = items < 2147483647LL;
+    }
+    __device__ __forceinline__ TileItem at(long long it, const ConvArgs& a) const {
+        TileItem t;
+        int tw, th;
+        if (narrow) {
+            unsigned r = (unsigned)it;
+            tw = (int)(r % (unsigned)tiles_w);
+            r /= (unsigned)tiles_w;
+            th = (int)(r % (unsigned)tiles_h);
+            r /= (unsigned)tiles_h;
+            t.od = (int)(r % (unsigned)a.od);
+            t.n = r / (unsigned)a.od;
+        } else {
+            tw = (int)(it % tiles_w);
+            long long r = it / tiles_w;
+            th = (int)(r % tiles_h);
+            r /= tiles_h;
+            t.od = (int)(r % a.od);
+            t.n = r / a.od;
+        }
+        t.oh0 = th * TH;
+        t.ow0 = tw * TW;
+        return t;
+    }
+};
+
 // Hopper data movement shared by the kernels that use it (depth_reuse.cu, wgrad_mma.cu,
 // wgrad_tile_cl.cu, gemm/scaled_mm_wgmma.cu):
 // mbarriers, TMA tensor copies and their sm_80 stand-ins.
@@ -288,6 +334,15 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
             : "memory");
 #endif
     } while (!done);
+}
+// Two mbarriers of one arrival each at bars and bars + 8 (a kernel's two buffers), set up
+// by one thread before any thread waits on them.
+__device__ __forceinline__ void mbar_init_pair(unsigned bars, bool leader) {
+    if (leader) {
+        mbar_init(bars, 1);
+        mbar_init(bars + 8, 1);
+    }
+    __syncthreads();
 }
 #if __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {

@@ -98,53 +98,21 @@ __device__ __forceinline__ void wgrad_tile_body(const ConvArgs& a, const TmaMaps
     const long long c = blockIdx.x;
     const long long C = a.c;
 
-    const int tiles_h = (a.oh + TH - 1) / TH, tiles_w = (a.ow + TW - 1) / TW;
-    const long long items = a.n * a.od * (long long)tiles_h * tiles_w;
-    const int split = blockIdx.y, splits = gridDim.y;
-    const long long lo = items * split / splits, hi = items * (split + 1) / splits;
-    const bool narrow_items = items < 2147483647LL;
-    // An item's (n, od, first output row and column).
-    auto item_at = [&](long long it, long long& n, int& od, int& oh0, int& ow0) {
-        int tw, th;
-        if (narrow_items) {
-            unsigned r = (unsigned)it;
-            tw = (int)(r % (unsigned)tiles_w);
-            r /= (unsigned)tiles_w;
-            th = (int)(r % (unsigned)tiles_h);
-            r /= (unsigned)tiles_h;
-            od = (int)(r % (unsigned)a.od);
-            n = r / (unsigned)a.od;
-        } else {
-            tw = (int)(it % tiles_w);
-            long long r = it / tiles_w;
-            th = (int)(r % tiles_h);
-            r /= tiles_h;
-            od = (int)(r % a.od);
-            n = r / a.od;
-        }
-        oh0 = th * TH;
-        ow0 = tw * TW;
-    };
+    const TileItems<TH, TW> items(a);
+    const long long lo = items.lo, hi = items.hi;
 
     __shared__ __align__(8) unsigned long long wgrad_tile_bars[2];
     const unsigned bars = (unsigned)__cvta_generic_to_shared(wgrad_tile_bars);
     unsigned phases = 0;
 #if __CUDA_ARCH__ >= 900
-    if constexpr (COPY_TMA) {
-        if (tid == 0) {
-            mbar_init(bars, 1);
-            mbar_init(bars + 8, 1);
-        }
-        __syncthreads();
-    }
+    if constexpr (COPY_TMA) mbar_init_pair(bars, tid == 0);
 #endif
-    // Copies item it into buffer b: the window's first column is OFF left of the first
-    // tap's (ow0 * SW - pw), a multiple of 16 bytes.
-    auto fetch = [&](long long it, int b) {
+    // Copies item it (t) into buffer b: the window's first column is OFF left of the
+    // first tap's (ow0 * SW - pw), a multiple of 16 bytes.
+    auto fetch = [&](long long it, const TileItem& t, int b) {
         if (it >= hi) return;
-        long long n;
-        int od, oh0, ow0;
-        item_at(it, n, od, oh0, ow0);
+        const long long n = t.n;
+        const int od = t.od, oh0 = t.oh0, ow0 = t.ow0;
         const int xc0 = ow0 * SW - a.pw - OFF, ih0 = oh0 - a.ph, id0 = od * a.sd - a.pd;
         const int nc = (int)(n * C + c);
         T* buf = smem + b * STAGE;
@@ -270,21 +238,22 @@ __device__ __forceinline__ void wgrad_tile_body(const ConvArgs& a, const TmaMaps
         }
     };
 
-    fetch(lo, 0);
+    // Each item's position is worked out once, when its copies are issued.
+    TileItem cur = items.at(lo, a);
+    fetch(lo, cur, 0);
     if constexpr (!COPY_TMA) __syncthreads();
     int b = 0;
     for (long long it = lo; it < hi; ++it) {
-        fetch(it + 1, b ^ 1);
+        const TileItem next = items.at(it + 1, a);
+        fetch(it + 1, next, b ^ 1);
         if constexpr (COPY_TMA) {
             mbar_wait(bars + 8u * b, (phases >> b) & 1u);
             phases ^= 1u << b;
         }
-        long long n;
-        int od, oh0, ow0;
-        item_at(it, n, od, oh0, ow0);
-        if (active) sum_item(smem + b * STAGE, od, oh0, ow0);
+        if (active) sum_item(smem + b * STAGE, cur.od, cur.oh0, cur.ow0);
         __syncthreads();  // buffer b is refilled next; (copies) buffer b ^ 1 is complete
         b ^= 1;
+        cur = next;
     }
 
     // Every thread's sums in a fixed order (workers, then segments): the same bits every
@@ -299,7 +268,7 @@ __device__ __forceinline__ void wgrad_tile_body(const ConvArgs& a, const TmaMaps
         red[(NV - 1) * NT + tid] = bacc;
     }
     __syncthreads();
-    float* out = partials + ((long long)split * C + c) * (TAPS + 1);
+    float* out = partials + ((long long)blockIdx.y * C + c) * (TAPS + 1);
     for (int t = tid; t < TAPS + 1; t += blockDim.x) {
         float s = 0.f;
         if (t == TAPS) {

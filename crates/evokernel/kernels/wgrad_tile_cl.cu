@@ -124,34 +124,15 @@ __device__ __forceinline__ void wgrad_tile_cl_body(const ConvArgs& a, const TmaM
     const long long C = a.c;
     const long long c0 = (long long)blockIdx.x * CB;
 
-    const int tiles_h = (a.oh + TH - 1) / TH, tiles_w = (a.ow + TW - 1) / TW;
-    const long long items = a.n * a.od * (long long)tiles_h * tiles_w;
-    const int split = blockIdx.y, splits = gridDim.y;
-    const long long lo = items * split / splits, hi = items * (split + 1) / splits;
-
-    // 64-bit divisions cost ~70 instructions each: 32-bit ones where the items fit.
-    const bool narrow_items = items < 2147483647LL;
+    const TileItems<TH, TW> items(a);
+    const long long lo = items.lo, hi = items.hi;
     auto item_at = [&](long long it) {
+        const TileItem d = items.at(it, a);
         WgradTileItem t;
-        int tw, th;
-        if (narrow_items) {
-            unsigned r = (unsigned)it;
-            tw = (int)(r % (unsigned)tiles_w);
-            r /= (unsigned)tiles_w;
-            th = (int)(r % (unsigned)tiles_h);
-            r /= (unsigned)tiles_h;
-            t.od = (int)(r % (unsigned)a.od);
-            t.n = r / (unsigned)a.od;
-        } else {
-            tw = (int)(it % tiles_w);
-            long long r = it / tiles_w;
-            th = (int)(r % tiles_h);
-            r /= tiles_h;
-            t.od = (int)(r % a.od);
-            t.n = r / a.od;
-        }
-        t.oh0 = th * TH;
-        t.ow0 = tw * TW;
+        t.n = d.n;
+        t.od = d.od;
+        t.oh0 = d.oh0;
+        t.ow0 = d.ow0;
         t.id0 = t.od * a.sd - a.pd;
         t.ih0 = t.oh0 * a.sh - a.ph;
         t.iw0 = t.ow0 * SW - a.pw;
@@ -171,13 +152,7 @@ __device__ __forceinline__ void wgrad_tile_cl_body(const ConvArgs& a, const TmaM
     const unsigned bars = (unsigned)__cvta_generic_to_shared(wgrad_tile_bars);
     unsigned phases = 0;
 #if __CUDA_ARCH__ >= 900
-    if constexpr (COPY_TMA) {
-        if (tid == 0) {
-            mbar_init(bars, 1);
-            mbar_init(bars + 8, 1);
-        }
-        __syncthreads();
-    }
+    if constexpr (COPY_TMA) mbar_init_pair(bars, tid == 0);
 #endif
     auto fetch = [&](long long it, const WgradTileItem& t, int b) {
 #if __CUDA_ARCH__ >= 900
@@ -338,7 +313,7 @@ __device__ __forceinline__ void wgrad_tile_cl_body(const ConvArgs& a, const TmaM
     constexpr int NACC = RB * KW * VEC + VEC;
     float* red = reinterpret_cast<float*>(wgrad_tile_smem);
     const int plane = CV * blockDim.y;  // threads of one worker
-    float* out = partials + ((long long)split * C + c0 + lane * VEC) * (TAPS + 1);
+    float* out = partials + ((long long)blockIdx.y * C + c0 + lane * VEC) * (TAPS + 1);
 #pragma unroll
     for (int i = 0; i < NACC; ++i) {
         const int r = i / (KW * VEC), k = (i / VEC) % KW, e = i % VEC;

@@ -726,13 +726,8 @@ fn wgrad_mma_passes_with_either_ring_fill() {
             (1, 2, 4, false),
             (1, 4, 2, false),
         ] {
-            let mut cfg = v.default_config(&spec);
-            cfg.values.insert("tma".into(), tma);
-            cfg.values.insert("rows".into(), rows);
-            cfg.values.insert("ring".into(), ring);
-            if narrow {
-                cfg.values.insert("ks".into(), 3);
-            }
+            let ks = if narrow { 3 } else { 0 };
+            let cfg = default_with(v, &spec, tma, &[("rows", rows), ("ring", ring), ("ks", ks)]);
             push_launchable(v, &spec, cfg, &mut configs);
         }
         cases.push((name, spec, configs));
@@ -740,6 +735,43 @@ fn wgrad_mma_passes_with_either_ring_fill() {
     let (checked, tma_checked) = check_wgrad_cases(&engine, v, &cases);
     eprintln!("{checked} wgrad_mma checks, {tma_checked} with TMA boxes");
     assert!(tma_checked >= 40, "only {tma_checked} TMA checks");
+}
+
+/// `p`'s spatial dims from (kernel, stride, dilation, input size) per dim, each side's
+/// padding picked at random within the kernel's span.
+fn set_dims(
+    p: &mut ConvParams,
+    dims: &[(i64, i64, i64, i64)],
+    pick: &mut impl FnMut(u64, u64) -> i64,
+) {
+    p.input = dims.iter().map(|t| t.3).collect();
+    p.kernel = dims.iter().map(|t| t.0).collect();
+    p.stride = dims.iter().map(|t| t.1).collect();
+    p.dilation = dims.iter().map(|t| t.2).collect();
+    p.padding = dims
+        .iter()
+        .map(|t| {
+            let span = ((t.0 - 1) * t.2) as u64;
+            [pick(0, span), pick(0, span)]
+        })
+        .collect();
+}
+
+/// `v`'s default config for `spec` with `tma` and the nonzero `params` overridden.
+fn default_with(
+    v: &dyn evokernel::variants::Variant,
+    spec: &ConvSpec,
+    tma: i64,
+    params: &[(&str, i64)],
+) -> evokernel::variants::Config {
+    let mut cfg = v.default_config(spec);
+    cfg.values.insert("tma".into(), tma);
+    for &(k, val) in params {
+        if val > 0 {
+            cfg.values.insert(k.into(), val);
+        }
+    }
+    cfg
 }
 
 /// wgrad_tile (channels-first, FMA pipes) with its buffers filled by TMA boxes and by the
@@ -781,18 +813,7 @@ fn wgrad_tile_passes_with_either_fill() {
             (kh, 1, 1, pick(kh as u64, 30)),
             (kw, sw, dw, iw.max(kw * dw)),
         ];
-        let used = &all[3 - dims..];
-        p.input = used.iter().map(|t| t.3).collect();
-        p.kernel = used.iter().map(|t| t.0).collect();
-        p.stride = used.iter().map(|t| t.1).collect();
-        p.dilation = used.iter().map(|t| t.2).collect();
-        p.padding = used
-            .iter()
-            .map(|t| {
-                let span = ((t.0 - 1) * t.2) as u64;
-                [pick(0, span), pick(0, span)]
-            })
-            .collect();
+        set_dims(&mut p, &all[3 - dims..], &mut pick);
         if let Ok(spec) = p.validate() {
             specs.push((format!("random #{i}"), spec));
         }
@@ -811,13 +832,12 @@ fn wgrad_tile_passes_with_either_fill() {
             (1, 8, 1, 4, 2),
             (0, 16, 5, 1, 2),
         ] {
-            let mut cfg = v.default_config(&spec);
-            cfg.values.insert("tma".into(), tma);
-            for (k, val) in [("tw", tw), ("rw", rw), ("workers", workers), ("rows", rows)] {
-                if val > 0 {
-                    cfg.values.insert(k.into(), val);
-                }
-            }
+            let cfg = default_with(
+                v,
+                &spec,
+                tma,
+                &[("tw", tw), ("rw", rw), ("workers", workers), ("rows", rows)],
+            );
             push_launchable(v, &spec, cfg, &mut configs);
         }
         cases.push((name, spec, configs));
@@ -867,18 +887,7 @@ fn wgrad_tile_cl_passes_with_either_fill() {
             (kh, sh, dh, pick((kh * dh) as u64, 24)),
             (kw, sw, dw, pick((kw * dw) as u64, 40)),
         ];
-        let used = &all[3 - dims..];
-        p.input = used.iter().map(|t| t.3).collect();
-        p.kernel = used.iter().map(|t| t.0).collect();
-        p.stride = used.iter().map(|t| t.1).collect();
-        p.dilation = used.iter().map(|t| t.2).collect();
-        p.padding = used
-            .iter()
-            .map(|t| {
-                let span = ((t.0 - 1) * t.2) as u64;
-                [pick(0, span), pick(0, span)]
-            })
-            .collect();
+        set_dims(&mut p, &all[3 - dims..], &mut pick);
         if let Ok(spec) = p.validate() {
             specs.push((format!("random #{i}"), spec));
         }
@@ -896,13 +905,12 @@ fn wgrad_tile_cl_passes_with_either_fill() {
             (1, 2, 16, 1, true),
             (1, 4, 8, 4, false),
         ] {
-            let mut cfg = v.default_config(&spec);
-            cfg.values.insert("tma".into(), tma);
-            for (k, val) in [("th", th), ("tw", tw), ("workers", workers)] {
-                if val > 0 {
-                    cfg.values.insert(k.into(), val);
-                }
-            }
+            let mut cfg = default_with(
+                v,
+                &spec,
+                tma,
+                &[("th", th), ("tw", tw), ("workers", workers)],
+            );
             if smallest_cb {
                 let cbs = v.space(&spec).into_iter().find(|p| p.name == "cb").unwrap();
                 cfg.values.insert("cb".into(), cbs.values[0]);

@@ -30,23 +30,27 @@ use jit::{Compiled, Jit};
 pub type RawStream = cudarc::driver::sys::CUstream;
 
 /// Turns a driver error into ours, with the CUDA error name and the call that failed.
-pub(crate) trait CudaContextExt<T> {
-    fn cuda(self, call: &str) -> Result<T>;
+pub(crate) trait CudaContextExt<T>: Sized {
+    /// `call` describes the call only when it failed (hot paths format nothing).
+    fn cuda_with(self, call: impl FnOnce() -> String) -> Result<T>;
+    fn cuda(self, call: &str) -> Result<T> {
+        self.cuda_with(|| call.to_string())
+    }
 }
 
 impl<T> CudaContextExt<T> for std::result::Result<T, cudarc::cublaslt::result::CublasError> {
-    fn cuda(self, call: &str) -> Result<T> {
+    fn cuda_with(self, call: impl FnOnce() -> String) -> Result<T> {
         self.map_err(|e| Error::Cuda {
-            call: call.to_string(),
+            call: call(),
             name: format!("{:?}", e.0),
         })
     }
 }
 
 impl<T> CudaContextExt<T> for std::result::Result<T, DriverError> {
-    fn cuda(self, call: &str) -> Result<T> {
+    fn cuda_with(self, call: impl FnOnce() -> String) -> Result<T> {
         self.map_err(|e| Error::Cuda {
-            call: call.to_string(),
+            call: call(),
             name: e
                 .error_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -559,7 +563,7 @@ impl CudaDevice {
         let threads = launch.block.0 * launch.block.1 * launch.block.2;
         let resources = KernelResources {
             registers: function.num_regs().cuda("cuFuncGetAttribute")?,
-            static_shared_bytes: function.shared_size_bytes().cuda("cuFuncGetAttribute")?,
+            static_shared_bytes: static_shared,
             dynamic_shared_bytes: launch.shared_bytes,
             local_bytes: function.local_size_bytes().cuda("cuFuncGetAttribute")?,
             max_threads_per_block: function
@@ -624,13 +628,12 @@ impl CudaDevice {
                 &mut params,
             )
         }
-        .map_err(|e| {
-            // The geometry says which launch a setting was out of range for.
-            let call = format!(
+        // The geometry says which launch a setting was out of range for.
+        .cuda_with(|| {
+            format!(
                 "cuLaunchKernel (grid {:?}, block {:?}, {} bytes of shared memory)",
                 l.grid, l.block, l.shared_bytes
-            );
-            Err::<(), _>(e).cuda(&call).unwrap_err()
+            )
         })
     }
 

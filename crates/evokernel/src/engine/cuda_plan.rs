@@ -5,7 +5,7 @@
 //! is allocated on the call's stream.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::CudaSlice;
@@ -49,6 +49,10 @@ pub(crate) struct CudaPlan {
     lowering: Lowering,
     /// The main kernel's third parameter, where it takes tensor maps.
     tensor_maps: Option<TensorMaps>,
+    /// The maps last encoded, by the (input, output-shaped) pointers they address: a
+    /// framework calls with the same buffers again and again, and encoding is host work
+    /// on every launch otherwise.
+    encoded_maps: Mutex<Option<((u64, u64), TmaMaps)>>,
     pub(crate) workspace_bytes: usize,
     /// A fresh number per launch, so a flag left by an earlier launch means nothing.
     epoch: AtomicU32,
@@ -201,6 +205,7 @@ impl CudaPlan {
         Ok(CudaPlan {
             dev: Arc::clone(dev),
             tensor_maps: variant.tensor_maps(&kernel_spec, config),
+            encoded_maps: Mutex::new(None),
             instance,
             kernel,
             repair,
@@ -270,6 +275,39 @@ impl CudaPlan {
         result
     }
 
+    /// The main kernel's tensor maps for `args` (`shaped`: the output-shaped tensor),
+    /// encoded once per pair of pointers.
+    fn maps_for(&self, spec: &ConvSpec, args: &ConvArgs, shaped: u64) -> Result<Option<TmaMaps>> {
+        let encode = |input: [u32; 3], output| {
+            TmaMaps::encode(args, spec.dtype().size_bytes(), input, shaped, output)
+        };
+        let maps = match self.tensor_maps {
+            None => return Ok(None),
+            Some(TensorMaps::Unused) => return Ok(Some(TmaMaps::UNUSED)),
+            Some(m) => m,
+        };
+        let key = (args.x, shaped);
+        let mut last = self.encoded_maps.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((k, encoded)) = *last {
+            if k == key {
+                return Ok(Some(encoded));
+            }
+        }
+        let maps = match maps {
+            TensorMaps::Unused => TmaMaps::UNUSED,
+            TensorMaps::Boxes { input, output } => encode(input, output)?,
+            TensorMaps::ChannelsLast { input, output } => TmaMaps::encode_channels_last(
+                args,
+                spec.dtype().size_bytes(),
+                input,
+                shaped,
+                output,
+            )?,
+        };
+        *last = Some((key, maps));
+        Ok(Some(maps))
+    }
+
     fn launch_with(
         &self,
         problem: &ConvProblem,
@@ -301,26 +339,7 @@ impl CudaPlan {
                 Lowering::Wgrad { .. } => args.w,
                 _ => args.y,
             };
-            let maps = match self.tensor_maps {
-                None => None,
-                Some(TensorMaps::Unused) => Some(TmaMaps::UNUSED),
-                Some(TensorMaps::Boxes { input, output }) => Some(TmaMaps::encode(
-                    &args,
-                    spec.dtype().size_bytes(),
-                    input,
-                    shaped,
-                    output,
-                )?),
-                Some(TensorMaps::ChannelsLast { input, output }) => {
-                    Some(TmaMaps::encode_channels_last(
-                        &args,
-                        spec.dtype().size_bytes(),
-                        input,
-                        shaped,
-                        output,
-                    )?)
-                }
-            };
+            let maps = self.maps_for(spec, &args, shaped)?;
             self.dev
                 .launch_on(&self.kernel, &args, &epi, maps.as_ref(), stream)?;
             if let Some((r, _, _)) = &self.repair {

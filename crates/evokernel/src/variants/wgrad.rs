@@ -6,7 +6,7 @@
 //! rows), `splits` slices of the reduction domain.
 
 use super::{channels_last, cuda_type, grid_x, Config, FinalizeKernel, Launch, Param, Variant};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::pass::Pass;
 use crate::spec::{ConvSpec, Layout};
 
@@ -195,13 +195,8 @@ impl Variant for Wgrad {
         Ok(())
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
+        // `parse` checked the config against the space and `fits`.
         let p = Params::parse(self, spec, config)?;
-        self.fits(spec, config)
-            .map_err(|reason| Error::NotApplicable {
-                variant: self.name().into(),
-                spec: spec.to_string(),
-                reason,
-            })?;
         let (z, groups) = Self::group_blocks(spec, p.rows);
         let threads = groups * p.warps * 32;
         Ok(Launch {

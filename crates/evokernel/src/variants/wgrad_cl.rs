@@ -8,7 +8,7 @@
 
 use super::wgrad::Wgrad;
 use super::{grid_x, Config, Launch, Param, Variant};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::pass::Pass;
 use crate::spec::{ConvSpec, Layout};
 
@@ -255,13 +255,8 @@ impl Variant for WgradCl {
         Ok(())
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
+        // `parse` checked the config against the space and `fits`.
         let p = Params::parse(self, spec, config)?;
-        self.fits(spec, config)
-            .map_err(|reason| Error::NotApplicable {
-                variant: self.name().into(),
-                spec: spec.to_string(),
-                reason,
-            })?;
         let cv = Self::block_lanes(spec, p.bytes, p.lanes);
         let blocks = (spec.c() / Self::vector(spec, p.bytes)).div_ceil(cv);
         Ok(Launch {

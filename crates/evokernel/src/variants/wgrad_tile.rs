@@ -13,7 +13,7 @@ use super::wgrad::Wgrad;
 use super::{
     cuda_type, grid_x, within_shared, Config, Launch, Param, TensorMaps, Variant, MAX_SHARED,
 };
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::pass::Pass;
 use crate::spec::{ConvSpec, Layout};
 
@@ -396,13 +396,8 @@ impl Variant for WgradTile {
         Self::check(spec, &Params::read(config).map_err(|e| e.to_string())?)
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
+        // `parse` checked the config against the space and `fits`.
         let p = Params::parse(self, spec, config)?;
-        self.fits(spec, config)
-            .map_err(|reason| Error::NotApplicable {
-                variant: self.name().into(),
-                spec: spec.to_string(),
-                reason,
-            })?;
         Ok(Launch {
             grid: (grid_x(self, spec, spec.c())?, p.splits as u32, 1),
             block: (Self::threads(spec, &p).next_multiple_of(32) as u32, 1, 1),
