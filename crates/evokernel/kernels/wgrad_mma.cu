@@ -339,68 +339,89 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[p][t][e] = 0.f;
 
-        // The row's slot group and its place in it.
-        int gi = 0, sub = 0;
-        for (int ohb = oh0; ohb < oh1; ohb += KH) {
+        // One output row of phase p: its grad-output row at src + GY, its new input rows
+        // (one a depth) at xsub, XKD apart.
+        auto row = [&](int p, const unsigned short* src, const unsigned short* xsub) {
+            if constexpr (!ONES) {
+                for (int e = lane; e < TW; e += 32) {
+                    T tv;
+                    *reinterpret_cast<unsigned short*>(&tv) = src[Ring::GY + e];
+                    bacc += to_f32(tv);
+                }
+            }
+            // The new input row of each depth enters slot (p + KH - 1) mod KH.
+            const int snew = (p + KH - 1) % KH;
 #pragma unroll
-            for (int p = 0; p < KH; ++p) {
-                const int oh = ohb + p;
-                if (oh >= oh1) break;
-                if (sub == 0) {
-                    // Slot (gi - 1) mod R was read by the rows before: refill it R - 1 ahead.
-                    __syncwarp();
-                    issue(gi + R - 1);
-                    if constexpr (COPY_TMA) {
-                        const unsigned sl = (unsigned)(gi & (R - 1));
-                        mbar_wait(bars + 8u * sl, (phases >> sl) & 1u);
-                        phases ^= 1u << sl;
-                    } else {
-                        cp_async_wait<R - 1>();
-                        __syncwarp();
+            for (int j = 0; j < 2; ++j)
+                if (slot_r[j] == snew && row_live[j]) {
+                    // (ptxas merges each pair into one 8-byte load and moves the halves
+                    // into a0/a2; predicated 4-byte loads into A's registers kept the
+                    // moves and added address arithmetic: run 201.)
+                    const unsigned* xr = reinterpret_cast<const unsigned*>(xsub + kd_r[j] * Ring::XKD + 4 * q);
+#pragma unroll
+                    for (int s2 = 0; s2 < KS; ++s2) {
+                        af[s2][j] = xr[8 * s2];
+                        af[s2][j + 2] = xr[8 * s2 + 1];
                     }
                 }
+#pragma unroll
+            for (int s2 = 0; s2 < KS; ++s2) {
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    const unsigned* w = reinterpret_cast<const unsigned*>(src + bword[t] + 16 * s2);
+                    const unsigned w0 = w[0], w1 = w[1], w2 = w[2];
+                    unsigned b[2];
+                    b[0] = __byte_perm(w0, w1, bsel[t]);
+                    b[1] = __byte_perm(w1, w2, bsel[t]);
+                    Mma<T>::run(acc[p][t], af[s2], b);
+                }
+            }
+        };
+        // Slot group gi's rows are in: slot (gi - 1) mod R was read by the rows before,
+        // so it is refilled R - 1 ahead first.
+        int gi = 0, sub = 0;
+        auto enter_slot = [&]() {
+            __syncwarp();
+            issue(gi + R - 1);
+            if constexpr (COPY_TMA) {
+                const unsigned sl = (unsigned)(gi & (R - 1));
+                mbar_wait(bars + 8u * sl, (phases >> sl) & 1u);
+                phases ^= 1u << sl;
+            } else {
+                cp_async_wait<R - 1>();
+                __syncwarp();
+            }
+        };
+        for (int ohb = oh0; ohb < oh1; ohb += KH) {
+            if (RPS % KH == 0 && ohb + KH <= oh1) {
+                // A slot holds whole phase cycles of KH rows: a cycle's rows run without
+                // tests or branches between them, so ptxas can overlap one row's MMA
+                // chain with the next row's (each phase has its own accumulators).
+                if (sub == 0) enter_slot();
                 const unsigned short* slot = ring + (gi & (R - 1)) * Ring::SLOT;
-                // This row's grad-output row (at GY) and input rows (at XOFF, XKD apart).
+                const unsigned short* src = slot + sub * Ring::GYROW;
+                const unsigned short* xsub = slot + Ring::XOFF + sub * Ring::XROW;
+#pragma unroll
+                for (int p = 0; p < KH; ++p) row(p, src + p * Ring::GYROW, xsub + p * Ring::XROW);
+                sub += KH;
+                if (sub == RPS) {
+                    sub = 0;
+                    ++gi;
+                }
+                continue;
+            }
+#pragma unroll
+            for (int p = 0; p < KH; ++p) {
+                if (ohb + p >= oh1) break;
+                if (sub == 0) enter_slot();
+                const unsigned short* slot = ring + (gi & (R - 1)) * Ring::SLOT;
                 const unsigned short* src = slot + sub * Ring::GYROW;
                 const unsigned short* xsub = slot + Ring::XOFF + sub * Ring::XROW;
                 if (++sub == RPS) {
                     sub = 0;
                     ++gi;
                 }
-                if constexpr (!ONES) {
-                    for (int e = lane; e < TW; e += 32) {
-                        T tv;
-                        *reinterpret_cast<unsigned short*>(&tv) = src[Ring::GY + e];
-                        bacc += to_f32(tv);
-                    }
-                }
-                // The new input row of each depth enters slot (p + KH - 1) mod KH.
-                const int snew = (p + KH - 1) % KH;
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    if (slot_r[j] == snew && row_live[j]) {
-                        // (ptxas merges each pair into one 8-byte load and moves the
-                        // halves into a0/a2; volatile 4-byte loads kept the moves: no fewer instructions).
-                        const unsigned* xr = reinterpret_cast<const unsigned*>(
-                            xsub + kd_r[j] * Ring::XKD + 4 * q);
-#pragma unroll
-                        for (int s2 = 0; s2 < KS; ++s2) {
-                            af[s2][j] = xr[8 * s2];
-                            af[s2][j + 2] = xr[8 * s2 + 1];
-                        }
-                    }
-#pragma unroll
-                for (int s2 = 0; s2 < KS; ++s2) {
-#pragma unroll
-                    for (int t = 0; t < NT; ++t) {
-                        const unsigned* w = reinterpret_cast<const unsigned*>(src + bword[t] + 16 * s2);
-                        const unsigned w0 = w[0], w1 = w[1], w2 = w[2];
-                        unsigned b[2];
-                        b[0] = __byte_perm(w0, w1, bsel[t]);
-                        b[1] = __byte_perm(w1, w2, bsel[t]);
-                        Mma<T>::run(acc[p][t], af[s2], b);
-                    }
-                }
+                row(p, src, xsub);
             }
         }
 

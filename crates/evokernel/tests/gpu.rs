@@ -725,6 +725,8 @@ fn wgrad_mma_passes_with_either_ring_fill() {
             (1, 1, 2, true),
             (1, 2, 4, false),
             (1, 4, 2, false),
+            // rows 0: the default, KH rows a slot where tiles are whole rows.
+            (1, 0, 2, false),
         ] {
             let ks = if narrow { 3 } else { 0 };
             let cfg = default_with(v, &spec, tma, &[("rows", rows), ("ring", ring), ("ks", ks)]);

@@ -90,6 +90,29 @@ impl WgradMma {
             * 8
     }
 
+    /// Rows a slot of whole-row tiles holds by default: KH (one wait a phase cycle, no
+    /// tests between its rows) where it is 2-8, else 4 (run 184).
+    fn whole_row_slot(spec: &ConvSpec) -> i64 {
+        match spec.kernel3()[1] {
+            kh @ 2..=8 => kh as i64,
+            _ => 4,
+        }
+    }
+
+    /// Output rows a slot may hold: 1, 2, 4, and KH and 2 KH up to 16 (whole phase
+    /// cycles: the kernel runs a cycle's rows without tests between them).
+    fn rows_choices(spec: &ConvSpec) -> Vec<i64> {
+        let kh = spec.kernel3()[1] as i64;
+        let mut rows = vec![1, 2, 4];
+        for r in [kh, 2 * kh] {
+            if r <= 16 && !rows.contains(&r) {
+                rows.push(r);
+            }
+        }
+        rows.sort_unstable();
+        rows
+    }
+
     /// Zeros left of a grad-output row (the kernel's WgradMmaRing::LEFT).
     fn left(spec: &ConvSpec, tma: bool) -> usize {
         (Self::align(tma) + (8 * Self::n_tiles(spec) - 1) * spec.dilation3()[2]).div_ceil(4) * 4
@@ -227,7 +250,7 @@ impl Variant for WgradMma {
             },
             Param {
                 name: "rows",
-                values: with_tma(vec![1, 2, 4]),
+                values: with_tma(Self::rows_choices(spec)),
             },
         ]
     }
@@ -259,15 +282,23 @@ impl Variant for WgradMma {
             })
             .unwrap_or(space[0].values[0]);
         let whole_rows = tma && Self::tile_width(spec, ks as usize, true) >= ow;
-        // Bands of about half the plane (at least two items a plane and channel: more,
-        // smaller items balance the warps; run 184's tuning picked 2-3 bands everywhere),
-        // else the band whose row steps, each band's KH - 1 filling rows included, are
-        // fewest.
+        // Whole-row tiles: the plane in equal bands of at most 12 phase cycles (run 204's
+        // tuning: bands of 45, 30, 36 and 56 rows on the seed, x3d, video-vae-causal and
+        // convnext; each band's start waits for its first rows). Narrower TMA tiles: bands
+        // of about half the plane (run 184's tuning picked 2-3 bands). Else the band whose
+        // row steps, each band's KH - 1 filling rows included, are fewest.
+        let bands = oh.div_ceil(12 * kh);
         let bk = space[1]
             .values
             .iter()
             .copied()
-            .find(|&b| tma && 2 * b as usize * kh >= oh && oh > 2 * kh)
+            .find(|&b| {
+                if whole_rows {
+                    b as usize * kh * bands >= oh
+                } else {
+                    tma && 2 * b as usize * kh >= oh && oh > 2 * kh
+                }
+            })
             .unwrap_or_else(|| {
                 space[1]
                     .values
@@ -285,16 +316,17 @@ impl Variant for WgradMma {
         // TMA boxes of narrower tiles (one row a slot): more, smaller blocks with a deeper
         // ring and up to 204 registers (run 184's tuning of video-vae-decoder: 2 warps,
         // 8 slots, 5 blocks, 32 splits). cp.async: run 76's defaults.
+        // Whole-row tiles: up to 32 blocks an SM over the launch, an item a warp (run 204).
         let (warps, ring, minblocks, blocks_per_sm) = match (tma, whole_rows) {
-            (true, true) => (4usize, 2, 4, 8usize),
+            (true, true) => (4usize, 2, 4, 32usize),
             (true, false) => (2, 8, 5, 32),
             (false, _) => (4, 4, 4, 4),
         };
         // About `blocks_per_sm` blocks an SM of a 132-SM H100 over the launch, each warp
-        // with 2 items or more.
+        // with `per_warp` items or more.
         let want = (blocks_per_sm * 132).div_ceil(spec.c().max(1));
-        // (At least one item a warp where slots hold one row: the tuning's 32 splits.)
-        let per_warp = if tma && !whole_rows { 1 } else { 2 };
+        // (At least one item a warp with TMA boxes: the tunings' 8-32 splits.)
+        let per_warp = if tma { 1 } else { 2 };
         let cap =
             (Self::items(spec, ks as usize, bk as usize, tma) / (per_warp * warps)).clamp(1, 32);
         let mut splits = 1usize;
@@ -312,7 +344,14 @@ impl Variant for WgradMma {
                 ("warps", warps as i64),
                 ("splits", splits as i64),
                 ("tma", i64::from(tma)),
-                ("rows", if whole_rows { 4 } else { 1 }),
+                (
+                    "rows",
+                    if whole_rows {
+                        Self::whole_row_slot(spec)
+                    } else {
+                        1
+                    },
+                ),
                 ("minblocks", minblocks),
             ],
         )
@@ -418,14 +457,15 @@ mod tests {
     }
 
     #[test]
-    fn the_seed_takes_whole_row_tiles_in_two_bands() {
+    fn the_seed_takes_whole_row_tiles_a_plane_an_item() {
         let seed = crate::spec::ConvParams::seed().validate().unwrap();
         let c = WgradMma.default_config(&seed);
+        // Slots of KH = 5 rows; one band of 10 phase cycles holds the 45 rows.
         assert_eq!(
             c.to_string(),
-            "wgrad_mma:bk=5,ks=6,minblocks=4,ring=2,rows=4,splits=4,tma=1,warps=4"
+            "wgrad_mma:bk=10,ks=6,minblocks=4,ring=2,rows=5,splits=8,tma=1,warps=4"
         );
-        assert_eq!(WgradMma::items(&seed, 6, 5, true), 59 * 2);
+        assert_eq!(WgradMma::items(&seed, 6, 10, true), 59);
         assert_eq!(WgradMma::tile_width(&seed, 6, true), 80);
     }
 }
