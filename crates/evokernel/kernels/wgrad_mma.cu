@@ -14,11 +14,15 @@
 // oh then finds tap kh in slot (oh + kh) mod KH, so there is one accumulator set per
 // phase oh mod KH (rows of a band are unrolled by KH), unrotated when an item is done.
 //
-// The K order inside an MMA is free as long as A and B agree: thread (g = lane / 4,
-// q = lane % 4) holds k = {2q, 2q+1, 2q+8, 2q+9}, mapped here to columns 4q..4q+3 of the
-// step, so A's part is one 8-byte load per row. B's part reads the grad-output row where
-// the ring put it (zero margins, so Toeplitz entries past the tile read 0): 3 aligned
-// 4-byte words and two byte-permutes per step. Where KD*KH < 16, A's last row is all
+// The K order is free as long as A and B agree: thread (g = lane / 4, q = lane % 4)
+// holds k = {2q, 2q+1, 2q+8, 2q+9} of a step, mapped here to 4 consecutive columns, and
+// k-steps go in pairs: steps 2i and 2i+1 give lane q columns 32i + 8q .. + 7 (an odd
+// last step: 32i + 4q .. + 3). So a row's A part is one 16-byte load per pair of steps,
+// and B's part (the grad-output row where the ring put it; zero margins, so Toeplitz
+// entries past the tile read 0) 5 aligned 4-byte words and 4 byte-permutes per pair.
+// (Shared-memory wavefronts bound the kernel, run 205: 30 a row with one step a load,
+// 21 this way; lanes' blocks of 4 KS columns would load fewer words but put two lanes
+// on one bank.) Where KD*KH < 16, A's last row is all
 // ones, so C's row 15, column 0 sums the grad-output: grad-bias for free.
 //
 // Each output row's new input rows and its grad-output row arrive through a per-warp ring
@@ -78,6 +82,12 @@ struct WgradMmaRing {
     static_assert(!TMA || (SLOT % 64 == 0 && GY % 64 == 0 && XOFF % 64 == 0), "128-byte aligned TMA boxes");
 };
 
+// Step s's first column for lane q within a k-range of KS steps (pairs of steps: the
+// K order above).
+__host__ __device__ constexpr int wgrad_mma_kcol(int s, int ks, int q) {
+    return s < ks / 2 * 2 ? 32 * (s / 2) + 8 * q + 4 * (s % 2) : 32 * (s / 2) + 4 * q;
+}
+
 __device__ __forceinline__ void cp_async8_zfill(unsigned dst, const void* src, bool ok) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
                  "r"(ok ? 8 : 0));
@@ -122,7 +132,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
     const unsigned bars = ((unsigned)__cvta_generic_to_shared(wacc_all + warps * (TAPS + 1)) + 7u) / 8u * 8u +
                           (unsigned)(warp * R * 8);
     // Zero margins once: the copies only ever write the rows and the row's TW values.
-    for (int i = lane; i < R * Ring::SLOT; i += 32) ring[i] = 0;
+    for (int i = 4 * lane; i < R * Ring::SLOT; i += 4 * 32) *reinterpret_cast<uint2*>(ring + i) = make_uint2(0u, 0u);
     for (int i = lane; i < TAPS + 1; i += 32) wacc[i] = 0.f;
 #if __CUDA_ARCH__ >= 900
     if constexpr (COPY_TMA) {
@@ -155,16 +165,18 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
         slot_r[j] = m % KH;
         row_live[j] = m < ROWS;
     }
-    // B: element (k-step s, column 4q + e, tap n) is the slot's grad-output row at
-    // GY + off + 16 s + 4q + e - n DW (relative to the tile's first output). Read as the
-    // three 4-byte words from the even element at or below, shifted by one element where
-    // the start is odd.
-    int bword[NT];
+    // B: element (pair i, column 8q + e, tap n) is the slot's grad-output row at
+    // GY + off + 32 i + 8q + e - n DW (relative to the tile's first output); an odd last
+    // step's (column 4q + e) at GY + off + 32 i + 4q + e - n DW. Read as 4-byte words from
+    // the even element at or below, shifted by one element where the start is odd (the
+    // same parity either way).
+    int bword[NT], bword_last[NT];
     unsigned bsel[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-        const int base = Ring::GY + off + 4 * q - (t * 8 + g) * DW;
+        const int base = Ring::GY + off + 8 * q - (t * 8 + g) * DW;
         bword[t] = base & ~1;
+        bword_last[t] = (base - 4 * q) & ~1;
         bsel[t] = (base & 1) ? 0x5432u : 0x3210u;
     }
     // This lane's copies of a row: input chunk i = lane + 32 k is depth i / (4 KS),
@@ -313,7 +325,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
             const T* src = xc + id * plane + (long long)ih * a.iw;
 #pragma unroll
             for (int s = 0; s < KS; ++s) {
-                const int col = cb + 16 * s + 4 * q;
+                const int col = cb + wgrad_mma_kcol(s, KS, q);
                 unsigned short h[4];
                 if (VEC && ok && col >= 0 && col < a.iw) {
                     const uint2 v = __ldg(reinterpret_cast<const uint2*>(src + col));
@@ -354,26 +366,53 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
 #pragma unroll
             for (int j = 0; j < 2; ++j)
                 if (slot_r[j] == snew && row_live[j]) {
-                    // (ptxas merges each pair into one 8-byte load and moves the halves
-                    // into a0/a2; predicated 4-byte loads into A's registers kept the
-                    // moves and added address arithmetic: run 201.)
-                    const unsigned* xr = reinterpret_cast<const unsigned*>(xsub + kd_r[j] * Ring::XKD + 4 * q);
+                    const unsigned short* xr = xsub + kd_r[j] * Ring::XKD;
 #pragma unroll
-                    for (int s2 = 0; s2 < KS; ++s2) {
-                        af[s2][j] = xr[8 * s2];
-                        af[s2][j + 2] = xr[8 * s2 + 1];
+                    for (int i = 0; i < KS / 2; ++i) {
+                        // (A TMA slot's rows are 16-byte aligned; cp.async slots 8-byte.)
+                        uint4 v;
+                        if constexpr (TMA) {
+                            v = *reinterpret_cast<const uint4*>(xr + 32 * i + 8 * q);
+                        } else {
+                            const uint2 lo = *reinterpret_cast<const uint2*>(xr + 32 * i + 8 * q);
+                            const uint2 hi = *reinterpret_cast<const uint2*>(xr + 32 * i + 8 * q + 4);
+                            v = make_uint4(lo.x, lo.y, hi.x, hi.y);
+                        }
+                        af[2 * i][j] = v.x;
+                        af[2 * i][j + 2] = v.y;
+                        af[2 * i + 1][j] = v.z;
+                        af[2 * i + 1][j + 2] = v.w;
+                    }
+                    if constexpr (KS % 2 == 1) {
+                        const uint2 v = *reinterpret_cast<const uint2*>(xr + 32 * (KS / 2) + 4 * q);
+                        af[KS - 1][j] = v.x;
+                        af[KS - 1][j + 2] = v.y;
                     }
                 }
 #pragma unroll
-            for (int s2 = 0; s2 < KS; ++s2) {
+            for (int i = 0; i < KS / 2; ++i) {
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
-                    const unsigned* w = reinterpret_cast<const unsigned*>(src + bword[t] + 16 * s2);
+                    const unsigned* w = reinterpret_cast<const unsigned*>(src + bword[t] + 32 * i);
+                    const unsigned w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4];
+                    unsigned b[2];
+                    b[0] = __byte_perm(w0, w1, bsel[t]);
+                    b[1] = __byte_perm(w1, w2, bsel[t]);
+                    Mma<T>::run(acc[p][t], af[2 * i], b);
+                    b[0] = __byte_perm(w2, w3, bsel[t]);
+                    b[1] = __byte_perm(w3, w4, bsel[t]);
+                    Mma<T>::run(acc[p][t], af[2 * i + 1], b);
+                }
+            }
+            if constexpr (KS % 2 == 1) {
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    const unsigned* w = reinterpret_cast<const unsigned*>(src + bword_last[t] + 32 * (KS / 2));
                     const unsigned w0 = w[0], w1 = w[1], w2 = w[2];
                     unsigned b[2];
                     b[0] = __byte_perm(w0, w1, bsel[t]);
                     b[1] = __byte_perm(w1, w2, bsel[t]);
-                    Mma<T>::run(acc[p][t], af[s2], b);
+                    Mma<T>::run(acc[p][t], af[KS - 1], b);
                 }
             }
         };
