@@ -61,7 +61,12 @@ struct WgradMmaTile {
 // runs past the row's end, so each row's zeros past the tensor's edge are the next
 // row's left margin and its own right one. Input rows: [kd][RPS][16*KS]. Mirrored by
 // WgradMma::shared_bytes.
-template <int KD, int KS, int NT, int DW, int TW, bool TMA, int RPS>
+// SW > 0 (shared depths): one ring for the block's SW warps, which take SW consecutive
+// output depths of an item: a slot holds their SW grad-output row sets ([SW][RPS] rows
+// GYROW apart, each warp's left margin the zeros past the row before) and the SW + KD - 1
+// input depths they read between them (warp w's depth kd at w + kd), so each input row
+// is copied once for the block instead of once a warp and output depth.
+template <int KD, int KS, int NT, int DW, int TW, bool TMA, int RPS, int SW = 0>
 struct WgradMmaRing {
     static constexpr int XROW = 16 * KS;
     static constexpr int ALIGN = wgrad_mma_align(TMA);
@@ -72,10 +77,12 @@ struct WgradMmaRing {
     static constexpr int GYBOX = RPS > 1 ? GYROW : TW;  // the grad-output box's columns
     // The grad-output row's first element, and the input rows'.
     static constexpr int GY = TMA ? up64(LEFT) : KD * XROW + LEFT;
-    static constexpr int XOFF = TMA ? up64(GY + (RPS > 1 ? RPS * GYROW : 16 * KS + 4)) : 0;
+    static constexpr int GDEP = SW > 0 ? SW : 1, XDEP = SW > 0 ? SW + KD - 1 : KD;
+    static constexpr int XOFF = TMA ? up64(GY + (RPS > 1 ? GDEP * RPS * GYROW : 16 * KS + 4)) : 0;
     static constexpr int XKD = RPS * XROW;  // between depths
-    static constexpr int SLOT = TMA ? up64(XOFF + KD * XKD) : GY + 16 * KS + 4 + 4;
+    static constexpr int SLOT = TMA ? up64(XOFF + XDEP * XKD) : GY + 16 * KS + 4 + 4;
     static_assert(RPS == 1 || TMA, "several rows a slot only with TMA boxes");
+    static_assert(SW == 0 || (TMA && RPS > 1), "shared depths: TMA boxes of whole-row slots");
     static constexpr int XCH = KD * 4 * KS;  // 8-byte chunks of the input rows
     static constexpr int GCH = TW / 4;       // 8-byte chunks of the grad-output row
     static_assert(SLOT % 4 == 0 && GY % 4 == 0, "8-byte aligned copies");
@@ -98,12 +105,12 @@ __device__ __forceinline__ unsigned pack_pair(const unsigned short* h) {
     return h[0] | ((unsigned)h[1] << 16);
 }
 
-template <typename T, int KD, int KH, int KW, int DW, int KS, int NT, int BK, int R, bool VEC, bool TMA, int RPS>
+template <typename T, int KD, int KH, int KW, int DW, int KS, int NT, int BK, int R, bool VEC, bool TMA, int RPS, int SW>
 __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short* smem, const TmaMaps& maps) {
     constexpr int ROWS = KD * KH;
     constexpr int TAPS = ROWS * KW;
     constexpr int TW = WgradMmaTile<KS, KW, DW, TMA>::TW;
-    using Ring = WgradMmaRing<KD, KS, NT, DW, TW, TMA, RPS>;
+    using Ring = WgradMmaRing<KD, KS, NT, DW, TW, TMA, RPS, SW>;
     // TMA copies on Hopper; elsewhere the same layout is filled by cp.async.
 #if __CUDA_ARCH__ >= 900
     constexpr bool COPY_TMA = TMA;
@@ -124,32 +131,46 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
     const int g = lane >> 2, q = lane & 3;
     const long long c = blockIdx.x;
     const int split = blockIdx.y, splits = gridDim.y;
-    // Shared memory: every warp's ring, then every warp's f32 sums, then (TMA) every
-    // warp's R slot barriers, 8-byte aligned.
-    unsigned short* ring = smem + warp * (R * Ring::SLOT);
-    float* wacc_all = reinterpret_cast<float*>(smem + warps * (R * Ring::SLOT));
+    // Shared memory: every warp's ring (SW: the block's one ring), then every warp's f32
+    // sums, then (TMA) every ring's R slot barriers, 8-byte aligned.
+    constexpr bool SHARED = SW > 0;
+    const int rings = SHARED ? 1 : warps, my_ring = SHARED ? 0 : warp;
+    unsigned short* ring = smem + my_ring * (R * Ring::SLOT);
+    float* wacc_all = reinterpret_cast<float*>(smem + rings * (R * Ring::SLOT));
     float* wacc = wacc_all + warp * (TAPS + 1);
     const unsigned bars = ((unsigned)__cvta_generic_to_shared(wacc_all + warps * (TAPS + 1)) + 7u) / 8u * 8u +
-                          (unsigned)(warp * R * 8);
+                          (unsigned)(my_ring * R * 8);
+    // This warp's grad-output rows and input depths in a slot (SW: its part of the block's).
+    const int gy_at = SHARED ? warp * RPS * Ring::GYROW : 0, x_at = SHARED ? warp * Ring::XKD : 0;
+    // The ring's owners: the warp, or the block. A ring's leader issues its TMA boxes.
+    const int owner = SHARED ? (int)threadIdx.x : lane, owners = SHARED ? (int)blockDim.x : 32;
+    auto sync_owners = [&]() {
+        if constexpr (SHARED)
+            __syncthreads();
+        else
+            __syncwarp();
+    };
     // Zero margins once: the copies only ever write the rows and the row's TW values.
-    for (int i = 4 * lane; i < R * Ring::SLOT; i += 4 * 32) *reinterpret_cast<uint2*>(ring + i) = make_uint2(0u, 0u);
+    for (int i = 4 * owner; i < R * Ring::SLOT; i += 4 * owners) *reinterpret_cast<uint2*>(ring + i) = make_uint2(0u, 0u);
     for (int i = lane; i < TAPS + 1; i += 32) wacc[i] = 0.f;
 #if __CUDA_ARCH__ >= 900
     if constexpr (COPY_TMA) {
         // The zeros are written before any TMA copy lands in the same slots.
         fence_proxy_async();
-        if (lane == 0)
+        if (owner == 0)
             for (int i = 0; i < R; ++i) mbar_init(bars + 8 * i, 1);
     }
 #endif
-    __syncwarp();
+    sync_owners();
     const unsigned ring_s = (unsigned)__cvta_generic_to_shared(ring);
     // Each slot's barrier completes once per row copied into it: the parity to wait
     // for is bit `slot` here, flipped per wait (warp-uniform).
     unsigned phases = 0;
 
     const int bands = (a.oh + BH - 1) / BH, tiles = (a.ow + TW - 1) / TW;
-    const long long items = a.n * a.od * (long long)bands * tiles;
+    // Output depths of an item: 1 a warp, or SW for the block (warp w takes the w-th).
+    const int od_groups = SHARED ? (a.od + SW - 1) / SW : a.od;
+    const long long items = a.n * od_groups * (long long)bands * tiles;
     const long long lo = items * split / splits, hi = items * (split + 1) / splits;
     const long long plane = (long long)a.ih * a.iw;
     // The columns' offset from the tile's first output: floor4(ow0 - pw) + pw - ow0
@@ -190,13 +211,17 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
     float bacc = 0.f;
     const unsigned one = IsBf16<T>::value ? 0x3F803F80u : 0x3C003C00u;
 
-    for (long long it = lo + warp; it < hi; it += warps) {
+    for (long long it = lo + (SHARED ? 0 : warp); it < hi; it += SHARED ? 1 : warps) {
         const int tile = (int)(it % tiles);
         long long r = it / tiles;
         const int band = (int)(r % bands);
         r /= bands;
-        const int od = (int)(r % a.od);
-        const long long n = r / a.od;
+        const int odg = (int)(r % od_groups);
+        const long long n = r / od_groups;
+        // SW: a warp past the last output depth still fills and waits with the block, and
+        // sums nothing (its grad-output rows are zeros; its input rows serve the others).
+        const int od = SHARED ? odg * SW + warp : odg;
+        const bool live = !SHARED || od < a.od;
         const int ow0 = tile * TW, oh0 = band * BH, oh1 = min(oh0 + BH, a.oh);
         const int cb = ow0 + off - a.pw;  // first input column of the item's K range
         const T* xc = x + (n * a.c + c) * (long long)a.id * plane;
@@ -232,12 +257,14 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                 const int slot = (gi & (R - 1)) * Ring::SLOT;
                 if constexpr (COPY_TMA) {
 #if __CUDA_ARCH__ >= 900
-                    // One lane: the grad-output rows (GYBOX columns from the tile's first
-                    // output) and the KD input rows of each (depths id0.., unit dilation)
-                    // as two boxes; zeros past the edges.
-                    if (lane == 0) {
+                    // The ring's leader: the grad-output rows (GYBOX columns from the tile's
+                    // first output; SW depths from the block's first) and the KD (SW + KD -
+                    // 1) input rows of each (depths id0.., unit dilation) as two boxes;
+                    // zeros past the edges.
+                    if (owner == 0) {
                         const unsigned bar = bars + 8u * (unsigned)(gi & (R - 1)), dst = ring_s + 2u * slot;
-                        mbar_expect_tx(bar, (unsigned)(RPS * (Ring::GYBOX + KD * Ring::XROW) * sizeof(T)));
+                        mbar_expect_tx(bar, (unsigned)(RPS * (Ring::GDEP * Ring::GYBOX + Ring::XDEP * Ring::XROW) *
+                                                       sizeof(T)));
                         tma_load_4d(dst + 2u * Ring::GY, &maps.output, ow0, oh, od, nc, bar);
                         tma_load_4d(dst + 2u * Ring::XOFF, &maps.input, cb, ih, id0, nc, bar);
                     }
@@ -256,10 +283,13 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                         // rows would land in the next slot.
 #pragma unroll
                         for (int k = 0; k < XK; ++k) {
-                            if (lane + 32 * k < Ring::XCH) {
+                            // SW: warp w copies its depth w, the last warp the ones past it
+                            // too (each block depth once).
+                            const bool mine = !SHARED || warp == SW - 1 || lane + 32 * k < 4 * KS;
+                            if (lane + 32 * k < Ring::XCH && mine) {
                                 const bool ok = xok[k] && ihok_r;
                                 // Source-size 0 reads nothing; the address is kept inside x.
-                                cp_async8_zfill(dst + 2u * (Ring::XOFF + r * Ring::XROW + xch_at[k]),
+                                cp_async8_zfill(dst + 2u * (Ring::XOFF + x_at + r * Ring::XROW + xch_at[k]),
                                                 ok ? xsrc[k] : x, ok);
                             }
                             xsrc[k] += a.iw;
@@ -268,7 +298,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                         for (int k = 0; k < GK; ++k) {
                             if (lane + 32 * k < Ring::GCH) {
                                 const bool ok = gok[k] && ohok_r;
-                                cp_async8_zfill(dst + 2u * (Ring::GY + r * Ring::GYROW + 4 * (lane + 32 * k)),
+                                cp_async8_zfill(dst + 2u * (Ring::GY + gy_at + r * Ring::GYROW + 4 * (lane + 32 * k)),
                                                 ok ? gsrc[k] : gy, ok);
                             }
                             gsrc[k] += a.ow;
@@ -312,14 +342,14 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
 #pragma unroll
             for (int e = 0; e < 4; ++e) af[s][e] = (ONES && e % 2 == 1 && g == 7) ? one : 0u;
         // The previous item's readers of the ring are done before it is refilled.
-        __syncwarp();
+        sync_owners();
 #pragma unroll
         for (int gi = 0; gi < R - 1; ++gi) issue(gi);
         // The band's first output row also reads input rows oh0 - ph + 0..KH-2 (slots
         // 0..KH-2): straight from global memory into A.
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-            if (!row_live[j] || slot_r[j] >= KH - 1) continue;
+            if (!live || !row_live[j] || slot_r[j] >= KH - 1) continue;
             const int id = od * a.sd - a.pd + kd_r[j] * a.dd, ih = oh0 - a.ph + slot_r[j];
             const bool ok = id >= 0 && id < a.id && ih >= 0 && ih < a.ih;
             const T* src = xc + id * plane + (long long)ih * a.iw;
@@ -420,7 +450,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
         // so it is refilled R - 1 ahead first.
         int gi = 0, sub = 0;
         auto enter_slot = [&]() {
-            __syncwarp();
+            sync_owners();
             issue(gi + R - 1);
             if constexpr (COPY_TMA) {
                 const unsigned sl = (unsigned)(gi & (R - 1));
@@ -428,7 +458,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                 phases ^= 1u << sl;
             } else {
                 cp_async_wait<R - 1>();
-                __syncwarp();
+                sync_owners();
             }
         };
         for (int ohb = oh0; ohb < oh1; ohb += KH) {
@@ -438,10 +468,12 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                 // chain with the next row's (each phase has its own accumulators).
                 if (sub == 0) enter_slot();
                 const unsigned short* slot = ring + (gi & (R - 1)) * Ring::SLOT;
-                const unsigned short* src = slot + sub * Ring::GYROW;
-                const unsigned short* xsub = slot + Ring::XOFF + sub * Ring::XROW;
+                const unsigned short* src = slot + gy_at + sub * Ring::GYROW;
+                const unsigned short* xsub = slot + Ring::XOFF + x_at + sub * Ring::XROW;
+                if (live) {
 #pragma unroll
-                for (int p = 0; p < KH; ++p) row(p, src + p * Ring::GYROW, xsub + p * Ring::XROW);
+                    for (int p = 0; p < KH; ++p) row(p, src + p * Ring::GYROW, xsub + p * Ring::XROW);
+                }
                 sub += KH;
                 if (sub == RPS) {
                     sub = 0;
@@ -454,13 +486,13 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                 if (ohb + p >= oh1) break;
                 if (sub == 0) enter_slot();
                 const unsigned short* slot = ring + (gi & (R - 1)) * Ring::SLOT;
-                const unsigned short* src = slot + sub * Ring::GYROW;
-                const unsigned short* xsub = slot + Ring::XOFF + sub * Ring::XROW;
+                const unsigned short* src = slot + gy_at + sub * Ring::GYROW;
+                const unsigned short* xsub = slot + Ring::XOFF + x_at + sub * Ring::XROW;
                 if (++sub == RPS) {
                     sub = 0;
                     ++gi;
                 }
-                row(p, src, xsub);
+                if (live) row(p, src, xsub);
             }
         }
 
@@ -544,20 +576,22 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
 // hands over 16-byte aligned tensors), so only the vectorized body is built.
 // RPS: output rows a slot holds (TMA only; more than 1 only where a tile is the whole
 // row), so a warp issues its two boxes once per RPS rows.
+// SHARE: the block's warps take consecutive output depths of an item from one ring
+// (WgradMmaRing's SW; TMA, whole-row slots, unit depth stride and dilation).
 // WARPS and MINB: the block's warps and how many blocks an SM must hold (the register cap).
-template <typename T, int KD, int KH, int KW, int DW, int KS, int NT, int BK, int R, int TMA, int RPS, int WARPS, int MINB, int EPI>
+template <typename T, int KD, int KH, int KW, int DW, int KS, int NT, int BK, int R, int TMA, int RPS, int SHARE, int WARPS, int MINB, int EPI>
 __global__ void __launch_bounds__(WARPS * 32, MINB) wgrad_mma_dwconv(ConvArgs a, EpiArgs, const __grid_constant__ TmaMaps maps) {
     extern __shared__ __align__(128) unsigned short wgrad_mma_smem[];
     if constexpr (TMA != 0) {
-        wgrad_mma_body<T, KD, KH, KW, DW, KS, NT, BK, R, true, true, RPS>(a, wgrad_mma_smem, maps);
+        wgrad_mma_body<T, KD, KH, KW, DW, KS, NT, BK, R, true, true, RPS, SHARE ? WARPS : 0>(a, wgrad_mma_smem, maps);
     } else {
         // 8-byte copies need 4-column chunks that rows never straddle, in both tensors.
         const bool vec = a.iw % 4 == 0 && a.ow % 4 == 0 &&
                          ((reinterpret_cast<unsigned long long>(a.x) |
                            reinterpret_cast<unsigned long long>(a.w)) & 7) == 0;
         if (vec)
-            wgrad_mma_body<T, KD, KH, KW, DW, KS, NT, BK, R, true, false, 1>(a, wgrad_mma_smem, maps);
+            wgrad_mma_body<T, KD, KH, KW, DW, KS, NT, BK, R, true, false, 1, 0>(a, wgrad_mma_smem, maps);
         else
-            wgrad_mma_body<T, KD, KH, KW, DW, KS, NT, BK, R, false, false, 1>(a, wgrad_mma_smem, maps);
+            wgrad_mma_body<T, KD, KH, KW, DW, KS, NT, BK, R, false, false, 1, 0>(a, wgrad_mma_smem, maps);
     }
 }

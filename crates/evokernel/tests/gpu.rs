@@ -719,24 +719,42 @@ fn wgrad_mma_passes_with_either_ring_fill() {
             continue;
         }
         let mut configs = Vec::new();
-        for (tma, rows, ring, narrow) in [
-            (0, 1, 4, false),
-            (1, 1, 4, false),
-            (1, 1, 2, true),
-            (1, 2, 4, false),
-            (1, 4, 2, false),
-            // rows 0: the default, KH rows a slot where tiles are whole rows.
-            (1, 0, 2, false),
+        // (tma, rows, ring, k-steps, share, warps); 0: the default's. rows 0 takes KH
+        // rows a slot where tiles are whole rows; share 1 the block's ring of depths.
+        for (tma, rows, ring, ks, share, warps) in [
+            (0, 1, 4, 0, 0, 0),
+            (1, 1, 4, 0, 0, 0),
+            (1, 1, 2, 3, 0, 0),
+            (1, 2, 4, 0, 0, 0),
+            (1, 4, 2, 0, 0, 0),
+            (1, 0, 2, 0, 0, 0),
+            (1, 0, 2, 0, 1, 0),
+            (1, 4, 4, 0, 1, 2),
+            (1, 0, 2, 0, 1, 8),
         ] {
-            let ks = if narrow { 3 } else { 0 };
-            let cfg = default_with(v, &spec, tma, &[("rows", rows), ("ring", ring), ("ks", ks)]);
+            let cfg = default_with(
+                v,
+                &spec,
+                tma,
+                &[("rows", rows), ("ring", ring), ("ks", ks), ("warps", warps)],
+            );
+            let mut cfg = cfg;
+            cfg.values.insert("share".into(), share);
             push_launchable(v, &spec, cfg, &mut configs);
         }
         cases.push((name, spec, configs));
     }
+    let shared = cases
+        .iter()
+        .flat_map(|c| &c.2)
+        .filter(|c| c.values.get("share") == Some(&1))
+        .count();
     let (checked, tma_checked) = check_wgrad_cases(&engine, v, &cases);
-    eprintln!("{checked} wgrad_mma checks, {tma_checked} with TMA boxes");
+    eprintln!(
+        "{checked} wgrad_mma checks, {tma_checked} with TMA boxes, {shared} with a shared ring"
+    );
     assert!(tma_checked >= 40, "only {tma_checked} TMA checks");
+    assert!(shared >= 15, "only {shared} shared-ring configs");
 }
 
 /// `p`'s spatial dims from (kernel, stride, dilation, input size) per dim, each side's

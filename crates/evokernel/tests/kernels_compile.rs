@@ -298,8 +298,13 @@ fn wgrad_mma_builds_for_sm80_with_either_ring_fill() {
     let v = evokernel::variants::find("wgrad_mma").unwrap();
     let suite = evokernel::suite::public_suite().unwrap();
     let spec = &suite.iter().find(|c| c.name == "seed-bf16").unwrap().spec;
-    for (tma, rows) in [(0, 1), (1, 1), (1, 4), (1, 5)] {
-        builds_for_sm80(&jit, v, spec, &[("tma", tma), ("rows", rows)]);
+    for (tma, rows, share) in [(0, 1, 0), (1, 1, 0), (1, 4, 0), (1, 5, 0), (1, 5, 1)] {
+        builds_for_sm80(
+            &jit,
+            v,
+            spec,
+            &[("tma", tma), ("rows", rows), ("share", share)],
+        );
     }
 }
 

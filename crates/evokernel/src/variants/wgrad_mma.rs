@@ -8,7 +8,11 @@
 //! channel), `splits` slices of each channel's items, `tma` 1: the ring is filled by TMA
 //! tensor copies (one lane, two boxes a slot) instead of every lane's cp.async chunks,
 //! `rows` output rows a slot (TMA, where one tile is the whole row: fewer, larger boxes),
-//! `minblocks` blocks an SM the register allocation must allow (`__launch_bounds__`).
+//! `minblocks` blocks an SM the register allocation must allow (`__launch_bounds__`),
+//! `share` 1: the block's warps take consecutive output depths of one item from one
+//! ring, whose slots hold the input depths they read between them once (TMA, whole-row
+//! slots, unit depth stride and dilation): KD + warps - 1 input rows a row step instead of
+//! KD a warp.
 
 use super::{cuda_type, grid_x, Config, Launch, Param, TensorMaps, Variant};
 use crate::error::{Error, Result};
@@ -25,7 +29,8 @@ typed_params!(Params {
     splits,
     tma,
     rows,
-    minblocks
+    minblocks,
+    share
 });
 
 /// Most tap rows (KD*KH): one 16-row MMA tile; mirrors the kernel's static_assert.
@@ -74,11 +79,23 @@ impl WgradMma {
         spec.kernel3()[2].div_ceil(8)
     }
 
-    /// Work items of one channel: (n, od, band, W tile).
-    fn items(spec: &ConvSpec, ks: usize, bk: usize, tma: bool) -> usize {
+    /// Work items of one channel: (n, od, band, W tile); `share`: `share` output depths
+    /// an item (0 or 1: one).
+    fn items(spec: &ConvSpec, ks: usize, bk: usize, tma: bool, share: usize) -> usize {
         let [od, oh, ow] = spec.output3();
         let bh = bk * spec.kernel3()[1];
-        spec.n() * od * oh.div_ceil(bh) * ow.div_ceil(Self::tile_width(spec, ks, tma).max(1))
+        spec.n()
+            * od.div_ceil(share.max(1))
+            * oh.div_ceil(bh)
+            * ow.div_ceil(Self::tile_width(spec, ks, tma).max(1))
+    }
+
+    /// Where the block's warps can share one ring of consecutive output depths: a kernel
+    /// deeper than 1 (else no input plane serves two output depths), unit stride and
+    /// dilation along D (consecutive depths read consecutive input planes).
+    fn share_applies(spec: &ConvSpec) -> bool {
+        let (kd, sd, dd) = (spec.kernel3()[0], spec.stride3()[0], spec.dilation3()[0]);
+        Self::tma_applies(spec) && kd > 1 && sd == 1 && dd == 1
     }
 
     /// Columns of a slot's grad-output rows with `rows` > 1 (the kernel's
@@ -129,14 +146,22 @@ impl WgradMma {
         warps: usize,
         tma: bool,
         rows: usize,
+        share: bool,
     ) -> usize {
-        let xrows = spec.kernel3()[0] * 16 * ks;
+        // Depths of grad-output rows and input rows a slot holds, and rings a block.
+        let kd = spec.kernel3()[0];
+        let (gdep, xdep, rings) = if share {
+            (warps, warps + kd - 1, 1)
+        } else {
+            (1, kd, warps)
+        };
+        let xrows = xdep * 16 * ks;
         let left = Self::left(spec, tma);
         let up64 = |v: usize| v.div_ceil(64) * 64;
         let slot = if tma {
             let gy = up64(left);
             let gy_rows = if rows > 1 {
-                rows * Self::gy_row(spec, ks)
+                gdep * rows * Self::gy_row(spec, ks)
             } else {
                 16 * ks + 4
             };
@@ -144,9 +169,9 @@ impl WgradMma {
         } else {
             xrows + left + 16 * ks + 8
         };
-        let sums = warps * (ring * slot * 2 + (spec.taps() + 1) * 4);
+        let sums = rings * ring * slot * 2 + warps * (spec.taps() + 1) * 4;
         if tma {
-            sums.div_ceil(8) * 8 + warps * ring * 8
+            sums.div_ceil(8) * 8 + rings * ring * 8
         } else {
             sums
         }
@@ -252,6 +277,14 @@ impl Variant for WgradMma {
                 name: "rows",
                 values: with_tma(Self::rows_choices(spec)),
             },
+            Param {
+                name: "share",
+                values: if Self::share_applies(spec) {
+                    vec![0, 1]
+                } else {
+                    vec![0]
+                },
+            },
         ]
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
@@ -322,13 +355,17 @@ impl Variant for WgradMma {
             (true, false) => (2, 8, 5, 32),
             (false, _) => (4, 4, 4, 4),
         };
+        // Whole-row slots: the block's warps share one ring of consecutive output depths
+        // where the depths allow it and there are at least two groups of them.
+        let share = whole_rows && Self::share_applies(spec) && spec.output3()[0] >= 2 * warps;
         // About `blocks_per_sm` blocks an SM of a 132-SM H100 over the launch, each warp
-        // with `per_warp` items or more.
+        // (with `share`, each block) with `per_warp` items or more.
         let want = (blocks_per_sm * 132).div_ceil(spec.c().max(1));
         // (At least one item a warp with TMA boxes: the tunings' 8-32 splits.)
         let per_warp = if tma { 1 } else { 2 };
-        let cap =
-            (Self::items(spec, ks as usize, bk as usize, tma) / (per_warp * warps)).clamp(1, 32);
+        let (depths, takers) = if share { (warps, 1) } else { (1, warps) };
+        let cap = (Self::items(spec, ks as usize, bk as usize, tma, depths) / (per_warp * takers))
+            .clamp(1, 32);
         let mut splits = 1usize;
         while splits < want && splits * 2 <= cap {
             splits *= 2;
@@ -353,6 +390,7 @@ impl Variant for WgradMma {
                     },
                 ),
                 ("minblocks", minblocks),
+                ("share", i64::from(share)),
             ],
         )
     }
@@ -360,7 +398,7 @@ impl Variant for WgradMma {
         let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "wgrad_mma_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
+            "wgrad_mma_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             spec.dilation3()[2],
             p.ks,
@@ -369,6 +407,7 @@ impl Variant for WgradMma {
             p.ring,
             p.tma,
             p.rows,
+            p.share,
             p.warps,
             p.minblocks
         ))
@@ -382,9 +421,15 @@ impl Variant for WgradMma {
             } else {
                 Self::tile_width(spec, p.ks, true)
             };
+            // With `share`, the block's depths: warps output depths, KD + warps - 1 input.
+            let depths = if p.share != 0 { p.warps } else { 1 };
             TensorMaps::Boxes {
-                input: [16 * p.ks as u32, p.rows as u32, spec.kernel3()[0] as u32],
-                output: Some([gy_cols as u32, p.rows as u32, 1]),
+                input: [
+                    16 * p.ks as u32,
+                    p.rows as u32,
+                    (spec.kernel3()[0] + depths - 1) as u32,
+                ],
+                output: Some([gy_cols as u32, p.rows as u32, depths as u32]),
             }
         } else {
             TensorMaps::Unused
@@ -411,11 +456,27 @@ impl Variant for WgradMma {
                 ),
             });
         }
+        if p.share != 0 && (p.rows < 2 || !Self::share_applies(spec)) {
+            return Err(Error::NotApplicable {
+                variant: self.name().into(),
+                spec: spec.to_string(),
+                reason: "a shared ring needs slots of several whole rows (rows > 1), TMA and \
+                         unit stride and dilation along D"
+                    .into(),
+            });
+        }
         Ok(Launch {
             grid: (grid_x(self, spec, spec.c())?, p.splits as u32, 1),
             block: (p.warps as u32 * 32, 1, 1),
-            shared_bytes: Self::shared_bytes(spec, p.ks, p.ring, p.warps, p.tma != 0, p.rows)
-                as u32,
+            shared_bytes: Self::shared_bytes(
+                spec,
+                p.ks,
+                p.ring,
+                p.warps,
+                p.tma != 0,
+                p.rows,
+                p.share != 0,
+            ) as u32,
         })
     }
     fn partial_splits(&self, spec: &ConvSpec, config: &Config) -> Result<Option<usize>> {
@@ -460,12 +521,14 @@ mod tests {
     fn the_seed_takes_whole_row_tiles_a_plane_an_item() {
         let seed = crate::spec::ConvParams::seed().validate().unwrap();
         let c = WgradMma.default_config(&seed);
-        // Slots of KH = 5 rows; one band of 10 phase cycles holds the 45 rows.
+        // Slots of KH = 5 rows; one band of 10 phase cycles holds the 45 rows; the 4
+        // warps share a ring of 4 output depths (15 items a channel).
         assert_eq!(
             c.to_string(),
-            "wgrad_mma:bk=10,ks=6,minblocks=4,ring=2,rows=5,splits=8,tma=1,warps=4"
+            "wgrad_mma:bk=10,ks=6,minblocks=4,ring=2,rows=5,share=1,splits=8,tma=1,warps=4"
         );
-        assert_eq!(WgradMma::items(&seed, 6, 10, true), 59);
+        assert_eq!(WgradMma::items(&seed, 6, 10, true, 1), 59);
+        assert_eq!(WgradMma::items(&seed, 6, 10, true, 4), 15);
         assert_eq!(WgradMma::tile_width(&seed, 6, true), 80);
     }
 }
