@@ -45,6 +45,9 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
     // and smem_tile's tiles are mostly halo; row_reuse wins (x3d-m-res4, W 14: 0.131 ms
     // vs naive 0.266, smem_tile 0.428, tensor_core 0.560; run 98, docs/perf.md).
     let narrow = spec.output3()[2] < 16;
+    // Grad-weight: 3-wide kernel rows over output rows shorter than 96 (FMA tiles ahead
+    // of tensor cores there).
+    let short_3_wide = spec.kernel3()[2] <= 3 && spec.output3()[2] < 96;
     // row_reuse holds a slice's weights in registers: past ~128 taps it spills (replknet
     // 31x31: 34 ms vs naive 3.4, run 98).
     let few_taps = spec.kernel3()[1] * spec.kernel3()[2] <= 128;
@@ -122,11 +125,13 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
         // leave 15 of 16 empty.
         // Not on rows narrower than its 16-column steps (x3d-m-res4, W 14: 0.428 vs wgrad
         // 0.347 ms, run 101).
-        // With 3-wide kernel rows the FMA tiles win (x3d 0.135 vs 0.160 ms tuned, run 196):
-        // an MMA's 8 columns hold 3 taps.
-        "wgrad_mma" if spec.kernel3()[2] <= 3 && spec.kernel3()[0] * spec.kernel3()[1] >= 3 && !narrow => (
+        // With 3-wide kernel rows the FMA tiles win where rows are short (x3d, 56 wide:
+        // 0.140 vs 0.166 ms, run 208): an MMA's 8 columns hold 3 taps; on rows of 96 and
+        // more the MMA's per-row work spreads further (video-vae-causal, 128 wide: 0.189 vs
+        // 0.197 in run 208, 0.180 vs 0.197 alone in run 207).
+        "wgrad_mma" if short_3_wide && spec.kernel3()[0] * spec.kernel3()[1] >= 3 && !narrow => (
             1,
-            "grad-weight on tensor cores (3-wide kernel rows: FMA tiles ahead)",
+            "grad-weight on tensor cores (3-wide kernel rows of short rows: FMA tiles ahead)",
         ),
         "wgrad_mma" if spec.kernel3()[0] * spec.kernel3()[1] >= 3 && !narrow => (
             0,
@@ -152,12 +157,13 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
             "grad-weight on channels-last 1-D data, several channels a lane",
         ),
         // Channels-first grad-weight on FMA pipes from shared-memory tiles (docs/perf.md,
-        // runs 195-197): ahead of tensor cores on 3-wide kernel rows (x3d 0.134 vs 0.167
-        // ms, video-vae-causal 0.196 vs 0.227), the only fast kernel in f32 (the seed 0.68
+        // runs 195-197): ahead of tensor cores on 3-wide kernel rows over short rows (x3d
+        // 0.140 vs 0.166 ms in run 208; behind on video-vae-causal's 128-wide rows since
+        // wgrad_mma's shared ring, run 207), the only fast kernel in f32 (the seed 0.68
         // vs wgrad's 5.38), past wgrad_mma's 16x16 taps (RepLKNet 0.83 vs 2.38) and on 1-D
         // rows (conformer-k31 0.044 vs 0.167, causal-conv1d 0.077 vs 0.136); behind wgrad
         // on rows narrower than 16 (x3d-m-res4 0.53 vs 0.23).
-        "wgrad_tile" if !narrow && spec.kernel3()[2] <= 3 => (
+        "wgrad_tile" if !narrow && short_3_wide => (
             0,
             "grad-weight from shared-memory tiles on FMA pipes (3-wide kernel rows)",
         ),
@@ -396,12 +402,13 @@ mod tests {
         // Runs 106-110 (docs/perf.md): wgrad_tile_cl against wgrad and wgrad_cl in the
         // same calls on every channels-last case; 1-D rows from run 91; x3d-m-res4 (W 14)
         // from run 101: wgrad 0.347 vs wgrad_mma 0.428 ms.
-        // Channels-first: wgrad_tile against wgrad_mma and wgrad at defaults, run 197.
+        // Channels-first: wgrad_tile against wgrad_mma and wgrad at defaults, run 197;
+        // video-vae-causal from run 208 (wgrad_mma's shared ring).
         let winners = [
             ("seed-bf16", "wgrad_mma"),
             ("seed-f32", "wgrad_tile"),
             ("x3d-3x3x3", "wgrad_tile"),
-            ("video-vae-causal", "wgrad_tile"),
+            ("video-vae-causal", "wgrad_mma"),
             ("convnext-7x7", "wgrad_mma"),
             ("causal-conv1d", "wgrad_tile"),
             ("conformer-k31", "wgrad_tile"),
