@@ -971,7 +971,7 @@ dgrad_gather 5fc50c8418cde94ba899e1ae3e272897
 dgrad_gather_cl 5b6d1fea50bd0b8cbc0b7c851fc0049c
 wgrad 12c90f7774f54ed0166b7d6ae9a858a1
 wgrad_cl cf8a747ae51c53e28b3f060ab1a9199a
-wgrad_mma 8a4078e446984390955ada0246cc825b
+wgrad_mma 3d8222607ae29f2bd9df95d14b0b5767
 wgrad_tile 20b4a2383722ccd0560f067541d732d6
 wgrad_tile_cl 4e5fe028fdf64de24339b5c3c783d8b6
 ";

@@ -37,7 +37,8 @@ typed_params!(Params {
 const MAX_TAP_ROWS: usize = 16;
 /// Widest kernel row: two 8-column MMA tiles.
 const MAX_KW: usize = 16;
-const KSTEPS: [i64; 9] = [2, 3, 4, 5, 6, 7, 8, 9, 10];
+// Up to 12 (192 columns): video-vae-decoder's 160-wide rows as whole-row slots (11).
+const KSTEPS: [i64; 11] = [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
 const BANDS: [i64; 10] = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16];
 
 impl WgradMma {
@@ -210,7 +211,7 @@ impl Variant for WgradMma {
             return Err(format!("a kernel {kw} wide exceeds {MAX_KW} taps per row"));
         }
         if self.space(spec)[0].values.is_empty() {
-            return Err("no W tile of at most 10 k-steps holds the kernel's width".into());
+            return Err("no W tile of at most 12 k-steps holds the kernel's width".into());
         }
         Ok(())
     }
@@ -292,7 +293,7 @@ impl Variant for WgradMma {
         let kh = spec.kernel3()[1];
         let space = self.space(spec);
         let tma = Self::tma_applies(spec);
-        // A tile that is the whole row where at most 10 k-steps hold it (one box a slot
+        // A tile that is the whole row where at most 12 k-steps hold it (one box a slot
         // of several rows; run 184's tuning), else the tile that wastes fewest columns
         // (k-steps x tiles), fewer tiles on a tie (each tile reloads its band's first
         // KH - 1 rows), at most 8 k-steps (the input rows held take 4 registers a k-step).
