@@ -685,11 +685,7 @@ fn wgrad_mma_passes_with_either_ring_fill() {
     let v = evokernel::variants::find("wgrad_mma").unwrap();
     let mut rng = SplitMix64::new(2031);
     let mut pick = |lo: u64, hi: u64| (lo + rng.next_u64() % (hi - lo + 1)) as i64;
-    let mut specs: Vec<(String, ConvSpec)> = public_suite()
-        .unwrap()
-        .into_iter()
-        .map(|c| (c.name, c.spec))
-        .collect();
+    let mut specs = named_specs([public_suite()], None);
     for i in 0..60 {
         let (kd, kh) = (pick(1, 3), pick(1, 5));
         let (kw, dw) = (pick(1, 9), pick(1, 2));
@@ -757,6 +753,20 @@ fn wgrad_mma_passes_with_either_ring_fill() {
     assert!(shared >= 15, "only {shared} shared-ring configs");
 }
 
+/// The cases of `suites` (of `layout` only, where given) as (name, spec): the random-spec
+/// fill tests start from them.
+fn named_specs<const N: usize>(
+    suites: [evokernel::Result<Vec<evokernel::suite::SuiteCase>>; N],
+    layout: Option<Layout>,
+) -> Vec<(String, ConvSpec)> {
+    suites
+        .into_iter()
+        .flat_map(|s| s.unwrap())
+        .filter(|c| layout.is_none_or(|l| c.spec.layout() == l))
+        .map(|c| (c.name, c.spec))
+        .collect()
+}
+
 /// `p`'s spatial dims from (kernel, stride, dilation, input size) per dim, each side's
 /// padding picked at random within the kernel's span.
 fn set_dims(
@@ -806,13 +816,10 @@ fn wgrad_tile_passes_with_either_fill() {
     let v = evokernel::variants::find("wgrad_tile").unwrap();
     let mut rng = SplitMix64::new(2033);
     let mut pick = |lo: u64, hi: u64| (lo + rng.next_u64() % (hi - lo + 1)) as i64;
-    let mut specs: Vec<(String, ConvSpec)> = public_suite()
-        .unwrap()
-        .into_iter()
-        .chain(models_suite().unwrap())
-        .map(|c| (c.name, c.spec))
-        .filter(|(_, s)| s.layout() == Layout::ChannelsFirst)
-        .collect();
+    let mut specs = named_specs(
+        [public_suite(), models_suite()],
+        Some(Layout::ChannelsFirst),
+    );
     for i in 0..60 {
         let dims = pick(1, 3) as usize;
         let (kd, kh, kw) = (pick(1, 3), pick(1, 5), pick(1, 7));
@@ -879,13 +886,10 @@ fn wgrad_tile_cl_passes_with_either_fill() {
     let v = evokernel::variants::find("wgrad_tile_cl").unwrap();
     let mut rng = SplitMix64::new(2032);
     let mut pick = |lo: u64, hi: u64| (lo + rng.next_u64() % (hi - lo + 1)) as i64;
-    let mut specs: Vec<(String, ConvSpec)> = public_suite()
-        .unwrap()
-        .into_iter()
-        .chain(channels_last_suite().unwrap())
-        .map(|c| (c.name, c.spec))
-        .filter(|(_, s)| s.layout() == Layout::ChannelsLast)
-        .collect();
+    let mut specs = named_specs(
+        [public_suite(), channels_last_suite()],
+        Some(Layout::ChannelsLast),
+    );
     for i in 0..60 {
         let dims = pick(1, 3) as usize;
         let (kd, kh, kw) = (pick(1, 3), pick(1, 5), pick(1, 7));

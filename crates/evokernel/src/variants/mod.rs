@@ -37,6 +37,11 @@ macro_rules! typed_params {
                 $crate::variants::check_config(v, spec, config)?;
                 Self::read(config)
             }
+            /// These values as `variant`'s config.
+            #[allow(dead_code)]
+            fn config(&self, variant: &str) -> $crate::variants::Config {
+                $crate::variants::Config::new(variant, &[$((stringify!($field), self.$field as i64)),*])
+            }
         }
     };
 }

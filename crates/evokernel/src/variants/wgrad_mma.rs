@@ -80,13 +80,12 @@ impl WgradMma {
         spec.kernel3()[2].div_ceil(8)
     }
 
-    /// Work items of one channel: (n, od, band, W tile); `share`: `share` output depths
-    /// an item (0 or 1: one).
-    fn items(spec: &ConvSpec, ks: usize, bk: usize, tma: bool, share: usize) -> usize {
+    /// Work items of one channel: (n, a group of `depths` output depths, band, W tile).
+    fn items(spec: &ConvSpec, ks: usize, bk: usize, tma: bool, depths: usize) -> usize {
         let [od, oh, ow] = spec.output3();
         let bh = bk * spec.kernel3()[1];
         spec.n()
-            * od.div_ceil(share.max(1))
+            * od.div_ceil(depths)
             * oh.div_ceil(bh)
             * ow.div_ceil(Self::tile_width(spec, ks, tma).max(1))
     }
@@ -140,22 +139,12 @@ impl WgradMma {
     /// grad-output row between zero margins, for each of `rows` output rows) and the f32
     /// sums, and with `tma` a barrier a slot (mirrors the kernel's WgradMmaRing and its
     /// barrier offset).
-    fn shared_bytes(
-        spec: &ConvSpec,
-        ks: usize,
-        ring: usize,
-        warps: usize,
-        tma: bool,
-        rows: usize,
-        share: bool,
-    ) -> usize {
+    fn shared_bytes(spec: &ConvSpec, p: &Params) -> usize {
+        let (ks, ring, warps, tma, rows) = (p.ks, p.ring, p.warps, p.tma != 0, p.rows);
         // Depths of grad-output rows and input rows a slot holds, and rings a block.
-        let kd = spec.kernel3()[0];
-        let (gdep, xdep, rings) = if share {
-            (warps, warps + kd - 1, 1)
-        } else {
-            (1, kd, warps)
-        };
+        let gdep = p.depths();
+        let xdep = spec.kernel3()[0] + gdep - 1;
+        let rings = if p.share != 0 { 1 } else { warps };
         let xrows = xdep * 16 * ks;
         let left = Self::left(spec, tma);
         let up64 = |v: usize| v.div_ceil(64) * 64;
@@ -422,8 +411,8 @@ impl Variant for WgradMma {
             } else {
                 Self::tile_width(spec, p.ks, true)
             };
-            // With `share`, the block's depths: warps output depths, KD + warps - 1 input.
-            let depths = if p.share != 0 { p.warps } else { 1 };
+            // The slot's depths: output depths, and the KD + depths - 1 input ones.
+            let depths = p.depths();
             TensorMaps::Boxes {
                 input: [
                     16 * p.ks as u32,
@@ -469,19 +458,22 @@ impl Variant for WgradMma {
         Ok(Launch {
             grid: (grid_x(self, spec, spec.c())?, p.splits as u32, 1),
             block: (p.warps as u32 * 32, 1, 1),
-            shared_bytes: Self::shared_bytes(
-                spec,
-                p.ks,
-                p.ring,
-                p.warps,
-                p.tma != 0,
-                p.rows,
-                p.share != 0,
-            ) as u32,
+            shared_bytes: Self::shared_bytes(spec, &p) as u32,
         })
     }
     fn partial_splits(&self, spec: &ConvSpec, config: &Config) -> Result<Option<usize>> {
         Ok(Some(Params::parse(self, spec, config)?.splits))
+    }
+}
+
+impl Params {
+    /// Output depths a slot holds: the block's warps' with `share`, else the warp's one.
+    fn depths(&self) -> usize {
+        if self.share != 0 {
+            self.warps
+        } else {
+            1
+        }
     }
 }
 

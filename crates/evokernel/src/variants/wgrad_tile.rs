@@ -357,7 +357,7 @@ impl Variant for WgradTile {
         if Self::check(spec, &p).is_err() {
             p.tma = 0;
         }
-        Config::new(self.name(), &p.pairs())
+        p.config(self.name())
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         let p = Params::parse(self, spec, config)?;
@@ -413,18 +413,6 @@ impl Params {
     /// Output rows of a tile.
     fn th(&self) -> usize {
         self.rw * self.workers
-    }
-
-    fn pairs(&self) -> [(&'static str, i64); 7] {
-        [
-            ("tw", self.tw as i64),
-            ("rw", self.rw as i64),
-            ("workers", self.workers as i64),
-            ("rows", self.rows as i64),
-            ("splits", self.splits as i64),
-            ("tma", self.tma as i64),
-            ("minblocks", self.minblocks as i64),
-        ]
     }
 }
 

@@ -370,7 +370,7 @@ impl Variant for WgradTileCl {
             tma: tma as usize,
             minblocks: 1,
         };
-        Config::new(self.name(), &p.pairs())
+        p.config(self.name())
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         let p = Params::parse(self, spec, config)?;
@@ -432,22 +432,6 @@ impl Variant for WgradTileCl {
     }
     fn partial_splits(&self, spec: &ConvSpec, config: &Config) -> Result<Option<usize>> {
         Ok(Some(Params::parse(self, spec, config)?.splits))
-    }
-}
-
-impl Params {
-    fn pairs(&self) -> [(&'static str, i64); 9] {
-        [
-            ("vec", self.vec as i64),
-            ("cb", self.cb as i64),
-            ("rows", self.rows as i64),
-            ("th", self.th as i64),
-            ("tw", self.tw as i64),
-            ("workers", self.workers as i64),
-            ("splits", self.splits as i64),
-            ("tma", self.tma as i64),
-            ("minblocks", self.minblocks as i64),
-        ]
     }
 }
 
@@ -514,7 +498,7 @@ mod tests {
             minblocks: 1,
         };
         let err = WgradTileCl
-            .fits(&spec, &Config::new("wgrad_tile_cl", &p.pairs()))
+            .fits(&spec, &p.config("wgrad_tile_cl"))
             .unwrap_err();
         assert!(err.contains("threads") || err.contains("shared"), "{err}");
     }
