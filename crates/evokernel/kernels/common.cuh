@@ -627,6 +627,54 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+// Channels-last grad-weight pieces (wgrad_tile_cl.cu, wgrad_strip_cl.cu): an LB-byte
+// cp.async that zero-fills where !ok, and VEC channels read from shared memory as floats.
+template <int LB>
+__device__ __forceinline__ void cl_copy_async(unsigned dst, const void* src, bool ok) {
+    // src-size 0 fills the LB bytes with zeros and reads nothing.
+    if (LB == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(LB),
+                     "r"(ok ? LB : 0));
+}
+
+// VEC channels at p (shared memory, VEC * sizeof(T)-byte aligned) as floats: one 4- or
+// 8-byte read.
+__device__ __forceinline__ float2 cl_pair_f32(unsigned u, __half) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&u));
+}
+__device__ __forceinline__ float2 cl_pair_f32(unsigned u, __nv_bfloat16) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+}
+template <int VEC>
+__device__ __forceinline__ void cl_read_f32(const float* p, float* f) {
+    static_assert(VEC == 1 || VEC == 2, "f32 vectors of 4 or 8 bytes");
+    if (VEC == 1) {
+        f[0] = p[0];
+    } else {
+        const float2 t = *reinterpret_cast<const float2*>(p);
+        f[0] = t.x;
+        f[VEC - 1] = t.y;
+    }
+}
+template <int VEC, typename H>
+__device__ __forceinline__ void cl_read_f32(const H* p, float* f) {
+    static_assert(VEC == 2 || VEC == 4, "16-bit vectors of 4 or 8 bytes");
+    if (VEC == 2) {
+        const float2 t = cl_pair_f32(*reinterpret_cast<const unsigned*>(p), H());
+        f[0] = t.x;
+        f[1] = t.y;
+    } else {
+        const uint2 u = *reinterpret_cast<const uint2*>(p);
+        const float2 lo = cl_pair_f32(u.x, H()), hi = cl_pair_f32(u.y, H());
+        f[0] = lo.x;
+        f[1] = lo.y;
+        f[VEC - 2] = hi.x;
+        f[VEC - 1] = hi.y;
+    }
+}
+
 // The slice walk of the depth-rotation kernels with a ring of STAGES + 1 slices
 // (depth_reuse.cu, depth_reuse_fma.cu, depth_reuse_fma_cl.cu): fetch(s, buffer) issues
 // slice s's copies and commits one group (an empty one past the last slice); step(s, u,

@@ -30,52 +30,6 @@
 // are multiples of 16 and depth dilation is 1 (or KD is); off Hopper the cp.async copies
 // fill the same layout.
 
-template <int LB>
-__device__ __forceinline__ void wgrad_tile_copy(unsigned dst, const void* src, bool ok) {
-    // src-size 0 fills the LB bytes with zeros and reads nothing.
-    if (LB == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(LB),
-                     "r"(ok ? LB : 0));
-}
-
-// VEC channels at p (shared memory, VEC * sizeof(T)-byte aligned) as floats: one 4- or
-// 8-byte read.
-__device__ __forceinline__ float2 wgrad_tile_pair(unsigned u, __half) {
-    return __half22float2(*reinterpret_cast<const __half2*>(&u));
-}
-__device__ __forceinline__ float2 wgrad_tile_pair(unsigned u, __nv_bfloat16) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
-}
-template <int VEC>
-__device__ __forceinline__ void wgrad_tile_read(const float* p, float* f) {
-    static_assert(VEC == 1 || VEC == 2, "f32 vectors of 4 or 8 bytes");
-    if (VEC == 1) {
-        f[0] = p[0];
-    } else {
-        const float2 t = *reinterpret_cast<const float2*>(p);
-        f[0] = t.x;
-        f[VEC - 1] = t.y;
-    }
-}
-template <int VEC, typename H>
-__device__ __forceinline__ void wgrad_tile_read(const H* p, float* f) {
-    static_assert(VEC == 2 || VEC == 4, "16-bit vectors of 4 or 8 bytes");
-    if (VEC == 2) {
-        const float2 t = wgrad_tile_pair(*reinterpret_cast<const unsigned*>(p), H());
-        f[0] = t.x;
-        f[1] = t.y;
-    } else {
-        const uint2 u = *reinterpret_cast<const uint2*>(p);
-        const float2 lo = wgrad_tile_pair(u.x, H()), hi = wgrad_tile_pair(u.y, H());
-        f[0] = lo.x;
-        f[1] = lo.y;
-        f[VEC - 2] = hi.x;
-        f[VEC - 1] = hi.y;
-    }
-}
-
 // One work item's geometry.
 struct WgradTileItem {
     long long n;
@@ -182,7 +136,7 @@ __device__ __forceinline__ void wgrad_tile_cl_body(const ConvArgs& a, const TmaM
                     const int row = pos / WT, col = pos - row * WT;
                     const int ih = t.ih0 + row, iw = t.iw0 + col;
                     const bool ok = plane && ih >= 0 && ih < a.ih && iw >= 0 && iw < a.iw;
-                    wgrad_tile_copy<LB>(bp + (unsigned)(pos * CB * sizeof(T)),
+                    cl_copy_async<LB>(bp + (unsigned)(pos * CB * sizeof(T)),
                                         ok ? xp + ((long long)ih * a.iw + iw) * C : gy, ok);
                 }
             }
@@ -191,7 +145,7 @@ __device__ __forceinline__ void wgrad_tile_cl_body(const ConvArgs& a, const TmaM
                 const int i = pos / TW, j = pos - i * TW;
                 const int oh = t.oh0 + i, ow = t.ow0 + j;
                 const bool ok = oh < a.oh && ow < a.ow;
-                wgrad_tile_copy<LB>(bg + (unsigned)(pos * CB * sizeof(T)),
+                cl_copy_async<LB>(bg + (unsigned)(pos * CB * sizeof(T)),
                                     ok ? gn + ((long long)oh * a.ow + ow) * C : gy, ok);
             }
         }
@@ -222,7 +176,7 @@ __device__ __forceinline__ void wgrad_tile_cl_body(const ConvArgs& a, const TmaM
             if (tail && t.oh0 + i >= a.oh) break;
             float g[TW][VEC];
 #pragma unroll
-            for (int j = 0; j < TW; ++j) wgrad_tile_read<VEC>(gs + (i * TW + j) * CB, g[j]);
+            for (int j = 0; j < TW; ++j) cl_read_f32<VEC>(gs + (i * TW + j) * CB, g[j]);
             bool plain = interior;
             if (group == 0 || !interior) {
                 // Outputs past the end hold zeros: the row sums are grad-bias's terms.
@@ -256,7 +210,7 @@ __device__ __forceinline__ void wgrad_tile_cl_body(const ConvArgs& a, const TmaM
                 const T* xr = xs + ((kd * HT + row) * WT) * CB;
                 float v[WT][VEC];
 #pragma unroll
-                for (int p = 0; p < WT; ++p) wgrad_tile_read<VEC>(xr + p * CB, v[p]);
+                for (int p = 0; p < WT; ++p) cl_read_f32<VEC>(xr + p * CB, v[p]);
                 if (plain) {
 #pragma unroll
                     for (int j = 0; j < TW; ++j)

@@ -53,6 +53,9 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
     let few_taps = spec.kernel3()[1] * spec.kernel3()[2] <= 128;
     let small_plane = oh * spec.output3()[2] <= 28 * 28;
     let one_d = od == 1 && oh == 1;
+    // Kernel rows of at most 3 taps at H stride >= 2: each output row adds all but at
+    // most one of its window's input rows.
+    let strided_3_rows = spec.kernel3()[1] <= 3 && spec.stride3()[1] >= 2;
     match v.name() {
         "depth_reuse_fma" if deep && fma_rows => (
             0,
@@ -143,6 +146,26 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
         // 0.063 vs 0.149 ms, convnext-nhwc 0.217 vs 0.417, x3d-ndhwc 0.358 vs 0.823, the
         // NDHWC seed 1.35 vs 2.26, mobilenet-s2 0.090 vs 0.126); on 1-D rows it loses
         // (causal-conv1d-nwc 0.155 vs wgrad 0.119, mamba2 0.219 vs wgrad_cl 0.121).
+        // Channels-last grad-weight streaming rows through a ring (run 217, same call,
+        // defaults): ahead of wgrad_tile_cl where a step's new rows are all a window
+        // needs and more, 3 rows at H stride 2 (mobilenet-s2 0.066 vs 0.074 ms), and on
+        // 1-D rows (causal-conv1d-nwc 0.070 vs wgrad 0.107; mamba2 even with wgrad_cl,
+        // 0.118 vs 0.120; behind it on hybrid-shortconv, 0.438 vs 0.421); behind
+        // wgrad_tile_cl elsewhere: 3-D (x3d-ndhwc 0.227 vs 0.179, the NDHWC seed 1.49 vs
+        // 1.00), 5x5 and 7x7 (efficientnet-k5s2 0.080 vs 0.070, convnext-nhwc 0.175 vs
+        // 0.140), 3x3 at stride 1 (mobilenet-s1-nhwc 0.046 vs 0.043).
+        "wgrad_strip_cl" if (one_d && spec.c() < 4096) || (strided_3_rows && od == 1) => (
+            0,
+            "grad-weight on channels-last rows streamed through a ring (1-D, or 3 rows at H stride >= 2)",
+        ),
+        "wgrad_strip_cl" => (
+            1,
+            "grad-weight on channels-last rows streamed through a ring (tiles ahead here)",
+        ),
+        "wgrad_tile_cl" if strided_3_rows && od == 1 && !one_d => (
+            1,
+            "grad-weight on channels-last data from shared-memory tiles (the row ring ahead here)",
+        ),
         "wgrad_tile_cl" if !one_d => (
             0,
             "grad-weight on channels-last data from shared-memory tiles",
@@ -402,6 +425,7 @@ mod tests {
         // Runs 106-110 (docs/perf.md): wgrad_tile_cl against wgrad and wgrad_cl in the
         // same calls on every channels-last case; 1-D rows from run 91; x3d-m-res4 (W 14)
         // from run 101: wgrad 0.347 vs wgrad_mma 0.428 ms.
+        // wgrad_strip_cl against all three on every channels-last case, run 217.
         // Channels-first: wgrad_tile against wgrad_mma and wgrad at defaults, run 197;
         // video-vae-causal from run 208 (wgrad_mma's shared ring).
         let winners = [
@@ -417,13 +441,13 @@ mod tests {
             ("video-vae-decoder", "wgrad_mma"),
             ("x3d-m-res4", "wgrad"),
             ("seed-bf16-ndhwc", "wgrad_tile_cl"),
-            ("mobilenet-s2", "wgrad_tile_cl"),
+            ("mobilenet-s2", "wgrad_strip_cl"),
             ("x3d-ndhwc", "wgrad_tile_cl"),
             ("video-vae-ndhwc", "wgrad_tile_cl"),
             ("convnext-nhwc", "wgrad_tile_cl"),
             ("mobilenet-s1-nhwc", "wgrad_tile_cl"),
             ("seed-f16-ndhwc", "wgrad_tile_cl"),
-            ("causal-conv1d-nwc", "wgrad"),
+            ("causal-conv1d-nwc", "wgrad_strip_cl"),
             ("mamba2-conv1d", "wgrad_cl"),
             ("hybrid-shortconv", "wgrad_cl"),
             ("convnext-t-nhwc", "wgrad_tile_cl"),

@@ -875,22 +875,14 @@ fn wgrad_tile_passes_with_either_fill() {
     assert!(checked >= tma_checked + 40, "only {checked} checks");
 }
 
-/// wgrad_tile_cl with its buffers filled by cp.async and by TMA boxes (whose zero fill is
-/// the padding and the tails) on the channels-last suites and random channels-last
-/// specs: 1-3 dims, strides, dilations (depth dilation 1 for boxes), partial channel
-/// blocks, tiles with tails, NaN/Inf in a third of them, grad-bias.
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn wgrad_tile_cl_passes_with_either_fill() {
-    let engine = Engine::cuda(0).unwrap();
-    let v = evokernel::variants::find("wgrad_tile_cl").unwrap();
-    let mut rng = SplitMix64::new(2032);
+/// `count` random channels-last specs for the grad-weight fill tests: 1-3 dims, every
+/// dtype, whole 16-byte pixels mostly (TMA) and a few 4-byte ones (cp.async only),
+/// strides, H and W dilations, random padding.
+fn random_channels_last_specs(seed: u64, count: usize) -> Vec<(String, ConvSpec)> {
+    let mut rng = SplitMix64::new(seed);
     let mut pick = |lo: u64, hi: u64| (lo + rng.next_u64() % (hi - lo + 1)) as i64;
-    let mut specs = named_specs(
-        [public_suite(), channels_last_suite()],
-        Some(Layout::ChannelsLast),
-    );
-    for i in 0..60 {
+    let mut specs = Vec::new();
+    for i in 0..count {
         let dims = pick(1, 3) as usize;
         let (kd, kh, kw) = (pick(1, 3), pick(1, 5), pick(1, 7));
         let mut p = ConvParams::seed();
@@ -916,6 +908,23 @@ fn wgrad_tile_cl_passes_with_either_fill() {
             specs.push((format!("random #{i}"), spec));
         }
     }
+    specs
+}
+
+/// wgrad_tile_cl with its buffers filled by cp.async and by TMA boxes (whose zero fill is
+/// the padding and the tails) on the channels-last suites and random channels-last
+/// specs: 1-3 dims, strides, dilations (depth dilation 1 for boxes), partial channel
+/// blocks, tiles with tails, NaN/Inf in a third of them, grad-bias.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn wgrad_tile_cl_passes_with_either_fill() {
+    let engine = Engine::cuda(0).unwrap();
+    let v = evokernel::variants::find("wgrad_tile_cl").unwrap();
+    let mut specs = named_specs(
+        [public_suite(), channels_last_suite()],
+        Some(Layout::ChannelsLast),
+    );
+    specs.extend(random_channels_last_specs(2032, 60));
     let mut cases = Vec::new();
     for (name, spec) in specs {
         if v.applies(&spec).is_err() {
@@ -946,6 +955,68 @@ fn wgrad_tile_cl_passes_with_either_fill() {
     let (checked, tma_checked) = check_wgrad_cases(&engine, v, &cases);
     eprintln!("{checked} wgrad_tile_cl checks, {tma_checked} with TMA boxes");
     assert!(tma_checked >= 60, "only {tma_checked} TMA checks");
+}
+
+/// wgrad_strip_cl with its ring filled by cp.async and by TMA boxes on the channels-last
+/// suites and random channels-last specs (as wgrad_tile_cl's test, other seeds): slices
+/// of rows that start and end mid-column and cross images, the smallest ring (one step
+/// ahead) and the largest, segments past a row's end, several tap-row groups, NaN/Inf in
+/// a third.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn wgrad_strip_cl_passes_with_either_fill() {
+    let engine = Engine::cuda(0).unwrap();
+    let v = evokernel::variants::find("wgrad_strip_cl").unwrap();
+    let mut specs = named_specs(
+        [public_suite(), channels_last_suite(), models_suite()],
+        Some(Layout::ChannelsLast),
+    );
+    specs.extend(random_channels_last_specs(2033, 60));
+    let mut cases = Vec::new();
+    for (name, spec) in specs {
+        if v.applies(&spec).is_err() {
+            continue;
+        }
+        let space = v.space(&spec);
+        let values = |name: &str| {
+            space
+                .iter()
+                .find(|p| p.name == name)
+                .unwrap()
+                .values
+                .clone()
+        };
+        let rings = values("ring");
+        let (first_ring, last_ring) = (rings[0], rings[rings.len() - 1]);
+        let mut configs = Vec::new();
+        for (tma, tw, segs, ring, rows, smallest_cb) in [
+            (0, 0, 0, 0, 0, false),
+            (1, 0, 0, 0, 0, false),
+            (1, 2, 4, first_ring, 0, false),
+            (0, 2, 3, first_ring, 0, false),
+            (1, 8, 1, last_ring, 1, false),
+            (1, 4, 7, last_ring, 1, true),
+            (0, 4, 2, first_ring + 1, 1, true),
+        ] {
+            let mut cfg = default_with(
+                v,
+                &spec,
+                tma,
+                &[("tw", tw), ("segs", segs), ("ring", ring), ("rows", rows)],
+            );
+            cfg.values
+                .insert("splits".into(), [4, 8, 64][configs.len() % 3]);
+            if smallest_cb {
+                cfg.values.insert("cb".into(), values("cb")[0]);
+            }
+            push_launchable(v, &spec, cfg, &mut configs);
+        }
+        cases.push((name, spec, configs));
+    }
+    let (checked, tma_checked) = check_wgrad_cases(&engine, v, &cases);
+    eprintln!("{checked} wgrad_strip_cl checks, {tma_checked} with TMA boxes");
+    assert!(tma_checked >= 80, "only {tma_checked} TMA checks");
+    assert!(checked >= tma_checked + 60, "only {checked} checks");
 }
 
 /// Grad-weight where padding and tile tails meet non-finite values: an Inf grad_output at

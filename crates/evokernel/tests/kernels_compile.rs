@@ -308,13 +308,12 @@ fn wgrad_mma_builds_for_sm80_with_either_ring_fill() {
     }
 }
 
-/// wgrad_tile_cl off Hopper: a `tma=1` config fills the same 128-byte-aligned buffers
-/// with cp.async (the TMA and mbarrier forms are sm_90 only); both fills build for sm_80,
-/// 2-D and 3-D, f16 and f32.
+/// wgrad_tile_cl and wgrad_strip_cl off Hopper: a `tma=1` config fills the same
+/// 128-byte-aligned buffers with cp.async (the TMA and mbarrier forms are sm_90 only);
+/// both fills build for sm_80, 2-D and 3-D, f16 and f32.
 #[test]
-fn wgrad_tile_cl_builds_for_sm80_with_either_fill() {
+fn channels_last_grad_weight_builds_for_sm80_with_either_fill() {
     let jit = Jit::new("sm_80").unwrap().without_cache();
-    let v = evokernel::variants::find("wgrad_tile_cl").unwrap();
     let suite = evokernel::suite::public_suite().unwrap();
     let mut specs: Vec<_> = ["mobilenet-s2", "seed-bf16-ndhwc"]
         .iter()
@@ -325,9 +324,12 @@ fn wgrad_tile_cl_builds_for_sm80_with_either_fill() {
     f32_seed.dtype = DType::F32;
     f32_seed.c = 64;
     specs.push(f32_seed.validate().unwrap());
-    for spec in &specs {
-        for tma in [0, 1] {
-            builds_for_sm80(&jit, v, spec, &[("tma", tma)]);
+    for name in ["wgrad_tile_cl", "wgrad_strip_cl"] {
+        let v = evokernel::variants::find(name).unwrap();
+        for spec in &specs {
+            for tma in [0, 1] {
+                builds_for_sm80(&jit, v, spec, &[("tma", tma)]);
+            }
         }
     }
 }

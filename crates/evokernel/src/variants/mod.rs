@@ -63,6 +63,7 @@ mod tensor_core;
 mod wgrad;
 mod wgrad_cl;
 mod wgrad_mma;
+mod wgrad_strip_cl;
 mod wgrad_tile;
 mod wgrad_tile_cl;
 
@@ -83,6 +84,7 @@ pub use tensor_core::TensorCore;
 pub use wgrad::Wgrad;
 pub use wgrad_cl::WgradCl;
 pub use wgrad_mma::WgradMma;
+pub use wgrad_strip_cl::WgradStripCl;
 pub use wgrad_tile::WgradTile;
 pub use wgrad_tile_cl::WgradTileCl;
 
@@ -607,6 +609,7 @@ pub fn registry() -> Vec<&'static dyn Variant> {
         &WgradMma,
         &WgradTile,
         &WgradTileCl,
+        &WgradStripCl,
     ]
 }
 
@@ -979,6 +982,7 @@ wgrad_cl cf8a747ae51c53e28b3f060ab1a9199a
 wgrad_mma 3d8222607ae29f2bd9df95d14b0b5767
 wgrad_tile 20b4a2383722ccd0560f067541d732d6
 wgrad_tile_cl 4e5fe028fdf64de24339b5c3c783d8b6
+wgrad_strip_cl 678096bff51f0f024ff101a1d102e613
 ";
 
     #[test]

@@ -39,13 +39,13 @@ const TILE_COLS: [i64; 3] = [4, 8, 16];
 
 impl WgradTileCl {
     /// Channels a thread reads (`bytes` of them).
-    fn vector(spec: &ConvSpec, bytes: usize) -> usize {
+    pub(super) fn vector(spec: &ConvSpec, bytes: usize) -> usize {
         (bytes / spec.dtype().size_bytes()).max(1)
     }
 
     /// Bytes one cp.async moves: the widest of 16, 8, 4 that divides a pixel's channels
     /// and a block's (a copy never straddles either); `None` when 4 does not.
-    fn copy_bytes(spec: &ConvSpec, cb: usize) -> Option<usize> {
+    pub(super) fn copy_bytes(spec: &ConvSpec, cb: usize) -> Option<usize> {
         let s = spec.dtype().size_bytes();
         [16, 8, 4]
             .into_iter()
@@ -83,7 +83,7 @@ impl WgradTileCl {
 
     /// Tap rows a thread may take: KD * KH's near-equal divisions whose accumulators fit
     /// with 4-byte vectors.
-    fn rows_per_thread(spec: &ConvSpec) -> Vec<i64> {
+    pub(super) fn rows_per_thread(spec: &ConvSpec) -> Vec<i64> {
         let (rows, kw) = (Wgrad::tap_rows(spec), spec.kernel3()[2]);
         let v4 = Self::vector(spec, 4);
         let mut per_thread: Vec<i64> = (1..=rows)
@@ -183,7 +183,7 @@ impl WgradTileCl {
     /// Channels a block may take: powers of two and C's near-equal divisions in whole
     /// 8-byte vectors, at most 256; fewer than 16 only when C itself is (rounded up to a
     /// vector: the copies zero-fill past C).
-    fn channel_blocks(spec: &ConvSpec) -> Vec<i64> {
+    pub(super) fn channel_blocks(spec: &ConvSpec) -> Vec<i64> {
         let c = spec.c();
         let v8 = Self::vector(spec, 8);
         let all = c.next_multiple_of(v8);

@@ -1,0 +1,455 @@
+//! `wgrad_strip_cl`: grad-weight and grad-bias on channels-last data, streaming bands of
+//! output rows through a ring of shared-memory slots (kernels/wgrad_strip_cl.cu): a step
+//! loads only the input rows its output row adds to the window, so no halo rows are
+//! copied twice and several rows fly while one is summed; deterministic, with wgrad's
+//! partials and finalize. Parameters: `vec` bytes of channels a thread reads (4 or 8),
+//! `cb` channels a block, `rows` tap rows (kd, kh) a thread, `tw` outputs a thread and
+//! `segs` threads along a strip row (a strip is `tw * segs` outputs wide), `ring` slots, `splits` slices of the items, `tma` 1: one thread fills
+//! a slot with two TMA boxes, `minblocks` a register cap.
+
+use super::wgrad::Wgrad;
+use super::wgrad_tile_cl::WgradTileCl;
+use super::{cuda_type, grid_x, within_shared, Config, Launch, Param, TensorMaps, Variant};
+use crate::error::Result;
+use crate::pass::Pass;
+use crate::spec::{ConvSpec, Layout};
+
+pub struct WgradStripCl;
+
+typed_params!(Params {
+    vec,
+    cb,
+    rows,
+    tw,
+    segs,
+    ring,
+    splits,
+    tma,
+    minblocks
+});
+
+/// Accumulators a thread keeps (rows x KW x channels); mirrors the kernel's static_assert.
+const MAX_ACCUMULATORS: usize = 64;
+/// Values a thread holds: accumulators, a step's grad-output and input vectors.
+const MAX_VALUES: usize = 160;
+/// Threads of a block; mirrors `__launch_bounds__(256)`.
+const MAX_THREADS: usize = 256;
+/// The widest TMA box extent.
+const MAX_BOX: usize = 256;
+/// SMs of the H100 the defaults are sized for (the launch still takes any count).
+const SMS: usize = 132;
+
+/// The ring's geometry along H, mirrored from the kernel: rows a step loads per depth
+/// (`new`) and slots a window reaches back (`back`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Window {
+    new: usize,
+    back: usize,
+}
+
+impl WgradStripCl {
+    fn window(spec: &ConvSpec) -> Window {
+        let (kh, sh, dh) = (spec.kernel3()[1], spec.stride3()[1], spec.dilation3()[1]);
+        let span = (kh - 1) * dh + 1;
+        let new = sh.min(span);
+        Window {
+            new,
+            back: (span - new).div_ceil(new),
+        }
+    }
+
+    /// Input columns a strip of `outputs` outputs reads (the kernel's WTS; WT for one
+    /// segment).
+    fn columns(spec: &ConvSpec, outputs: usize) -> usize {
+        let (kw, sw, dw) = (spec.kernel3()[2], spec.stride3()[2], spec.dilation3()[2]);
+        (outputs - 1) * sw + (kw - 1) * dw + 1
+    }
+
+    fn threads(spec: &ConvSpec, p: &Params) -> usize {
+        p.cb / WgradTileCl::vector(spec, p.vec) * p.segs * Wgrad::groups(spec, p.rows)
+    }
+
+    /// Bytes of one slot: KD x NEW input rows of the strip and a grad-output row (regions
+    /// 128-byte aligned where TMA boxes land).
+    fn slot_bytes(spec: &ConvSpec, p: &Params) -> usize {
+        let s = p.cb * spec.dtype().size_bytes();
+        let input =
+            spec.kernel3()[0] * Self::window(spec).new * Self::columns(spec, p.tw * p.segs) * s;
+        let grad_output = p.tw * p.segs * s;
+        let region = |b: usize| {
+            if p.tma != 0 {
+                b.next_multiple_of(128)
+            } else {
+                b
+            }
+        };
+        region(input) + region(grad_output)
+    }
+
+    fn shared_bytes(spec: &ConvSpec, p: &Params) -> usize {
+        // The segments' reduction reuses the slots (a float a thread).
+        (p.ring * Self::slot_bytes(spec, p)).max(4 * Self::threads(spec, p))
+    }
+
+    /// `Err(reason)` where TMA boxes cannot fill a block of `cb` channels.
+    fn tma_fits(spec: &ConvSpec, p: &Params) -> std::result::Result<(), String> {
+        let s = spec.dtype().size_bytes();
+        if !(spec.c() * s).is_multiple_of(16) || !(p.cb * s).is_multiple_of(16) {
+            return Err(format!(
+                "TMA boxes need a pixel's channels ({}) and a block's ({}) in 16-byte multiples",
+                spec.c(),
+                p.cb
+            ));
+        }
+        let extents = [
+            p.cb,
+            Self::columns(spec, p.tw * p.segs),
+            Self::window(spec).new,
+            spec.kernel3()[0],
+        ];
+        if extents.iter().any(|&e| e > MAX_BOX) {
+            return Err(format!(
+                "a TMA box of {extents:?} exceeds {MAX_BOX} along some dim"
+            ));
+        }
+        Ok(())
+    }
+
+    /// `Err(reason)` when `p` cannot launch for `spec` (what `fits` says of a config).
+    fn check(spec: &ConvSpec, p: &Params) -> std::result::Result<(), String> {
+        let v = WgradTileCl::vector(spec, p.vec);
+        let kw = spec.kernel3()[2];
+        if !p.cb.is_multiple_of(v) {
+            return Err(format!(
+                "a block of {} channels is not whole {v}-channel vectors",
+                p.cb
+            ));
+        }
+        if WgradTileCl::copy_bytes(spec, p.cb).is_none() {
+            return Err(format!(
+                "{} channels a block are not whole 4-byte copies",
+                p.cb
+            ));
+        }
+        if p.rows * kw * v > MAX_ACCUMULATORS {
+            return Err(format!(
+                "{} tap rows of {kw} taps x {v} channels exceed {MAX_ACCUMULATORS} accumulators",
+                p.rows
+            ));
+        }
+        let values = (p.rows * kw + p.tw + Self::columns(spec, p.tw)) * v;
+        if values > MAX_VALUES {
+            return Err(format!("{values} values a thread exceed {MAX_VALUES}"));
+        }
+        let threads = Self::threads(spec, p);
+        if threads > MAX_THREADS {
+            return Err(format!("{threads} threads exceed a block of {MAX_THREADS}"));
+        }
+        let ow = spec.output3()[2];
+        if (p.segs - 1) * p.tw >= ow {
+            return Err(format!(
+                "{} segments of {} outputs leave some past a row of {ow}",
+                p.segs, p.tw
+            ));
+        }
+        let back = Self::window(spec).back;
+        if p.ring <= back {
+            return Err(format!(
+                "a ring of {} slots holds no step ahead of a window reaching {back} back",
+                p.ring
+            ));
+        }
+        if p.tma != 0 {
+            Self::tma_fits(spec, p)?;
+        }
+        within_shared("the ring of slots", Self::shared_bytes(spec, p))
+    }
+
+    /// Output rows of every column: what the splits share.
+    fn rows(spec: &ConvSpec, p: &Params) -> usize {
+        let [od, oh, ow] = spec.output3();
+        spec.n() * od * oh * ow.div_ceil(p.tw * p.segs)
+    }
+
+    /// Blocks of `p` an SM holds by shared memory and threads (at most 4 counted).
+    fn blocks_per_sm(spec: &ConvSpec, p: &Params) -> usize {
+        // 228 KB an SM, 1 KB of it reserved per block.
+        let by_shared = (228 * 1024) / (Self::shared_bytes(spec, p) + 1024);
+        let by_threads = 2048 / Self::threads(spec, p).next_multiple_of(32);
+        by_shared.min(by_threads).clamp(1, 4)
+    }
+}
+
+impl Variant for WgradStripCl {
+    fn name(&self) -> &'static str {
+        "wgrad_strip_cl"
+    }
+    fn pass(&self) -> Pass {
+        Pass::Wgrad
+    }
+    fn source(&self) -> &'static str {
+        include_str!("../../kernels/wgrad_strip_cl.cu")
+    }
+    fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
+        if spec.layout() != Layout::ChannelsLast {
+            return Err("needs channels-last data".into());
+        }
+        if !(spec.c() * spec.dtype().size_bytes()).is_multiple_of(4) {
+            return Err(format!(
+                "needs a pixel's channels in whole 4-byte copies; {} channels of {} are not",
+                spec.c(),
+                spec.dtype()
+            ));
+        }
+        if spec.kernel3()[0] > 1 && spec.dilation3()[0] != 1 {
+            return Err("a slot holds consecutive input depths: depth dilation must be 1".into());
+        }
+        let smallest = WgradTileCl::channel_blocks(spec).first().map(|&cb| Params {
+            vec: 4,
+            cb: cb as usize,
+            rows: 1,
+            tw: 2,
+            segs: 1,
+            ring: Self::window(spec).back + 1,
+            splits: 1,
+            tma: 0,
+            minblocks: 1,
+        });
+        match smallest {
+            Some(p) => Self::check(spec, &p).map_err(|why| format!("no config fits: {why}")),
+            None => Err("no channel block fits".into()),
+        }
+    }
+    fn space(&self, spec: &ConvSpec) -> Vec<Param> {
+        let back = Self::window(spec).back as i64;
+        let tma_any = WgradTileCl::channel_blocks(spec).iter().any(|&cb| {
+            let s = spec.dtype().size_bytes();
+            (spec.c() * s).is_multiple_of(16) && (cb as usize * s).is_multiple_of(16)
+        });
+        vec![
+            Param {
+                name: "vec",
+                values: vec![4, 8],
+            },
+            Param {
+                name: "cb",
+                values: WgradTileCl::channel_blocks(spec),
+            },
+            Param {
+                name: "rows",
+                values: WgradTileCl::rows_per_thread(spec),
+            },
+            Param {
+                name: "tw",
+                values: vec![2, 4, 8],
+            },
+            // Any count up to 16: a row of 56 outputs is 7 segments of 8, 14 of 4.
+            Param {
+                name: "segs",
+                values: (1..=16).collect(),
+            },
+            // A window's slots plus 1-6 steps ahead.
+            Param {
+                name: "ring",
+                values: (back + 1..=back + 6).collect(),
+            },
+            // Powers of two, and whole waves of 1-6 blocks on each of an H100's 132 SMs.
+            Param {
+                name: "splits",
+                values: vec![
+                    1, 2, 4, 8, 16, 32, 64, 128, 132, 256, 264, 396, 512, 528, 660, 792,
+                ],
+            },
+            Param {
+                name: "tma",
+                values: if tma_any { vec![0, 1] } else { vec![0] },
+            },
+            Param {
+                name: "minblocks",
+                values: vec![1, 2, 3, 4],
+            },
+        ]
+    }
+    fn default_config(&self, spec: &ConvSpec) -> Config {
+        let kw = spec.kernel3()[2];
+        let v = WgradTileCl::vector(spec, 4);
+        // About 16-32 accumulators a thread, as wgrad_tile_cl.
+        let rows = WgradTileCl::rows_per_thread(spec)
+            .into_iter()
+            .map(|r| r as usize)
+            .filter(|&r| r * kw * v <= 32)
+            .max()
+            .unwrap_or(1);
+        let groups = Wgrad::groups(spec, rows);
+        let cbs = WgradTileCl::channel_blocks(spec);
+        let cb = cbs
+            .iter()
+            .rev()
+            .map(|&b| b as usize)
+            .find(|&b| b / v * groups <= 80)
+            .unwrap_or(cbs[0] as usize);
+        let ow = spec.output3()[2];
+        let tw = 4;
+        let mut p = Params {
+            vec: 4,
+            cb,
+            rows,
+            tw,
+            segs: 1,
+            ring: Self::window(spec).back + 4,
+            splits: 1,
+            tma: 0,
+            minblocks: 1,
+        };
+        p.tma = Self::tma_fits(spec, &p).is_ok() as usize;
+        // The most segments a block's threads take, none wholly past the row.
+        for segs in 2..=16 {
+            let q = Params { segs, ..p };
+            if (segs - 1) * tw < ow
+                && Self::check(spec, &q).is_ok()
+                && Self::threads(spec, &q) <= 160
+            {
+                p.segs = segs;
+            }
+        }
+        // Fewer slots where the ring would not fit.
+        while p.ring > Self::window(spec).back + 1 && Self::check(spec, &p).is_err() {
+            p.ring -= 1;
+        }
+        // One wave of the blocks the SMs hold.
+        let blocks = spec.c().div_ceil(cb);
+        let resident = SMS * Self::blocks_per_sm(spec, &p);
+        // At least 8 rows a block (each slice start costs P prologue steps).
+        let rows = Self::rows(spec, &p) / 8;
+        while p.splits * 2 * blocks <= resident && p.splits * 2 <= rows.min(512) {
+            p.splits *= 2;
+        }
+        p.config(self.name())
+    }
+    fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
+        let p = Params::parse(self, spec, config)?;
+        let [kd, kh, kw] = spec.kernel3();
+        let [_, sh, sw] = spec.stride3();
+        let [_, dh, dw] = spec.dilation3();
+        // `parse` checked the config (`fits`): the copies exist.
+        let copy = WgradTileCl::copy_bytes(spec, p.cb).unwrap_or_default();
+        Ok(format!(
+            "wgrad_strip_cl_dwconv<{}, {}, {}, {kd}, {kh}, {kw}, {sh}, {sw}, {dh}, {dw}, {}, {}, {}, {}, {copy}, {}, {}>",
+            cuda_type(spec.dtype()),
+            WgradTileCl::vector(spec, p.vec),
+            p.cb,
+            p.tw,
+            p.segs,
+            p.rows,
+            p.ring,
+            p.tma,
+            p.minblocks
+        ))
+    }
+    fn tensor_maps(&self, spec: &ConvSpec, config: &Config) -> Option<TensorMaps> {
+        let p = Params::read(config).ok()?;
+        Some(if p.tma != 0 {
+            // A step's KD x NEW input rows of the strip and its grad-output row.
+            TensorMaps::ChannelsLast {
+                input: [
+                    p.cb as u32,
+                    Self::columns(spec, p.tw * p.segs) as u32,
+                    Self::window(spec).new as u32,
+                    spec.kernel3()[0] as u32,
+                ],
+                output: Some([p.cb as u32, (p.tw * p.segs) as u32, 1, 1]),
+            }
+        } else {
+            TensorMaps::Unused
+        })
+    }
+    fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
+        Self::check(spec, &Params::read(config).map_err(|e| e.to_string())?)
+    }
+    fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
+        let p = Params::parse(self, spec, config)?;
+        Ok(Launch {
+            grid: (
+                grid_x(self, spec, spec.c().div_ceil(p.cb))?,
+                p.splits as u32,
+                1,
+            ),
+            block: (
+                (p.cb / WgradTileCl::vector(spec, p.vec) * p.segs) as u32,
+                Wgrad::groups(spec, p.rows) as u32,
+                1,
+            ),
+            shared_bytes: Self::shared_bytes(spec, &p) as u32,
+        })
+    }
+    fn partial_splits(&self, spec: &ConvSpec, config: &Config) -> Result<Option<usize>> {
+        Ok(Some(Params::parse(self, spec, config)?.splits))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::suite::{channels_last_suite, models_suite, public_suite};
+
+    #[test]
+    fn defaults_fit_and_launch_on_every_channels_last_case() {
+        let cases = public_suite()
+            .unwrap()
+            .into_iter()
+            .chain(channels_last_suite().unwrap())
+            .chain(models_suite().unwrap());
+        for case in cases {
+            let spec = &case.spec;
+            if WgradStripCl.applies(spec).is_err() {
+                assert_ne!(spec.layout(), Layout::ChannelsLast, "{}", case.name);
+                continue;
+            }
+            let d = WgradStripCl.default_config(spec);
+            WgradStripCl
+                .fits(spec, &d)
+                .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+            let l = WgradStripCl.launch(spec, &d, 132).unwrap();
+            let threads = l.block.0 * l.block.1 * l.block.2;
+            assert!(threads as usize <= MAX_THREADS, "{}: {threads}", case.name);
+            assert!(l.shared_bytes as usize <= super::super::MAX_SHARED);
+        }
+    }
+
+    #[test]
+    fn the_window_counts_the_rows_a_step_adds() {
+        let case = |name: &str| {
+            public_suite()
+                .unwrap()
+                .into_iter()
+                .chain(channels_last_suite().unwrap())
+                .find(|c| c.name == name)
+                .unwrap()
+                .spec
+        };
+        // 3x3 stride 2: two new rows a step, the window's first row in the slot before.
+        assert_eq!(
+            WgradStripCl::window(&case("mobilenet-s2")),
+            Window { new: 2, back: 1 }
+        );
+        // 5 rows at stride 1: one row a step, four slots back.
+        assert_eq!(
+            WgradStripCl::window(&case("seed-bf16-ndhwc")),
+            Window { new: 1, back: 4 }
+        );
+    }
+
+    #[test]
+    fn a_ring_without_a_step_ahead_is_refused_with_the_reason() {
+        let spec = public_suite()
+            .unwrap()
+            .into_iter()
+            .find(|c| c.name == "seed-bf16-ndhwc")
+            .unwrap()
+            .spec;
+        let mut c = WgradStripCl.default_config(&spec);
+        c.values.insert("ring".into(), 4);
+        let why = WgradStripCl.fits(&spec, &c).unwrap_err();
+        assert!(why.contains("ring of 4 slots"), "{why}");
+    }
+}
