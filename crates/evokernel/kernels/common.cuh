@@ -393,6 +393,21 @@ __device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, 
 }
 #endif
 
+// Programmatic dependent launch (sm_90 and later; no-ops before): a grad-weight plan's
+// finalize is launched as a dependent of its main kernel (cuda::Device::
+// launch_dependent_on) and waits here for that kernel's completion and writes; the main
+// kernels let it launch once each block is past its main loop.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // Tensor-core pieces shared by tensor_core.cu and streaming.cu.
 template <typename T> struct Mma;
 template <> struct Mma<__nv_bfloat16> {

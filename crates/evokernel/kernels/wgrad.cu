@@ -126,6 +126,7 @@ __device__ __forceinline__ void wgrad_body(const ConvArgs& a) {
         }
     }
 
+    pdl_launch_dependents();  // the finalize may launch (it waits for this grid)
     // Block sum of each accumulator in a fixed order: CF, a butterfly within each warp
     // then the group's warps in order; CL (a channel per lane), the group's warps in
     // order. Warp g (< G) adds group g's warps.
@@ -183,6 +184,7 @@ __global__ void __launch_bounds__(256) wgrad_finalize_dwconv(ConvArgs a, EpiArgs
     constexpr int SLOTS = TAPS + ((EPI & 4) != 0 ? 1 : 0);
     const long long total = a.c * SLOTS;
     const int part = threadIdx.x / PER_BLOCK, j = threadIdx.x - part * PER_BLOCK;
+    pdl_wait();  // launched as the main kernel's dependent: its partials are complete here
     // The loop bound is the same for every thread of a block: the barriers are uniform.
     for (long long base = blockIdx.x * (long long)PER_BLOCK; base < total;
          base += (long long)gridDim.x * PER_BLOCK) {

@@ -268,6 +268,7 @@ __device__ __forceinline__ void wgrad_cl_body(const ConvArgs& a) {
             wgrad_cl_walk<false, T, VEC, KW, SW, DW, RB>(a, gyr, xr, ok, s0, s1, acc, bacc);
     }
 
+    pdl_launch_dependents();  // the finalize may launch (it waits for this grid)
     // Workers' sums in worker order (a fixed order: the same bits every run), then one
     // partial per (channel, tap).
     constexpr int NACC = RB * KW * VEC + VEC;

@@ -562,6 +562,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
     if (lane == 0) wacc[TAPS] += bacc;
     __syncthreads();
     // The block's warps in order.
+    pdl_launch_dependents();  // the finalize may launch (it waits for this grid)
     float* out = partials + ((long long)split * a.c + c) * (TAPS + 1);
     for (int t = threadIdx.x; t < TAPS + 1; t += blockDim.x) {
         float s = 0.f;

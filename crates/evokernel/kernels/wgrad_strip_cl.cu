@@ -308,6 +308,7 @@ __device__ __forceinline__ void wgrad_strip_cl_body(const ConvArgs& a, const Tma
     if constexpr (!COPY_TMA) cp_async_wait<0>();
     __syncthreads();
 
+    pdl_launch_dependents();  // the finalize may launch (it waits for this grid)
     // Segments' sums in segment order (the same bits every run), then one partial per
     // (channel, tap). Every copy has landed: the slots are free.
     constexpr int NACC = RB * KW * VEC + VEC;

@@ -268,6 +268,7 @@ __device__ __forceinline__ void wgrad_tile_body(const ConvArgs& a, const TmaMaps
         red[(NV - 1) * NT + tid] = bacc;
     }
     __syncthreads();
+    pdl_launch_dependents();  // the finalize may launch (it waits for this grid)
     float* out = partials + ((long long)blockIdx.y * C + c) * (TAPS + 1);
     for (int t = tid; t < TAPS + 1; t += blockDim.x) {
         float s = 0.f;

@@ -262,6 +262,7 @@ __device__ __forceinline__ void wgrad_tile_cl_body(const ConvArgs& a, const TmaM
     }
     cp_async_wait<0>();
 
+    pdl_launch_dependents();  // the finalize may launch (it waits for this grid)
     // Workers' sums in worker order (a fixed order: the same bits every run), then one
     // partial per (channel, tap). The tile buffers are free now.
     constexpr int NACC = RB * KW * VEC + VEC;

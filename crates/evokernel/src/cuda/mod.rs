@@ -637,6 +637,70 @@ impl CudaDevice {
         })
     }
 
+    /// Launches a second kernel of a plan (grad-weight's finalize) on `stream` as a
+    /// programmatic dependent of the kernel before it where the device has them (sm_90
+    /// and later): its blocks may launch while the first kernel's last blocks finish, and
+    /// its `griddepcontrol.wait` holds them until that kernel has completed and its
+    /// writes are visible. Elsewhere a plain launch.
+    ///
+    /// # Safety
+    /// As `launch_on`; the kernel must wait (`griddepcontrol.wait`) before it reads what
+    /// the kernel before it wrote.
+    pub unsafe fn launch_dependent_on(
+        &self,
+        kernel: &LoadedKernel,
+        args: &ConvArgs,
+        epi: &EpiArgs,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<()> {
+        use cudarc::driver::sys;
+        if self.info.compute_capability.0 < 9 {
+            // SAFETY: the caller's promises are launch_on's.
+            return unsafe { self.launch_on(kernel, args, epi, None, stream) };
+        }
+        let l = kernel.launch;
+        let mut params = [
+            args as *const ConvArgs as *mut std::ffi::c_void,
+            epi as *const EpiArgs as *mut std::ffi::c_void,
+        ];
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue { pad: [0; 64] },
+        };
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: l.grid.0,
+            gridDimY: l.grid.1,
+            gridDimZ: l.grid.2,
+            blockDimX: l.block.0,
+            blockDimY: l.block.1,
+            blockDimZ: l.block.2,
+            sharedMemBytes: l.shared_bytes,
+            hStream: stream,
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: the parameters match the kernel's (ConvArgs, EpiArgs) and outlive the
+        // call (the driver copies them); `config` and `attr` live across it; the caller
+        // vouches for the stream and the pointers.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                kernel.function.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .cuda_with(|| {
+            format!(
+                "cuLaunchKernelEx (programmatic dependent; grid {:?}, block {:?})",
+                l.grid, l.block
+            )
+        })
+    }
+
     /// Launches a kernel whose only parameter is `args`.
     pub fn launch<A: DeviceRepr>(&self, kernel: &LoadedKernel, args: &A) -> Result<()> {
         let l = kernel.launch;

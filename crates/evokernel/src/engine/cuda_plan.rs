@@ -347,7 +347,7 @@ impl CudaPlan {
             }
             if let Lowering::Wgrad { finalize } = &self.lowering {
                 let f = ConvArgs::new(spec, ws, ptrs.grad_bias, ptrs.grad_weight)?;
-                self.dev.launch_on(finalize, &f, &none, None, stream)?;
+                self.dev.launch_dependent_on(finalize, &f, &none, stream)?;
             }
         }
         Ok(())
