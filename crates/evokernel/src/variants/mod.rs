@@ -827,6 +827,32 @@ pub fn valid_configs(v: &dyn Variant, spec: &ConvSpec) -> Vec<Config> {
 pub(crate) mod test_specs {
     use crate::spec::{ConvParams, ConvSpec, DType, Layout};
 
+    /// Every channels-last case of the three suites is taken by `v` (the channels-first
+    /// ones refused), and its default config fits and launches in a block of at most 256
+    /// threads and the shared memory a block may have.
+    pub(crate) fn assert_defaults_fit_every_channels_last_case(v: &dyn crate::variants::Variant) {
+        use crate::suite::{channels_last_suite, models_suite, public_suite};
+        let cases = public_suite()
+            .unwrap()
+            .into_iter()
+            .chain(channels_last_suite().unwrap())
+            .chain(models_suite().unwrap());
+        for case in cases {
+            let spec = &case.spec;
+            if v.applies(spec).is_err() {
+                assert_ne!(spec.layout(), Layout::ChannelsLast, "{}", case.name);
+                continue;
+            }
+            let d = v.default_config(spec);
+            v.fits(spec, &d)
+                .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+            let l = v.launch(spec, &d, 132).unwrap();
+            let threads = l.block.0 * l.block.1 * l.block.2;
+            assert!(threads <= 256, "{}: {threads}", case.name);
+            assert!(l.shared_bytes as usize <= super::MAX_SHARED);
+        }
+    }
+
     /// The seed problem, channels-last, with `c` channels of `dtype`.
     pub(crate) fn seed_channels_last(c: i64, dtype: DType) -> ConvSpec {
         let mut p = ConvParams::seed();

@@ -390,30 +390,11 @@ impl Variant for WgradStripCl {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::suite::{channels_last_suite, models_suite, public_suite};
+    use crate::suite::{channels_last_suite, public_suite};
 
     #[test]
     fn defaults_fit_and_launch_on_every_channels_last_case() {
-        let cases = public_suite()
-            .unwrap()
-            .into_iter()
-            .chain(channels_last_suite().unwrap())
-            .chain(models_suite().unwrap());
-        for case in cases {
-            let spec = &case.spec;
-            if WgradStripCl.applies(spec).is_err() {
-                assert_ne!(spec.layout(), Layout::ChannelsLast, "{}", case.name);
-                continue;
-            }
-            let d = WgradStripCl.default_config(spec);
-            WgradStripCl
-                .fits(spec, &d)
-                .unwrap_or_else(|e| panic!("{}: {e}", case.name));
-            let l = WgradStripCl.launch(spec, &d, 132).unwrap();
-            let threads = l.block.0 * l.block.1 * l.block.2;
-            assert!(threads as usize <= MAX_THREADS, "{}: {threads}", case.name);
-            assert!(l.shared_bytes as usize <= super::super::MAX_SHARED);
-        }
+        crate::variants::test_specs::assert_defaults_fit_every_channels_last_case(&WgradStripCl);
     }
 
     #[test]

@@ -439,32 +439,12 @@ impl Variant for WgradTileCl {
 mod tests {
     use super::*;
     use crate::spec::{ConvParams, DType};
-    use crate::suite::{channels_last_suite, models_suite, public_suite};
 
     use crate::variants::test_specs::seed_channels_last as cl;
 
     #[test]
     fn defaults_fit_and_launch_on_every_channels_last_case() {
-        let cases = public_suite()
-            .unwrap()
-            .into_iter()
-            .chain(channels_last_suite().unwrap())
-            .chain(models_suite().unwrap());
-        for case in cases {
-            let spec = &case.spec;
-            if WgradTileCl.applies(spec).is_err() {
-                assert_ne!(spec.layout(), Layout::ChannelsLast, "{}", case.name);
-                continue;
-            }
-            let d = WgradTileCl.default_config(spec);
-            WgradTileCl
-                .fits(spec, &d)
-                .unwrap_or_else(|e| panic!("{}: {e}", case.name));
-            let l = WgradTileCl.launch(spec, &d, 132).unwrap();
-            let threads = l.block.0 * l.block.1 * l.block.2;
-            assert!(threads as usize <= MAX_THREADS, "{}: {threads}", case.name);
-            assert!(l.shared_bytes as usize <= super::super::MAX_SHARED);
-        }
+        crate::variants::test_specs::assert_defaults_fit_every_channels_last_case(&WgradTileCl);
     }
 
     #[test]
