@@ -12,7 +12,7 @@ use super::wgrad_tile_cl::WgradTileCl;
 use super::{cuda_type, grid_x, within_shared, Config, Launch, Param, TensorMaps, Variant};
 use crate::error::Result;
 use crate::pass::Pass;
-use crate::spec::{ConvSpec, Layout};
+use crate::spec::ConvSpec;
 
 pub struct WgradStripCl;
 
@@ -28,10 +28,6 @@ typed_params!(Params {
     minblocks
 });
 
-/// Accumulators a thread keeps (rows x KW x channels); mirrors the kernel's static_assert.
-const MAX_ACCUMULATORS: usize = 64;
-/// Values a thread holds: accumulators, a step's grad-output and input vectors.
-const MAX_VALUES: usize = 160;
 /// Threads of a block; mirrors `__launch_bounds__(256)`.
 const MAX_THREADS: usize = 256;
 /// The widest TMA box extent.
@@ -58,13 +54,6 @@ impl WgradStripCl {
         }
     }
 
-    /// Input columns a strip of `outputs` outputs reads (the kernel's WTS; WT for one
-    /// segment).
-    fn columns(spec: &ConvSpec, outputs: usize) -> usize {
-        let (kw, sw, dw) = (spec.kernel3()[2], spec.stride3()[2], spec.dilation3()[2]);
-        (outputs - 1) * sw + (kw - 1) * dw + 1
-    }
-
     fn threads(spec: &ConvSpec, p: &Params) -> usize {
         p.cb / WgradTileCl::vector(spec, p.vec) * p.segs * Wgrad::groups(spec, p.rows)
     }
@@ -73,17 +62,12 @@ impl WgradStripCl {
     /// 128-byte aligned where TMA boxes land).
     fn slot_bytes(spec: &ConvSpec, p: &Params) -> usize {
         let s = p.cb * spec.dtype().size_bytes();
-        let input =
-            spec.kernel3()[0] * Self::window(spec).new * Self::columns(spec, p.tw * p.segs) * s;
+        let input = spec.kernel3()[0]
+            * Self::window(spec).new
+            * WgradTileCl::window_w(spec, p.tw * p.segs)
+            * s;
         let grad_output = p.tw * p.segs * s;
-        let region = |b: usize| {
-            if p.tma != 0 {
-                b.next_multiple_of(128)
-            } else {
-                b
-            }
-        };
-        region(input) + region(grad_output)
+        WgradTileCl::region(input, p.tma) + WgradTileCl::region(grad_output, p.tma)
     }
 
     fn shared_bytes(spec: &ConvSpec, p: &Params) -> usize {
@@ -93,17 +77,10 @@ impl WgradStripCl {
 
     /// `Err(reason)` where TMA boxes cannot fill a block of `cb` channels.
     fn tma_fits(spec: &ConvSpec, p: &Params) -> std::result::Result<(), String> {
-        let s = spec.dtype().size_bytes();
-        if !(spec.c() * s).is_multiple_of(16) || !(p.cb * s).is_multiple_of(16) {
-            return Err(format!(
-                "TMA boxes need a pixel's channels ({}) and a block's ({}) in 16-byte multiples",
-                spec.c(),
-                p.cb
-            ));
-        }
+        WgradTileCl::tma_pixels_fit(spec, p.cb)?;
         let extents = [
             p.cb,
-            Self::columns(spec, p.tw * p.segs),
+            WgradTileCl::window_w(spec, p.tw * p.segs),
             Self::window(spec).new,
             spec.kernel3()[0],
         ];
@@ -117,30 +94,7 @@ impl WgradStripCl {
 
     /// `Err(reason)` when `p` cannot launch for `spec` (what `fits` says of a config).
     fn check(spec: &ConvSpec, p: &Params) -> std::result::Result<(), String> {
-        let v = WgradTileCl::vector(spec, p.vec);
-        let kw = spec.kernel3()[2];
-        if !p.cb.is_multiple_of(v) {
-            return Err(format!(
-                "a block of {} channels is not whole {v}-channel vectors",
-                p.cb
-            ));
-        }
-        if WgradTileCl::copy_bytes(spec, p.cb).is_none() {
-            return Err(format!(
-                "{} channels a block are not whole 4-byte copies",
-                p.cb
-            ));
-        }
-        if p.rows * kw * v > MAX_ACCUMULATORS {
-            return Err(format!(
-                "{} tap rows of {kw} taps x {v} channels exceed {MAX_ACCUMULATORS} accumulators",
-                p.rows
-            ));
-        }
-        let values = (p.rows * kw + p.tw + Self::columns(spec, p.tw)) * v;
-        if values > MAX_VALUES {
-            return Err(format!("{values} values a thread exceed {MAX_VALUES}"));
-        }
+        WgradTileCl::check_thread(spec, p.vec, p.cb, p.rows, p.tw)?;
         let threads = Self::threads(spec, p);
         if threads > MAX_THREADS {
             return Err(format!("{threads} threads exceed a block of {MAX_THREADS}"));
@@ -191,16 +145,7 @@ impl Variant for WgradStripCl {
         include_str!("../../kernels/wgrad_strip_cl.cu")
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
-        if spec.layout() != Layout::ChannelsLast {
-            return Err("needs channels-last data".into());
-        }
-        if !(spec.c() * spec.dtype().size_bytes()).is_multiple_of(4) {
-            return Err(format!(
-                "needs a pixel's channels in whole 4-byte copies; {} channels of {} are not",
-                spec.c(),
-                spec.dtype()
-            ));
-        }
+        WgradTileCl::takes_pixels(spec)?;
         if spec.kernel3()[0] > 1 && spec.dilation3()[0] != 1 {
             return Err("a slot holds consecutive input depths: depth dilation must be 1".into());
         }
@@ -222,10 +167,9 @@ impl Variant for WgradStripCl {
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         let back = Self::window(spec).back as i64;
-        let tma_any = WgradTileCl::channel_blocks(spec).iter().any(|&cb| {
-            let s = spec.dtype().size_bytes();
-            (spec.c() * s).is_multiple_of(16) && (cb as usize * s).is_multiple_of(16)
-        });
+        let tma_any = WgradTileCl::channel_blocks(spec)
+            .iter()
+            .any(|&cb| WgradTileCl::tma_pixels_fit(spec, cb as usize).is_ok());
         vec![
             Param {
                 name: "vec",
@@ -271,23 +215,8 @@ impl Variant for WgradStripCl {
         ]
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
-        let kw = spec.kernel3()[2];
-        let v = WgradTileCl::vector(spec, 4);
-        // About 16-32 accumulators a thread, as wgrad_tile_cl.
-        let rows = WgradTileCl::rows_per_thread(spec)
-            .into_iter()
-            .map(|r| r as usize)
-            .filter(|&r| r * kw * v <= 32)
-            .max()
-            .unwrap_or(1);
-        let groups = Wgrad::groups(spec, rows);
-        let cbs = WgradTileCl::channel_blocks(spec);
-        let cb = cbs
-            .iter()
-            .rev()
-            .map(|&b| b as usize)
-            .find(|&b| b / v * groups <= 80)
-            .unwrap_or(cbs[0] as usize);
+        // Tap rows a thread and channels a block as wgrad_tile_cl's defaults.
+        let (rows, cb) = WgradTileCl::default_rows_and_block(spec);
         let ow = spec.output3()[2];
         let tw = 4;
         let mut p = Params {
@@ -353,7 +282,7 @@ impl Variant for WgradStripCl {
             TensorMaps::ChannelsLast {
                 input: [
                     p.cb as u32,
-                    Self::columns(spec, p.tw * p.segs) as u32,
+                    WgradTileCl::window_w(spec, p.tw * p.segs) as u32,
                     Self::window(spec).new as u32,
                     spec.kernel3()[0] as u32,
                 ],

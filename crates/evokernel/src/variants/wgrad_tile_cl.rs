@@ -52,6 +52,103 @@ impl WgradTileCl {
             .find(|&b| (spec.c() * s).is_multiple_of(b) && (cb * s).is_multiple_of(b))
     }
 
+    /// `Err(reason)` unless the data is channels-last with a pixel's channels in whole
+    /// 4-byte copies (what both channels-last grad-weight kernels need).
+    pub(super) fn takes_pixels(spec: &ConvSpec) -> std::result::Result<(), String> {
+        if spec.layout() != Layout::ChannelsLast {
+            return Err("needs channels-last data".into());
+        }
+        if !(spec.c() * spec.dtype().size_bytes()).is_multiple_of(4) {
+            return Err(format!(
+                "needs a pixel's channels in whole 4-byte copies; {} channels of {} are not",
+                spec.c(),
+                spec.dtype()
+            ));
+        }
+        Ok(())
+    }
+
+    /// A block's copy bytes, or `Err(reason)` unless a thread's vectors, a block's copies
+    /// and a thread's registers fit: `cb` channels in whole `vec`-byte vectors and
+    /// 4-16-byte copies, `rows` tap rows of KW taps within the accumulators, and with them
+    /// `tw` outputs' grad-output and input vectors within the values a thread holds.
+    pub(super) fn check_thread(
+        spec: &ConvSpec,
+        vec: usize,
+        cb: usize,
+        rows: usize,
+        tw: usize,
+    ) -> std::result::Result<usize, String> {
+        let v = Self::vector(spec, vec);
+        if !cb.is_multiple_of(v) {
+            return Err(format!(
+                "a block of {cb} channels is not whole {v}-channel vectors"
+            ));
+        }
+        let Some(copy) = Self::copy_bytes(spec, cb) else {
+            return Err(format!("{cb} channels a block are not whole 4-byte copies"));
+        };
+        let kw = spec.kernel3()[2];
+        if rows * kw * v > MAX_ACCUMULATORS {
+            return Err(format!(
+                "{rows} tap rows of {kw} taps x {v} channels exceed {MAX_ACCUMULATORS} accumulators"
+            ));
+        }
+        let values = (rows * kw + tw + Self::window_w(spec, tw)) * v;
+        if values > MAX_VALUES {
+            return Err(format!("{values} values a thread exceed {MAX_VALUES}"));
+        }
+        Ok(copy)
+    }
+
+    /// `Err(reason)` unless TMA boxes can hold a block's pixels: a pixel's channels and a
+    /// block's in 16-byte multiples.
+    pub(super) fn tma_pixels_fit(spec: &ConvSpec, cb: usize) -> std::result::Result<(), String> {
+        let s = spec.dtype().size_bytes();
+        if !(spec.c() * s).is_multiple_of(16) || !(cb * s).is_multiple_of(16) {
+            return Err(format!(
+                "TMA boxes need a pixel's channels ({}) and a block's ({cb}) in 16-byte multiples",
+                spec.c()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Bytes of a shared-memory region of `bytes`: 128-byte aligned where a TMA box
+    /// lands in it (the kernels' `region` / `ALIGN`).
+    pub(super) fn region(bytes: usize, tma: usize) -> usize {
+        if tma != 0 {
+            bytes.next_multiple_of(128)
+        } else {
+            bytes
+        }
+    }
+
+    /// The defaults' tap rows a thread and channels a block: about 16-32 accumulators a
+    /// thread (3x3: all 3 rows; 7x7: 2; the seed's 3x5x5: 3), and the most channels a
+    /// block of at most 80 threads before workers or segments (tuned, run 110:
+    /// mobilenet-s1-nhwc all 144 channels, convnext-nhwc 32, x3d-ndhwc 64, the NDHWC seed
+    /// 32).
+    pub(super) fn default_rows_and_block(spec: &ConvSpec) -> (usize, usize) {
+        let kw = spec.kernel3()[2];
+        let v = Self::vector(spec, 4);
+        let rows = Self::rows_per_thread(spec)
+            .into_iter()
+            .map(|r| r as usize)
+            .filter(|&r| r * kw * v <= 32)
+            .max()
+            .unwrap_or(1);
+        let groups = Wgrad::groups(spec, rows);
+        let cbs = Self::channel_blocks(spec);
+        let cb = cbs
+            .iter()
+            .rev()
+            .map(|&b| b as usize)
+            .find(|&b| b / v * groups <= 80)
+            .unwrap_or(cbs[0] as usize);
+        (rows, cb)
+    }
+
     /// Whether a block of `cb` channels can be filled by TMA boxes: the tensors' pixel
     /// rows and the box's rows 16-byte multiples, consecutive kernel depths (a box holds
     /// KD depths), every box extent at most 256.
@@ -61,13 +158,7 @@ impl WgradTileCl {
         th: usize,
         tw: usize,
     ) -> std::result::Result<(), String> {
-        let s = spec.dtype().size_bytes();
-        if !(spec.c() * s).is_multiple_of(16) || !(cb * s).is_multiple_of(16) {
-            return Err(format!(
-                "TMA boxes need a pixel's channels ({}) and a block's ({cb}) in 16-byte multiples",
-                spec.c()
-            ));
-        }
+        Self::tma_pixels_fit(spec, cb)?;
         let kd = spec.kernel3()[0];
         if kd > 1 && spec.dilation3()[0] != 1 {
             return Err("TMA boxes hold consecutive depths: depth dilation must be 1".into());
@@ -98,30 +189,7 @@ impl WgradTileCl {
 
     /// `Err(reason)` when `p` cannot launch for `spec` (what `fits` says of a config).
     fn check(spec: &ConvSpec, p: &Params) -> std::result::Result<(), String> {
-        let v = Self::vector(spec, p.vec);
-        if !p.cb.is_multiple_of(v) {
-            return Err(format!(
-                "a block of {} channels is not whole {v}-channel vectors",
-                p.cb
-            ));
-        }
-        let Some(copy) = Self::copy_bytes(spec, p.cb) else {
-            return Err(format!(
-                "{} channels a block are not whole 4-byte copies",
-                p.cb
-            ));
-        };
-        if p.rows * spec.kernel3()[2] * v > MAX_ACCUMULATORS {
-            return Err(format!(
-                "{} tap rows of {} taps x {v} channels exceed {MAX_ACCUMULATORS} accumulators",
-                p.rows,
-                spec.kernel3()[2]
-            ));
-        }
-        let values = Self::values(spec, p);
-        if values > MAX_VALUES {
-            return Err(format!("{values} values a thread exceed {MAX_VALUES}"));
-        }
+        let copy = Self::check_thread(spec, p.vec, p.cb, p.rows, p.tw)?;
         // Every position's copies need a thread each (the kernel's pstep >= 1).
         let threads = Self::threads(spec, p);
         let copies = p.cb * spec.dtype().size_bytes() / copy;
@@ -143,7 +211,7 @@ impl WgradTileCl {
     }
 
     /// Input positions one tile row reads along W (the kernel's WT).
-    fn window_w(spec: &ConvSpec, tw: usize) -> usize {
+    pub(super) fn window_w(spec: &ConvSpec, tw: usize) -> usize {
         let (kw, sw, dw) = (spec.kernel3()[2], spec.stride3()[2], spec.dilation3()[2]);
         (tw - 1) * sw + (kw - 1) * dw + 1
     }
@@ -152,11 +220,6 @@ impl WgradTileCl {
     fn window_h(spec: &ConvSpec, th: usize) -> usize {
         let (kh, sh, dh) = (spec.kernel3()[1], spec.stride3()[1], spec.dilation3()[1]);
         (th - 1) * sh + (kh - 1) * dh + 1
-    }
-
-    fn values(spec: &ConvSpec, p: &Params) -> usize {
-        let v = Self::vector(spec, p.vec);
-        p.rows * spec.kernel3()[2] * v + (p.tw + Self::window_w(spec, p.tw)) * v
     }
 
     fn threads(spec: &ConvSpec, p: &Params) -> usize {
@@ -168,16 +231,9 @@ impl WgradTileCl {
         let s = p.cb * spec.dtype().size_bytes();
         let input = kd * Self::window_h(spec, p.th) * Self::window_w(spec, p.tw) * s;
         let grad_output = p.th * p.tw * s;
-        // TMA boxes land 128-byte aligned (the kernel's `region`).
-        let region = |b: usize| {
-            if p.tma != 0 {
-                b.next_multiple_of(128)
-            } else {
-                b
-            }
-        };
         // Two buffers; the workers' reduction reuses them (a float a thread).
-        (2 * (region(input) + region(grad_output))).max(4 * Self::threads(spec, p))
+        (2 * (Self::region(input, p.tma) + Self::region(grad_output, p.tma)))
+            .max(4 * Self::threads(spec, p))
     }
 
     /// Channels a block may take: powers of two and C's near-equal divisions in whole
@@ -217,16 +273,7 @@ impl Variant for WgradTileCl {
         include_str!("../../kernels/wgrad_tile_cl.cu")
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
-        if spec.layout() != Layout::ChannelsLast {
-            return Err("needs channels-last data".into());
-        }
-        if !(spec.c() * spec.dtype().size_bytes()).is_multiple_of(4) {
-            return Err(format!(
-                "needs a pixel's channels in whole 4-byte copies; {} channels of {} are not",
-                spec.c(),
-                spec.dtype()
-            ));
-        }
+        Self::takes_pixels(spec)?;
         if spec.kernel3()[2] * Self::vector(spec, 4) > MAX_ACCUMULATORS {
             return Err(format!(
                 "a kernel row of {} taps needs more than {MAX_ACCUMULATORS} accumulators a thread",
@@ -303,26 +350,9 @@ impl Variant for WgradTileCl {
         ]
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
-        let kw = spec.kernel3()[2];
         let v = Self::vector(spec, 4);
-        // About 16-32 accumulators a thread (3x3: all 3 rows; 7x7: 2; the seed's 3x5x5: 3).
-        let rows = Self::rows_per_thread(spec)
-            .into_iter()
-            .map(|r| r as usize)
-            .filter(|&r| r * kw * v <= 32)
-            .max()
-            .unwrap_or(1);
+        let (rows, cb) = Self::default_rows_and_block(spec);
         let groups = Wgrad::groups(spec, rows);
-        // The most channels a block of at most 80 threads before workers (tuned, run 110:
-        // mobilenet-s1-nhwc all 144 channels, convnext-nhwc 32, x3d-ndhwc 64, the NDHWC
-        // seed 32).
-        let cbs = Self::channel_blocks(spec);
-        let cb = cbs
-            .iter()
-            .rev()
-            .map(|&b| b as usize)
-            .find(|&b| b / v * groups <= 80)
-            .unwrap_or(cbs[0] as usize);
         // Tall tiles where the kernel is (the halo's KH - 1 rows amortized), wide ones on
         // 2-D planes at unit stride (3-D tiles hold KD input planes in shared memory;
         // mobilenet-s2 at W stride 2: 16 wide 0.115 ms, 8 wide 0.091, run 111).
