@@ -372,7 +372,9 @@ __device__ __forceinline__ void tma_load_5d(unsigned dst, const TmaMap* map, int
         : "memory");
 }
 // A staged box from shared memory at src to global memory at (w, h, d, nc); the TMA unit
-// drops what lies outside the tensor. Returns once the box has been read.
+// drops what lies outside the tensor. Returns once all but this thread's PENDING latest
+// stores have read their boxes (0: this one too).
+template <int PENDING = 0>
 __device__ __forceinline__ void tma_store_4d(const TmaMap* map, unsigned src, int w, int h, int d, int nc) {
     asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
                      reinterpret_cast<unsigned long long>(map)),
@@ -380,7 +382,7 @@ __device__ __forceinline__ void tma_store_4d(const TmaMap* map, unsigned src, in
                  : "memory");
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
     // The caller writes the stage again soon: wait until the store has read it.
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(PENDING) : "memory");
 }
 #else
 // Arrives once this thread's earlier cp.async copies have landed.
@@ -631,6 +633,31 @@ __device__ __forceinline__ void band_fragments(const T* __restrict__ wc, int lan
         }
         bf[q][0] = pack2(e[0], e[1]);
         bf[q][1] = pack2(e[2], e[3]);
+    }
+}
+
+// band_fragments in two halves, so a kernel can load the next channel's taps while it
+// multiplies with these (depth_reuse's PLANES). (band_fragments written through these
+// compiled to different SASS for depth_reuse and streaming: kept as measured.)
+template <typename T, int ROWS, int KW>
+__device__ __forceinline__ void band_taps(const T* __restrict__ wc, int lane, T (*e)[4]) {
+    const int n = lane >> 2, k0 = (lane & 3) * 2;
+    const T zero = from_f32<T>(0.f);
+#pragma unroll
+    for (int q = 0; q < ROWS; ++q) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int tap = k0 + (j & 1) + (j >> 1) * 8 - n;
+            e[q][j] = (tap >= 0 && tap < KW) ? wc[q * KW + tap] : zero;
+        }
+    }
+}
+template <typename T, int ROWS>
+__device__ __forceinline__ void band_pack(const T (*e)[4], unsigned (*bf)[2]) {
+#pragma unroll
+    for (int q = 0; q < ROWS; ++q) {
+        bf[q][0] = pack2(e[q][0], e[q][1]);
+        bf[q][1] = pack2(e[q][2], e[q][3]);
     }
 }
 

@@ -41,12 +41,47 @@ __device__ __forceinline__ unsigned short bits16(T v) {
 // region, BW = COLS * 8 - 8 where S > 0, and its first S and last 8 - S columns go from
 // registers.
 
+// PLANES (KD = 1, no depth padding, with the producer): a 2-D layer (or a 1xKxK 3-D one)
+// has one slice an output plane and no depths to rotate through, and a block of one plane
+// starts and drains its pipeline for one slice (convnext-7x7: 2x slower than streaming,
+// run 34). So a block walks a chunk of consecutive planes instead, the ring and the
+// stores running across planes; chunks = gridDim.x / regions. Planes go in (channel,
+// image, depth) order (PlaneWalk), so a channel's B fragments serve N x D planes: the
+// producer warp builds them (taps loaded a channel ahead) into the slot of the channel's
+// first plane, and the tile warps read them there with one LDS.64 a kernel row. (Built
+// by every tile warp every plane, the taps' loads and packing were ~60 instructions an
+// MMA, run 225; by the producer every plane, its ~300 dependent instructions a plane
+// paced the block, run 228.) A warp of its own stores the output planes.
+
+// A plane walk's position: depth d of image n of channel c, channel slowest.
+struct PlaneWalk {
+    int d, n, c;
+    __device__ PlaneWalk(int index, const ConvArgs& a) {
+        d = index % a.od;
+        const int t = index / a.od;
+        n = t % (int)a.n;
+        c = t / (int)a.n;
+    }
+    // Whether this plane is its channel's first.
+    __device__ bool first() const { return d == 0 && n == 0; }
+    __device__ void next(const ConvArgs& a) {
+        if (++d < a.od) return;
+        d = 0;
+        if (++n < (int)a.n) return;
+        n = 0;
+        ++c;
+    }
+    // The plane's index in an [N][C][D] stack of planes (input and output alike: od = id).
+    __device__ long long plane(const ConvArgs& a) const { return ((long long)n * a.c + c) * a.od + d; }
+};
+
 // SPLIT (with the producer): a row has several regions, so the stored box is the
 // aligned inside of the region and its edge columns go from registers; 0 where the region
 // is the whole row (the box from column 0 covers it; the edge code cost the seed 14%,
 // run 178).
-template <typename T, int KD, int KH, int KW, int BANDS, int COLS, int DCHUNK, int STAGES, int MINB, int PRODUCER, int SPLIT, int EPI>
-__global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_reuse_dwconv(ConvArgs a, EpiArgs e, const __grid_constant__ TmaMaps maps) {
+template <typename T, int KD, int KH, int KW, int BANDS, int COLS, int DCHUNK, int STAGES, int MINB, int PRODUCER, int SPLIT, int PLANES, int EPI>
+__global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB) depth_reuse_dwconv(ConvArgs a, EpiArgs e, const __grid_constant__ TmaMaps maps) {
+    static_assert(!PLANES || (KD == 1 && PRODUCER), "PLANES walks planes of KD = 1 with the producer");
     extern __shared__ __align__(128) unsigned char smem_raw[];
     constexpr int HS = BANDS * 16 + KH - 1;  // slice rows: the region's bands and their halo
     constexpr int PIECES = COLS + 1;         // 16-byte pieces per slice row (8 halo columns)
@@ -57,7 +92,20 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
     // free a stage), then two stages of one output depth of the region (at most RW columns).
     constexpr int NBUF = STAGES + 1;
     constexpr int RW = COLS * 8, STAGE_BYTES = BANDS * 16 * RW * (int)sizeof(T);
-    constexpr int STAGE_OFFSET = NBUF * SLOT_BYTES + (8 * (2 * NBUF + 4) + 127) / 128 * 128;
+    // Output stages. A plane walk's steps are short: with two stages stored by the producer
+    // as its loads let it, tile warps waited on the store of two steps before (run 224:
+    // 2.4 us a step), so there four, stored by a warp of its own (after the producer) as
+    // soon as each is staged. (Leaving stores reading while the next is issued, freed a
+    // stage only once a later one was staged: every step waited for all tile warps'
+    // previous one, run 227.)
+    constexpr int OST = PLANES ? 8 : 2;
+    constexpr int STORES_READING = OST - 3;  // PLANES: the storer's copies left reading
+    // (PLANES: stages 1024-byte aligned, a 128-byte swizzle's atom.)
+    constexpr int STAGE_ALIGN = PLANES ? 1024 : 128;
+    constexpr int STAGE_OFFSET = PLANES ? (NBUF * SLOT_BYTES + 8 * (2 * NBUF + 2 * OST) + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN
+                                        : NBUF * SLOT_BYTES + (8 * (2 * NBUF + 2 * OST) + 127) / 128 * 128;
+    // PLANES: after the stages, a slot's B fragments (KH rows x 32 lanes x 8 bytes) and bias.
+    constexpr int FRAG_OFFSET = STAGE_OFFSET + OST * STAGE_BYTES, FRAG_BYTES = KH * 256 + 16;
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ w = static_cast<const T*>(a.w);
     T* __restrict__ y = static_cast<T*>(a.y);
@@ -65,14 +113,18 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
     const int mt = (a.oh + 15) / 16, nt = (a.ow + S + 7) / 8;
     const int col_regions = (nt + COLS - 1) / COLS;
     const int regions = ((mt + BANDS - 1) / BANDS) * col_regions;
-    const int chunks = (a.od + DCHUNK - 1) / DCHUNK;
+    // PLANES: "depths" d0..d1 are planes of the walk's (c, n, d) sequence (the host keeps
+    // it under 2^31).
+    const int chunks = PLANES ? (int)(gridDim.x / regions) : (a.od + DCHUNK - 1) / DCHUNK;
+    const int total = PLANES ? (int)(a.n * a.c * a.od) : a.od;
     // Regions vary fastest so neighbours sharing halo rows run together (L2 hits).
     const long long b = blockIdx.x;
     const int region = (int)(b % regions);
-    const int per_chunk = (a.od + chunks - 1) / chunks;  // balanced: 33 = 11 + 11 + 11, not 16 + 16 + 1
-    const int d0 = (int)((b / regions) % chunks) * per_chunk;
-    const int d1 = min(d0 + per_chunk, a.od);
-    const long long nc = b / ((long long)regions * chunks);
+    const int per_chunk = (total + chunks - 1) / chunks;  // balanced: 33 = 11 + 11 + 11, not 16 + 16 + 1
+    // (PLANES: the last chunks may be empty.)
+    const int d0 = PLANES ? min((int)((b / regions) % chunks) * per_chunk, total) : (int)((b / regions) % chunks) * per_chunk;
+    const int d1 = min(d0 + per_chunk, total);
+    const long long nc = PLANES ? 0 : b / ((long long)regions * chunks);
     const long long c = nc % a.c;
     const int band0 = (region / col_regions) * BANDS, col0 = (region % col_regions) * COLS;
     const T* xin = x + nc * (long long)a.id * a.ih * a.iw;
@@ -103,7 +155,7 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
     };
 
     unsigned bf[KD * KH][2];
-    band_fragments<T, KD * KH, KW>(w + c * (KD * KH * KW), lane, bf);
+    if constexpr (!PLANES) band_fragments<T, KD * KH, KW>(w + c * (KD * KH * KW), lane, bf);
 
     // This warp's tile: band tb, column tj of the region.
     const int tb = warp / COLS, tj = warp - tb * COLS;
@@ -114,7 +166,8 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
     const unsigned lane_addr = ring + (unsigned)(((tb * 16 + arow) * WS + tj * 8 + acol) * (int)sizeof(T));
     const long long plane = (long long)a.oh * a.ow;
 
-    const float bias = bias_of<T, EPI>(e, c);
+    float bias = bias_of<T, EPI>(e, c);
+    PlaneWalk walk(d0, a);  // PLANES: the plane of the next step
     float acc[KD][4];
 #pragma unroll
     for (int q = 0; q < KD; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
@@ -125,7 +178,7 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
     // (Built only where used: an unused one still cost x3d's block-barrier walk a spill.)
     const CFragmentAt at = PRODUCER ? CFragmentAt(h0, w0, lane, a) : CFragmentAt();
     const unsigned full = ring + NBUF * SLOT_BYTES, empty = full + 8 * NBUF;
-    const unsigned staged = empty + 8 * NBUF, stage_free = staged + 16;
+    const unsigned staged = empty + 8 * NBUF, stage_free = staged + 8 * OST;
     const int BW = COLS * 8 - (SPLIT && S > 0 ? 8 : 0);  // the stored box's columns (host: tensor_maps)
 #if __CUDA_ARCH__ >= 900
     // Whole output depths of the region leave by one TMA store each (full 32-byte sectors:
@@ -136,23 +189,43 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
     const bool tma_out = false;
 #endif
     // This lane's two columns relative to the box (odd where S is) and whether each is
-    // inside it; the stage holds the box's rows BW apart.
+    // inside it; the stage holds the box's rows BW apart. Walking planes with rows of
+    // 128 bytes, swizzled (the output map's CU_TENSOR_MAP_SWIZZLE_128B): a fragment
+    // store's 8 rows fell on the same 4 banks (ncu, run 229: L1 85% busy), the 16-byte
+    // chunks of row r are XORed with r mod 8 (address bits 4-6 with 7-9).
     // (A whole-row region has col0 = 0: SPLIT = 0 says so at compile time.)
     const int box0 = SPLIT ? col0 * 8 : 0;  // the box's first output column
     const int stage_col = w0 - box0 + (lane & 3) * 2;
     const bool in0 = stage_col >= 0 && stage_col < BW, in1 = stage_col + 1 >= 0 && stage_col + 1 < BW;
+    const bool swizzled = PLANES && BW * (int)sizeof(T) == 128;
+    auto stage_addr = [&](unsigned addr) { return swizzled ? addr ^ (((addr >> 7) & 7u) << 4) : addr; };
     const unsigned lane_stage = ring + STAGE_OFFSET + (unsigned)(((tb * 16 + (lane >> 2)) * BW + stage_col) * (int)sizeof(T));
     // (Called with a literal `steady`: after inlining the predicates fold away.)
     auto step = [&](int s, int u, int cur, bool steady) {
         // Depth d0 + s - KD + 1 completes in this step: its residuals load first, so
         // their latency hides behind the slice's MMAs.
-        const long long plane_out = (nc * a.od + d0 + s - (KD - 1)) * plane;
+        const long long plane_out = (PLANES ? walk.plane(a) : nc * a.od + d0 + s - (KD - 1)) * plane;
+        if constexpr (PLANES) {
+            if (s == 0 || walk.first()) {
+                // A new channel: its fragments and bias, as the producer left them with
+                // the slice.
+                const unsigned char* frag = smem_raw + FRAG_OFFSET + cur * FRAG_BYTES;
+#pragma unroll
+                for (int q = 0; q < KH; ++q) {
+                    const uint2 v = reinterpret_cast<const uint2*>(frag)[q * 32 + lane];
+                    bf[q][0] = v.x;
+                    bf[q][1] = v.y;
+                }
+                bias = *reinterpret_cast<const float*>(frag + KH * 256);
+            }
+            walk.next(a);
+        }
         float res[4];
         if (steady || s >= KD - 1) load_c_residual<T, EPI>(a, e, plane_out, h0, w0, lane, res);
         // With the producer a slice of depth padding is never copied (it adds nothing);
         // the block-barrier walk copies zeros and multiplies them (as measured before).
         const int zd = d0 + s - a.pd;
-        if (PRODUCER == 0 || (zd >= 0 && zd < a.id))
+        if (PRODUCER == 0 || PLANES || (zd >= 0 && zd < a.id))
             rotate_slice<T, KD, KH>(lane_addr + (unsigned)(cur * SLOT_BYTES), WS * sizeof(T), s, u, d1 - d0, bf, acc, steady);
         if (steady || s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
             float* done = acc[(u + 1) % KD];
@@ -161,8 +234,8 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
                 // Depth q of the chunk into stage q mod 2, once the store of depth q - 2
                 // has read it; the producer stores the depth when every tile is in.
                 const int q = s - (KD - 1);
-                const unsigned b = (unsigned)q & 1u;
-                if (q >= 2) mbar_wait(stage_free + 8 * b, ((q >> 1) - 1) & 1);
+                const unsigned b = (unsigned)q % OST;
+                if (q >= OST) mbar_wait(stage_free + 8 * b, ((unsigned)q / OST - 1) & 1);
                 const unsigned dst = lane_stage + b * STAGE_BYTES;
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
@@ -172,17 +245,18 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
                     if constexpr (SPLIT == 0) {
                         // The whole row: every column of the region right of 0 is in the box.
                         if ((stage_col & 1) == 0) {
-                            if (stage_col >= 0) asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row), "r"(pack2(lo, hi)));
+                            if (stage_col >= 0)
+                                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(stage_addr(row)), "r"(pack2(lo, hi)));
                         } else {
-                            if (stage_col >= 0) asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(row), "h"(bits16(lo)));
+                            if (stage_col >= 0) asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(stage_addr(row)), "h"(bits16(lo)));
                             if (stage_col + 1 >= 0)
-                                asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(row + 2), "h"(bits16(hi)));
+                                asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(stage_addr(row + 2)), "h"(bits16(hi)));
                         }
                     } else if (in0 && in1 && (stage_col & 1) == 0) {
-                        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row), "r"(pack2(lo, hi)));
+                        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(stage_addr(row)), "r"(pack2(lo, hi)));
                     } else {
-                        if (in0) asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(row), "h"(bits16(lo)));
-                        if (in1) asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(row + 2), "h"(bits16(hi)));
+                        if (in0) asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(stage_addr(row)), "h"(bits16(lo)));
+                        if (in1) asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(stage_addr(row + 2)), "h"(bits16(hi)));
                         if constexpr (SPLIT != 0) {
                             // The region's columns outside the box, from registers.
                             T* p = y + plane_out + at.off + half * 8LL * a.ow;
@@ -213,38 +287,94 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
 #if __CUDA_ARCH__ >= 900
         constexpr unsigned FULL_ARRIVALS = 1;  // the producer's expect_tx
 #else
-        constexpr unsigned FULL_ARRIVALS = 32;  // each producer lane, once its copies land
+        // Each producer lane once its copies land (and, walking planes, once it has
+        // written its fragments).
+        constexpr unsigned FULL_ARRIVALS = PLANES ? 64 : 32;
 #endif
         if (threadIdx.x == 0) {
             for (int i = 0; i < NBUF; ++i) {
                 mbar_init(full + 8 * i, FULL_ARRIVALS);
                 mbar_init(empty + 8 * i, tile_warps);
             }
-            for (int i = 0; i < 2; ++i) {
+            for (int i = 0; i < OST; ++i) {
                 mbar_init(staged + 8 * i, tile_warps);
                 mbar_init(stage_free + 8 * i, 1);
             }
         }
         __syncthreads();
+        if (PLANES && warp == BANDS * COLS + 1) {
+#if __CUDA_ARCH__ >= 900
+            // The storer: output plane q leaves by one TMA store once every tile warp has
+            // staged it.
+            if (lane != 0 || !tma_out) return;
+            PlaneWalk out(d0, a);
+            for (int q = 0; q < d1 - d0; ++q, out.next(a)) {
+                const unsigned b = (unsigned)q % OST;
+                mbar_wait(staged + 8 * b, ((unsigned)q / OST) & 1);
+                // Stores left reading while the next planes are staged (waiting for each
+                // read left tile warps waiting on free stages, runs 230-231): the stage of
+                // plane q - STORES_READING is free.
+                tma_store_4d<STORES_READING>(&maps.output, ring + STAGE_OFFSET + b * STAGE_BYTES, box0, band0 * 16, out.d,
+                                             out.n * (int)a.c + out.c);
+                if (q >= STORES_READING) mbar_arrive(stage_free + 8 * ((unsigned)(q - STORES_READING) % OST));
+            }
+            asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+            return;
+        }
         if (warp == BANDS * COLS) {
             // The producer: slice s into slot s mod NBUF once its last reader is done.
             int cur = 0, use = 0;
+            // PLANES: at a channel's first plane every producer lane writes its lane's
+            // fragments into slot cur's area (taps loaded a channel ahead), before the slot
+            // is full; the walk then moves to the next plane.
+            T taps[PLANES ? KH : 1][4];
+            PlaneWalk in(d0, a);
+            if constexpr (PLANES) {
+                if (d0 < d1) band_taps<T, KH, KW>(w + (long long)in.c * (KH * KW), lane, taps);
+            }
+            auto put_fragments = [&](int s) {
+                if constexpr (PLANES) {
+                    if (s == 0 || in.first()) {
+                        unsigned f[KH][2];
+                        band_pack<T, KH>(taps, f);
+                        unsigned char* frag = smem_raw + FRAG_OFFSET + cur * FRAG_BYTES;
+#pragma unroll
+                        for (int q = 0; q < KH; ++q)
+                            reinterpret_cast<uint2*>(frag)[q * 32 + lane] = make_uint2(f[q][0], f[q][1]);
+                        if (lane == 0) *reinterpret_cast<float*>(frag + KH * 256) = bias_of<T, EPI>(e, in.c);
+                        if (in.c + 1 < a.c) band_taps<T, KH, KW>(w + (long long)(in.c + 1) * (KH * KW), lane, taps);
+                        __syncwarp();
+                    }
+                }
+            };
 #if __CUDA_ARCH__ >= 900
-            if (lane != 0) return;
+            if (!PLANES && lane != 0) return;
             // Output depth q of the chunk, once every tile warp has staged it.
             auto store_depth = [&](int q) {
-                const unsigned b = (unsigned)q & 1u;
-                mbar_wait(staged + 8 * b, (q >> 1) & 1);
+                const unsigned b = (unsigned)q % OST;
+                mbar_wait(staged + 8 * b, ((unsigned)q / OST) & 1);
                 tma_store_4d(&maps.output, ring + STAGE_OFFSET + b * STAGE_BYTES, box0, band0 * 16, d0 + q, (int)nc);
                 mbar_arrive(stage_free + 8 * b);
             };
             for (int s = 0; s < steps; ++s) {
-                if (use > 0) mbar_wait(empty + 8 * cur, (use - 1) & 1);
-                const int zd = d0 + s - a.pd;
-                if (zd >= 0 && zd < a.id) {
+                if (PLANES) {
+                    // (one lane polls; the others write fragments after it)
+                    if (use > 0 && lane == 0) mbar_wait(empty + 8 * cur, (use - 1) & 1);
+                    __syncwarp();
+                } else if (use > 0) {
+                    mbar_wait(empty + 8 * cur, (use - 1) & 1);
+                }
+                put_fragments(s);
+                const int zd = PLANES ? in.d : d0 + s - a.pd;
+                const int znc = PLANES ? in.n * (int)a.c + in.c : (int)nc;
+                if constexpr (PLANES) in.next(a);
+                if (PLANES && lane != 0) {
+                    // (lane 0 copies the slice and stores depths)
+                } else if (zd >= 0 && zd < a.id) {
                     mbar_expect_tx(full + 8 * cur, SLICE_BYTES);
                     tma_load_4d(ring + (unsigned)(cur * SLOT_BYTES), &maps.input, col0 * 8 - P, band0 * 16 - a.ph, zd,
-                                 (int)nc, full + 8 * cur);
+                                 znc, full + 8 * cur);
                 } else {
                     mbar_arrive(full + 8 * cur);
                 }
@@ -254,18 +384,24 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER) * 32, MINB) depth_re
                 }
                 // The tile warps have finished step s - NBUF (its slot was free), so the
                 // depth that step completed is staged: this wait does not block.
-                if (tma_out && s - NBUF - (KD - 1) >= 0) store_depth(s - NBUF - (KD - 1));
+                if (!PLANES && tma_out && s - NBUF - (KD - 1) >= 0) store_depth(s - NBUF - (KD - 1));
             }
-            if (tma_out) {
+            if (!PLANES && tma_out) {
                 for (int q = max(steps - NBUF - (KD - 1), 0); q < d1 - d0; ++q) store_depth(q);
                 asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
             }
 #else
             for (int s = 0; s < steps; ++s) {
                 if (use > 0) mbar_wait(empty + 8 * cur, (use - 1) & 1);
-                const int zd = d0 + s - a.pd;
+                if constexpr (PLANES) {
+                    put_fragments(s);
+                    mbar_arrive(full + 8 * cur);
+                }
+                const int zd = PLANES ? in.d : d0 + s - a.pd;
+                const long long zplane = PLANES ? in.plane(a) : 0;
+                if constexpr (PLANES) in.next(a);
                 if (zd >= 0 && zd < a.id) {
-                    const T* slice = xin + (long long)zd * a.ih * a.iw;
+                    const T* slice = PLANES ? x + zplane * a.ih * a.iw : xin + (long long)zd * a.ih * a.iw;
                     const unsigned buf = ring + (unsigned)(cur * SLOT_BYTES);
 #pragma unroll 4
                     for (int j = lane; j < HS * PIECES; j += 32) {

@@ -426,6 +426,10 @@ fn depth_reuse_passes_with_either_slice_handover() {
                 let mut cfg = v.default_config(&spec);
                 cfg.values.insert("producer".into(), producer);
                 cfg.values.insert("stages".into(), stages);
+                if producer == 0 {
+                    // (a plane walk needs the producer: depth_reuse_walks_planes_like_the_oracle)
+                    cfg.values.insert("planes".into(), 0);
+                }
                 if narrow {
                     cfg.values.insert("cols".into(), 1);
                 }
@@ -447,6 +451,119 @@ fn depth_reuse_passes_with_either_slice_handover() {
     }
     assert!(checked >= 40, "only {checked} depth_reuse checks");
     eprintln!("{checked} depth_reuse checks");
+}
+
+/// depth_reuse walking planes (one kernel depth, no depth padding): 2-D and 1xKxK 3-D
+/// specs of several batches and channel counts, so chunks cross (n, c) boundaries, with
+/// output rows that are and are not 16-byte multiples (TMA or register stores), every
+/// epilogue, NaN/Inf in a third, and plane walks of 1, 2 and 4 waves.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn depth_reuse_walks_planes_like_the_oracle() {
+    let engine = Engine::cuda(0).unwrap();
+    let dev = engine.device().unwrap().as_ref();
+    let v = evokernel::variants::find("depth_reuse").unwrap();
+    // (n, c, input, kernel, padding per dim)
+    type Shape = (i64, i64, Vec<i64>, Vec<i64>, Vec<[i64; 2]>);
+    let shapes: [Shape; 8] = [
+        (2, 24, vec![56, 56], vec![7, 7], vec![[3, 3], [3, 3]]),
+        (3, 5, vec![20, 40], vec![3, 3], vec![[1, 1], [1, 1]]),
+        (1, 7, vec![33, 64], vec![5, 5], vec![[2, 2], [2, 2]]),
+        (2, 3, vec![16, 24], vec![3, 5], vec![[0, 2], [2, 0]]),
+        (1, 9, vec![40, 48], vec![7, 7], vec![[0, 0], [0, 0]]),
+        (
+            2,
+            4,
+            vec![3, 18, 32],
+            vec![1, 3, 3],
+            vec![[0, 0], [1, 1], [1, 1]],
+        ),
+        (
+            1,
+            6,
+            vec![5, 17, 16],
+            vec![1, 5, 5],
+            vec![[0, 0], [2, 2], [2, 2]],
+        ),
+        (1, 16, vec![9, 136], vec![3, 9], vec![[1, 1], [4, 4]]),
+    ];
+    let cases: Vec<(String, ConvSpec, Vec<evokernel::variants::Config>)> = shapes
+        .into_iter()
+        .enumerate()
+        .map(|(i, (n, c, input, kernel, padding))| {
+            let spec = ConvParams {
+                n,
+                c,
+                input,
+                kernel,
+                stride: vec![],
+                dilation: vec![],
+                padding,
+                layout: Layout::ChannelsFirst,
+                dtype: if i % 2 == 0 { DType::Bf16 } else { DType::F16 },
+            }
+            .validate()
+            .unwrap();
+            let base = v.default_config(&spec);
+            let mut configs = Vec::new();
+            for planes in [1, 2, 4] {
+                for (stages, cols_one, bands) in
+                    [(4, false, 1), (1, false, 1), (4, true, 1), (4, false, 2)]
+                {
+                    let mut cfg = base.clone();
+                    cfg.values.insert("producer".into(), 1);
+                    cfg.values.insert("planes".into(), planes);
+                    cfg.values.insert("dchunk".into(), 4); // (unused by a plane walk)
+                    cfg.values.insert("stages".into(), stages);
+                    cfg.values.insert("bands".into(), bands);
+                    if cols_one {
+                        cfg.values.insert("cols".into(), 1);
+                    }
+                    // (specialization checks the config against the space too)
+                    if v.fits(&spec, &cfg).is_ok()
+                        && v.specialization(&spec, &cfg).is_ok()
+                        && !configs.contains(&cfg)
+                    {
+                        configs.push(cfg);
+                    }
+                }
+            }
+            assert!(
+                configs.len() >= 6,
+                "{spec}: {} plane configs",
+                configs.len()
+            );
+            (format!("planes #{i}"), spec, configs)
+        })
+        .collect();
+    precompile_configs(dev, v, &cases);
+    let epilogues = [
+        Epilogue::NONE,
+        Epilogue {
+            bias: true,
+            ..Epilogue::NONE
+        },
+        Epilogue {
+            bias: true,
+            activation: Activation::ALL[1],
+            residual: true,
+        },
+        Epilogue {
+            residual: true,
+            ..Epilogue::NONE
+        },
+    ];
+    let mut checked = 0;
+    for (i, (name, spec, configs)) in cases.iter().enumerate() {
+        let non_finite = i % 3 == 0;
+        let conv = ConvProblem::new(spec.clone()).with_epilogue(epilogues[i % 4]);
+        let mut problem = ProblemData::random_fused(&conv, i as u64, 1);
+        if non_finite {
+            problem.inject_non_finite(i as u64);
+        }
+        checked += check_configs(&engine, &problem, name, spec, configs, non_finite);
+    }
+    eprintln!("{checked} depth_reuse plane-walk checks");
 }
 
 fn random_epilogue(spec: &ConvSpec) -> Epilogue {

@@ -202,18 +202,22 @@ impl TmaMaps {
     /// the tensor's edges give zeros) and, with `output_box`, the output-shaped tensor at
     /// `output` (args.y, or grad-output for grad-weight kernels; writes past the right
     /// and bottom edges are dropped). A copy's first column must be a multiple of 16
-    /// bytes (probed on the H100: docs/results/tma-*-probe-2026-11-26.cu).
+    /// bytes (probed on the H100: docs/results/tma-*-probe-2026-11-26.cu). With
+    /// `output_swizzled`, the output box's 128-byte rows are swizzled in shared memory.
     pub fn encode(
         args: &ConvArgs,
         elem_bytes: usize,
         input_box: [u32; 3],
         output: u64,
         output_box: Option<[u32; 3]>,
+        output_swizzled: bool,
     ) -> Result<Self> {
         let planes = (args.n * args.c) as u64;
-        let input = encode_plane_map(args.x, elem_bytes, args.input, planes, input_box)?;
+        let input = encode_plane_map(args.x, elem_bytes, args.input, planes, input_box, false)?;
         let output = match output_box {
-            Some(b) => encode_plane_map(output, elem_bytes, args.output, planes, b)?,
+            Some(b) => {
+                encode_plane_map(output, elem_bytes, args.output, planes, b, output_swizzled)?
+            }
             None => [0; 16],
         };
         Ok(TmaMaps { input, output })
@@ -308,13 +312,15 @@ impl ChannelsLastMap {
 }
 
 /// A [planes][D][H][W] tensor of `elem_bytes`-byte elements (2 or 4) at `ptr`, in boxes
-/// of `cols` x `rows` x `depths`.
+/// of `cols` x `rows` x `depths`; `swizzled`: rows of 128 bytes, swizzled 128 bytes at a
+/// time in shared memory.
 fn encode_plane_map(
     ptr: u64,
     elem_bytes: usize,
     dhw: [i32; 3],
     planes: u64,
     [cols, rows, depths]: [u32; 3],
+    swizzled: bool,
 ) -> Result<[u64; 16]> {
     use cudarc::driver::sys;
     let data_type = element_type(elem_bytes)?;
@@ -326,7 +332,11 @@ fn encode_plane_map(
         &[w, h, d, planes],
         &[e * w, e * w * h, e * w * h * d],
         &[cols, rows, depths, 1],
-        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+        if swizzled {
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B
+        } else {
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE
+        },
         sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
     )
 }

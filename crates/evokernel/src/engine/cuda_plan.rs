@@ -278,8 +278,15 @@ impl CudaPlan {
     /// The main kernel's tensor maps for `args` (`shaped`: the output-shaped tensor),
     /// encoded once per pair of pointers.
     fn maps_for(&self, spec: &ConvSpec, args: &ConvArgs, shaped: u64) -> Result<Option<TmaMaps>> {
-        let encode = |input: [u32; 3], output| {
-            TmaMaps::encode(args, spec.dtype().size_bytes(), input, shaped, output)
+        let encode = |input: [u32; 3], output, swizzled| {
+            TmaMaps::encode(
+                args,
+                spec.dtype().size_bytes(),
+                input,
+                shaped,
+                output,
+                swizzled,
+            )
         };
         let maps = match self.tensor_maps {
             None => return Ok(None),
@@ -295,7 +302,11 @@ impl CudaPlan {
         }
         let maps = match maps {
             TensorMaps::Unused => TmaMaps::UNUSED,
-            TensorMaps::Boxes { input, output } => encode(input, output)?,
+            TensorMaps::Boxes {
+                input,
+                output,
+                output_swizzled,
+            } => encode(input, output, output_swizzled)?,
             TensorMaps::ChannelsLast { input, output } => TmaMaps::encode_channels_last(
                 args,
                 spec.dtype().size_bytes(),

@@ -18,7 +18,8 @@ typed_params!(Params {
     dchunk,
     stages,
     minblocks,
-    producer
+    producer,
+    planes
 });
 
 /// Most warps a block may have (1024 threads), one tile each.
@@ -40,25 +41,45 @@ fn slice_shape(spec: &ConvSpec, bands: usize, cols: usize) -> (usize, usize) {
 
 /// The ring: `stages` + 1 slices of a region of `bands` x `cols` tiles. With a producer
 /// warp: 128-byte aligned slots (the TMA's), the mbarriers (a full and an empty one a
-/// slot, a staged and a free one a stage, 8 bytes each) to the next 128 bytes, and two
-/// stages of one output depth of the region (mirrors STAGE_OFFSET in the kernel).
+/// slot, a staged and a free one a stage, 8 bytes each) to the next 128 bytes, the
+/// stages of one output depth of the region, and walking planes a slot's B fragments
+/// (mirrors STAGE_OFFSET and FRAG_OFFSET in the kernel).
 fn shared_bytes(
     spec: &ConvSpec,
     bands: usize,
     cols: usize,
     stages: usize,
     producer: bool,
+    planes: bool,
 ) -> usize {
     let (rows, width) = slice_shape(spec, bands, cols);
     let slice = rows * width * 2;
     let slots = stages + 1;
     if producer {
-        let barriers = (8 * (2 * slots + 4)).div_ceil(128) * 128;
-        slots * slice.div_ceil(128) * 128
-            + barriers
-            + 2 * output_box(bands, cols).iter().product::<usize>() * 2
+        let out_stages = output_stages(planes);
+        let ring = slots * slice.div_ceil(128) * 128;
+        let barriers = 8 * (2 * slots + 2 * out_stages);
+        let stage = output_box(bands, cols).iter().product::<usize>() * 2;
+        if planes {
+            // Stages 1024-byte aligned (a 128-byte swizzle's atom), then each slot's
+            // fragments and bias.
+            (ring + barriers).div_ceil(1024) * 1024
+                + out_stages * stage
+                + slots * (spec.kernel3()[1] * 256 + 16)
+        } else {
+            ring + barriers.div_ceil(128) * 128 + out_stages * stage
+        }
     } else {
         slots * slice
+    }
+}
+
+/// Output stages (OST in the kernel): a plane walk's steps are short, so eight.
+fn output_stages(planes: bool) -> usize {
+    if planes {
+        8
+    } else {
+        2
     }
 }
 
@@ -89,9 +110,35 @@ fn stored_columns(spec: &ConvSpec, cols: usize) -> usize {
 /// The TMA's limit on each side of a box.
 const MAX_BOX: usize = 256;
 
-/// Threads of a block: a warp per tile, and the producer warp where there is one.
-fn block_threads(bands: usize, cols: usize, producer: bool) -> usize {
-    (bands * cols + usize::from(producer)) * 32
+/// Threads of a block: a warp per tile, the producer warp where there is one, and walking
+/// planes a warp that stores the output planes.
+fn block_threads(bands: usize, cols: usize, producer: bool, planes: bool) -> usize {
+    (bands * cols + usize::from(producer) + usize::from(planes)) * 32
+}
+
+/// Whether a block may walk consecutive planes of the flattened (n, c, d) sequence (the
+/// kernel's PLANES): one kernel depth and no depth padding, so each plane is one slice and
+/// nothing rotates; the kernel indexes planes with 32-bit integers.
+pub(crate) fn walks_planes(spec: &ConvSpec) -> bool {
+    spec.kernel3()[0] == 1
+        && spec.pad_before3()[0] == 0
+        && spec.pad_after3()[0] == 0
+        && spec.n() * spec.c() * spec.output3()[0] < i32::MAX as usize
+}
+
+/// Blocks along the plane sequence with `planes` (waves of `minblocks` blocks an SM over
+/// `sms` SMs, whole regions each), at most one a plane.
+fn plane_chunks(
+    spec: &ConvSpec,
+    regions: usize,
+    planes: usize,
+    minblocks: usize,
+    sms: u32,
+) -> usize {
+    let total = spec.n() * spec.c() * spec.output3()[0];
+    (planes * minblocks * sms as usize)
+        .div_ceil(regions)
+        .clamp(1, total)
 }
 
 /// Depth chunks of `dchunk` or fewer output depths, balanced (33 depths in chunks of
@@ -159,6 +206,17 @@ impl Variant for DepthReuse {
             name: "producer",
             values: vec![0, 1],
         });
+        // 0: a block owns a chunk of one (n, c)'s output depths; k >= 1 (one kernel depth,
+        // the producer): a block walks consecutive planes of all (n, c, d), in k waves of
+        // `minblocks` blocks an SM.
+        params.push(Param {
+            name: "planes",
+            values: if walks_planes(spec) {
+                vec![0, 1, 2, 4]
+            } else {
+                vec![0]
+            },
+        });
         params
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
@@ -177,7 +235,15 @@ impl Variant for DepthReuse {
         // 0.334 -> 0.234 ms; video-vae-decoder 0.395 -> 0.312, video-vae-causal 0.265 ->
         // 0.201, x3d 0.148 -> 0.142 against the barrier walk's defaults below).
         let producer = usize::from(spec.output3()[2].is_multiple_of(8));
-        let (bands, cols, minblocks) = if producer == 1 {
+        let planes = i64::from(producer == 1 && walks_planes(spec));
+        // (A plane walk takes the smallest, unused, depth chunk: see fits.)
+        let chunks = depth_chunks(spec, &DEPTH_CHUNKS);
+        let dchunk = if planes > 0 { chunks[0] } else { dchunk };
+        // Walking planes (run 232, convnext-7x7): two bands a region where the plane has
+        // them (0.058 ms vs one band's 0.062-0.065), two blocks an SM.
+        let (bands, cols, minblocks) = if planes > 0 {
+            (if mt >= 2 { 2 } else { 1 }, nt.div_ceil(nt.div_ceil(15)), 2)
+        } else if producer == 1 {
             (1, nt.div_ceil(nt.div_ceil(15)), 2)
         } else {
             let cols = nt.div_ceil(nt.div_ceil(16));
@@ -197,6 +263,7 @@ impl Variant for DepthReuse {
                 ("stages", 4),
                 ("minblocks", minblocks),
                 ("producer", producer as i64),
+                ("planes", planes),
             ],
         )
     }
@@ -207,17 +274,35 @@ impl Variant for DepthReuse {
         let Params {
             bands,
             cols,
+            dchunk,
             stages,
             producer,
+            planes,
             ..
         } = Params::read(config).map_err(|e| e.to_string())?;
         let producer = producer != 0;
-        let warps = bands.saturating_mul(cols) + usize::from(producer);
+        if planes > 0 {
+            if !producer {
+                return Err("walking planes needs the producer warp".into());
+            }
+            if !walks_planes(spec) {
+                return Err("walking planes needs one kernel depth and no depth padding".into());
+            }
+            // The chunk of depths is unused there: one value, so the space has no twins.
+            if Some(dchunk as i64) != depth_chunks(spec, &DEPTH_CHUNKS).first().copied() {
+                return Err("walking planes takes the smallest dchunk (it is unused)".into());
+            }
+        }
+        let warps = bands.saturating_mul(cols) + usize::from(producer) + usize::from(planes > 0);
         if warps as i64 > MAX_WARPS {
             return Err(format!(
                 "bands x cols = {} tile warps{}, more than a block's {MAX_WARPS} warps",
                 bands * cols,
-                if producer { " and a producer" } else { "" }
+                match (producer, planes > 0) {
+                    (true, true) => " and a producer and a storer",
+                    (true, false) => " and a producer",
+                    _ => "",
+                }
             ));
         }
         let (rows, width) = slice_shape(spec, bands, cols);
@@ -228,14 +313,14 @@ impl Variant for DepthReuse {
         }
         within_shared(
             &format!("a ring of {} slices", stages + 1),
-            shared_bytes(spec, bands, cols, stages, producer),
+            shared_bytes(spec, bands, cols, stages, producer, planes > 0),
         )
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "depth_reuse_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}>",
+            "depth_reuse_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             p.bands,
             p.cols,
@@ -243,7 +328,8 @@ impl Variant for DepthReuse {
             p.stages,
             p.minblocks,
             p.producer,
-            usize::from(p.producer != 0 && split_rows(spec, p.cols))
+            usize::from(p.producer != 0 && split_rows(spec, p.cols)),
+            usize::from(p.planes > 0)
         ))
     }
     fn tensor_maps(&self, spec: &ConvSpec, config: &Config) -> Option<TensorMaps> {
@@ -258,28 +344,40 @@ impl Variant for DepthReuse {
             TensorMaps::Boxes {
                 input: [cols as u32, rows as u32, 1],
                 output: tma_out.then_some([out_cols as u32, out_rows as u32, 1]),
+                // Walking planes, stage rows of 128 bytes are swizzled (mirrors
+                // `swizzled` in the kernel).
+                output_swizzled: p.planes > 0 && out_cols * 2 == 128,
             }
         } else {
             TensorMaps::Unused
         })
     }
-    fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
+    fn launch(&self, spec: &ConvSpec, config: &Config, sms: u32) -> Result<Launch> {
         let Params {
             bands,
             cols,
             dchunk,
             stages,
+            minblocks,
             producer,
-            ..
+            planes,
         } = Params::parse(self, spec, config)?;
         let producer = producer != 0;
         let (mt, nt) = tile_grid(spec);
         let regions = mt.div_ceil(bands) * nt.div_ceil(cols);
-        let blocks = spec.n() * spec.c() * depth_chunk_count(spec, dchunk) * regions;
+        let blocks = if planes > 0 {
+            regions * plane_chunks(spec, regions, planes, minblocks, sms)
+        } else {
+            spec.n() * spec.c() * depth_chunk_count(spec, dchunk) * regions
+        };
         Ok(Launch {
             grid: (grid_x(self, spec, blocks)?, 1, 1),
-            block: (block_threads(bands, cols, producer) as u32, 1, 1),
-            shared_bytes: shared_bytes(spec, bands, cols, stages, producer) as u32,
+            block: (
+                block_threads(bands, cols, producer, planes > 0) as u32,
+                1,
+                1,
+            ),
+            shared_bytes: shared_bytes(spec, bands, cols, stages, producer, planes > 0) as u32,
         })
     }
 }
@@ -343,6 +441,72 @@ mod tests {
         assert_eq!(v.space(&case("causal-conv1d"))[0].values, vec![1]);
         assert!(v.applies(&case("odd-dilated")).is_err());
         assert!(v.applies(&case("seed-f32")).is_err());
+    }
+
+    #[test]
+    fn planes_walk_the_flattened_sequence_only_without_depths_to_rotate() {
+        let v = DepthReuse;
+        // convnext-7x7 (2-D, 16 x 384 planes of 56 x 56): the producer, walking planes;
+        // 2 regions of 2 bands, 132 chunks of planes each (2 blocks an SM, one wave).
+        let convnext = case("convnext-7x7");
+        let d = v.default_config(&convnext);
+        assert_eq!((d.get("producer"), d.get("planes")), (Some(1), Some(1)));
+        assert_eq!((d.get("bands"), d.get("cols")), (Some(2), Some(8)));
+        let l = v.launch(&convnext, &d, 132).unwrap();
+        assert_eq!(l.grid.0, 2 * 132);
+        // Sixteen tile warps, the producer and the storer.
+        assert_eq!(l.block.0, 18 * 32);
+        assert_eq!(plane_chunks(&convnext, 4, 1, 2, 132), 66);
+        // 4 waves of 4 blocks an SM; never more chunks than planes (8 below).
+        assert_eq!(
+            plane_chunks(&case("causal-conv1d"), 1, 4, 4, 132),
+            4 * 4 * 132
+        );
+        let tiny = crate::spec::ConvParams {
+            n: 1,
+            c: 8,
+            input: vec![16, 16],
+            kernel: vec![3, 3],
+            stride: vec![],
+            dilation: vec![],
+            padding: vec![[1, 1]],
+            layout: crate::Layout::ChannelsFirst,
+            dtype: crate::DType::Bf16,
+        }
+        .validate()
+        .unwrap();
+        assert_eq!(plane_chunks(&tiny, 1, 4, 4, 132), 8);
+        // Depths to rotate through (the seed) or depth padding: no plane walk.
+        assert_eq!(v.default_config(&case("seed-bf16")).get("planes"), Some(0));
+        assert!(!walks_planes(&case("x3d-3x3x3")));
+        assert_eq!(v.space(&case("seed-bf16")).last().unwrap().values, vec![0]);
+        // Walking planes needs the producer, and takes one dchunk.
+        let mut no_producer = d.clone();
+        no_producer.values.insert("producer".into(), 0);
+        assert!(v.fits(&convnext, &no_producer).is_err());
+        let configs = valid_configs(&v, &convnext);
+        assert!(configs
+            .iter()
+            .filter(|c| c.get("planes") != Some(0))
+            .all(|c| c.get("producer") == Some(1) && c.get("dchunk") == Some(4)));
+        assert!(configs.contains(&d));
+        // A 1xKxK 3-D layer of 5 depths walks planes too, its default valid.
+        let deep = crate::spec::ConvParams {
+            n: 1,
+            c: 6,
+            input: vec![5, 17, 16],
+            kernel: vec![1, 5, 5],
+            stride: vec![],
+            dilation: vec![],
+            padding: vec![[0, 0], [2, 2], [2, 2]],
+            layout: crate::Layout::ChannelsFirst,
+            dtype: crate::DType::Bf16,
+        }
+        .validate()
+        .unwrap();
+        let d = v.default_config(&deep);
+        assert_eq!((d.get("planes"), d.get("dchunk")), (Some(1), Some(4)));
+        assert!(v.fits(&deep, &d).is_ok());
     }
 
     fn enumerate_len(v: &DepthReuse, spec: &ConvSpec) -> usize {

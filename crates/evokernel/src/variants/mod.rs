@@ -47,7 +47,7 @@ macro_rules! typed_params {
 }
 
 mod channels_last;
-mod depth_reuse;
+pub(crate) mod depth_reuse;
 mod depth_reuse_cl;
 mod depth_reuse_fma;
 mod depth_reuse_fma_cl;
@@ -557,6 +557,10 @@ pub enum TensorMaps {
     Boxes {
         input: [u32; 3],
         output: Option<[u32; 3]>,
+        /// The output box's 128-byte rows swizzled in shared memory (16-byte chunks XORed
+        /// with the row mod 8: `CU_TENSOR_MAP_SWIZZLE_128B`), so a stage's fragment
+        /// stores fall on distinct banks.
+        output_swizzled: bool,
     },
     /// Boxes (channels, columns, rows, depths) of one image of channels-last data: the
     /// input's and, where the kernel moves it through the TMA, the output-shaped tensor's.
@@ -997,7 +1001,7 @@ large_kernel c53a9cbf41b81dfa94a561db48a39108
 tensor_core 83f90c54e9f7b9edf15e7210ff6a57a6
 streaming 7c4b5ee70cc97753761129ed78bf4994
 streaming_cl 9b1b71bfd5b7d5520dc3d4f58d4a33f8
-depth_reuse e7d5b241db4e42b09f2fc183da43f1f6
+depth_reuse 209ad578aad345cf93d133331f14fc83
 depth_reuse_cl ec6936de43dfbdb5292e4be68d905a56
 depth_reuse_fma 5b8a6c065ab91aa874f47b83918bc2bc
 depth_reuse_fma_cl 4be8943b33033b764bf88a74ad1acfb8

@@ -420,6 +420,7 @@ impl Variant for WgradMma {
                     (spec.kernel3()[0] + depths - 1) as u32,
                 ],
                 output: Some([gy_cols as u32, p.rows as u32, depths as u32]),
+                output_swizzled: false,
             }
         } else {
             TensorMaps::Unused

@@ -387,6 +387,7 @@ impl Variant for WgradTile {
                     spec.kernel3()[0] as u32,
                 ],
                 output: Some([p.tw as u32, p.th() as u32, 1]),
+                output_swizzled: false,
             }
         } else {
             TensorMaps::Unused
