@@ -285,7 +285,11 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB)
     } else {
         const int tile_warps = min(BANDS, mt - band0) * min(COLS, nt - col0);
 #if __CUDA_ARCH__ >= 900
-        constexpr unsigned FULL_ARRIVALS = 1;  // the producer's expect_tx
+        // The producer's expect_tx; walking planes, every producer lane (its fragments).
+        // (There the slots are handed over lane by lane, full and empty: ordered through
+        // one lane and __syncwarp, racecheck reported the fragments' reads and writes,
+        // run 233.)
+        constexpr unsigned FULL_ARRIVALS = PLANES ? 32 : 1;
 #else
         // Each producer lane once its copies land (and, walking planes, once it has
         // written its fragments).
@@ -294,7 +298,7 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB)
         if (threadIdx.x == 0) {
             for (int i = 0; i < NBUF; ++i) {
                 mbar_init(full + 8 * i, FULL_ARRIVALS);
-                mbar_init(empty + 8 * i, tile_warps);
+                mbar_init(empty + 8 * i, tile_warps * (PLANES ? 32 : 1));
             }
             for (int i = 0; i < OST; ++i) {
                 mbar_init(staged + 8 * i, tile_warps);
@@ -358,19 +362,14 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB)
                 mbar_arrive(stage_free + 8 * b);
             };
             for (int s = 0; s < steps; ++s) {
-                if (PLANES) {
-                    // (one lane polls; the others write fragments after it)
-                    if (use > 0 && lane == 0) mbar_wait(empty + 8 * cur, (use - 1) & 1);
-                    __syncwarp();
-                } else if (use > 0) {
-                    mbar_wait(empty + 8 * cur, (use - 1) & 1);
-                }
+                if (use > 0) mbar_wait(empty + 8 * cur, (use - 1) & 1);
                 put_fragments(s);
                 const int zd = PLANES ? in.d : d0 + s - a.pd;
                 const int znc = PLANES ? in.n * (int)a.c + in.c : (int)nc;
                 if constexpr (PLANES) in.next(a);
                 if (PLANES && lane != 0) {
-                    // (lane 0 copies the slice and stores depths)
+                    // (lane 0 copies the slice; the others hand over their fragments)
+                    mbar_arrive(full + 8 * cur);
                 } else if (zd >= 0 && zd < a.id) {
                     mbar_expect_tx(full + 8 * cur, SLICE_BYTES);
                     tma_load_4d(ring + (unsigned)(cur * SLOT_BYTES), &maps.input, col0 * 8 - P, band0 * 16 - a.ph, zd,
@@ -429,7 +428,7 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB)
             mbar_wait(full + 8 * cur, parity);
             step(s, u, cur, steady);
             __syncwarp();
-            if (lane == 0) mbar_arrive(empty + 8 * cur);
+            if (PLANES || lane == 0) mbar_arrive(empty + 8 * cur);
             if (++cur == NBUF) {
                 cur = 0;
                 parity ^= 1;
