@@ -288,7 +288,7 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB)
         // The producer's expect_tx; walking planes, every producer lane (its fragments).
         // (There the slots are handed over lane by lane, full and empty: ordered through
         // one lane and __syncwarp, racecheck reported the fragments' reads and writes,
-        // run 233.)
+        // run 234.)
         constexpr unsigned FULL_ARRIVALS = PLANES ? 32 : 1;
 #else
         // Each producer lane once its copies land (and, walking planes, once it has

@@ -81,7 +81,7 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
             1,
             "tensor cores, each slice feeding every output depth it reaches",
         ),
-        // One kernel depth: its blocks walk planes through the TMA ring (run 232,
+        // One kernel depth: its blocks walk planes through the TMA ring (run 233,
         // convnext-7x7: 0.058 vs streaming 0.089 ms).
         "depth_reuse" if rows_fill_tiles && plane_walk => {
             (1, "tensor cores, each block walking planes through a TMA ring")

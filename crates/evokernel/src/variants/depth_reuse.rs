@@ -239,7 +239,7 @@ impl Variant for DepthReuse {
         // (A plane walk takes the smallest, unused, depth chunk: see fits.)
         let chunks = depth_chunks(spec, &DEPTH_CHUNKS);
         let dchunk = if planes > 0 { chunks[0] } else { dchunk };
-        // Walking planes (run 232, convnext-7x7): two bands a region where the plane has
+        // Walking planes (run 233, convnext-7x7): two bands a region where the plane has
         // them (0.058 ms vs one band's 0.062-0.065), two blocks an SM.
         let (bands, cols, minblocks) = if planes > 0 {
             (if mt >= 2 { 2 } else { 1 }, nt.div_ceil(nt.div_ceil(15)), 2)
