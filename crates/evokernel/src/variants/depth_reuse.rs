@@ -240,9 +240,12 @@ impl Variant for DepthReuse {
         let chunks = depth_chunks(spec, &DEPTH_CHUNKS);
         let dchunk = if planes > 0 { chunks[0] } else { dchunk };
         // Walking planes (run 233, convnext-7x7): two bands a region where the plane has
-        // them (0.058 ms vs one band's 0.062-0.065), two blocks an SM.
+        // them and they make at most 16 tile warps (0.058 ms vs one band's 0.062-0.065;
+        // 2 x 15 tiles of 112-wide rows capped registers at 32: 0.046 vs streaming's
+        // 0.040 on the H100, run 237; one band: 0.028 vs 0.038 on an H200, run 238), two blocks an SM.
         let (bands, cols, minblocks) = if planes > 0 {
-            (if mt >= 2 { 2 } else { 1 }, nt.div_ceil(nt.div_ceil(15)), 2)
+            let cols = nt.div_ceil(nt.div_ceil(15));
+            (if mt >= 2 && 2 * cols <= 16 { 2 } else { 1 }, cols, 2)
         } else if producer == 1 {
             (1, nt.div_ceil(nt.div_ceil(15)), 2)
         } else {
