@@ -89,17 +89,19 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB)
     constexpr int SLICE_BYTES = HS * WS * (int)sizeof(T);
     constexpr int SLOT_BYTES = PRODUCER ? (SLICE_BYTES + 127) / 128 * 128 : SLICE_BYTES;
     // With the producer, after the ring: the mbarriers (full and empty a slot, staged and
-    // free a stage), then two stages of one output depth of the region (at most RW columns).
+    // free a stage), then OST stages of one output depth of the region (at most RW columns).
     constexpr int NBUF = STAGES + 1;
     constexpr int RW = COLS * 8, STAGE_BYTES = BANDS * 16 * RW * (int)sizeof(T);
     // Output stages. A plane walk's steps are short: with two stages stored by the producer
     // as its loads let it, tile warps waited on the store of two steps before (run 224:
-    // 2.4 us a step), so there four, stored by a warp of its own (after the producer) as
-    // soon as each is staged. (Leaving stores reading while the next is issued, freed a
-    // stage only once a later one was staged: every step waited for all tile warps'
-    // previous one, run 227.)
+    // 2.4 us a step), so there eight, stored by a warp of its own (after the producer) as
+    // soon as each is staged, STORES_READING of them left reading while it goes on: a
+    // stage is free once the store OST - 3 planes later is issued. (With four stages and
+    // three reading, a stage was freed only once the next plane was staged and every step
+    // waited for all tile warps' previous one, run 227; waiting for each read left the
+    // storer behind, runs 230-232.)
     constexpr int OST = PLANES ? 8 : 2;
-    constexpr int STORES_READING = OST - 3;  // PLANES: the storer's copies left reading
+    constexpr int STORES_READING = OST - 3;  // PLANES: the storer's stores left reading
     // (PLANES: stages 1024-byte aligned, a 128-byte swizzle's atom.)
     constexpr int STAGE_ALIGN = PLANES ? 1024 : 128;
     constexpr int STAGE_OFFSET = PLANES ? (NBUF * SLOT_BYTES + 8 * (2 * NBUF + 2 * OST) + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN
@@ -231,8 +233,9 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB)
             float* done = acc[(u + 1) % KD];
             probe_fragment(probe, done);
             if (tma_out) {
-                // Depth q of the chunk into stage q mod 2, once the store of depth q - 2
-                // has read it; the producer stores the depth when every tile is in.
+                // Depth q of the chunk into stage q mod OST, once the store of depth
+                // q - OST has read it; the producer (walking planes, the storer) stores the
+                // depth when every tile is in.
                 const int q = s - (KD - 1);
                 const unsigned b = (unsigned)q % OST;
                 if (q >= OST) mbar_wait(stage_free + 8 * b, ((unsigned)q / OST - 1) & 1);
@@ -315,9 +318,7 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB)
             for (int q = 0; q < d1 - d0; ++q, out.next(a)) {
                 const unsigned b = (unsigned)q % OST;
                 mbar_wait(staged + 8 * b, ((unsigned)q / OST) & 1);
-                // Stores left reading while the next planes are staged (waiting for each
-                // read left tile warps waiting on free stages, runs 230-231): the stage of
-                // plane q - STORES_READING is free.
+                // The stage of plane q - STORES_READING has been read (see OST).
                 tma_store_4d<STORES_READING>(&maps.output, ring + STAGE_OFFSET + b * STAGE_BYTES, box0, band0 * 16, out.d,
                                              out.n * (int)a.c + out.c);
                 if (q >= STORES_READING) mbar_arrive(stage_free + 8 * ((unsigned)(q - STORES_READING) % OST));

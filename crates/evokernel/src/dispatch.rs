@@ -57,10 +57,9 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
     // most one of its window's input rows.
     let strided_3_rows = spec.kernel3()[1] <= 3 && spec.stride3()[1] >= 2;
     // depth_reuse's default walks planes (one kernel depth, no depth padding, output rows
-    // of 16-byte multiples for its stores).
-    let plane_walk = crate::variants::depth_reuse::walks_planes(spec)
-        && spec.output3()[2].is_multiple_of(8)
-        && spec.dtype() != DType::F32;
+    // of 16-byte multiples for its stores); f32 has no tensor-core path.
+    let plane_walk =
+        crate::variants::depth_reuse::walks_planes_by_default(spec) && spec.dtype() != DType::F32;
     match v.name() {
         // With one kernel depth too, where there are depths to walk (run 237, 4 x 192 x
         // 16 x 56 x 56, 1x3x3: 0.067 vs depth_reuse's plane walk 0.085 ms; in 2-D, 3x3,

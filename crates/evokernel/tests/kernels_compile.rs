@@ -275,7 +275,9 @@ fn builds_for_sm80(jit: &Jit, v: &dyn Variant, spec: &ConvSpec, params: &[(&str,
 
 /// depth_reuse's producer path uses sm_90's TMA and mbarrier forms; on older GPUs the
 /// same configs must still build (cp.async copies, sm_80's mbarrier forms): the seed's
-/// whole-row default and a split-row one, both layouts of the handover.
+/// whole-row default and a split-row one, both layouts of the handover, and the plane
+/// walk (convnext-7x7's default: the producer lanes' fragments, cp.async slices, no
+/// storer work).
 #[test]
 fn depth_reuse_builds_for_sm80_in_every_handover() {
     let jit = Jit::new("sm_80").unwrap().without_cache();
@@ -287,6 +289,12 @@ fn depth_reuse_builds_for_sm80_in_every_handover() {
             builds_for_sm80(&jit, v, spec, &[("producer", producer)]);
         }
     }
+    let convnext = &suite
+        .iter()
+        .find(|c| c.name == "convnext-7x7")
+        .unwrap()
+        .spec;
+    builds_for_sm80(&jit, v, convnext, &[("planes", 1)]);
 }
 
 /// wgrad_mma's TMA ring falls back to cp.async copies of the same layout off Hopper

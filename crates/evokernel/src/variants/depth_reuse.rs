@@ -126,6 +126,18 @@ pub(crate) fn walks_planes(spec: &ConvSpec) -> bool {
         && spec.n() * spec.c() * spec.output3()[0] < i32::MAX as usize
 }
 
+/// Whether the default walks planes: where it may and output rows are 16-byte multiples
+/// (the producer's default, for its TMA stores). The dispatch ranks by this too.
+pub(crate) fn walks_planes_by_default(spec: &ConvSpec) -> bool {
+    spec.output3()[2].is_multiple_of(8) && walks_planes(spec)
+}
+
+/// The depth chunk a plane walk takes: it does not use one, so the space's smallest (one
+/// value, no twins in the space).
+fn plane_walk_dchunk(spec: &ConvSpec) -> i64 {
+    depth_chunks(spec, &DEPTH_CHUNKS)[0]
+}
+
 /// Blocks along the plane sequence with `planes` (waves of `minblocks` blocks an SM over
 /// `sms` SMs, whole regions each), at most one a plane.
 fn plane_chunks(
@@ -235,19 +247,27 @@ impl Variant for DepthReuse {
         // 0.334 -> 0.234 ms; video-vae-decoder 0.395 -> 0.312, video-vae-causal 0.265 ->
         // 0.201, x3d 0.148 -> 0.142 against the barrier walk's defaults below).
         let producer = usize::from(spec.output3()[2].is_multiple_of(8));
-        let planes = i64::from(producer == 1 && walks_planes(spec));
-        // (A plane walk takes the smallest, unused, depth chunk: see fits.)
-        let chunks = depth_chunks(spec, &DEPTH_CHUNKS);
-        let dchunk = if planes > 0 { chunks[0] } else { dchunk };
+        let planes = i64::from(walks_planes_by_default(spec));
+        let dchunk = if planes > 0 {
+            plane_walk_dchunk(spec)
+        } else {
+            dchunk
+        };
         // Walking planes (run 233, convnext-7x7): two bands a region where the plane has
         // them and they make at most 16 tile warps (0.058 ms vs one band's 0.062-0.065;
         // 2 x 15 tiles of 112-wide rows capped registers at 32: 0.046 vs streaming's
-        // 0.040 on the H100, run 237; one band: 0.028 vs 0.038 on an H200, run 238), two blocks an SM.
+        // 0.040 on the H100, run 237; one band: 0.028 vs 0.038 on an H200, run 238),
+        // two blocks an SM.
+        let producer_cols = nt.div_ceil(nt.div_ceil(15));
         let (bands, cols, minblocks) = if planes > 0 {
-            let cols = nt.div_ceil(nt.div_ceil(15));
-            (if mt >= 2 && 2 * cols <= 16 { 2 } else { 1 }, cols, 2)
+            let bands = if mt >= 2 && 2 * producer_cols <= 16 {
+                2
+            } else {
+                1
+            };
+            (bands, producer_cols, 2)
         } else if producer == 1 {
-            (1, nt.div_ceil(nt.div_ceil(15)), 2)
+            (1, producer_cols, 2)
         } else {
             let cols = nt.div_ceil(nt.div_ceil(16));
             let bands = if mt.is_multiple_of(2) && 2 * cols <= 32 {
@@ -291,8 +311,7 @@ impl Variant for DepthReuse {
             if !walks_planes(spec) {
                 return Err("walking planes needs one kernel depth and no depth padding".into());
             }
-            // The chunk of depths is unused there: one value, so the space has no twins.
-            if Some(dchunk as i64) != depth_chunks(spec, &DEPTH_CHUNKS).first().copied() {
+            if dchunk as i64 != plane_walk_dchunk(spec) {
                 return Err("walking planes takes the smallest dchunk (it is unused)".into());
             }
         }
