@@ -11,6 +11,10 @@
 // of OUT_W x CV accumulators per thread; the weights of the thread's CV channels stay in
 // registers. Unit depth steps; H stride and dilation are arguments, W's compiled in;
 // the channel count is a multiple of E (16-byte pixel vectors).
+// PLANES (one kernel depth, no depth padding): the N x D planes, one run of H x W x C
+// each in (n, d) order, are walked as the depths of one image (ConvSpec::
+// planes_as_depths), so a block's chunk runs across images: a 2-D layer's block had one
+// slice, its copies never overlapping its FMAs, and filled its source table for it.
 template <typename T, int CV>
 __device__ __forceinline__ void channels_to_f32(const T* p, float* f) {
     if constexpr (CV == 1) {
@@ -53,7 +57,7 @@ __device__ __forceinline__ void channels_from_f32(T* p, const float* f) {
 }
 
 template <typename T, int KD, int KH, int KW, int OUT_W, int SW, int DW, int CV, int LANES, int TX, int TY,
-          int DCHUNK, int STAGES, int MINB, bool TABLE, int EPI>
+          int DCHUNK, int STAGES, int MINB, bool TABLE, int PLANES, int EPI>
 __global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwconv(ConvArgs a, EpiArgs e) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int E = 16 / (int)sizeof(T);  // channels per 16-byte chunk
@@ -76,20 +80,22 @@ __global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwco
     const int runs = (a.ow + OUT_W - 1) / OUT_W;
     const int col_regions = (runs + TX - 1) / TX;
     const int regions = ((a.oh + TY - 1) / TY) * col_regions;
-    const int chunks = (a.od + DCHUNK - 1) / DCHUNK;
+    // Output and input depths (PLANES: the planes of every image; then id = od).
+    const int od = PLANES ? (int)a.n * a.od : a.od, id = PLANES ? od : a.id;
+    const int chunks = (od + DCHUNK - 1) / DCHUNK;
     const int groups = (int)((a.c + CB - 1) / CB);
     const long long b = blockIdx.x;
     const int region = (int)(b % regions);
-    const int per_chunk = (a.od + chunks - 1) / chunks;  // balanced, as in depth_reuse.cu
+    const int per_chunk = (od + chunks - 1) / chunks;  // balanced, as in depth_reuse.cu
     const int d0 = (int)((b / regions) % chunks) * per_chunk;
-    const int d1 = min(d0 + per_chunk, a.od);
+    const int d1 = min(d0 + per_chunk, od);
     const long long rest = b / ((long long)regions * chunks);
     const int cg = (int)(rest % groups);
-    const long long n = rest / groups;
+    const long long n = PLANES ? 0 : rest / groups;
     const int c0 = cg * CB;
     const int oh0 = (region / col_regions) * TY, ow0 = (region % col_regions) * TX * OUT_W;
     const int gh0 = oh0 * a.sh - a.ph, gw0 = ow0 * SW - a.pw;
-    const T* xin = x + n * (long long)a.id * a.ih * a.iw * a.c;
+    const T* xin = x + n * (long long)id * a.ih * a.iw * a.c;
     // Where slice chunk j comes from (offset in an input depth slice, or -1), worked out
     // once into a table before the ring when a block has at least 4 steps, as in
     // depth_reuse_fma.cu; the ring holds at most as many slices as a block has steps.
@@ -115,7 +121,7 @@ __global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwco
     auto fetch = [&](int s, int buffer) {
         if (s < steps) {
             const int zd = d0 + s - a.pd;
-            const bool depth_inside = zd >= 0 && zd < a.id;
+            const bool depth_inside = zd >= 0 && zd < id;
             const T* src = xin + (depth_inside ? zd : 0) * depth_plane;
             const unsigned buf = ring_addr + (unsigned)(buffer * slice_elems * (int)sizeof(T));
             for (int j = threadIdx.x; j < fills; j += LANES * TX * TY) {
@@ -146,7 +152,7 @@ __global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwco
 
     const int win_off = ty * a.sh * ROW_CH * E + tx * OUT_W * SW * CB + lane_c * CV;
     const long long pixel_plane = (long long)a.oh * a.ow;
-    T* ypix = y + ((n * a.od + d0) * pixel_plane + (long long)oh * a.ow + ow) * a.c + c;
+    T* ypix = y + ((n * od + d0) * pixel_plane + (long long)oh * a.ow + ow) * a.c + c;
     float bias[CV];
 #pragma unroll
     for (int v = 0; v < CV; ++v) bias[v] = active ? bias_of<T, EPI>(e, c + v) : 0.f;

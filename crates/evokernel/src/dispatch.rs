@@ -74,11 +74,20 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
         // one depth and 7-wide rows it loses (convnext 0.202 vs streaming_cl 0.175).
         // Also on small planes, where streaming_cl has few tiles to spread (convnext-t-nhwc,
         // 28x28: 0.128 vs streaming_cl 0.158 ms; convnext-nhwc, 56x56, stays with
-        // streaming_cl: 0.172 vs 0.194; runs 98-99).
-        "depth_reuse_fma_cl" if fma_rows || deep || spec.taps() <= 9 || small_plane => (
-            0,
-            "FMA rotation on channels-last data (several depths, short rows, few taps, f32 or a small plane)",
-        ),
+        // streaming_cl: 0.172 vs 0.194; runs 98-99). Walking planes it takes convnext-nhwc
+        // too (run 240: 0.087-0.094 vs streaming_cl 0.172 ms in run 99).
+        "depth_reuse_fma_cl"
+            if fma_rows
+                || deep
+                || spec.taps() <= 9
+                || small_plane
+                || crate::variants::depth_reuse_fma_cl::walks_planes_by_default(spec) =>
+        {
+            (
+                0,
+                "FMA rotation on channels-last data (several depths, short rows, few taps, f32, a small plane, or planes walked)",
+            )
+        }
         "depth_reuse" if rows_fill_tiles && deep => (
             1,
             "tensor cores, each slice feeding every output depth it reaches",
@@ -393,7 +402,7 @@ mod tests {
         let channels_last = [
             ("x3d-ndhwc", "depth_reuse_fma_cl"),
             ("video-vae-ndhwc", "depth_reuse_fma_cl"),
-            ("convnext-nhwc", "streaming_cl"),
+            ("convnext-nhwc", "depth_reuse_fma_cl"),
             ("mobilenet-s1-nhwc", "depth_reuse_fma_cl"),
             ("seed-f16-ndhwc", "depth_reuse_fma_cl"),
             ("causal-conv1d-nwc", "depth_reuse_fma_cl"),

@@ -356,6 +356,31 @@ impl ConvSpec {
         }
     }
 
+    /// The same convolution with its N x D planes as the depths of one image, where that
+    /// is the same memory and the same arithmetic: a channels-last tensor keeps each
+    /// (n, d) plane as one run of H x W x C elements, planes in (n, d) order, and with one
+    /// kernel depth and no depth padding (so as many output depths as input depths) no
+    /// output reads two planes. A kernel that slides along depth then slides across
+    /// images too. None elsewhere.
+    pub fn planes_as_depths(&self) -> Option<ConvSpec> {
+        let one_plane_a_depth = self.kernel[0] == 1
+            && self.pad_before[0] == 0
+            && self.pad_after[0] == 0
+            && self.output[0] == self.input[0];
+        if self.layout != Layout::ChannelsLast || !one_plane_a_depth {
+            return None;
+        }
+        let planes = self.n * self.input[0];
+        let mut s = self.clone();
+        s.n = 1;
+        s.spatial_dims = 3;
+        s.input[0] = planes;
+        s.output[0] = planes;
+        s.stride[0] = 1;
+        s.dilation[0] = 1;
+        Some(s)
+    }
+
     fn spatial<'a>(&self, a: &'a [usize; 3]) -> &'a [usize] {
         &a[3 - self.spatial_dims..]
     }
@@ -713,6 +738,63 @@ mod tests {
 
     fn seed() -> ConvSpec {
         ConvParams::seed().validate().unwrap()
+    }
+
+    #[test]
+    fn channels_last_planes_fold_into_depths_at_the_same_offsets() {
+        let p = ConvParams {
+            n: 3,
+            c: 5,
+            input: vec![7, 9],
+            kernel: vec![3, 5],
+            stride: vec![2, 1],
+            dilation: vec![1, 2],
+            padding: vec![[1, 0], [4, 4]],
+            layout: Layout::ChannelsLast,
+            dtype: DType::Bf16,
+        };
+        let s = p.validate().unwrap();
+        let f = s.planes_as_depths().unwrap();
+        assert_eq!((f.n(), f.input3()[0], f.output3()[0]), (1, 3, 3));
+        assert_eq!(
+            (f.input_len(), f.output_len(), f.flops()),
+            (s.input_len(), s.output_len(), s.flops())
+        );
+        let [_, oh, ow] = s.output3();
+        for n in 0..3 {
+            for (h, w) in [(0, 0), (oh - 1, ow - 1), (1, 2)] {
+                assert_eq!(s.output_index(n, 4, 0, h, w), f.output_index(0, 4, n, h, w));
+                assert_eq!(s.input_index(n, 2, 0, h, w), f.input_index(0, 2, n, h, w));
+            }
+        }
+        // 1x3x3 over 4 depths of 2 images: 8 planes.
+        let d3 = ConvParams {
+            input: vec![4, 6, 6],
+            kernel: vec![1, 3, 3],
+            stride: vec![1],
+            dilation: vec![1],
+            padding: vec![[0, 0], [1, 1], [1, 1]],
+            n: 2,
+            ..p.clone()
+        };
+        assert_eq!(
+            d3.validate().unwrap().planes_as_depths().unwrap().input3()[0],
+            8
+        );
+        // Not where a plane's offset is not (n * D + d) x H x W x C, or outputs mix planes.
+        let first = ConvParams {
+            layout: Layout::ChannelsFirst,
+            ..p.clone()
+        };
+        assert!(first.validate().unwrap().planes_as_depths().is_none());
+        for (kernel, padding) in [(vec![2, 3, 3], [0, 0]), (vec![1, 3, 3], [1, 0])] {
+            let q = ConvParams {
+                kernel,
+                padding: vec![padding, [1, 1], [1, 1]],
+                ..d3.clone()
+            };
+            assert!(q.validate().unwrap().planes_as_depths().is_none());
+        }
     }
 
     #[test]

@@ -566,6 +566,175 @@ fn depth_reuse_walks_planes_like_the_oracle() {
     eprintln!("{checked} depth_reuse plane-walk checks");
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn depth_reuse_fma_cl_walks_planes_like_the_oracle() {
+    let engine = Engine::cuda(0).unwrap();
+    let dev = engine.device().unwrap().as_ref();
+    let v = evokernel::variants::find("depth_reuse_fma_cl").unwrap();
+    // (n, c, input, kernel, stride, dilation, padding per dim, dtype): channels-last 1-D,
+    // 2-D and 1xKxK 3-D layers, strides and dilations in H and W, partial channel groups.
+    type Shape = (
+        i64,
+        i64,
+        Vec<i64>,
+        Vec<i64>,
+        Vec<i64>,
+        Vec<i64>,
+        Vec<[i64; 2]>,
+        DType,
+    );
+    let shapes: [Shape; 8] = [
+        (
+            5,
+            48,
+            vec![28, 28],
+            vec![7, 7],
+            vec![1, 1],
+            vec![1, 1],
+            vec![[3, 3], [3, 3]],
+            DType::Bf16,
+        ),
+        (
+            7,
+            40,
+            vec![30, 30],
+            vec![5, 5],
+            vec![2, 2],
+            vec![1, 1],
+            vec![[2, 2], [2, 2]],
+            DType::F16,
+        ),
+        (
+            9,
+            24,
+            vec![17, 23],
+            vec![3, 3],
+            vec![1, 1],
+            vec![1, 1],
+            vec![[1, 1], [1, 1]],
+            DType::F16,
+        ),
+        (
+            3,
+            12,
+            vec![13, 21],
+            vec![3, 5],
+            vec![1, 2],
+            vec![2, 1],
+            vec![[0, 3], [2, 1]],
+            DType::F32,
+        ),
+        (
+            2,
+            16,
+            vec![3, 12, 20],
+            vec![1, 5, 5],
+            vec![1, 1, 1],
+            vec![1, 1, 1],
+            vec![[0, 0], [2, 2], [2, 2]],
+            DType::Bf16,
+        ),
+        (
+            6,
+            32,
+            vec![100],
+            vec![4],
+            vec![1],
+            vec![1],
+            vec![[3, 0]],
+            DType::Bf16,
+        ),
+        (
+            4,
+            8,
+            vec![19, 9],
+            vec![7, 3],
+            vec![1, 1],
+            vec![1, 3],
+            vec![[3, 3], [3, 3]],
+            DType::F16,
+        ),
+        (
+            11,
+            64,
+            vec![14, 14],
+            vec![7, 7],
+            vec![1, 1],
+            vec![1, 1],
+            vec![[3, 3], [3, 3]],
+            DType::F32,
+        ),
+    ];
+    let cases: Vec<(String, ConvSpec, Vec<evokernel::variants::Config>)> = shapes
+        .into_iter()
+        .enumerate()
+        .map(
+            |(i, (n, c, input, kernel, stride, dilation, padding, dtype))| {
+                let spec = ConvParams {
+                    n,
+                    c,
+                    input,
+                    kernel,
+                    stride,
+                    dilation,
+                    padding,
+                    layout: Layout::ChannelsLast,
+                    dtype,
+                }
+                .validate()
+                .unwrap();
+                let base = v.default_config(&spec);
+                let mut configs = Vec::new();
+                for dchunk in [4, 8, 16] {
+                    for (stages, minblocks, out_w) in [(2, 3, 8), (1, 2, 4), (4, 1, 8)] {
+                        let mut cfg = base.clone();
+                        for (k, x) in [
+                            ("planes", 1),
+                            ("dchunk", dchunk),
+                            ("stages", stages),
+                            ("minblocks", minblocks),
+                            ("out_w", out_w),
+                        ] {
+                            cfg.values.insert(k.into(), x);
+                        }
+                        // (specialization checks the config against the space too)
+                        if v.fits(&spec, &cfg).is_ok()
+                            && v.specialization(&spec, &cfg).is_ok()
+                            && !configs.contains(&cfg)
+                        {
+                            configs.push(cfg);
+                        }
+                    }
+                }
+                assert!(
+                    configs.len() >= 3,
+                    "{spec}: {} plane configs",
+                    configs.len()
+                );
+                (format!("fma_cl planes #{i}"), spec, configs)
+            },
+        )
+        .collect();
+    precompile_configs(dev, v, &cases);
+    let mut checked = 0;
+    for (i, (name, spec, configs)) in cases.iter().enumerate() {
+        let non_finite = i % 3 == 0;
+        let epilogue = Epilogue {
+            bias: i % 2 == 0,
+            activation: Activation::ALL[i % 4],
+            residual: i % 3 == 1,
+        };
+        let conv = ConvProblem::new(spec.clone()).with_epilogue(epilogue);
+        let mut problem = ProblemData::random_fused(&conv, i as u64, 1);
+        if non_finite {
+            problem.inject_non_finite(i as u64);
+        }
+        checked += check_configs(&engine, &problem, name, spec, configs, non_finite);
+    }
+    eprintln!("{checked} depth_reuse_fma_cl plane-walk checks");
+}
+
 fn random_epilogue(spec: &ConvSpec) -> Epilogue {
     let h = spec
         .key()

@@ -8,7 +8,7 @@ use super::{
     Launch, Param, Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
-use crate::spec::ConvSpec;
+use crate::spec::{ConvSpec, DType};
 
 pub struct DepthReuseFmaCl;
 
@@ -30,10 +30,18 @@ typed_params!(
         dchunk,
         stages,
         minblocks,
+        planes,
     }
 );
 
 impl Shape {
+    /// The spec the kernel walks: with `planes`, its N x D planes as one image's depths.
+    fn walked(&self, spec: &ConvSpec) -> ConvSpec {
+        match walked_planes(spec) {
+            Some(walked) if self.planes == 1 => walked,
+            _ => spec.clone(),
+        }
+    }
     fn threads(&self) -> usize {
         self.lanes * self.tx * self.ty
     }
@@ -64,12 +72,31 @@ fn row_chunks(spec: &ConvSpec, s: &Shape) -> usize {
 fn shared_bytes(spec: &ConvSpec, s: &Shape) -> usize {
     let rows = input_rows(spec, s.ty);
     fma_ring_bytes(
-        spec,
+        &s.walked(spec),
         s.dchunk,
         s.stages,
         rows * s.pixels(spec) * s.chunks_per_pixel(spec),
         rows * row_chunks(spec, s) * 16,
     )
+}
+
+/// The planes walked as depths (`planes = 1`), where they can be: the kernel counts
+/// them in 32 bits.
+fn walked_planes(spec: &ConvSpec) -> Option<ConvSpec> {
+    spec.planes_as_depths()
+        .filter(|w| w.output3()[0] <= i32::MAX as usize)
+}
+
+/// Whether the default walks planes: where it may and each input pixel feeds at least 6
+/// multiply-adds of a channel (taps / (H stride x W stride)). H100, run 240, walked /
+/// one plane a block: convnext-t-nhwc (49) 0.52x, convnext-nhwc (49) 0.47x,
+/// efficientnet-k5s2 (25 / 4) 0.73x, mobilenet-s1-nhwc (9) 0.69x; but mobilenet-s2
+/// (9 / 4) 1.5x and causal-conv1d-nwc (4) 1.16x slower: there a block's slice is short
+/// work, and a one-slice block's smaller shared memory keeps more of them in flight.
+/// The dispatch ranks by this too.
+pub(crate) fn walks_planes_by_default(spec: &ConvSpec) -> bool {
+    let [_, sh, sw] = spec.stride3();
+    walked_planes(spec).is_some() && spec.taps() >= 6 * sh * sw
 }
 
 fn runs(spec: &ConvSpec, out_w: usize) -> usize {
@@ -130,7 +157,18 @@ impl Variant for DepthReuseFmaCl {
                 values: block_sides(oh, 32),
             },
         ];
-        params.extend(ring_params(spec, &STAGES));
+        // Depth chunks of the planes where they can be walked as depths (a chunk of a
+        // 2-D layer is images).
+        let walked = walked_planes(spec);
+        params.extend(ring_params(walked.as_ref().unwrap_or(spec), &STAGES));
+        params.push(Param {
+            name: "planes",
+            values: if walked.is_some() {
+                vec![0, 1]
+            } else {
+                vec![0]
+            },
+        });
         params
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
@@ -140,15 +178,26 @@ impl Variant for DepthReuseFmaCl {
         // conv1d 0.060 vs 0.066). 32 channels per block (64-byte pixel pieces of bf16).
         // Eight rows of one run with 32 lanes (x3d 0.117, video-vae 0.196), 16 runs over
         // 8 rows with fewer lanes; 1-D rows take 16 runs side by side.
+        // Walking planes (run 240, H100): three blocks an SM (convnext-t-nhwc 0.064 vs
+        // 0.068 ms at two); 8 planes a block, 16 with 9 taps (mobilenet-s1-nhwc 0.031 vs
+        // 0.038 at 8); past 9 taps of 16-bit data two channels a lane, 16 lanes, one run
+        // (convnext-t-nhwc 0.060 vs 0.064, convnext-nhwc 0.087 vs 0.094); with 9 taps
+        // runs of 4 outputs (mobilenet-s1-nhwc 0.031 vs 0.035).
         let [_, oh, _] = spec.output3();
         let taps = spec.taps();
-        let cv = [4usize, 2, 1]
-            .into_iter()
-            .find(|&cv| taps * cv <= 36)
-            .unwrap_or(1)
-            .min(chunk_channels(spec));
+        let walk = walks_planes_by_default(spec);
+        let pair = walk && taps > 9 && spec.dtype() != DType::F32;
+        let cv = if pair {
+            2
+        } else {
+            [4usize, 2, 1]
+                .into_iter()
+                .find(|&cv| taps * cv <= 36)
+                .unwrap_or(1)
+                .min(chunk_channels(spec))
+        };
         let lanes = (32 / cv).max(chunk_channels(spec) / cv);
-        let per_block = if lanes >= 32 { 8 } else { 16 };
+        let per_block = if lanes >= 32 || pair { 8 } else { 16 };
         let space = self.space(spec);
         let pick = |name: &str, want: usize| {
             let values = &space.iter().find(|p| p.name == name).unwrap().values;
@@ -160,12 +209,18 @@ impl Variant for DepthReuseFmaCl {
                 .unwrap_or(values[0])
         };
         let ty = pick("ty", oh.min(8));
-        let out_w = 8;
+        let out_w = if walk && taps <= 9 { 4 } else { 8 };
         let tx = pick(
             "tx",
             (per_block / ty as usize).min(runs(spec, out_w)).max(1),
         );
-        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 64);
+        let dchunk = match walked_planes(spec) {
+            Some(walked) if walk => depth_chunk_at_most(
+                &depth_chunks(&walked, &DEPTH_CHUNKS),
+                if taps <= 9 { 16 } else { 8 },
+            ),
+            _ => depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 64),
+        };
         Config::new(
             self.name(),
             &[
@@ -176,7 +231,8 @@ impl Variant for DepthReuseFmaCl {
                 ("ty", ty),
                 ("dchunk", dchunk),
                 ("stages", 2),
-                ("minblocks", 2),
+                ("minblocks", if walk { 3 } else { 2 }),
+                ("planes", walk as i64),
             ],
         )
     }
@@ -191,6 +247,17 @@ impl Variant for DepthReuseFmaCl {
         }
         if s.cv > e {
             return Err(format!("cv = {} is more than a chunk's {e} channels", s.cv));
+        }
+        if s.planes == 0 && !depth_chunks(spec, &DEPTH_CHUNKS).contains(&(s.dchunk as i64)) {
+            // (The space's chunks are the walked planes'; without the walk one is enough.)
+            return Err(format!(
+                "dchunk = {} without planes: the blocks of a chunk of {} output depths",
+                s.dchunk,
+                depth_chunks(spec, &DEPTH_CHUNKS)
+                    .last()
+                    .copied()
+                    .unwrap_or(1)
+            ));
         }
         if spec.taps() * s.cv > MAX_WEIGHTS {
             return Err(format!(
@@ -214,7 +281,7 @@ impl Variant for DepthReuseFmaCl {
         let s = Shape::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "depth_reuse_fma_cl_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
+            "depth_reuse_fma_cl_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             s.out_w,
             spec.stride3()[2],
@@ -226,16 +293,17 @@ impl Variant for DepthReuseFmaCl {
             s.dchunk,
             s.stages,
             s.minblocks,
-            fill_table(spec, s.dchunk)
+            fill_table(&s.walked(spec), s.dchunk),
+            s.planes
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
         let s = Shape::parse(self, spec, config)?;
-        let dchunk = s.dchunk;
-        let [od, oh, _] = spec.output3();
+        let walked = s.walked(spec);
+        let [od, oh, _] = walked.output3();
         let regions = oh.div_ceil(s.ty) * runs(spec, s.out_w).div_ceil(s.tx);
         let groups = spec.c().div_ceil(s.lanes * s.cv);
-        let blocks = spec.n() * groups * od.div_ceil(dchunk) * regions;
+        let blocks = walked.n() * groups * od.div_ceil(s.dchunk) * regions;
         Ok(Launch {
             grid: (grid_x(self, spec, blocks)?, 1, 1),
             block: (s.threads() as u32, 1, 1),
@@ -296,13 +364,57 @@ mod tests {
         // mobilenet-s2 (2-D): no table and one slice, not three.
         let mb = public_case("mobilenet-s2");
         let d = v.default_config(&mb);
-        assert!(v.specialization(&mb, &d).unwrap().ends_with(", false>"));
+        assert!(v.specialization(&mb, &d).unwrap().ends_with(", false, 0>"));
         let s = Shape::read(&d).unwrap();
+        let one = v.launch(&mb, &d, 132).unwrap();
+        assert_eq!(one.shared_bytes as usize, 17 * row_chunks(&mb, &s) * 16);
+        // Walking its 32 images as depths, 8 a block: a table and a ring of three slices,
+        // an eighth of the blocks.
+        let walk = Shape {
+            planes: 1,
+            dchunk: 8,
+            ..s
+        }
+        .config(v.name());
+        assert!(v
+            .specialization(&mb, &walk)
+            .unwrap()
+            .ends_with(", true, 1>"));
+        let l = v.launch(&mb, &walk, 132).unwrap();
+        assert_eq!(l.grid.0 * 8, one.grid.0);
+        let chunks = 17 * input_cols(&mb, s.tx * s.out_w) * s.chunks_per_pixel(&mb);
         assert_eq!(
-            v.launch(&mb, &d, 132).unwrap().shared_bytes as usize,
-            17 * row_chunks(&mb, &s) * 16
+            l.shared_bytes as usize,
+            (chunks * 4).div_ceil(16) * 16 + 3 * 17 * row_chunks(&mb, &s) * 16
         );
+        // Without the walk, one chunk size is enough; 3-D planes with a depth kernel
+        // are not walked.
+        let mut eight = d.clone();
+        eight.values.insert("dchunk".into(), 8);
+        assert!(v.fits(&mb, &eight).is_err());
+        assert!(!valid_configs(&v, &x3d)
+            .iter()
+            .any(|c| c.get("planes") == Some(1)));
         assert!(v.applies(&public_case("seed-bf16")).is_err());
+        // Walking planes by default where an input pixel feeds >= 6 multiply-adds.
+        let walk = |spec: &ConvSpec| {
+            let d = v.default_config(spec);
+            let g = |k| d.get(k).unwrap();
+            (
+                g("planes"),
+                g("cv"),
+                g("lanes"),
+                g("tx"),
+                g("out_w"),
+                g("dchunk"),
+                g("minblocks"),
+            )
+        };
+        assert_eq!(walk(&cl_case("convnext-nhwc")), (1, 2, 16, 1, 8, 8, 3));
+        assert_eq!(walk(&cl_case("mobilenet-s1-nhwc")), (1, 4, 8, 2, 4, 16, 3));
+        assert_eq!(walk(&mb).0, 0);
+        assert_eq!(walk(&cl_case("causal-conv1d-nwc")).0, 0);
+        assert_eq!(walk(&x3d).0, 0);
         // cv 4 with 75 taps is 300 weights per thread: pruned.
         let seed = public_case("seed-bf16-ndhwc");
         assert!(valid_configs(&v, &seed)

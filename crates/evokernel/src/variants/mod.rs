@@ -50,7 +50,7 @@ mod channels_last;
 pub(crate) mod depth_reuse;
 mod depth_reuse_cl;
 mod depth_reuse_fma;
-mod depth_reuse_fma_cl;
+pub(crate) mod depth_reuse_fma_cl;
 mod dgrad_gather;
 mod dgrad_gather_cl;
 mod large_kernel;
@@ -1004,7 +1004,7 @@ streaming_cl 9b1b71bfd5b7d5520dc3d4f58d4a33f8
 depth_reuse 209ad578aad345cf93d133331f14fc83
 depth_reuse_cl ec6936de43dfbdb5292e4be68d905a56
 depth_reuse_fma 5b8a6c065ab91aa874f47b83918bc2bc
-depth_reuse_fma_cl 4be8943b33033b764bf88a74ad1acfb8
+depth_reuse_fma_cl ea60acf3362c33016e5630b09a9c21e1
 dgrad_gather 5fc50c8418cde94ba899e1ae3e272897
 dgrad_gather_cl 5b6d1fea50bd0b8cbc0b7c851fc0049c
 wgrad 12c90f7774f54ed0166b7d6ae9a858a1
