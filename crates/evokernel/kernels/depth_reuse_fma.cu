@@ -12,8 +12,13 @@
 // window starts at column tx * OUT_W * SW (a multiple of E) and its taps at + S.
 // The weights stay in registers (KD * KH * KW of them). Depth steps are unit; H stride
 // and dilation are arguments, W's (SW, DW) compiled in; the input width is a multiple of E.
+// PLANES (KD = 1, no depth padding): the N x C x D planes, each a run of H x W elements
+// in (n, c, d) order, are walked as one sequence of depths, so a block's ring and table
+// run across planes (a 1-D or 2-D layer's block had one slice: its copies never
+// overlapped its FMAs). Planes of a chunk may change channel: each slot carries its
+// plane's weights as f32 after the slice, written by the fetch that fills it.
 template <typename T, int KD, int KH, int KW, int OUT_W, int SW, int DW, int S, int TX, int TY,
-          int DCHUNK, int STAGES, int MINB, bool TABLE, int EPI>
+          int DCHUNK, int STAGES, int MINB, bool TABLE, int PLANES, int EPI>
 __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs a, EpiArgs e) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int E = 16 / (int)sizeof(T);                 // elements per 16-byte chunk
@@ -30,6 +35,10 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
     constexpr int WS = ROW_CH * E;
     const int hs = (TY - 1) * a.sh + (KH - 1) * a.dh + 1;  // slice rows
     const int slice_elems = hs * WS;
+    static_assert(!PLANES || KD == 1, "PLANES walks planes of KD = 1");
+    constexpr int TAPS = KD * KH * KW, WEIGHT_BYTES = PLANES ? (TAPS * 4 + 15) / 16 * 16 : 0;
+    // A slot: the slice, then (PLANES) its plane's weights. Mirrors shared_bytes.
+    const int slot_bytes = slice_elems * (int)sizeof(T) + WEIGHT_BYTES;
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ w = static_cast<const T*>(a.w);
     T* __restrict__ y = static_cast<T*>(a.y);
@@ -37,18 +46,21 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
     const int col_groups = (a.ow + OUT_W - 1) / OUT_W;
     const int col_regions = (col_groups + TX - 1) / TX;
     const int regions = ((a.oh + TY - 1) / TY) * col_regions;
-    const int chunks = (a.od + DCHUNK - 1) / DCHUNK;
+    // Output and input depths (PLANES: every plane; then id = od; the host keeps the
+    // count under 2^31).
+    const int od = PLANES ? (int)(a.n * a.c) * a.od : a.od, id = PLANES ? od : a.id;
+    const int chunks = (od + DCHUNK - 1) / DCHUNK;
     const long long b = blockIdx.x;
     const int region = (int)(b % regions);
-    const int per_chunk = (a.od + chunks - 1) / chunks;  // balanced, as in depth_reuse.cu
+    const int per_chunk = (od + chunks - 1) / chunks;  // balanced, as in depth_reuse.cu
     const int d0 = (int)((b / regions) % chunks) * per_chunk;
-    const int d1 = min(d0 + per_chunk, a.od);
-    const long long nc = b / ((long long)regions * chunks);
-    const long long c = nc % a.c;
+    const int d1 = min(d0 + per_chunk, od);
+    const long long nc = PLANES ? 0 : b / ((long long)regions * chunks);
+    const long long c = nc % a.c;  // (PLANES: each step's own, below)
     const int oh0 = (region / col_regions) * TY, ow0 = (region % col_regions) * TX * OUT_W;
     const int gh0 = oh0 * a.sh - a.ph;
     const int g0 = ow0 * SW - a.pw - S;
-    const T* xin = x + nc * (long long)a.id * a.ih * a.iw;
+    const T* xin = x + nc * (long long)id * a.ih * a.iw;
     // Where slice chunk j comes from: its offset in an input depth plane, or -1 for
     // padding. It is the same every step but for the depth, so with TABLE (blocks of at
     // least 4 steps) the block works it out once into a table at the start of shared
@@ -76,9 +88,18 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
     auto fetch = [&](int s, int buffer) {
         if (s < steps) {
             const int zd = d0 + s - a.pd;
-            const bool depth_inside = zd >= 0 && zd < a.id;
+            const bool depth_inside = zd >= 0 && zd < id;
             const T* src = xin + (depth_inside ? zd : 0) * depth_plane;
-            const unsigned buf = ring_addr + (unsigned)(buffer * slice_elems * (int)sizeof(T));
+            // (Without PLANES as before them: the same SASS.)
+            const unsigned buf = ring_addr + (unsigned)(PLANES ? buffer * slot_bytes : buffer * slice_elems * (int)sizeof(T));
+            if constexpr (PLANES) {
+                // The plane's weights (its channel is (plane / D) mod C), read through L1:
+                // the planes of a chunk share a few channels.
+                float* wslot = reinterpret_cast<float*>(smem_raw + table_bytes + buffer * slot_bytes +
+                                                        slice_elems * (int)sizeof(T));
+                const long long pc = (long long)(zd / a.od) % a.c;
+                for (int t = threadIdx.x; t < TAPS; t += TX * TY) wslot[t] = to_f32(__ldg(w + pc * TAPS + t));
+            }
             for (int j = threadIdx.x; j < fills; j += TX * TY) {
                 const int off = TABLE ? fill_table[j] : source_of(j);
                 const int r = j / FILL_CH;  // a multiply and shift: FILL_CH is a constant
@@ -94,18 +115,20 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
     };
 
     float wr[KD * KH * KW];
+    if constexpr (!PLANES) {
 #pragma unroll
-    for (int t = 0; t < KD * KH * KW; ++t) wr[t] = to_f32(w[c * (KD * KH * KW) + t]);
+        for (int t = 0; t < KD * KH * KW; ++t) wr[t] = to_f32(w[c * (KD * KH * KW) + t]);
+    }
 
     const int tx = threadIdx.x % TX, ty = threadIdx.x / TX;
     const int oh = oh0 + ty, ow = ow0 + tx * OUT_W;
     const bool active = oh < a.oh && ow < a.ow;
     const int win_off = ty * a.sh * WS + tx * STEP;
     const long long plane = (long long)a.oh * a.ow;
-    T* yrow = y + (nc * a.od + d0) * plane + (long long)oh * a.ow + ow;
+    T* yrow = y + (nc * od + d0) * plane + (long long)oh * a.ow + ow;
     const bool full_vector = ow + OUT_W <= a.ow && (a.ow % E) == 0 && (OUT_W % E) == 0;
 
-    const float bias = bias_of<T, EPI>(e, c);
+    float bias = PLANES ? 0.f : bias_of<T, EPI>(e, c);
     float acc[KD][OUT_W];
 #pragma unroll
     for (int q = 0; q < KD; ++q)
@@ -113,6 +136,22 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
         for (int o = 0; o < OUT_W; ++o) acc[q][o] = 0.f;
     walk_slices<KD, STAGES>(steps, fetch, [&](int s, int u, int cur) {
         if (active) {
+            if constexpr (PLANES) {
+                // This plane's weights and bias (one broadcast LDS.128 for four taps).
+                const float4* wslot = reinterpret_cast<const float4*>(
+                    smem_raw + table_bytes + cur * slot_bytes + slice_elems * (int)sizeof(T));
+#pragma unroll
+                for (int q = 0; q < TAPS / 4; ++q) {
+                    const float4 v = wslot[q];
+                    wr[4 * q] = v.x;
+                    wr[4 * q + 1] = v.y;
+                    wr[4 * q + 2] = v.z;
+                    wr[4 * q + 3] = v.w;
+                }
+#pragma unroll
+                for (int t = TAPS / 4 * 4; t < TAPS; ++t) wr[t] = reinterpret_cast<const float*>(wslot)[t];
+                bias = bias_of<T, EPI>(e, (long long)((d0 + s) / a.od) % a.c);
+            }
             // The residuals of the depth this step completes, as raw 16-byte vectors loaded
             // ahead of the FMAs (unpacked at the store).
             constexpr int RV = (EPI & 8) != 0 ? OUT_W / E : 0;
@@ -125,7 +164,8 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
                     for (int q = 0; q < RV; ++q) res_raw[q] = __ldg(rp + q);
                 }
             }
-            const T* slice = ring + cur * slice_elems + win_off;
+            const T* slice = (PLANES ? reinterpret_cast<const T*>(smem_raw + table_bytes + cur * slot_bytes)
+                                     : ring + cur * slice_elems) + win_off;
 #pragma unroll
             for (int kh = 0; kh < KH; ++kh) {
                 const T* row = slice + kh * a.dh * WS;

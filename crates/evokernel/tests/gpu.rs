@@ -566,106 +566,25 @@ fn depth_reuse_walks_planes_like_the_oracle() {
     eprintln!("{checked} depth_reuse plane-walk checks");
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn depth_reuse_fma_cl_walks_planes_like_the_oracle() {
+/// (n, c, input, kernel, stride, dilation, padding per dim, dtype) of a plane-walk test.
+type WalkShape = (
+    i64,
+    i64,
+    Vec<i64>,
+    Vec<i64>,
+    Vec<i64>,
+    Vec<i64>,
+    Vec<[i64; 2]>,
+    DType,
+);
+
+/// Forced plane walks (`planes = 1`, depth chunks 4-16, 1-4 stages, three register caps)
+/// of an FMA rotation kernel on `shapes` against the oracle: epilogues, and NaN/Inf in a
+/// third of the cases.
+fn check_fma_plane_walks(variant: &str, layout: Layout, shapes: Vec<WalkShape>) {
     let engine = Engine::cuda(0).unwrap();
     let dev = engine.device().unwrap().as_ref();
-    let v = evokernel::variants::find("depth_reuse_fma_cl").unwrap();
-    // (n, c, input, kernel, stride, dilation, padding per dim, dtype): channels-last 1-D,
-    // 2-D and 1xKxK 3-D layers, strides and dilations in H and W, partial channel groups.
-    type Shape = (
-        i64,
-        i64,
-        Vec<i64>,
-        Vec<i64>,
-        Vec<i64>,
-        Vec<i64>,
-        Vec<[i64; 2]>,
-        DType,
-    );
-    let shapes: [Shape; 8] = [
-        (
-            5,
-            48,
-            vec![28, 28],
-            vec![7, 7],
-            vec![1, 1],
-            vec![1, 1],
-            vec![[3, 3], [3, 3]],
-            DType::Bf16,
-        ),
-        (
-            7,
-            40,
-            vec![30, 30],
-            vec![5, 5],
-            vec![2, 2],
-            vec![1, 1],
-            vec![[2, 2], [2, 2]],
-            DType::F16,
-        ),
-        (
-            9,
-            24,
-            vec![17, 23],
-            vec![3, 3],
-            vec![1, 1],
-            vec![1, 1],
-            vec![[1, 1], [1, 1]],
-            DType::F16,
-        ),
-        (
-            3,
-            12,
-            vec![13, 21],
-            vec![3, 5],
-            vec![1, 2],
-            vec![2, 1],
-            vec![[0, 3], [2, 1]],
-            DType::F32,
-        ),
-        (
-            2,
-            16,
-            vec![3, 12, 20],
-            vec![1, 5, 5],
-            vec![1, 1, 1],
-            vec![1, 1, 1],
-            vec![[0, 0], [2, 2], [2, 2]],
-            DType::Bf16,
-        ),
-        (
-            6,
-            32,
-            vec![100],
-            vec![4],
-            vec![1],
-            vec![1],
-            vec![[3, 0]],
-            DType::Bf16,
-        ),
-        (
-            4,
-            8,
-            vec![19, 9],
-            vec![7, 3],
-            vec![1, 1],
-            vec![1, 3],
-            vec![[3, 3], [3, 3]],
-            DType::F16,
-        ),
-        (
-            11,
-            64,
-            vec![14, 14],
-            vec![7, 7],
-            vec![1, 1],
-            vec![1, 1],
-            vec![[3, 3], [3, 3]],
-            DType::F32,
-        ),
-    ];
+    let v = evokernel::variants::find(variant).unwrap();
     let cases: Vec<(String, ConvSpec, Vec<evokernel::variants::Config>)> = shapes
         .into_iter()
         .enumerate()
@@ -679,7 +598,7 @@ fn depth_reuse_fma_cl_walks_planes_like_the_oracle() {
                     stride,
                     dilation,
                     padding,
-                    layout: Layout::ChannelsLast,
+                    layout,
                     dtype,
                 }
                 .validate()
@@ -687,14 +606,13 @@ fn depth_reuse_fma_cl_walks_planes_like_the_oracle() {
                 let base = v.default_config(&spec);
                 let mut configs = Vec::new();
                 for dchunk in [4, 8, 16] {
-                    for (stages, minblocks, out_w) in [(2, 3, 8), (1, 2, 4), (4, 1, 8)] {
+                    for (stages, minblocks) in [(2, 3), (1, 2), (4, 1)] {
                         let mut cfg = base.clone();
                         for (k, x) in [
                             ("planes", 1),
                             ("dchunk", dchunk),
                             ("stages", stages),
                             ("minblocks", minblocks),
-                            ("out_w", out_w),
                         ] {
                             cfg.values.insert(k.into(), x);
                         }
@@ -712,7 +630,7 @@ fn depth_reuse_fma_cl_walks_planes_like_the_oracle() {
                     "{spec}: {} plane configs",
                     configs.len()
                 );
-                (format!("fma_cl planes #{i}"), spec, configs)
+                (format!("{variant} planes #{i}"), spec, configs)
             },
         )
         .collect();
@@ -732,7 +650,174 @@ fn depth_reuse_fma_cl_walks_planes_like_the_oracle() {
         }
         checked += check_configs(&engine, &problem, name, spec, configs, non_finite);
     }
-    eprintln!("{checked} depth_reuse_fma_cl plane-walk checks");
+    eprintln!("{checked} {variant} plane-walk checks");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn depth_reuse_fma_cl_walks_planes_like_the_oracle() {
+    // Channels-last 1-D, 2-D and 1x5x5 3-D layers, strides and dilations in H and W,
+    // partial channel groups.
+    check_fma_plane_walks(
+        "depth_reuse_fma_cl",
+        Layout::ChannelsLast,
+        vec![
+            (
+                5,
+                48,
+                vec![28, 28],
+                vec![7, 7],
+                vec![1, 1],
+                vec![1, 1],
+                vec![[3, 3], [3, 3]],
+                DType::Bf16,
+            ),
+            (
+                7,
+                40,
+                vec![30, 30],
+                vec![5, 5],
+                vec![2, 2],
+                vec![1, 1],
+                vec![[2, 2], [2, 2]],
+                DType::F16,
+            ),
+            (
+                9,
+                24,
+                vec![17, 23],
+                vec![3, 3],
+                vec![1, 1],
+                vec![1, 1],
+                vec![[1, 1], [1, 1]],
+                DType::F16,
+            ),
+            (
+                3,
+                12,
+                vec![13, 21],
+                vec![3, 5],
+                vec![1, 2],
+                vec![2, 1],
+                vec![[0, 3], [2, 1]],
+                DType::F32,
+            ),
+            (
+                2,
+                16,
+                vec![3, 12, 20],
+                vec![1, 5, 5],
+                vec![1, 1, 1],
+                vec![1, 1, 1],
+                vec![[0, 0], [2, 2], [2, 2]],
+                DType::Bf16,
+            ),
+            (
+                6,
+                32,
+                vec![100],
+                vec![4],
+                vec![1],
+                vec![1],
+                vec![[3, 0]],
+                DType::Bf16,
+            ),
+            (
+                4,
+                8,
+                vec![19, 9],
+                vec![7, 3],
+                vec![1, 1],
+                vec![1, 3],
+                vec![[3, 3], [3, 3]],
+                DType::F16,
+            ),
+            (
+                11,
+                64,
+                vec![14, 14],
+                vec![7, 7],
+                vec![1, 1],
+                vec![1, 1],
+                vec![[3, 3], [3, 3]],
+                DType::F32,
+            ),
+        ],
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn depth_reuse_fma_walks_planes_like_the_oracle() {
+    // Channels-first 1-D rows (long and short kernels, causal padding), 2-D planes with
+    // strides and dilations in H and W, a 1x3x3 3-D layer: planes of a chunk change
+    // channel (and image) mid-chunk.
+    check_fma_plane_walks(
+        "depth_reuse_fma",
+        Layout::ChannelsFirst,
+        vec![
+            (
+                3,
+                7,
+                vec![1024],
+                vec![31],
+                vec![1],
+                vec![1],
+                vec![[15, 15]],
+                DType::F16,
+            ),
+            (
+                4,
+                9,
+                vec![256],
+                vec![4],
+                vec![1],
+                vec![1],
+                vec![[3, 0]],
+                DType::Bf16,
+            ),
+            (
+                2,
+                5,
+                vec![20, 40],
+                vec![7, 7],
+                vec![1, 1],
+                vec![1, 1],
+                vec![[3, 3], [3, 3]],
+                DType::Bf16,
+            ),
+            (
+                3,
+                6,
+                vec![17, 24],
+                vec![3, 5],
+                vec![2, 1],
+                vec![1, 2],
+                vec![[1, 0], [4, 4]],
+                DType::F32,
+            ),
+            (
+                2,
+                3,
+                vec![3, 12, 16],
+                vec![1, 3, 3],
+                vec![1, 1, 1],
+                vec![1, 1, 1],
+                vec![[0, 0], [1, 1], [1, 1]],
+                DType::F16,
+            ),
+            (
+                5,
+                4,
+                vec![64],
+                vec![3],
+                vec![1],
+                vec![1],
+                vec![[2, 0]],
+                DType::F32,
+            ),
+        ],
+    );
 }
 
 fn random_epilogue(spec: &ConvSpec) -> Epilogue {

@@ -9,7 +9,7 @@ use super::{
     Launch, Param, Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
-use crate::spec::ConvSpec;
+use crate::spec::{ConvParams, ConvSpec, Layout};
 
 pub struct DepthReuseFma;
 
@@ -47,16 +47,68 @@ fn slice_row_chunks(spec: &ConvSpec, out_w: usize, tx: usize) -> usize {
     fill + (tx * step + 8 - fill % 8) % 8
 }
 
-/// The chunk table and the ring of slices of `ty` output rows' input rows.
+/// The chunk table and the ring of slices of `ty` output rows' input rows (walking
+/// planes, each slot with its plane's weights as f32). Mirrors slot_bytes in the kernel.
 fn shared_bytes(spec: &ConvSpec, config: &Shape) -> usize {
     let rows = input_rows(spec, config.ty);
+    let weights = if config.planes == 1 {
+        (spec.taps() * 4).div_ceil(16) * 16
+    } else {
+        0
+    };
     fma_ring_bytes(
-        spec,
+        &config.walked(spec),
         config.dchunk,
         config.stages,
         rows * slice_fill_chunks(spec, config.out_w, config.tx),
-        rows * slice_row_chunks(spec, config.out_w, config.tx) * 16,
+        rows * slice_row_chunks(spec, config.out_w, config.tx) * 16 + weights,
     )
+}
+
+/// The planes of a channels-first tensor as one image's depths, where one kernel depth
+/// and no depth padding make each output plane read one input plane: N x C x D runs of
+/// H x W elements in (n, c, d) order, and (n = 1, c = 1) the spec with that geometry
+/// (the kernel gives each plane its own channel's weights). None elsewhere, or past the
+/// kernel's 32-bit plane count.
+/// Whether the default walks planes: where it may and a block would otherwise have one
+/// slice (one output depth). H100, run 247, walked (8 planes a block) / one slice a
+/// block: conformer-k31 0.029 / 0.043 ms, causal-conv1d 0.056 / 0.089, lfm-shortconv-k3
+/// 0.105 / 0.167, convnext-7x7 0.104 / 0.162 (there depth_reuse's walk on tensor cores
+/// takes 0.058). With several depths a block already walks a chunk of them.
+pub(crate) fn walks_planes_by_default(spec: &ConvSpec) -> bool {
+    spec.output3()[0] == 1 && walked_planes(spec).is_some()
+}
+
+fn walked_planes(spec: &ConvSpec) -> Option<ConvSpec> {
+    let [kd, kh, kw] = spec.kernel3();
+    let (before, after) = (spec.pad_before3(), spec.pad_after3());
+    let planes = spec.n() * spec.c() * spec.input3()[0];
+    if channels_last(spec) || kd != 1 || before[0] != 0 || after[0] != 0 {
+        return None;
+    }
+    if planes > i32::MAX as usize {
+        return None;
+    }
+    let [_, ih, iw] = spec.input3();
+    let [_, sh, sw] = spec.stride3();
+    let [_, dh, dw] = spec.dilation3();
+    ConvParams {
+        n: 1,
+        c: 1,
+        input: vec![planes as i64, ih as i64, iw as i64],
+        kernel: vec![1, kh as i64, kw as i64],
+        stride: vec![1, sh as i64, sw as i64],
+        dilation: vec![1, dh as i64, dw as i64],
+        padding: vec![
+            [0, 0],
+            [before[1] as i64, after[1] as i64],
+            [before[2] as i64, after[2] as i64],
+        ],
+        layout: Layout::ChannelsFirst,
+        dtype: spec.dtype(),
+    }
+    .validate()
+    .ok()
 }
 
 /// The default block: whole rows where a row has at most 32 runs (of the widest
@@ -79,8 +131,19 @@ typed_params!(
         dchunk,
         stages,
         minblocks,
+        planes,
     }
 );
+
+impl Shape {
+    /// The geometry the kernel walks: with `planes`, every plane as one image's depths.
+    fn walked(&self, spec: &ConvSpec) -> ConvSpec {
+        match walked_planes(spec) {
+            Some(walked) if self.planes == 1 => walked,
+            _ => spec.clone(),
+        }
+    }
+}
 
 /// Output columns in groups of `out_w` (one thread's run).
 fn column_groups(spec: &ConvSpec, out_w: usize) -> usize {
@@ -177,7 +240,17 @@ impl Variant for DepthReuseFma {
                 values: with(block_sides(oh, 64), ty),
             },
         ];
-        params.extend(ring_params(spec, &STAGES));
+        // Depth chunks of the planes where they can be walked as depths.
+        let walked = walked_planes(spec);
+        params.extend(ring_params(walked.as_ref().unwrap_or(spec), &STAGES));
+        params.push(Param {
+            name: "planes",
+            values: if walked.is_some() {
+                vec![0, 1]
+            } else {
+                vec![0]
+            },
+        });
         params
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
@@ -188,7 +261,12 @@ impl Variant for DepthReuseFma {
         // 0.161 -> 0.145), two where they are many (75 taps: 0.531 vs 0.536 with three).
         let out_w = out_widths(spec).last().copied().unwrap_or(8);
         let (tx, ty) = default_block(spec);
-        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 64);
+        let walk = walks_planes_by_default(spec);
+        let dchunk = match walked_planes(spec) {
+            // 8 planes a block (conformer-k31 0.029 ms vs 0.030 at 4, 0.034 at 16).
+            Some(walked) if walk => depth_chunk_at_most(&depth_chunks(&walked, &DEPTH_CHUNKS), 8),
+            _ => depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 64),
+        };
         let minblocks = if spec.taps() <= 32 { 3 } else { 2 };
         Config::new(
             self.name(),
@@ -199,11 +277,24 @@ impl Variant for DepthReuseFma {
                 ("dchunk", dchunk),
                 ("stages", 2),
                 ("minblocks", minblocks),
+                ("planes", walk as i64),
             ],
         )
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
         let shape = Shape::read(config).map_err(|e| e.to_string())?;
+        if shape.planes == 0 && !depth_chunks(spec, &DEPTH_CHUNKS).contains(&(shape.dchunk as i64))
+        {
+            // (The space's chunks are the walked planes'; without the walk one is enough.)
+            return Err(format!(
+                "dchunk = {} without planes: the blocks of a chunk of {} output depths",
+                shape.dchunk,
+                depth_chunks(spec, &DEPTH_CHUNKS)
+                    .last()
+                    .copied()
+                    .unwrap_or(1)
+            ));
+        }
         if shape.tx * shape.ty > MAX_THREADS {
             return Err(format!(
                 "tx x ty = {} threads, more than a block's {MAX_THREADS}",
@@ -219,7 +310,7 @@ impl Variant for DepthReuseFma {
         let s = Shape::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "depth_reuse_fma_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
+            "depth_reuse_fma_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             s.out_w,
             spec.stride3()[2],
@@ -230,14 +321,16 @@ impl Variant for DepthReuseFma {
             s.dchunk,
             s.stages,
             s.minblocks,
-            fill_table(spec, s.dchunk)
+            fill_table(&s.walked(spec), s.dchunk),
+            s.planes
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
         let shape = Shape::parse(self, spec, config)?;
-        let [od, oh, _] = spec.output3();
+        let walked = shape.walked(spec);
+        let [od, oh, _] = walked.output3();
         let regions = oh.div_ceil(shape.ty) * column_groups(spec, shape.out_w).div_ceil(shape.tx);
-        let blocks = spec.n() * spec.c() * od.div_ceil(shape.dchunk) * regions;
+        let blocks = walked.n() * walked.c() * od.div_ceil(shape.dchunk) * regions;
         Ok(Launch {
             grid: (grid_x(self, spec, blocks)?, 1, 1),
             block: ((shape.tx * shape.ty) as u32, 1, 1),
@@ -272,17 +365,48 @@ mod tests {
         assert_eq!(l.grid.0 as usize, 512 * 2);
         // A table of 27 x 22 chunk offsets (to 16 bytes), then 3 slices of 22 + 4 rows.
         assert_eq!(l.shared_bytes as usize, 2384 + 3 * 27 * 28 * 16);
-        assert!(v.specialization(&seed, &d).unwrap().ends_with(", true>"));
-        // One depth (2-D): no table, and a ring of one slice.
+        assert!(v.specialization(&seed, &d).unwrap().ends_with(", true, 0>"));
+        // One depth (2-D) without the walk: no table, and a ring of one slice.
         let convnext = public_case("convnext-7x7");
-        let c = v.default_config(&convnext);
+        let mut c = v.default_config(&convnext);
+        assert_eq!((c.get("planes"), c.get("dchunk")), (Some(1), Some(8)));
+        c.values.insert("planes".into(), 0);
+        c.values.insert("dchunk".into(), 4);
         let spec = v.specialization(&convnext, &c).unwrap();
-        assert!(spec.ends_with(", false>"), "{spec}");
+        assert!(spec.ends_with(", false, 0>"), "{spec}");
         let s = Shape::read(&c).unwrap();
         assert_eq!(
             shared_bytes(&convnext, &s),
             input_rows(&convnext, s.ty) * slice_row_chunks(&convnext, s.out_w, s.tx) * 16
         );
+        // Walking its 16 x 384 planes, 8 a block: a table, a ring of three slots of a
+        // slice and 49 f32 weights (196 bytes, to 208), an eighth of the blocks.
+        let walk = Shape {
+            planes: 1,
+            dchunk: 8,
+            ..s
+        };
+        let wc = walk.config(v.name());
+        assert!(v
+            .specialization(&convnext, &wc)
+            .unwrap()
+            .ends_with(", true, 1>"));
+        let slot = input_rows(&convnext, s.ty) * slice_row_chunks(&convnext, s.out_w, s.tx) * 16;
+        let table = (input_rows(&convnext, s.ty) * slice_fill_chunks(&convnext, s.out_w, s.tx) * 4)
+            .div_ceil(16)
+            * 16;
+        assert_eq!(shared_bytes(&convnext, &walk), table + 3 * (slot + 208));
+        assert_eq!(
+            v.launch(&convnext, &wc, 132).unwrap().grid.0 * 8,
+            v.launch(&convnext, &c, 132).unwrap().grid.0
+        );
+        // Not walked: the seed (three kernel depths), nor dchunk > 1 without the walk.
+        assert!(!valid_configs(&v, &seed)
+            .iter()
+            .any(|c| c.get("planes") == Some(1)));
+        let mut eight = c.clone();
+        eight.values.insert("dchunk".into(), 8);
+        assert!(v.fits(&convnext, &eight).is_err());
         assert_eq!(d.get("minblocks"), Some(2));
         assert_eq!(
             v.default_config(&public_case("x3d-3x3x3")).get("minblocks"),

@@ -49,7 +49,7 @@ macro_rules! typed_params {
 mod channels_last;
 pub(crate) mod depth_reuse;
 mod depth_reuse_cl;
-mod depth_reuse_fma;
+pub(crate) mod depth_reuse_fma;
 pub(crate) mod depth_reuse_fma_cl;
 mod dgrad_gather;
 mod dgrad_gather_cl;
@@ -1003,7 +1003,7 @@ streaming 7c4b5ee70cc97753761129ed78bf4994
 streaming_cl 9b1b71bfd5b7d5520dc3d4f58d4a33f8
 depth_reuse 209ad578aad345cf93d133331f14fc83
 depth_reuse_cl ec6936de43dfbdb5292e4be68d905a56
-depth_reuse_fma 5b8a6c065ab91aa874f47b83918bc2bc
+depth_reuse_fma bdca2f5590d4532ff70fb20452c83b1e
 depth_reuse_fma_cl ea60acf3362c33016e5630b09a9c21e1
 dgrad_gather 5fc50c8418cde94ba899e1ae3e272897
 dgrad_gather_cl 5b6d1fea50bd0b8cbc0b7c851fc0049c
