@@ -4,9 +4,10 @@
 //! and any dtype where the tensor-core tiles do not fit.
 
 use super::{
-    block_sides, channels_last, cuda_type, default_launches, depth_chunk_at_most, depth_chunks,
-    fill_table, fma_ring_bytes, grid_x, input_cols, input_rows, ring_params, within_shared, Config,
-    Launch, Param, Variant, DEPTH_CHUNKS,
+    block_sides, channels_last, chunk_fits_without_walk, cuda_type, default_launches,
+    depth_chunk_at_most, depth_chunks, fill_table, fma_ring_bytes, grid_x, input_cols, input_rows,
+    plane_walk_ring_params, walked_geometry, within_shared, Config, Launch, Param, Variant,
+    DEPTH_CHUNKS,
 };
 use crate::error::Result;
 use crate::spec::{ConvParams, ConvSpec, Layout};
@@ -138,10 +139,7 @@ typed_params!(
 impl Shape {
     /// The geometry the kernel walks: with `planes`, every plane as one image's depths.
     fn walked(&self, spec: &ConvSpec) -> ConvSpec {
-        match walked_planes(spec) {
-            Some(walked) if self.planes == 1 => walked,
-            _ => spec.clone(),
-        }
+        walked_geometry(spec, self.planes, walked_planes(spec))
     }
 }
 
@@ -240,17 +238,7 @@ impl Variant for DepthReuseFma {
                 values: with(block_sides(oh, 64), ty),
             },
         ];
-        // Depth chunks of the planes where they can be walked as depths.
-        let walked = walked_planes(spec);
-        params.extend(ring_params(walked.as_ref().unwrap_or(spec), &STAGES));
-        params.push(Param {
-            name: "planes",
-            values: if walked.is_some() {
-                vec![0, 1]
-            } else {
-                vec![0]
-            },
-        });
+        params.extend(plane_walk_ring_params(spec, walked_planes(spec), &STAGES));
         params
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
@@ -283,18 +271,7 @@ impl Variant for DepthReuseFma {
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
         let shape = Shape::read(config).map_err(|e| e.to_string())?;
-        if shape.planes == 0 && !depth_chunks(spec, &DEPTH_CHUNKS).contains(&(shape.dchunk as i64))
-        {
-            // (The space's chunks are the walked planes'; without the walk one is enough.)
-            return Err(format!(
-                "dchunk = {} without planes: the blocks of a chunk of {} output depths",
-                shape.dchunk,
-                depth_chunks(spec, &DEPTH_CHUNKS)
-                    .last()
-                    .copied()
-                    .unwrap_or(1)
-            ));
-        }
+        chunk_fits_without_walk(spec, shape.planes, shape.dchunk)?;
         if shape.tx * shape.ty > MAX_THREADS {
             return Err(format!(
                 "tx x ty = {} threads, more than a block's {MAX_THREADS}",

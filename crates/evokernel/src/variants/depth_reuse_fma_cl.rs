@@ -3,9 +3,10 @@
 
 use super::depth_reuse_fma::{fma_rotation_applies, MAX_THREADS, MAX_WEIGHTS};
 use super::{
-    block_sides, channels_last, cuda_type, default_launches, depth_chunk_at_most, depth_chunks,
-    fill_table, fma_ring_bytes, grid_x, input_cols, input_rows, ring_params, within_shared, Config,
-    Launch, Param, Variant, DEPTH_CHUNKS,
+    block_sides, channels_last, chunk_fits_without_walk, cuda_type, default_launches,
+    depth_chunk_at_most, depth_chunks, fill_table, fma_ring_bytes, grid_x, input_cols, input_rows,
+    plane_walk_ring_params, walked_geometry, within_shared, Config, Launch, Param, Variant,
+    DEPTH_CHUNKS,
 };
 use crate::error::Result;
 use crate::spec::{ConvSpec, DType};
@@ -37,10 +38,7 @@ typed_params!(
 impl Shape {
     /// The spec the kernel walks: with `planes`, its N x D planes as one image's depths.
     fn walked(&self, spec: &ConvSpec) -> ConvSpec {
-        match walked_planes(spec) {
-            Some(walked) if self.planes == 1 => walked,
-            _ => spec.clone(),
-        }
+        walked_geometry(spec, self.planes, walked_planes(spec))
     }
     fn threads(&self) -> usize {
         self.lanes * self.tx * self.ty
@@ -157,18 +155,7 @@ impl Variant for DepthReuseFmaCl {
                 values: block_sides(oh, 32),
             },
         ];
-        // Depth chunks of the planes where they can be walked as depths (a chunk of a
-        // 2-D layer is images).
-        let walked = walked_planes(spec);
-        params.extend(ring_params(walked.as_ref().unwrap_or(spec), &STAGES));
-        params.push(Param {
-            name: "planes",
-            values: if walked.is_some() {
-                vec![0, 1]
-            } else {
-                vec![0]
-            },
-        });
+        params.extend(plane_walk_ring_params(spec, walked_planes(spec), &STAGES));
         params
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
@@ -248,17 +235,7 @@ impl Variant for DepthReuseFmaCl {
         if s.cv > e {
             return Err(format!("cv = {} is more than a chunk's {e} channels", s.cv));
         }
-        if s.planes == 0 && !depth_chunks(spec, &DEPTH_CHUNKS).contains(&(s.dchunk as i64)) {
-            // (The space's chunks are the walked planes'; without the walk one is enough.)
-            return Err(format!(
-                "dchunk = {} without planes: the blocks of a chunk of {} output depths",
-                s.dchunk,
-                depth_chunks(spec, &DEPTH_CHUNKS)
-                    .last()
-                    .copied()
-                    .unwrap_or(1)
-            ));
-        }
+        chunk_fits_without_walk(spec, s.planes, s.dchunk)?;
         if spec.taps() * s.cv > MAX_WEIGHTS {
             return Err(format!(
                 "{} taps x cv = {} weights per thread, over {MAX_WEIGHTS}",

@@ -195,6 +195,55 @@ pub(crate) fn input_cols(spec: &ConvSpec, cols: usize) -> usize {
     (cols - 1) * sw + (kw - 1) * dw + 1
 }
 
+/// `ring_params` of a kernel that may walk planes, and `planes` (0, or 0 and 1 where the
+/// spec's planes can be walked as depths): the depth chunks are then the walked planes'.
+pub(crate) fn plane_walk_ring_params(
+    spec: &ConvSpec,
+    walked: Option<ConvSpec>,
+    stages: &[i64],
+) -> Vec<Param> {
+    let mut params = ring_params(walked.as_ref().unwrap_or(spec), stages);
+    params.push(Param {
+        name: "planes",
+        values: if walked.is_some() {
+            vec![0, 1]
+        } else {
+            vec![0]
+        },
+    });
+    params
+}
+
+/// What an FMA rotation kernel with a `planes` parameter runs over: `walked` (the spec's
+/// planes as one image's depths) where the config walks them and the spec allows it.
+pub(crate) fn walked_geometry(
+    spec: &ConvSpec,
+    planes: usize,
+    walked: Option<ConvSpec>,
+) -> ConvSpec {
+    match walked {
+        Some(walked) if planes == 1 => walked,
+        _ => spec.clone(),
+    }
+}
+
+/// A depth chunk without the plane walk must be one of the spec's own: the space's chunks
+/// are the walked planes', and past the spec's depth they all give the same blocks.
+pub(crate) fn chunk_fits_without_walk(
+    spec: &ConvSpec,
+    planes: usize,
+    dchunk: usize,
+) -> std::result::Result<(), String> {
+    let own = depth_chunks(spec, &DEPTH_CHUNKS);
+    if planes == 0 && !own.contains(&(dchunk as i64)) {
+        return Err(format!(
+            "dchunk = {dchunk} without planes: the blocks of a chunk of {} output depths",
+            own.last().copied().unwrap_or(1)
+        ));
+    }
+    Ok(())
+}
+
 /// The largest of `chunks` not over `cap`, or the smallest when all are.
 pub(crate) fn depth_chunk_at_most(chunks: &[i64], cap: i64) -> i64 {
     let smallest = chunks.iter().copied().min().unwrap_or(1);
