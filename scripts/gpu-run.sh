@@ -25,7 +25,10 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       LIMIT=300 step torch_ref python3 scripts/torch_reference.py "$out/torch-ref.json" suite/public.json suite/channels-last.json suite/models.json --passes forward
       LIMIT=400 step suite .gpu/evokernel bench --suite public --reference "$out/torch-ref.json" --json "$out/suite.json"
       LIMIT=300 step suite_cl .gpu/evokernel bench --suite channels-last --reference "$out/torch-ref.json" --json "$out/suite-cl.json"
-      LIMIT=300 step suite_models .gpu/evokernel bench --suite models --reference "$out/torch-ref.json" --json "$out/suite-models.json" ;;
+      LIMIT=300 step suite_models .gpu/evokernel bench --suite models --reference "$out/torch-ref.json" --json "$out/suite-models.json"
+      # Pick, best reference, ratio and % of floor per case; geometric mean per suite.
+      python3 scripts/suite_summary.py "$out"/suite*.json > "$out/suite-summary.txt" 2>&1
+      cat "$out/suite-summary.txt" >> "$out/summary.txt" ;;
     tunefma)
       # The FMA variants' spaces, exhaustively, on the cases they win.
       export EVOKERNEL_CACHE_DIR=/tmp/evk-tune-cache

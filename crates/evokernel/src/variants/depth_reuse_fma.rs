@@ -393,6 +393,31 @@ mod tests {
     }
 
     #[test]
+    fn one_depth_layers_walk_their_planes_by_default() {
+        let v = DepthReuseFma;
+        let conformer = crate::suite::models_suite()
+            .unwrap()
+            .into_iter()
+            .find(|c| c.name == "conformer-k31")
+            .unwrap()
+            .spec;
+        let d = v.default_config(&conformer);
+        assert_eq!((d.get("planes"), d.get("dchunk")), (Some(1), Some(8)));
+        // 16 x 512 rows of 1024, 8 a block, each row in four runs of 32 x 8 outputs.
+        let l = v.launch(&conformer, &d, 132).unwrap();
+        assert_eq!(l.grid.0 as usize, 16 * 512 / 8 * 4);
+        assert!(valid_configs(&v, &conformer).contains(&d));
+        // Several output depths: a block already walks a chunk of them.
+        for name in ["seed-f32", "x3d-3x3x3", "video-vae-causal"] {
+            assert_eq!(
+                v.default_config(&public_case(name)).get("planes"),
+                Some(0),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
     fn two_byte_types_take_runs_of_eight_and_strided_depth_is_refused() {
         let v = DepthReuseFma;
         let bf16 = public_case("seed-bf16");
