@@ -26,9 +26,9 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       LIMIT=400 step suite .gpu/evokernel bench --suite public --reference "$out/torch-ref.json" --json "$out/suite.json"
       LIMIT=300 step suite_cl .gpu/evokernel bench --suite channels-last --reference "$out/torch-ref.json" --json "$out/suite-cl.json"
       LIMIT=300 step suite_models .gpu/evokernel bench --suite models --reference "$out/torch-ref.json" --json "$out/suite-models.json"
-      # Pick, best reference, ratio and % of floor per case; geometric mean per suite.
-      python3 scripts/suite_summary.py "$out"/suite*.json > "$out/suite-summary.txt" 2>&1
-      cat "$out/suite-summary.txt" >> "$out/summary.txt" ;;
+      # The bench's own line per suite: geometric mean against the best reference, the
+      # cases slower than it, the cases at 50% and 60% of their floors.
+      grep -h "auto vs the best reference" "$out"/suite*.log >> "$out/summary.txt" ;;
     tunefma)
       # The FMA variants' spaces, exhaustively, on the cases they win.
       export EVOKERNEL_CACHE_DIR=/tmp/evk-tune-cache
@@ -37,10 +37,10 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       cat "$out"/tune-cl-*.log "$out"/tune-st-*.log | grep -E "channels_last|smem_tile" > "$out/tune-summary.log"
       export EVOKERNEL_CACHE_DIR=/tmp/evk-cache ;;
     sweep)
-      # Forced configs of one variant on some cases: SWEEP_CASES, SWEEP_VARIANT and
-      # SWEEP_CONFIGS (space-separated k=v,k=v lists), through scripts/gpu-sweep.sh.
-      for c in $SWEEP_CASES; do for k in $SWEEP_CONFIGS; do echo "$c $k"; done; done > "$out/sweep-list.txt"
-      LIMIT=600 step sweep bash scripts/gpu-sweep.sh "$SWEEP_VARIANT" "$out/sweep-list.txt"
+      # One variant's default and changed configs on some cases, through
+      # scripts/config-sweep.py: SWEEP_VARIANT, SWEEP_PASS (default forward), SWEEP_CASES
+      # (SUITE/CASE words) and SWEEP_CONFIGS (space-separated groups, e.g. 'dchunk=4|8').
+      LIMIT=600 step sweep python3 scripts/config-sweep.py "$SWEEP_VARIANT" "${SWEEP_PASS:-forward}" "$SWEEP_CASES" $SWEEP_CONFIGS
       cp "$out/sweep.log" "$out/sweep.txt" ;;
     engine)
       # The Engine example (cargo build --release -p evokernel --example engine; copy

@@ -363,22 +363,43 @@ impl ConvSpec {
     /// output reads two planes. A kernel that slides along depth then slides across
     /// images too. None elsewhere.
     pub fn planes_as_depths(&self) -> Option<ConvSpec> {
-        let one_plane_a_depth = self.kernel[0] == 1
-            && self.pad_before[0] == 0
-            && self.pad_after[0] == 0
-            && self.output[0] == self.input[0];
-        if self.layout != Layout::ChannelsLast || !one_plane_a_depth {
+        if self.layout != Layout::ChannelsLast || !self.one_plane_a_depth() {
             return None;
         }
-        let planes = self.n * self.input[0];
+        Some(self.folded(self.n * self.input[0], self.c))
+    }
+
+    /// The geometry of a channels-first tensor's N x C x D planes, each one run of H x W
+    /// elements in (n, c, d) order, as the depths of one image of one channel, where one
+    /// kernel depth and no depth padding make each output plane read one input plane.
+    /// Not the same convolution: a kernel walking these depths gives each its own
+    /// channel's weights (plane / D mod C). None elsewhere.
+    pub fn channel_planes_as_depths(&self) -> Option<ConvSpec> {
+        if self.layout != Layout::ChannelsFirst || !self.one_plane_a_depth() {
+            return None;
+        }
+        Some(self.folded(self.n * self.c * self.input[0], 1))
+    }
+
+    /// One kernel depth and no depth padding: output depth d reads input depth d alone.
+    fn one_plane_a_depth(&self) -> bool {
+        self.kernel[0] == 1
+            && self.pad_before[0] == 0
+            && self.pad_after[0] == 0
+            && self.output[0] == self.input[0]
+    }
+
+    /// This spec as one image of `c` channels and `planes` depths, H and W unchanged.
+    fn folded(&self, planes: usize, c: usize) -> ConvSpec {
         let mut s = self.clone();
         s.n = 1;
+        s.c = c;
         s.spatial_dims = 3;
         s.input[0] = planes;
         s.output[0] = planes;
         s.stride[0] = 1;
         s.dilation[0] = 1;
-        Some(s)
+        s
     }
 
     fn spatial<'a>(&self, a: &'a [usize; 3]) -> &'a [usize] {
@@ -740,9 +761,9 @@ mod tests {
         ConvParams::seed().validate().unwrap()
     }
 
-    #[test]
-    fn channels_last_planes_fold_into_depths_at_the_same_offsets() {
-        let p = ConvParams {
+    /// Three images of 5 channels, 7 x 9, with stride, dilation and asymmetric padding.
+    fn three_images(layout: Layout, dtype: DType) -> ConvParams {
+        ConvParams {
             n: 3,
             c: 5,
             input: vec![7, 9],
@@ -750,23 +771,48 @@ mod tests {
             stride: vec![2, 1],
             dilation: vec![1, 2],
             padding: vec![[1, 0], [4, 4]],
-            layout: Layout::ChannelsLast,
-            dtype: DType::Bf16,
-        };
+            layout,
+            dtype,
+        }
+    }
+
+    /// `folded` holds every element of `s` where `s` does: (n, c, h, w) of `s` at
+    /// (0, channel, depth, h, w) of `folded`, (channel, depth) = `to(n, c)`.
+    fn assert_same_offsets(
+        s: &ConvSpec,
+        folded: &ConvSpec,
+        to: impl Fn(usize, usize) -> (usize, usize),
+    ) {
+        assert_eq!(
+            (folded.input_len(), folded.output_len()),
+            (s.input_len(), s.output_len())
+        );
+        let [_, oh, ow] = s.output3();
+        for n in 0..s.n() {
+            for c in [0, 2, s.c() - 1] {
+                let (fc, fd) = to(n, c);
+                for (h, w) in [(0, 0), (oh - 1, ow - 1), (1, 2)] {
+                    assert_eq!(
+                        s.output_index(n, c, 0, h, w),
+                        folded.output_index(0, fc, fd, h, w)
+                    );
+                    assert_eq!(
+                        s.input_index(n, c, 0, h, w),
+                        folded.input_index(0, fc, fd, h, w)
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn channels_last_planes_fold_into_depths_at_the_same_offsets() {
+        let p = three_images(Layout::ChannelsLast, DType::Bf16);
         let s = p.validate().unwrap();
         let f = s.planes_as_depths().unwrap();
         assert_eq!((f.n(), f.input3()[0], f.output3()[0]), (1, 3, 3));
-        assert_eq!(
-            (f.input_len(), f.output_len(), f.flops()),
-            (s.input_len(), s.output_len(), s.flops())
-        );
-        let [_, oh, ow] = s.output3();
-        for n in 0..3 {
-            for (h, w) in [(0, 0), (oh - 1, ow - 1), (1, 2)] {
-                assert_eq!(s.output_index(n, 4, 0, h, w), f.output_index(0, 4, n, h, w));
-                assert_eq!(s.input_index(n, 2, 0, h, w), f.input_index(0, 2, n, h, w));
-            }
-        }
+        assert_eq!(f.flops(), s.flops());
+        assert_same_offsets(&s, &f, |n, c| (c, n));
         // 1x3x3 over 4 depths of 2 images: 8 planes.
         let d3 = ConvParams {
             input: vec![4, 6, 6],
@@ -782,10 +828,7 @@ mod tests {
             8
         );
         // Not where a plane's offset is not (n * D + d) x H x W x C, or outputs mix planes.
-        let first = ConvParams {
-            layout: Layout::ChannelsFirst,
-            ..p.clone()
-        };
+        let first = three_images(Layout::ChannelsFirst, DType::Bf16);
         assert!(first.validate().unwrap().planes_as_depths().is_none());
         for (kernel, padding) in [(vec![2, 3, 3], [0, 0]), (vec![1, 3, 3], [1, 0])] {
             let q = ConvParams {
@@ -795,6 +838,23 @@ mod tests {
             };
             assert!(q.validate().unwrap().planes_as_depths().is_none());
         }
+    }
+
+    #[test]
+    fn channels_first_planes_fold_into_one_channel_at_the_same_offsets() {
+        let s = three_images(Layout::ChannelsFirst, DType::F16)
+            .validate()
+            .unwrap();
+        let f = s.channel_planes_as_depths().unwrap();
+        assert_eq!(
+            (f.n(), f.c(), f.input3()[0], f.output3()[0]),
+            (1, 1, 15, 15)
+        );
+        assert_same_offsets(&s, &f, |n, c| (0, n * 5 + c));
+        let last = three_images(Layout::ChannelsLast, DType::F16)
+            .validate()
+            .unwrap();
+        assert!(last.channel_planes_as_depths().is_none());
     }
 
     #[test]

@@ -6,11 +6,11 @@
 use super::{
     block_sides, channels_last, chunk_fits_without_walk, cuda_type, default_launches,
     depth_chunk_at_most, depth_chunks, fill_table, fma_ring_bytes, grid_x, input_cols, input_rows,
-    plane_walk_ring_params, walked_geometry, within_shared, Config, Launch, Param, Variant,
-    DEPTH_CHUNKS,
+    plane_walk_ring_params, walkable_planes, walked_geometry, within_shared, Config, Launch, Param,
+    Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
-use crate::spec::{ConvParams, ConvSpec, Layout};
+use crate::spec::ConvSpec;
 
 pub struct DepthReuseFma;
 
@@ -66,11 +66,6 @@ fn shared_bytes(spec: &ConvSpec, config: &Shape) -> usize {
     )
 }
 
-/// The planes of a channels-first tensor as one image's depths, where one kernel depth
-/// and no depth padding make each output plane read one input plane: N x C x D runs of
-/// H x W elements in (n, c, d) order, and (n = 1, c = 1) the spec with that geometry
-/// (the kernel gives each plane its own channel's weights). None elsewhere, or past the
-/// kernel's 32-bit plane count.
 /// Whether the default walks planes: where it may and a block would otherwise have one
 /// slice (one output depth). H100, run 247, walked (8 planes a block) / one slice a
 /// block: conformer-k31 0.029 / 0.043 ms, causal-conv1d 0.056 / 0.089, lfm-shortconv-k3
@@ -80,36 +75,10 @@ pub(crate) fn walks_planes_by_default(spec: &ConvSpec) -> bool {
     spec.output3()[0] == 1 && walked_planes(spec).is_some()
 }
 
+/// The N x C x D planes of a channels-first tensor as one image's depths, where they
+/// can be walked (the kernel gives each plane its own channel's weights).
 fn walked_planes(spec: &ConvSpec) -> Option<ConvSpec> {
-    let [kd, kh, kw] = spec.kernel3();
-    let (before, after) = (spec.pad_before3(), spec.pad_after3());
-    let planes = spec.n() * spec.c() * spec.input3()[0];
-    if channels_last(spec) || kd != 1 || before[0] != 0 || after[0] != 0 {
-        return None;
-    }
-    if planes > i32::MAX as usize {
-        return None;
-    }
-    let [_, ih, iw] = spec.input3();
-    let [_, sh, sw] = spec.stride3();
-    let [_, dh, dw] = spec.dilation3();
-    ConvParams {
-        n: 1,
-        c: 1,
-        input: vec![planes as i64, ih as i64, iw as i64],
-        kernel: vec![1, kh as i64, kw as i64],
-        stride: vec![1, sh as i64, sw as i64],
-        dilation: vec![1, dh as i64, dw as i64],
-        padding: vec![
-            [0, 0],
-            [before[1] as i64, after[1] as i64],
-            [before[2] as i64, after[2] as i64],
-        ],
-        layout: Layout::ChannelsFirst,
-        dtype: spec.dtype(),
-    }
-    .validate()
-    .ok()
+    walkable_planes(spec.channel_planes_as_depths())
 }
 
 /// The default block: whole rows where a row has at most 32 runs (of the widest
@@ -250,11 +219,12 @@ impl Variant for DepthReuseFma {
         let out_w = out_widths(spec).last().copied().unwrap_or(8);
         let (tx, ty) = default_block(spec);
         let walk = walks_planes_by_default(spec);
-        let dchunk = match walked_planes(spec) {
-            // 8 planes a block (conformer-k31 0.029 ms vs 0.030 at 4, 0.034 at 16).
-            Some(walked) if walk => depth_chunk_at_most(&depth_chunks(&walked, &DEPTH_CHUNKS), 8),
-            _ => depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 64),
-        };
+        // Walking, 8 planes a block (conformer-k31 0.029 ms vs 0.030 at 4, 0.034 at 16).
+        let geometry = walked_geometry(spec, walk.into(), walked_planes(spec));
+        let dchunk = depth_chunk_at_most(
+            &depth_chunks(&geometry, &DEPTH_CHUNKS),
+            if walk { 8 } else { 64 },
+        );
         let minblocks = if spec.taps() <= 32 { 3 } else { 2 };
         Config::new(
             self.name(),

@@ -5,8 +5,8 @@ use super::depth_reuse_fma::{fma_rotation_applies, MAX_THREADS, MAX_WEIGHTS};
 use super::{
     block_sides, channels_last, chunk_fits_without_walk, cuda_type, default_launches,
     depth_chunk_at_most, depth_chunks, fill_table, fma_ring_bytes, grid_x, input_cols, input_rows,
-    plane_walk_ring_params, walked_geometry, within_shared, Config, Launch, Param, Variant,
-    DEPTH_CHUNKS,
+    plane_walk_ring_params, walkable_planes, walked_geometry, within_shared, Config, Launch, Param,
+    Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
 use crate::spec::{ConvSpec, DType};
@@ -78,11 +78,10 @@ fn shared_bytes(spec: &ConvSpec, s: &Shape) -> usize {
     )
 }
 
-/// The planes walked as depths (`planes = 1`), where they can be: the kernel counts
-/// them in 32 bits.
+/// The N x D planes of a channels-last tensor as one image's depths, where they can be
+/// walked.
 fn walked_planes(spec: &ConvSpec) -> Option<ConvSpec> {
-    spec.planes_as_depths()
-        .filter(|w| w.output3()[0] <= i32::MAX as usize)
+    walkable_planes(spec.planes_as_depths())
 }
 
 /// Whether the default walks planes: where it may and each input pixel feeds at least 6
@@ -201,13 +200,15 @@ impl Variant for DepthReuseFmaCl {
             "tx",
             (per_block / ty as usize).min(runs(spec, out_w)).max(1),
         );
-        let dchunk = match walked_planes(spec) {
-            Some(walked) if walk => depth_chunk_at_most(
-                &depth_chunks(&walked, &DEPTH_CHUNKS),
-                if taps <= 9 { 16 } else { 8 },
-            ),
-            _ => depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 64),
-        };
+        let geometry = walked_geometry(spec, walk.into(), walked_planes(spec));
+        let dchunk = depth_chunk_at_most(
+            &depth_chunks(&geometry, &DEPTH_CHUNKS),
+            match (walk, taps <= 9) {
+                (true, true) => 16,
+                (true, false) => 8,
+                (false, _) => 64,
+            },
+        );
         Config::new(
             self.name(),
             &[

@@ -195,6 +195,12 @@ pub(crate) fn input_cols(spec: &ConvSpec, cols: usize) -> usize {
     (cols - 1) * sw + (kw - 1) * dw + 1
 }
 
+/// Folded planes (`ConvSpec::planes_as_depths` and its channels-first twin) an FMA
+/// rotation kernel can walk: it counts them in 32 bits.
+pub(crate) fn walkable_planes(walked: Option<ConvSpec>) -> Option<ConvSpec> {
+    walked.filter(|w| w.output3()[0] <= i32::MAX as usize)
+}
+
 /// `ring_params` of a kernel that may walk planes, and `planes` (0, or 0 and 1 where the
 /// spec's planes can be walked as depths): the depth chunks are then the walked planes'.
 pub(crate) fn plane_walk_ring_params(
