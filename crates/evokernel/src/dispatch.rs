@@ -56,6 +56,9 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
     // Kernel rows of at most 3 taps at H stride >= 2: each output row adds all but at
     // most one of its window's input rows.
     let strided_3_rows = spec.kernel3()[1] <= 3 && spec.stride3()[1] >= 2;
+    // 2-D kernel rows of 5 and more taps: wgrad_strip_cl's default runs of up to 14
+    // outputs a thread (run 251: convnext-t-nhwc 0.061 ms vs wgrad_tile_cl 0.087).
+    let wide_rows_2d = od == 1 && !one_d && spec.kernel3()[2] >= 5;
     // depth_reuse's default walks planes (one kernel depth, no depth padding, output rows
     // of 16-byte multiples for its stores); f32 has no tensor-core path.
     let plane_walk =
@@ -182,15 +185,19 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
         // wgrad_tile_cl elsewhere: 3-D (x3d-ndhwc 0.227 vs 0.179, the NDHWC seed 1.49 vs
         // 1.00), 5x5 and 7x7 (efficientnet-k5s2 0.080 vs 0.070, convnext-nhwc 0.175 vs
         // 0.140), 3x3 at stride 1 (mobilenet-s1-nhwc 0.046 vs 0.043).
-        "wgrad_strip_cl" if (one_d && spec.c() < 4096) || (strided_3_rows && od == 1) => (
-            0,
-            "grad-weight on channels-last rows streamed through a ring (1-D, or 3 rows at H stride >= 2)",
-        ),
+        "wgrad_strip_cl"
+            if (one_d && spec.c() < 4096) || (strided_3_rows && od == 1) || wide_rows_2d =>
+        {
+            (
+                0,
+                "grad-weight on channels-last rows streamed through a ring (1-D, 3 rows at H stride >= 2, or 2-D rows of >= 5 taps)",
+            )
+        }
         "wgrad_strip_cl" => (
             1,
             "grad-weight on channels-last rows streamed through a ring (tiles ahead here)",
         ),
-        "wgrad_tile_cl" if strided_3_rows && od == 1 && !one_d => (
+        "wgrad_tile_cl" if (strided_3_rows && od == 1 && !one_d) || wide_rows_2d => (
             1,
             "grad-weight on channels-last data from shared-memory tiles (the row ring ahead here)",
         ),
@@ -496,7 +503,8 @@ mod tests {
         // Runs 106-110 (docs/perf.md): wgrad_tile_cl against wgrad and wgrad_cl in the
         // same calls on every channels-last case; 1-D rows from run 91; x3d-m-res4 (W 14)
         // from run 101: wgrad 0.347 vs wgrad_mma 0.428 ms.
-        // wgrad_strip_cl against all three on every channels-last case, run 217.
+        // wgrad_strip_cl against all three on every channels-last case, run 217; its wide
+        // runs on 2-D rows of >= 5 taps, run 251.
         // Channels-first: wgrad_tile against wgrad_mma and wgrad at defaults, run 197;
         // video-vae-causal from run 208 (wgrad_mma's shared ring).
         let winners = [
@@ -515,14 +523,14 @@ mod tests {
             ("mobilenet-s2", "wgrad_strip_cl"),
             ("x3d-ndhwc", "wgrad_tile_cl"),
             ("video-vae-ndhwc", "wgrad_tile_cl"),
-            ("convnext-nhwc", "wgrad_tile_cl"),
+            ("convnext-nhwc", "wgrad_strip_cl"),
             ("mobilenet-s1-nhwc", "wgrad_tile_cl"),
             ("seed-f16-ndhwc", "wgrad_tile_cl"),
             ("causal-conv1d-nwc", "wgrad_strip_cl"),
             ("mamba2-conv1d", "wgrad_cl"),
             ("hybrid-shortconv", "wgrad_cl"),
-            ("convnext-t-nhwc", "wgrad_tile_cl"),
-            ("efficientnet-k5s2", "wgrad_tile_cl"),
+            ("convnext-t-nhwc", "wgrad_strip_cl"),
+            ("efficientnet-k5s2", "wgrad_strip_cl"),
         ];
         let cases: Vec<_> = public_suite()
             .unwrap()

@@ -1066,8 +1066,8 @@ wgrad 12c90f7774f54ed0166b7d6ae9a858a1
 wgrad_cl cf8a747ae51c53e28b3f060ab1a9199a
 wgrad_mma 3d8222607ae29f2bd9df95d14b0b5767
 wgrad_tile 20b4a2383722ccd0560f067541d732d6
-wgrad_tile_cl 4e5fe028fdf64de24339b5c3c783d8b6
-wgrad_strip_cl 678096bff51f0f024ff101a1d102e613
+wgrad_tile_cl 31bd0ce11b6259ab0f8a7b173aa6fdb4
+wgrad_strip_cl 9bd7af0ab11763df959b098f8e80b3b6
 ";
 
     #[test]

@@ -185,7 +185,7 @@ impl Variant for WgradStripCl {
             },
             Param {
                 name: "tw",
-                values: vec![2, 4, 8],
+                values: WgradTileCl::even_sizes(&[2, 4, 8], spec.output3()[2], 32),
             },
             // Any count up to 16: a row of 56 outputs is 7 segments of 8, 14 of 4.
             Param {
@@ -218,7 +218,15 @@ impl Variant for WgradStripCl {
         // Tap rows a thread and channels a block as wgrad_tile_cl's defaults.
         let (rows, cb) = WgradTileCl::default_rows_and_block(spec);
         let ow = spec.output3()[2];
-        let tw = 4;
+        // Wide runs on wide kernel rows: a step's tap row is tw x KW multiply-adds for
+        // tw + KW - 1 reads and the step's fixed costs (convnext-t-nhwc, 7x7: 14 outputs
+        // 0.061 ms, 4 outputs 0.106; efficientnet-k5s2 0.070 vs 0.077; 3x3 rows gain
+        // nothing: run 251); a divisor of the row, so no strip runs past its end.
+        let tw = if spec.kernel3()[2] >= 5 {
+            (4..=14).rev().find(|d| ow.is_multiple_of(*d)).unwrap_or(8)
+        } else {
+            4
+        };
         let mut p = Params {
             vec: 4,
             cb,

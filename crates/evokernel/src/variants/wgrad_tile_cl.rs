@@ -114,6 +114,24 @@ impl WgradTileCl {
         Ok(())
     }
 
+    /// `base` and the divisors of `extent` from 3 to `max`, sorted: tile sides that split
+    /// a plane's rows or columns evenly (convnext-t-nhwc's 28: 7 and 14), not only the
+    /// powers of two that leave a ragged last tile.
+    pub(super) fn even_sizes(base: &[i64], extent: usize, max: usize) -> Vec<i64> {
+        let mut v: Vec<i64> = base
+            .iter()
+            .copied()
+            .chain(
+                (3..=max.min(extent))
+                    .filter(|d| extent.is_multiple_of(*d))
+                    .map(|d| d as i64),
+            )
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
     /// Bytes of a shared-memory region of `bytes`: 128-byte aligned where a TMA box
     /// lands in it (the kernels' `region` / `ALIGN`).
     pub(super) fn region(bytes: usize, tma: usize) -> usize {
@@ -316,11 +334,11 @@ impl Variant for WgradTileCl {
             },
             Param {
                 name: "th",
-                values: TILE_ROWS.to_vec(),
+                values: Self::even_sizes(&TILE_ROWS, spec.output3()[1], 8),
             },
             Param {
                 name: "tw",
-                values: TILE_COLS.to_vec(),
+                values: Self::even_sizes(&TILE_COLS, spec.output3()[2], 16),
             },
             Param {
                 name: "workers",
