@@ -182,9 +182,11 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
         // needs and more, 3 rows at H stride 2 (mobilenet-s2 0.066 vs 0.074 ms), and on
         // 1-D rows (causal-conv1d-nwc 0.070 vs wgrad 0.107; mamba2 even with wgrad_cl,
         // 0.118 vs 0.120; behind it on hybrid-shortconv, 0.438 vs 0.421); behind
-        // wgrad_tile_cl elsewhere: 3-D (x3d-ndhwc 0.227 vs 0.179, the NDHWC seed 1.49 vs
-        // 1.00), 5x5 and 7x7 (efficientnet-k5s2 0.080 vs 0.070, convnext-nhwc 0.175 vs
-        // 0.140), 3x3 at stride 1 (mobilenet-s1-nhwc 0.046 vs 0.043).
+        // wgrad_tile_cl on 3-D (x3d-ndhwc 0.227 vs 0.179, the NDHWC seed 1.49 vs 1.00) and
+        // 3x3 at stride 1 (mobilenet-s1-nhwc 0.046 vs 0.043). On 2-D rows of >= 5 taps its
+        // runs of up to 14 outputs put it ahead (run 253: convnext-t-nhwc 0.065 vs 0.093,
+        // convnext-nhwc 0.113 vs 0.144, efficientnet-k5s2 0.055 vs 0.068); on 3-D ones not
+        // (seed-f16-ndhwc 0.885 vs 0.818).
         "wgrad_strip_cl"
             if (one_d && spec.c() < 4096) || (strided_3_rows && od == 1) || wide_rows_2d =>
         {

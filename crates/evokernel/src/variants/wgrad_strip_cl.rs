@@ -327,7 +327,7 @@ impl Variant for WgradStripCl {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::suite::{channels_last_suite, public_suite};
+    use crate::suite::{channels_last_suite, models_suite, public_suite};
 
     #[test]
     fn defaults_fit_and_launch_on_every_channels_last_case() {
@@ -355,6 +355,30 @@ mod tests {
             WgradStripCl::window(&case("seed-bf16-ndhwc")),
             Window { new: 1, back: 4 }
         );
+    }
+
+    #[test]
+    fn wide_kernel_rows_get_runs_that_divide_the_row() {
+        let cases: Vec<_> = public_suite()
+            .unwrap()
+            .into_iter()
+            .chain(channels_last_suite().unwrap())
+            .chain(models_suite().unwrap())
+            .collect();
+        let tw = |name: &str| {
+            let spec = &cases.iter().find(|c| c.name == name).unwrap().spec;
+            let config = WgradStripCl.default_config(spec);
+            assert!(WgradStripCl.fits(spec, &config).is_ok(), "{name}");
+            config.values["tw"]
+        };
+        // 7x7 and 5x5 rows: the largest divisor of the output row up to 14 (28 and 80
+        // outputs); 3- and 4-tap rows keep runs of 4.
+        assert_eq!(tw("convnext-t-nhwc"), 14);
+        assert_eq!(tw("convnext-nhwc"), 14);
+        assert_eq!(tw("efficientnet-k5s2"), 14);
+        assert_eq!(tw("seed-f16-ndhwc"), 10);
+        assert_eq!(tw("mobilenet-s2"), 4);
+        assert_eq!(tw("causal-conv1d-nwc"), 4);
     }
 
     #[test]

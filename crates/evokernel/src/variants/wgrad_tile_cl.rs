@@ -491,6 +491,25 @@ mod tests {
     use crate::variants::test_specs::seed_channels_last as cl;
 
     #[test]
+    fn tile_sides_add_the_divisors_of_the_extent() {
+        // A 28-wide plane: 7 and 14 join the powers of two; the cap and 1-2 stay out.
+        assert_eq!(
+            WgradTileCl::even_sizes(&TILE_COLS, 28, 16),
+            vec![4, 7, 8, 14, 16]
+        );
+        assert_eq!(
+            WgradTileCl::even_sizes(&TILE_ROWS, 28, 8),
+            vec![1, 2, 4, 7, 8]
+        );
+        // A prime extent adds only itself, and only under the cap.
+        assert_eq!(
+            WgradTileCl::even_sizes(&TILE_COLS, 13, 16),
+            vec![4, 8, 13, 16]
+        );
+        assert_eq!(WgradTileCl::even_sizes(&TILE_COLS, 17, 16), vec![4, 8, 16]);
+    }
+
+    #[test]
     fn defaults_fit_and_launch_on_every_channels_last_case() {
         crate::variants::test_specs::assert_defaults_fit_every_channels_last_case(&WgradTileCl);
     }
