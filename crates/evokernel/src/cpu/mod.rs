@@ -781,6 +781,13 @@ mod tests {
             ),
             (vec![4, 37], vec![3, 3], vec![2, 3], vec![[1, 1], [0, 2]]),
             (vec![70], vec![4], vec![1], vec![[3, 0]]),
+            (
+                vec![4, 9, 21],
+                vec![2, 5, 3],
+                vec![1, 1, 1],
+                vec![[0, 1], [1, 2], [1, 0]],
+            ),
+            (vec![11, 40], vec![3, 7], vec![1, 1], vec![[1, 1], [3, 3]]),
         ];
         for isa in [Isa::Portable, Isa::Avx2, Isa::Avx512] {
             if !isa.supported() {
