@@ -61,6 +61,8 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
     const int gh0 = oh0 * a.sh - a.ph;
     const int g0 = ow0 * SW - a.pw - S;
     const T* xin = x + nc * (long long)id * a.ih * a.iw;
+    // PLANES: walked plane p (of image p / (C * D)) is channel (p / D) mod C's.
+    auto plane_channel = [&](int p) { return (long long)(p / a.od) % a.c; };
     // Where slice chunk j comes from: its offset in an input depth plane, or -1 for
     // padding. It is the same every step but for the depth, so with TABLE (blocks of at
     // least 4 steps) the block works it out once into a table at the start of shared
@@ -93,11 +95,11 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
             // (Without PLANES as before them: the same SASS.)
             const unsigned buf = ring_addr + (unsigned)(PLANES ? buffer * slot_bytes : buffer * slice_elems * (int)sizeof(T));
             if constexpr (PLANES) {
-                // The plane's weights (its channel is (plane / D) mod C), read through L1:
-                // the planes of a chunk share a few channels.
+                // The plane's weights, read through L1: the planes of a chunk share a few
+                // channels.
                 float* wslot = reinterpret_cast<float*>(smem_raw + table_bytes + buffer * slot_bytes +
                                                         slice_elems * (int)sizeof(T));
-                const long long pc = (long long)(zd / a.od) % a.c;
+                const long long pc = plane_channel(zd);
                 for (int t = threadIdx.x; t < TAPS; t += TX * TY) wslot[t] = to_f32(__ldg(w + pc * TAPS + t));
             }
             for (int j = threadIdx.x; j < fills; j += TX * TY) {
@@ -150,7 +152,7 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
                 }
 #pragma unroll
                 for (int t = TAPS / 4 * 4; t < TAPS; ++t) wr[t] = reinterpret_cast<const float*>(wslot)[t];
-                bias = bias_of<T, EPI>(e, (long long)((d0 + s) / a.od) % a.c);
+                bias = bias_of<T, EPI>(e, plane_channel(d0 + s));
             }
             // The residuals of the depth this step completes, as raw 16-byte vectors loaded
             // ahead of the FMAs (unpacked at the store).

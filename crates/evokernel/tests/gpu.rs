@@ -367,6 +367,28 @@ fn push_launchable(
     }
 }
 
+/// Every case's configs of `v` against the oracle (compiled first, on all cores), case
+/// `i` as the problem `problem_of(i, spec)` describes, NaN and Inf in every third case's
+/// operands; the configs checked.
+fn check_cases(
+    engine: &Engine,
+    v: &dyn evokernel::variants::Variant,
+    cases: &[(String, ConvSpec, Vec<evokernel::variants::Config>)],
+    problem_of: impl Fn(usize, &ConvSpec) -> ConvProblem,
+) -> usize {
+    precompile_configs(engine.device().unwrap().as_ref(), v, cases);
+    let mut checked = 0;
+    for (i, (name, spec, configs)) in cases.iter().enumerate() {
+        let non_finite = i % 3 == 0;
+        let mut problem = ProblemData::random_fused(&problem_of(i, spec), i as u64, 1);
+        if non_finite {
+            problem.inject_non_finite(i as u64);
+        }
+        checked += check_configs(engine, &problem, name, spec, configs, non_finite);
+    }
+    checked
+}
+
 /// Grad-weight (and grad-bias) of every case's configs of `v` against the oracle, NaN and
 /// Inf in every third case's operands; (configs checked, of them with `tma=1`).
 fn check_wgrad_cases(
@@ -374,23 +396,19 @@ fn check_wgrad_cases(
     v: &dyn evokernel::variants::Variant,
     cases: &[(String, ConvSpec, Vec<evokernel::variants::Config>)],
 ) -> (usize, usize) {
-    precompile_configs(engine.device().unwrap().as_ref(), v, cases);
-    let (mut checked, mut tma_checked) = (0, 0);
-    for (i, (name, spec, configs)) in cases.iter().enumerate() {
-        let non_finite = i % 3 == 0;
-        let conv = ConvProblem::new(spec.clone())
+    let checked = check_cases(engine, v, cases, |_, spec| {
+        ConvProblem::new(spec.clone())
             .with_epilogue(Epilogue {
                 bias: true,
                 ..Epilogue::NONE
             })
-            .with_pass(Pass::Wgrad);
-        let mut problem = ProblemData::random_fused(&conv, i as u64, 1);
-        if non_finite {
-            problem.inject_non_finite(i as u64);
-        }
-        checked += check_configs(engine, &problem, name, spec, configs, non_finite);
-        tma_checked += configs.iter().filter(|c| c.values["tma"] == 1).count();
-    }
+            .with_pass(Pass::Wgrad)
+    });
+    let tma_checked = cases
+        .iter()
+        .flat_map(|(_, _, configs)| configs)
+        .filter(|c| c.values["tma"] == 1)
+        .count();
     (checked, tma_checked)
 }
 
@@ -461,7 +479,6 @@ fn depth_reuse_passes_with_either_slice_handover() {
 #[ignore = "needs a CUDA GPU"]
 fn depth_reuse_walks_planes_like_the_oracle() {
     let engine = Engine::cuda(0).unwrap();
-    let dev = engine.device().unwrap().as_ref();
     let v = evokernel::variants::find("depth_reuse").unwrap();
     // (n, c, input, kernel, padding per dim)
     type Shape = (i64, i64, Vec<i64>, Vec<i64>, Vec<[i64; 2]>);
@@ -519,13 +536,7 @@ fn depth_reuse_walks_planes_like_the_oracle() {
                     if cols_one {
                         cfg.values.insert("cols".into(), 1);
                     }
-                    // (specialization checks the config against the space too)
-                    if v.fits(&spec, &cfg).is_ok()
-                        && v.specialization(&spec, &cfg).is_ok()
-                        && !configs.contains(&cfg)
-                    {
-                        configs.push(cfg);
-                    }
+                    push_launchable(v, &spec, cfg, &mut configs);
                 }
             }
             assert!(
@@ -536,7 +547,6 @@ fn depth_reuse_walks_planes_like_the_oracle() {
             (format!("planes #{i}"), spec, configs)
         })
         .collect();
-    precompile_configs(dev, v, &cases);
     let epilogues = [
         Epilogue::NONE,
         Epilogue {
@@ -553,16 +563,9 @@ fn depth_reuse_walks_planes_like_the_oracle() {
             ..Epilogue::NONE
         },
     ];
-    let mut checked = 0;
-    for (i, (name, spec, configs)) in cases.iter().enumerate() {
-        let non_finite = i % 3 == 0;
-        let conv = ConvProblem::new(spec.clone()).with_epilogue(epilogues[i % 4]);
-        let mut problem = ProblemData::random_fused(&conv, i as u64, 1);
-        if non_finite {
-            problem.inject_non_finite(i as u64);
-        }
-        checked += check_configs(&engine, &problem, name, spec, configs, non_finite);
-    }
+    let checked = check_cases(&engine, v, &cases, |i, spec| {
+        ConvProblem::new(spec.clone()).with_epilogue(epilogues[i % 4])
+    });
     eprintln!("{checked} depth_reuse plane-walk checks");
 }
 
@@ -583,7 +586,6 @@ type WalkShape = (
 /// third of the cases.
 fn check_fma_plane_walks(variant: &str, layout: Layout, shapes: Vec<WalkShape>) {
     let engine = Engine::cuda(0).unwrap();
-    let dev = engine.device().unwrap().as_ref();
     let v = evokernel::variants::find(variant).unwrap();
     let cases: Vec<(String, ConvSpec, Vec<evokernel::variants::Config>)> = shapes
         .into_iter()
@@ -616,13 +618,7 @@ fn check_fma_plane_walks(variant: &str, layout: Layout, shapes: Vec<WalkShape>) 
                         ] {
                             cfg.values.insert(k.into(), x);
                         }
-                        // (specialization checks the config against the space too)
-                        if v.fits(&spec, &cfg).is_ok()
-                            && v.specialization(&spec, &cfg).is_ok()
-                            && !configs.contains(&cfg)
-                        {
-                            configs.push(cfg);
-                        }
+                        push_launchable(v, &spec, cfg, &mut configs);
                     }
                 }
                 assert!(
@@ -634,22 +630,13 @@ fn check_fma_plane_walks(variant: &str, layout: Layout, shapes: Vec<WalkShape>) 
             },
         )
         .collect();
-    precompile_configs(dev, v, &cases);
-    let mut checked = 0;
-    for (i, (name, spec, configs)) in cases.iter().enumerate() {
-        let non_finite = i % 3 == 0;
-        let epilogue = Epilogue {
+    let checked = check_cases(&engine, v, &cases, |i, spec| {
+        ConvProblem::new(spec.clone()).with_epilogue(Epilogue {
             bias: i % 2 == 0,
             activation: Activation::ALL[i % 4],
             residual: i % 3 == 1,
-        };
-        let conv = ConvProblem::new(spec.clone()).with_epilogue(epilogue);
-        let mut problem = ProblemData::random_fused(&conv, i as u64, 1);
-        if non_finite {
-            problem.inject_non_finite(i as u64);
-        }
-        checked += check_configs(&engine, &problem, name, spec, configs, non_finite);
-    }
+        })
+    });
     eprintln!("{checked} {variant} plane-walk checks");
 }
 

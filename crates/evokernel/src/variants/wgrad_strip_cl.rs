@@ -223,7 +223,10 @@ impl Variant for WgradStripCl {
         // 0.061 ms, 4 outputs 0.106; efficientnet-k5s2 0.070 vs 0.077; 3x3 rows gain
         // nothing: run 251); a divisor of the row, so no strip runs past its end.
         let tw = if spec.kernel3()[2] >= 5 {
-            (4..=14).rev().find(|d| ow.is_multiple_of(*d)).unwrap_or(8)
+            WgradTileCl::even_sizes(&[], ow, 14)
+                .into_iter()
+                .rfind(|&d| d >= 4)
+                .map_or(8, |d| d as usize)
         } else {
             4
         };
