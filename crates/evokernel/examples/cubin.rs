@@ -7,6 +7,8 @@
 //!
 //! The fp8 GEMM's wgmma kernel: CASE is `MxNxK` and the scaling goes where EPILOGUE does,
 //! e.g. `cubin 8192x8192x8192 scaled_mm_wgmma:bn=128,consumers=3,.. OUT.cubin blockwise`.
+//! The channels-first copy of channels-last grad-weight: VARIANT `to_channels_first:CHUNK`
+//! (`:grad` for grad-output's).
 
 use evokernel::cuda::jit::Jit;
 use evokernel::engine::with_epilogue;
@@ -49,6 +51,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok_or_else(|| format!("no case '{case}' in the public, channels-last or models suite"))?
         .spec;
     let name = config.split(':').next().unwrap_or_default();
+    if name == "to_channels_first" {
+        // `to_channels_first:CHUNK[:grad]`: the channels-first copy of a channels-last case.
+        let mut parts = config.split(':').skip(1);
+        let chunk = parts.next().unwrap_or("16").parse()?;
+        let shaped = parts.next() == Some("grad");
+        let (n, src, expr, _) =
+            evokernel::cuda::run::to_channels_first_specialization(&spec, chunk, shaped, 132);
+        let expr = with_epilogue(&expr, &Epilogue::NONE);
+        let compiled = Jit::new("sm_90")?.without_cache().compile(n, src, &expr)?;
+        std::fs::write(out, &compiled.cubin)?;
+        println!("{expr} -> {out} ({} bytes)", compiled.cubin.len());
+        return Ok(());
+    }
     let v = registry()
         .into_iter()
         .find(|v| v.name() == name)

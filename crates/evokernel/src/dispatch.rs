@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::cuda::ConvArgs;
 use crate::engine::ConvProblem;
 use crate::pass::Pass;
-use crate::spec::{ConvSpec, DType};
+use crate::spec::{ConvSpec, DType, Layout};
 use crate::tune::{TuneCache, TuneTarget};
 use crate::variants::{check_config, kernel_hash, registry, Config, Variant};
 
@@ -59,6 +59,9 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
     // 2-D kernel rows of 5 and more taps: wgrad_strip_cl's default runs of up to 14
     // outputs a thread (run 251: convnext-t-nhwc 0.061 ms vs wgrad_tile_cl 0.087).
     let wide_rows_2d = od == 1 && !one_d && spec.kernel3()[2] >= 5;
+    // 3-D kernel rows of 5 and more taps on channels-last data: wgrad_mma on
+    // channels-first copies ahead (`rank_on_copies`).
+    let wide_rows_3d = od > 1 && spec.kernel3()[2] >= 5 && spec.layout() == Layout::ChannelsLast;
     // depth_reuse's default walks planes (one kernel depth, no depth padding, output rows
     // of 16-byte multiples for its stores); f32 has no tensor-core path.
     let plane_walk =
@@ -195,9 +198,17 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
                 "grad-weight on channels-last rows streamed through a ring (1-D, 3 rows at H stride >= 2, or 2-D rows of >= 5 taps)",
             )
         }
+        "wgrad_strip_cl" if wide_rows_3d => (
+            2,
+            "grad-weight on channels-last rows streamed through a ring (tiles and copies ahead here)",
+        ),
         "wgrad_strip_cl" => (
             1,
             "grad-weight on channels-last rows streamed through a ring (tiles ahead here)",
+        ),
+        "wgrad_tile_cl" if wide_rows_3d => (
+            1,
+            "grad-weight on channels-last data from shared-memory tiles (tensor cores on copies ahead here)",
         ),
         "wgrad_tile_cl" if (strided_3_rows && od == 1 && !one_d) || wide_rows_2d => (
             1,
@@ -254,6 +265,21 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
     }
 }
 
+/// Expected order of a channels-first grad-weight variant run on channels-last `spec`
+/// through channels-first copies (`kernel_problem`), against `rank`'s channels-last
+/// kernels: the copies cost a read and a write of both tensors, which tensor cores pay
+/// back where the FMA kernels have many taps a row and depths to sum.
+fn rank_on_copies(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
+    let many_taps_3d = spec.output3()[0] > 1 && spec.kernel3()[2] >= 5;
+    match v.name() {
+        "wgrad_mma" if many_taps_3d => (
+            0,
+            "grad-weight on tensor cores (3-D, kernel rows of >= 5 taps)",
+        ),
+        _ => (4, "grad-weight behind the channels-last kernels"),
+    }
+}
+
 /// Where a variant's config comes from.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Source {
@@ -283,9 +309,33 @@ impl Source {
 /// `None` when `v` cannot serve the pass.
 pub fn kernel_problem(v: &dyn Variant, problem: &ConvProblem) -> Option<ConvProblem> {
     match (problem.pass, v.pass()) {
+        // A grad-weight kernel that takes only channels-first data runs a channels-last
+        // problem on channels-first copies of it (a chunk of channels at a time, as the
+        // plan's memory allows: engine/cuda_plan.rs).
+        (Pass::Wgrad, Pass::Wgrad) => {
+            let spec = &problem.spec;
+            let twin = (spec.layout() == Layout::ChannelsLast && v.applies(spec).is_err())
+                .then(|| spec.with_layout(Layout::ChannelsFirst))
+                .filter(|twin| v.applies(twin).is_ok());
+            Some(ConvProblem {
+                spec: twin.unwrap_or_else(|| spec.clone()),
+                ..problem.clone()
+            })
+        }
         (a, b) if a == b => Some(problem.clone()),
         (Pass::Dgrad, Pass::Forward) => problem.spec.dgrad_twin().map(ConvProblem::new),
         _ => None,
+    }
+}
+
+/// The key `v`'s tuned results for `problem` are stored under: its kernel problem's,
+/// except where the kernel runs on channels-first copies, whose time includes the copies
+/// and so belongs to the channels-last problem itself.
+pub fn tune_key(problem: &ConvProblem, kernel: &ConvProblem) -> String {
+    if kernel.spec.layout() != problem.spec.layout() {
+        problem.key()
+    } else {
+        kernel.key()
     }
 }
 
@@ -299,8 +349,8 @@ pub fn config_for(
     cache: &TuneCache,
     forced: &[Config],
 ) -> (Config, Source) {
-    let problem = &kernel_problem(v, problem).unwrap_or_else(|| problem.clone());
-    let spec = &problem.spec;
+    let kernel = &kernel_problem(v, problem).unwrap_or_else(|| problem.clone());
+    let spec = &kernel.spec;
     if let Some(c) = forced
         .iter()
         .find(|c| c.variant == v.name() && check_config(v, spec, c).is_ok())
@@ -308,9 +358,18 @@ pub fn config_for(
         return (c.clone(), Source::Forced);
     }
     let hash = kernel_hash(v, &target.nvrtc);
+    // The plain convolution's key (the spec's alone), whose configs fit any epilogue.
+    let plain = |p: &ConvProblem| ConvProblem::new(p.spec.clone());
     let tuned = cache
-        .get_current(target, &problem.key(), v.name(), &hash)
-        .or_else(|| cache.get_current(target, &spec.key(), v.name(), &hash))
+        .get_current(target, &tune_key(problem, kernel), v.name(), &hash)
+        .or_else(|| {
+            cache.get_current(
+                target,
+                &tune_key(&plain(problem), &plain(kernel)),
+                v.name(),
+                &hash,
+            )
+        })
         .and_then(|e| Some((e.config.parse::<Config>().ok()?, e.ms)))
         .filter(|(c, _)| check_config(v, spec, c).is_ok());
     if let Some((c, ms)) = tuned {
@@ -372,16 +431,25 @@ pub fn choose(
             format!("tuned: {ms:.3} ms, fastest in the tune cache for this device"),
         ));
     }
+    let ranked = |v: &dyn Variant, k: &ConvSpec| {
+        if k.layout() != spec.layout() {
+            rank_on_copies(v, spec)
+        } else {
+            rank(v, k)
+        }
+    };
     let (v, c, _, k) = picks
         .iter()
-        .min_by_key(|(v, _, _, k)| rank(*v, k).0)
+        .min_by_key(|(v, _, _, k)| ranked(*v, k).0)
         .ok_or_else(|| format!("no variant applies to {problem}"))?;
     let how = if v.pass() != problem.pass {
         " (grad-input as the forward of the flipped kernel)"
+    } else if k.layout() != spec.layout() {
+        " (on channels-first copies of the data, a chunk of channels at a time)"
     } else {
         ""
     };
-    Ok(choice(*v, c, format!("ranked: {}{how}", rank(*v, k).1)))
+    Ok(choice(*v, c, format!("ranked: {}{how}", ranked(*v, k).1)))
 }
 
 #[cfg(test)]
@@ -501,6 +569,40 @@ mod tests {
     }
 
     #[test]
+    fn channels_last_grad_weight_runs_channels_first_kernels_on_copies() {
+        let cl = crate::suite::channels_last_suite().unwrap();
+        let seed = &cl.iter().find(|c| c.name == "seed-f16-ndhwc").unwrap().spec;
+        let problem = ConvProblem::new(seed.clone())
+            .with_pass(Pass::Wgrad)
+            .with_epilogue(crate::epilogue::Epilogue {
+                bias: true,
+                ..Default::default()
+            });
+        let mma = crate::variants::find("wgrad_mma").unwrap();
+        let k = kernel_problem(mma, &problem).unwrap();
+        assert_eq!(k.spec, seed.with_layout(Layout::ChannelsFirst));
+        assert_eq!((k.pass, k.epilogue), (problem.pass, problem.epilogue));
+        // Tuned under the channels-last problem's own key (the copies are in its time).
+        assert_eq!(tune_key(&problem, &k), problem.key());
+        assert_eq!(tune_key(&k, &k), k.key());
+        // The channels-last kernels run on the data as it is.
+        let tile_cl = crate::variants::find("wgrad_tile_cl").unwrap();
+        assert_eq!(kernel_problem(tile_cl, &problem).unwrap(), problem);
+        // A channels-first problem: the channels-last kernels do not apply, no copies.
+        let cf = ConvProblem::new(seed.with_layout(Layout::ChannelsFirst)).with_pass(Pass::Wgrad);
+        assert!(kernel_problem(tile_cl, &cf).is_some_and(|k| tile_cl.applies(&k.spec).is_err()));
+        // grad-input and the forward never run on copies.
+        let fwd = crate::variants::find("depth_reuse").unwrap();
+        for pass in [Pass::Forward, Pass::Dgrad] {
+            let other = ConvProblem::new(seed.clone()).with_pass(pass);
+            assert!(
+                kernel_problem(fwd, &other).is_none_or(|k| k.spec.layout() == Layout::ChannelsLast)
+            );
+            assert!(kernel_problem(mma, &other).is_none());
+        }
+    }
+
+    #[test]
     fn grad_weight_ranking_pins_the_measured_winners() {
         // Runs 106-110 (docs/perf.md): wgrad_tile_cl against wgrad and wgrad_cl in the
         // same calls on every channels-last case; 1-D rows from run 91; x3d-m-res4 (W 14)
@@ -521,13 +623,13 @@ mod tests {
             ("replknet-31x31", "wgrad_tile"),
             ("video-vae-decoder", "wgrad_mma"),
             ("x3d-m-res4", "wgrad"),
-            ("seed-bf16-ndhwc", "wgrad_tile_cl"),
+            ("seed-bf16-ndhwc", "wgrad_mma"),
             ("mobilenet-s2", "wgrad_strip_cl"),
             ("x3d-ndhwc", "wgrad_tile_cl"),
             ("video-vae-ndhwc", "wgrad_tile_cl"),
             ("convnext-nhwc", "wgrad_strip_cl"),
             ("mobilenet-s1-nhwc", "wgrad_tile_cl"),
-            ("seed-f16-ndhwc", "wgrad_tile_cl"),
+            ("seed-f16-ndhwc", "wgrad_mma"),
             ("causal-conv1d-nwc", "wgrad_strip_cl"),
             ("mamba2-conv1d", "wgrad_cl"),
             ("hybrid-shortconv", "wgrad_cl"),

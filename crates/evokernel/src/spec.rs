@@ -355,6 +355,10 @@ impl ConvSpec {
             ..self.clone()
         }
     }
+    /// The same problem on `c` of its channels (each channel is its own convolution).
+    pub fn with_channels(&self, c: usize) -> Self {
+        ConvSpec { c, ..self.clone() }
+    }
 
     /// The same convolution with its N x D planes as the depths of one image, where that
     /// is the same memory and the same arithmetic: a channels-last tensor keeps each

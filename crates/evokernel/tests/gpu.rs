@@ -1031,6 +1031,102 @@ fn backward_passes_on_the_public_and_channels_last_suites() {
     eprintln!("{checked} backward kernel checks over both suites");
 }
 
+/// grad-weight of channels-last data by the channels-first kernels (wgrad_mma, wgrad_tile)
+/// on channels-first copies, a chunk of channels at a time as the memory budget allows:
+/// C = 100 in four chunks of 25; C = 97 (prime) in 97 chunks of one channel, whose copies
+/// take the element path (ragged tiles, rows not whole 16-byte vectors); one chunk (no
+/// budget) on a 3x5x5 spec and random channels-last specs in all three dtypes; TMA on and
+/// off where the kernel has it, grad-bias always, NaN/Inf in a third.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grad_weight_on_channels_first_copies_passes() {
+    let unbudgeted = Engine::cuda(0).unwrap();
+    let mut specs = Vec::new();
+    // (C, [N, D, H, W], dtype, channels a chunk: the memory budget leaves room for the
+    // copies of this many and a few more, not twice as many).
+    for (c, input, kernel, dtype, chunk) in [
+        (100, [2, 16, 64, 64], [3, 3, 3], DType::Bf16, Some(25)),
+        (97, [1, 20, 61, 59], [3, 3, 3], DType::F16, Some(1)),
+        (24, [2, 9, 20, 40], [3, 5, 5], DType::Bf16, None),
+    ] {
+        let mut p = ConvParams::seed();
+        p.layout = Layout::ChannelsLast;
+        p.dtype = dtype;
+        p.c = c;
+        p.n = input[0];
+        p.input = input[1..].to_vec();
+        p.kernel = kernel.to_vec();
+        p.stride = vec![1, 1, 1];
+        p.dilation = vec![1, 1, 1];
+        p.padding = kernel.iter().map(|&k| [k / 2, k / 2]).collect();
+        specs.push((format!("{c} channels"), p.validate().unwrap(), chunk));
+    }
+    specs.extend(
+        random_channels_last_specs(2041, 40)
+            .into_iter()
+            .map(|(n, s)| (n, s, None)),
+    );
+    let mut checked = 0;
+    let mut chunked = 0;
+    for name in ["wgrad_mma", "wgrad_tile"] {
+        let v = evokernel::variants::find(name).unwrap();
+        for (i, (case, spec, chunk)) in specs.iter().enumerate() {
+            let conv = ConvProblem::new(spec.clone())
+                .with_epilogue(Epilogue {
+                    bias: true,
+                    ..Epilogue::NONE
+                })
+                .with_pass(Pass::Wgrad);
+            let Some(k) = evokernel::dispatch::kernel_problem(v, &conv) else {
+                continue;
+            };
+            if k.spec.layout() != Layout::ChannelsFirst {
+                // The kernel does not take this spec even on copies.
+                assert!(case.starts_with("random"), "{case}: {name} does not apply");
+                continue;
+            }
+            let budgeted;
+            let engine = match chunk {
+                Some(ch) => {
+                    // Copies of `ch` channels and a fifth more (halved by the plan).
+                    let copies = (spec.input_len() + spec.output_len()) / spec.c()
+                        * spec.dtype().size_bytes()
+                        * (ch + ch / 5 + 1);
+                    budgeted = Engine::cuda(0).unwrap().with_memory_budget(
+                        evokernel::memory::tensor_bytes(&conv) + 2 * copies as u64,
+                    );
+                    &budgeted
+                }
+                None => &unbudgeted,
+            };
+            let mut configs = Vec::new();
+            for tma in [0, 1] {
+                push_launchable(v, &k.spec, default_with(v, &k.spec, tma, &[]), &mut configs);
+            }
+            let whole = (spec.input_len() + spec.output_len()) * spec.dtype().size_bytes();
+            for cfg in &configs {
+                let plan = engine.plan_instance(&conv, cfg).unwrap();
+                let in_chunks = plan.workspace_bytes() < whole;
+                assert_eq!(
+                    in_chunks,
+                    chunk.is_some(),
+                    "{case} {cfg}: {} bytes",
+                    plan.workspace_bytes()
+                );
+                chunked += usize::from(in_chunks);
+            }
+            let non_finite = i % 3 == 0;
+            let mut problem = ProblemData::random_fused(&conv, 90 + i as u64, 1);
+            if non_finite {
+                problem.inject_non_finite(i as u64);
+            }
+            checked += check_configs(engine, &problem, case, spec, &configs, non_finite);
+        }
+    }
+    assert!(chunked >= 4, "only {chunked} plans ran in several chunks");
+    eprintln!("{checked} grad-weight checks on channels-first copies");
+}
+
 /// wgrad_mma's two ways of filling its ring, cp.async chunks and TMA boxes (one or
 /// several output rows a slot), on the public suite's grad-weight cases it takes and on
 /// random channels-first specs whose rows are 16-byte multiples (where TMA applies):

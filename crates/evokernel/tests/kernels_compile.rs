@@ -8,7 +8,9 @@ use std::collections::BTreeSet;
 
 use evokernel::cuda::calibrate;
 use evokernel::cuda::jit::Jit;
-use evokernel::cuda::run::{flip_specialization, repair_specialization};
+use evokernel::cuda::run::{
+    flip_specialization, repair_specialization, to_channels_first_specialization,
+};
 use evokernel::engine::with_epilogue;
 use evokernel::suite::{channels_last_suite, public_suite};
 use evokernel::variants::{registry, Variant};
@@ -94,6 +96,16 @@ fn every_variant_compiles_for_sm90() {
     for spec in &specs {
         let (n, s, f) = flip_specialization(spec);
         work.insert((n, s, with_epilogue(&f, &Epilogue::NONE)));
+        // The channels-first copies of channels-last grad-weight: whole 64-channel tiles,
+        // narrower ones, a chunk of one channel (ragged tiles only).
+        if spec.layout() == Layout::ChannelsLast {
+            for chunk in [spec.c(), 16, 1] {
+                for shaped in [false, true] {
+                    let (n, s, e, _) = to_channels_first_specialization(spec, chunk, shaped, 132);
+                    work.insert((n, s, with_epilogue(&e, &Epilogue::NONE)));
+                }
+            }
+        }
     }
     work.extend(calibrate::specializations());
     let mut total_ms = 0.0;

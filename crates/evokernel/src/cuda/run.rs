@@ -89,6 +89,47 @@ pub fn flip_specialization(spec: &ConvSpec) -> (&'static str, &'static str, Stri
     )
 }
 
+/// The copy of `chunk` channels of a channels-last tensor of `spec` (its input, or with
+/// `output_shaped` its grad-output) into channels-first order (kernels/to_channels_first.cu):
+/// name, source and name expression (without the epilogue code), and its launch.
+pub fn to_channels_first_specialization(
+    spec: &ConvSpec,
+    chunk: usize,
+    output_shaped: bool,
+    sms: u32,
+) -> (&'static str, &'static str, String, crate::variants::Launch) {
+    // The kernel's channel tile: the largest of 64, 32, 16, 8 dividing the chunk.
+    let tc = [64, 32, 16, 8]
+        .into_iter()
+        .find(|t| chunk.is_multiple_of(*t))
+        .unwrap_or(64);
+    let positions: usize = if output_shaped {
+        spec.output3().iter().product()
+    } else {
+        spec.input3().iter().product()
+    };
+    let tiles = (spec.n() * positions.div_ceil(64)) as u64;
+    let launch = crate::variants::Launch {
+        // Tiles of a chunk are few per channel tile; a few blocks an SM hide the loads.
+        grid: (
+            tiles.min(sms as u64 * 8).max(1) as u32,
+            chunk.div_ceil(tc) as u32,
+            1,
+        ),
+        block: (256, 1, 1),
+        shared_bytes: 0,
+    };
+    (
+        "to_channels_first",
+        include_str!("../../kernels/to_channels_first.cu"),
+        format!(
+            "to_channels_first<{}, {chunk}, {output_shaped}>",
+            crate::variants::cuda_type(spec.dtype())
+        ),
+        launch,
+    )
+}
+
 /// The kernel that recomputes the non-finite outputs a tensor-core kernel flagged
 /// (kernels/repair.cu): its name, source and specialization for `spec`.
 pub fn repair_specialization(spec: &ConvSpec) -> (&'static str, &'static str, String) {

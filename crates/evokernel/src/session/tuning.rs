@@ -81,7 +81,12 @@ impl Session {
             let hash = kernel_hash(v, &target.nvrtc);
             let default = v.default_config(spec);
             if !plan.retune {
-                if let Some(e) = cache.get_current(&target, &kernel.key(), v.name(), &hash) {
+                if let Some(e) = cache.get_current(
+                    &target,
+                    &crate::dispatch::tune_key(&conv, &kernel),
+                    v.name(),
+                    &hash,
+                ) {
                     rows.push(TuneRow::cached(
                         v.name(),
                         default.to_string(),
@@ -151,7 +156,7 @@ impl Session {
                 cache.record(CacheEntry {
                     device: target.device.clone(),
                     driver: target.driver.clone(),
-                    spec_key: kernel.key(),
+                    spec_key: crate::dispatch::tune_key(&conv, &kernel),
                     variant: v.name().to_string(),
                     config: Instance::new(spec, best.clone()).to_string(),
                     ms: *ms,
