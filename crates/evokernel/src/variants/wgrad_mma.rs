@@ -15,7 +15,7 @@
 //! KD a warp.
 
 use super::{cuda_type, grid_x, Config, Launch, Param, TensorMaps, Variant};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::pass::Pass;
 use crate::spec::{ConvSpec, DType, Layout};
 
@@ -426,36 +426,34 @@ impl Variant for WgradMma {
             TensorMaps::Unused
         })
     }
-    fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
-        let p = Params::parse(self, spec, config)?;
+    /// The slot shape's rules, here so the tuner's space leaves out what cannot launch
+    /// (run 264: 4 of an evolutionary search's 6 candidates on the seed were refused at
+    /// launch).
+    fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
+        let p = Params::read(config).map_err(|e| e.to_string())?;
         let tw = Self::tile_width(spec, p.ks, p.tma != 0);
         if tw < Self::align(p.tma != 0) {
-            return Err(Error::NotApplicable {
-                variant: self.name().into(),
-                spec: spec.to_string(),
-                reason: format!("{} k-steps hold no W tile", p.ks),
-            });
+            return Err(format!("{} k-steps hold no W tile", p.ks));
         }
         if p.rows > 1 && (p.tma == 0 || tw < spec.output3()[2]) {
-            return Err(Error::NotApplicable {
-                variant: self.name().into(),
-                spec: spec.to_string(),
-                reason: format!(
-                    "{} rows a slot need TMA copies and a tile that is the whole row ({tw} of {} outputs)",
-                    p.rows,
-                    spec.output3()[2]
-                ),
-            });
+            return Err(format!(
+                "{} rows a slot need TMA copies and a tile that is the whole row ({tw} of {} outputs)",
+                p.rows,
+                spec.output3()[2]
+            ));
         }
         if p.share != 0 && (p.rows < 2 || !Self::share_applies(spec)) {
-            return Err(Error::NotApplicable {
-                variant: self.name().into(),
-                spec: spec.to_string(),
-                reason: "a shared ring needs slots of several whole rows (rows > 1), TMA and \
-                         unit stride and dilation along D"
+            return Err(
+                "a shared ring needs slots of several whole rows (rows > 1), TMA and \
+                        unit stride and dilation along D"
                     .into(),
-            });
+            );
         }
+        Ok(())
+    }
+    fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
+        // `parse` checked the config against the space and `fits`.
+        let p = Params::parse(self, spec, config)?;
         Ok(Launch {
             grid: (grid_x(self, spec, spec.c())?, p.splits as u32, 1),
             block: (p.warps as u32 * 32, 1, 1),
@@ -482,6 +480,48 @@ impl Params {
 mod tests {
     use super::*;
     use crate::suite::public_suite;
+
+    #[test]
+    fn the_default_fits_every_spec_the_variant_takes() {
+        // Widths around the tile and k-step edges, kernel widths and W dilations, with and
+        // without depths to share, both 16-bit dtypes.
+        let mut checked = 0;
+        for w in [
+            1, 3, 7, 8, 15, 16, 17, 31, 40, 63, 80, 96, 127, 160, 176, 200,
+        ] {
+            for (kw, dw) in [
+                (1, 1),
+                (3, 1),
+                (3, 2),
+                (5, 1),
+                (7, 1),
+                (7, 3),
+                (11, 1),
+                (16, 1),
+            ] {
+                for (d, kd, h) in [(1, 1, 9), (12, 3, 6), (33, 3, 20)] {
+                    for dtype in [DType::Bf16, DType::F16] {
+                        let mut p = crate::spec::ConvParams::seed();
+                        p.dtype = dtype;
+                        p.c = 4;
+                        p.input = vec![d, h, w];
+                        p.kernel = vec![kd, 3, kw];
+                        p.dilation = vec![1, 1, dw];
+                        p.padding = vec![[0, 0], [1, 1], [(kw - 1) * dw / 2, 0]];
+                        let Ok(spec) = p.validate() else { continue };
+                        if WgradMma.applies(&spec).is_err() {
+                            continue;
+                        }
+                        let c = WgradMma.default_config(&spec);
+                        crate::variants::check_config(&WgradMma, &spec, &c)
+                            .unwrap_or_else(|e| panic!("{spec}: {e}"));
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 300, "{checked}");
+    }
 
     #[test]
     fn tiles_cover_the_rows_they_claim() {
