@@ -51,6 +51,10 @@ pub struct Common {
     /// writes: PyTorch's F.convNd and backward, measured in the same GPU call)
     #[arg(long, value_name = "FILE")]
     pub reference: Option<PathBuf>,
+    /// GPU timing: read twice the L2 before every timed launch (outside its timing), so
+    /// no row pays for the dirty cache lines the launch before left (e.g. cuDNN's)
+    #[arg(long)]
+    pub sweep_l2: bool,
 }
 
 /// `--pass`: one pass or all three.
@@ -265,11 +269,12 @@ pub fn protocol(iters: usize) -> Result<Protocol, Error> {
 
 pub fn options(common: &Common, time: bool, iters: usize) -> Result<Options, Error> {
     check_only(&common.only)?;
-    let protocol = if time {
+    let mut protocol = if time {
         protocol(iters)?
     } else {
         Protocol::default().with_launches(iters)
     };
+    protocol.sweep_l2 = common.sweep_l2;
     for path in common.json.iter() {
         check_output_path(path)?;
     }

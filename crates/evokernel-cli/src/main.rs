@@ -318,6 +318,18 @@ mod tests {
     }
 
     #[test]
+    fn sweep_l2_reaches_the_timing_protocol() {
+        for (flags, want) in [(&["bench"][..], false), (&["bench", "--sweep-l2"][..], true)] {
+            let argv = std::iter::once("evokernel").chain(flags.iter().copied());
+            let Command::Bench { common, .. } = Cli::try_parse_from(argv).unwrap().command else {
+                panic!("not bench");
+            };
+            let opts = crate::args::options(&common, true, 50).unwrap();
+            assert_eq!(opts.protocol.sweep_l2, want, "{flags:?}");
+        }
+    }
+
+    #[test]
     fn profile_takes_no_spec_flags_or_a_full_spec() {
         let cli = Cli::try_parse_from(["evokernel", "profile", "--no-counters"]).unwrap();
         assert!(matches!(cli.command, Command::Profile { problem, .. } if !problem.given()));

@@ -15,6 +15,9 @@ pub struct Protocol {
     pub warmup_ms: f64,
     pub launches: usize,
     pub min_ms: f64,
+    /// GPU rows: read twice the L2 before every launch, outside its timing, so no row
+    /// pays for the dirty lines of the launch before (kernels/l2_sweep.cu).
+    pub sweep_l2: bool,
 }
 
 impl Default for Protocol {
@@ -24,6 +27,7 @@ impl Default for Protocol {
             warmup_ms: 25.0,
             launches: 50,
             min_ms: 200.0,
+            sweep_l2: false,
         }
     }
 }
@@ -47,6 +51,7 @@ impl Protocol {
             warmup_ms: self.warmup_ms / reps as f64,
             launches: self.launches.div_ceil(reps).max(self.launches.min(5)),
             min_ms: self.min_ms / reps as f64,
+            sweep_l2: self.sweep_l2,
         }
     }
 }

@@ -108,6 +108,8 @@ fn every_variant_compiles_for_sm90() {
         }
     }
     work.extend(calibrate::specializations());
+    let (n, s, e) = evokernel::cuda::l2_sweep_specialization();
+    work.insert((n, s, e.to_string()));
     let mut total_ms = 0.0;
     for (name, source, expr) in &work {
         let c = jit

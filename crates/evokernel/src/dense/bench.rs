@@ -256,6 +256,7 @@ fn time_cpu(
         warmup_ms: 0.0,
         launches: protocol.launches.clamp(1, 5),
         min_ms: 0.0,
+        sweep_l2: false,
     };
     let mut out = HostTensor::zeros(spec.dtype(), &spec.output_shape());
     time_launches(

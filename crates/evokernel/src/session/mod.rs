@@ -235,6 +235,9 @@ impl Session {
                 )?]
             }
             Some(dev) => {
+                if opts.protocol.sweep_l2 {
+                    dev.sweep_l2_before_timing()?;
+                }
                 progress("uploading inputs");
                 let dp = DeviceProblem::upload(dev, &problem)?;
                 match engine.choose(&conv) {

@@ -53,6 +53,9 @@ impl Session {
             });
         };
         let dev: &CudaDevice = dev;
+        if opts.protocol.sweep_l2 {
+            dev.sweep_l2_before_timing()?;
+        }
         let conv = ConvProblem::new(spec.clone())
             .with_epilogue(opts.pass.epilogue(opts.epilogue))
             .with_pass(opts.pass);
