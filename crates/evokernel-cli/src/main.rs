@@ -319,7 +319,10 @@ mod tests {
 
     #[test]
     fn sweep_l2_reaches_the_timing_protocol() {
-        for (flags, want) in [(&["bench"][..], false), (&["bench", "--sweep-l2"][..], true)] {
+        for (flags, want) in [
+            (&["bench"][..], false),
+            (&["bench", "--sweep-l2"][..], true),
+        ] {
             let argv = std::iter::once("evokernel").chain(flags.iter().copied());
             let Command::Bench { common, .. } = Cli::try_parse_from(argv).unwrap().command else {
                 panic!("not bench");
