@@ -16,7 +16,9 @@ pub struct Protocol {
     pub launches: usize,
     pub min_ms: f64,
     /// GPU rows: read twice the L2 before every launch, outside its timing, so no row
-    /// pays for the dirty lines of the launch before (kernels/l2_sweep.cu).
+    /// pays for the dirty lines of the launch before (kernels/l2_sweep.cu). Reports
+    /// written before it existed read as without.
+    #[serde(default)]
     pub sweep_l2: bool,
 }
 
