@@ -149,7 +149,7 @@ pub fn probe() -> Result<()> {
 
 /// The kernel-argument block of every variant (kernels/common.cuh, same field order).
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct ConvArgs {
     pub x: u64,
     pub w: u64,
@@ -771,18 +771,9 @@ impl CudaDevice {
         let vectors = (buffer.len() - 16) / 16;
         let args = ConvArgs {
             x: at,
-            w: 0,
             y: at + (vectors * 16) as u64,
             n: vectors as i64,
-            c: 0,
-            input: [0; 3],
-            output: [0; 3],
-            kernel: [0; 3],
-            stride: [0; 3],
-            dilation: [0; 3],
-            pad: [0; 3],
-            flag: 0,
-            epoch: 0,
+            ..ConvArgs::default()
         };
         let epi = EpiArgs::default();
         // SAFETY: the kernel reads `vectors` 16-byte vectors of `buffer` and may write one
