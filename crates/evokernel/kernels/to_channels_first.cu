@@ -17,13 +17,14 @@ template <int BYTES> struct ElementBits;
 template <> struct ElementBits<2> { using type = unsigned short; };
 template <> struct ElementBits<4> { using type = unsigned; };
 
-template <typename T, int CC, bool OUTPUT_SHAPED, int EPI>
+// TC: the channels of a tile, chosen by the launcher (cuda/run.rs), whose grid's y covers
+// CC channels in tiles of TC.
+template <typename T, int CC, int TC, bool OUTPUT_SHAPED, int EPI>
 __global__ void __launch_bounds__(256) to_channels_first(ConvArgs a, EpiArgs) {
     static_assert(sizeof(T) == 2 || sizeof(T) == 4, "16- or 32-bit elements");
     using Bits = typename ElementBits<sizeof(T)>::type;
     constexpr int V = 16 / (int)sizeof(T);
     constexpr int TS = 64;
-    constexpr int TC = CC % 64 == 0 ? 64 : CC % 32 == 0 ? 32 : CC % 16 == 0 ? 16 : CC % 8 == 0 ? 8 : 64;
     constexpr int CH = TC / V > 0 ? TC / V : 1;  // vectors a tile row
     __shared__ __align__(16) Bits tile[TS * TC];
     const long long S = OUTPUT_SHAPED ? (long long)a.od * a.oh * a.ow : (long long)a.id * a.ih * a.iw;

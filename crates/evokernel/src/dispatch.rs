@@ -27,7 +27,9 @@ pub struct Choice {
 /// 16-row tiles are filled, lose badly on 1-D rows (15 of 16 tile rows are padding:
 /// causal-conv1d 1.09-2.6 ms vs smem_tile 0.12 ms); streaming, with warps sized to the
 /// slice, beats tensor_core even with one output depth (convnext: 0.093 vs 0.102 ms).
-fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
+/// `on_copies`: `v` is a channels-first grad-weight kernel run on channels-first copies
+/// of channels-last `spec` (`kernel_problem`).
+fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str) {
     let [od, oh, _] = spec.output3();
     let rows_fill_tiles = oh >= 8;
     let unit_steps = spec.stride3() == [1, 1, 1] && spec.dilation3() == [1, 1, 1];
@@ -60,8 +62,19 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
     // outputs a thread (run 251: convnext-t-nhwc 0.061 ms vs wgrad_tile_cl 0.087).
     let wide_rows_2d = od == 1 && !one_d && spec.kernel3()[2] >= 5;
     // 3-D kernel rows of 5 and more taps on channels-last data: wgrad_mma on
-    // channels-first copies ahead (`rank_on_copies`).
+    // channels-first copies ahead (below).
     let wide_rows_3d = od > 1 && spec.kernel3()[2] >= 5 && spec.layout() == Layout::ChannelsLast;
+    // The copies cost a read and a write of both tensors, which tensor cores pay back
+    // where the FMA kernels have many taps a row and depths to sum (runs 258-260).
+    if on_copies {
+        return match v.name() {
+            "wgrad_mma" if wide_rows_3d => (
+                0,
+                "grad-weight on tensor cores (3-D, kernel rows of >= 5 taps)",
+            ),
+            _ => (4, "grad-weight behind the channels-last kernels"),
+        };
+    }
     // depth_reuse's default walks planes (one kernel depth, no depth padding, output rows
     // of 16-byte multiples for its stores); f32 has no tensor-core path.
     let plane_walk =
@@ -265,21 +278,6 @@ fn rank(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
     }
 }
 
-/// Expected order of a channels-first grad-weight variant run on channels-last `spec`
-/// through channels-first copies (`kernel_problem`), against `rank`'s channels-last
-/// kernels: the copies cost a read and a write of both tensors, which tensor cores pay
-/// back where the FMA kernels have many taps a row and depths to sum.
-fn rank_on_copies(v: &dyn Variant, spec: &ConvSpec) -> (u32, &'static str) {
-    let many_taps_3d = spec.output3()[0] > 1 && spec.kernel3()[2] >= 5;
-    match v.name() {
-        "wgrad_mma" if many_taps_3d => (
-            0,
-            "grad-weight on tensor cores (3-D, kernel rows of >= 5 taps)",
-        ),
-        _ => (4, "grad-weight behind the channels-last kernels"),
-    }
-}
-
 /// Where a variant's config comes from.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Source {
@@ -431,12 +429,10 @@ pub fn choose(
             format!("tuned: {ms:.3} ms, fastest in the tune cache for this device"),
         ));
     }
+    // On copies, ranked by the problem's own (channels-last) spec.
     let ranked = |v: &dyn Variant, k: &ConvSpec| {
-        if k.layout() != spec.layout() {
-            rank_on_copies(v, spec)
-        } else {
-            rank(v, k)
-        }
+        let on_copies = k.layout() != spec.layout();
+        rank(v, if on_copies { spec } else { k }, on_copies)
     };
     let (v, c, _, k) = picks
         .iter()

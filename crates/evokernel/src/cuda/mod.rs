@@ -454,8 +454,8 @@ pub struct CudaDevice {
     stream: Arc<CudaStream>,
     info: GpuInfo,
     jit: Jit,
-    /// The L2 sweep `time` launches before each timed launch, once asked for
-    /// (`sweep_l2_before_timing`): the kernel and its buffer of twice the L2.
+    /// The L2 sweep `time` launches before each timed launch while it is on
+    /// (`set_l2_sweep`): the kernel and its buffer of twice the L2.
     l2_sweep: std::sync::Mutex<Option<(LoadedKernel, CudaSlice<u8>)>>,
 }
 
@@ -744,12 +744,15 @@ impl CudaDevice {
 }
 
 impl CudaDevice {
-    /// From now on `time` first reads a buffer of twice the L2 on the stream, outside
-    /// the timing, so every timed launch starts with an L2 holding only clean lines
-    /// (kernels/l2_sweep.cu says why).
-    pub fn sweep_l2_before_timing(&self) -> Result<()> {
+    /// With `on`, `time` first reads a buffer of twice the L2 on the stream, outside the
+    /// timing, so every timed launch starts with an L2 holding only clean lines
+    /// (kernels/l2_sweep.cu says why); without, it does not (and the buffer is freed).
+    /// The timing protocol's `sweep_l2` says which, per bench or tune.
+    pub fn set_l2_sweep(&self, on: bool) -> Result<()> {
         let mut sweep = self.l2_sweep.lock().unwrap_or_else(|e| e.into_inner());
-        if sweep.is_none() {
+        if !on {
+            *sweep = None;
+        } else if sweep.is_none() {
             let bytes = (2 * self.info.l2_bytes.max(1 << 20) as usize).next_multiple_of(16);
             let launch =
                 crate::variants::grid_stride_launch(bytes as u64 / 16, 256, 4, self.info.sms);

@@ -98,7 +98,8 @@ pub fn to_channels_first_specialization(
     output_shaped: bool,
     sms: u32,
 ) -> (&'static str, &'static str, String, crate::variants::Launch) {
-    // The kernel's channel tile: the largest of 64, 32, 16, 8 dividing the chunk.
+    // The kernel's channel tile: the largest of 64, 32, 16, 8 dividing the chunk (64 with
+    // a ragged last tile otherwise).
     let tc = [64, 32, 16, 8]
         .into_iter()
         .find(|t| chunk.is_multiple_of(*t))
@@ -123,7 +124,7 @@ pub fn to_channels_first_specialization(
         "to_channels_first",
         include_str!("../../kernels/to_channels_first.cu"),
         format!(
-            "to_channels_first<{}, {chunk}, {output_shaped}>",
+            "to_channels_first<{}, {chunk}, {tc}, {output_shaped}>",
             crate::variants::cuda_type(spec.dtype())
         ),
         launch,

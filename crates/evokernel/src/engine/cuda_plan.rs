@@ -104,11 +104,12 @@ fn not_applicable(v: &dyn Variant, spec: impl std::fmt::Display, reason: String)
 
 impl CudaPlan {
     /// The variant, the spec its main kernel computes and that kernel's epilogue.
-    /// `copy_bytes`: the most bytes of channels-first copies the plan may hold.
+    /// `copy_bytes`: the most bytes of channels-first copies the plan may hold, asked
+    /// only where the kernel runs on copies.
     fn resolve(
         problem: &ConvProblem,
         config: &Config,
-        copy_bytes: usize,
+        copy_bytes: &dyn Fn() -> usize,
     ) -> Result<(&'static dyn Variant, ConvSpec, Epilogue)> {
         let variant = find(&config.variant)?;
         let spec = &problem.spec;
@@ -132,7 +133,7 @@ impl CudaPlan {
             (Pass::Wgrad, Pass::Wgrad) => (
                 match crate::dispatch::kernel_problem(variant, problem) {
                     Some(k) if k.spec.layout() != spec.layout() => {
-                        k.spec.with_channels(copy_chunk(spec, copy_bytes))
+                        k.spec.with_channels(copy_chunk(spec, copy_bytes()))
                     }
                     _ => spec.clone(),
                 },
@@ -159,7 +160,7 @@ impl CudaPlan {
         problem: &ConvProblem,
         config: &Config,
         sms: u32,
-        copy_bytes: usize,
+        copy_bytes: &dyn Fn() -> usize,
     ) -> Result<Vec<(&'static str, &'static str, String, Launch)>> {
         let (variant, kernel_spec, epilogue) = Self::resolve(problem, config, copy_bytes)?;
         let spec = &problem.spec;
@@ -221,10 +222,14 @@ impl CudaPlan {
         dev: &Arc<CudaDevice>,
         problem: &ConvProblem,
         config: &Config,
-        copy_bytes: usize,
+        copy_bytes: &dyn Fn() -> usize,
     ) -> Result<Self> {
         let sms = dev.info().sms;
         let spec = &problem.spec;
+        // Asked at most once: it may read the free memory, which moves between asks, and
+        // `resolve` and `kernels` must agree on the chunk.
+        let asked = std::cell::OnceCell::new();
+        let copy_bytes = &|| *asked.get_or_init(copy_bytes);
         let (variant, kernel_spec, _) = Self::resolve(problem, config, copy_bytes)?;
         let mut kernels = Self::kernels(problem, config, sms, copy_bytes)?.into_iter();
         let mut next = || -> Result<LoadedKernel> {

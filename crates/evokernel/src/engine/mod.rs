@@ -352,7 +352,7 @@ impl Engine {
         let sms = dev.info().sms;
         let mut work: Vec<(&'static str, &'static str, String)> = items
             .iter()
-            .filter_map(|(p, c)| CudaPlan::kernels(p, c, sms, self.copy_bytes(p)).ok())
+            .filter_map(|(p, c)| CudaPlan::kernels(p, c, sms, &|| self.copy_bytes(p)).ok())
             .flatten()
             .map(|(n, s, e, _)| (n, s, e))
             .collect();
@@ -377,18 +377,15 @@ impl Engine {
         )
     }
 
-    /// The most bytes of channels-first copies a plan of `problem` may hold (channels-last
-    /// grad-weight on a channels-first kernel): `cuda_plan::COPY_BYTES`, or half of what
-    /// the memory budget leaves past the problem's tensors, or half the free device
-    /// memory, where that is less. Copies are made a chunk of channels at a time.
+    /// The most bytes of channels-first copies a plan of `problem` may hold (asked only
+    /// for channels-last grad-weight on a channels-first kernel): `cuda_plan::COPY_BYTES`,
+    /// or half of what the memory budget leaves past the problem's tensors, or half the
+    /// free device memory, where that is less. Copies are made a chunk of channels at a
+    /// time.
     fn copy_bytes(&self, problem: &ConvProblem) -> usize {
         let EngineBackend::Cuda(dev) = &self.backend else {
             return cuda_plan::COPY_BYTES;
         };
-        if problem.pass != Pass::Wgrad || problem.spec.layout() != crate::spec::Layout::ChannelsLast
-        {
-            return cuda_plan::COPY_BYTES;
-        }
         let room = match self.memory_budget {
             Some(b) => Some(b.saturating_sub(crate::memory::tensor_bytes(problem))),
             None => dev.free_memory().ok(),
@@ -408,12 +405,9 @@ impl Engine {
             EngineBackend::Cpu(isa) => PlanImpl::Cpu(*isa),
             EngineBackend::Cuda(dev) => {
                 let config: Config = choice.config.parse()?;
-                PlanImpl::Cuda(Box::new(CudaPlan::load(
-                    dev,
-                    problem,
-                    &config,
-                    self.copy_bytes(problem),
-                )?))
+                PlanImpl::Cuda(Box::new(CudaPlan::load(dev, problem, &config, &|| {
+                    self.copy_bytes(problem)
+                })?))
             }
         };
         Ok(Plan {

@@ -235,9 +235,7 @@ impl Session {
                 )?]
             }
             Some(dev) => {
-                if opts.protocol.sweep_l2 {
-                    dev.sweep_l2_before_timing()?;
-                }
+                dev.set_l2_sweep(opts.protocol.sweep_l2)?;
                 progress("uploading inputs");
                 let dp = DeviceProblem::upload(dev, &problem)?;
                 match engine.choose(&conv) {

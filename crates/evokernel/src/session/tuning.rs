@@ -53,9 +53,7 @@ impl Session {
             });
         };
         let dev: &CudaDevice = dev;
-        if opts.protocol.sweep_l2 {
-            dev.sweep_l2_before_timing()?;
-        }
+        dev.set_l2_sweep(opts.protocol.sweep_l2)?;
         let conv = ConvProblem::new(spec.clone())
             .with_epilogue(opts.pass.epilogue(opts.epilogue))
             .with_pass(opts.pass);
