@@ -513,7 +513,9 @@ mod tests {
         for bad in [
             "tile:workgroup=48,out_w=1,rows=2",
             "tile:workgroup=64,out_w=1",
-            "depth_rotate:workgroup=64,out_w=3,rows=2",
+            "depth_rotate:workgroup=64,out_w=7,rows=2",
+            "depth_rotate:workgroup=224,out_w=4,rows=2",
+            "depth_rotate:workgroup=64,out_w=4,rows=7",
             "depth_rotate_cl:workgroup=64,out_w=16",
         ] {
             let tile = bad.parse::<TileConfig>().is_err();

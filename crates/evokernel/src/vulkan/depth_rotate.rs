@@ -5,8 +5,10 @@
 //! registers, so the input is read once where the tiled shader reads it KD times. Its
 //! config ([`RotateConfig`]: invocations, outputs an invocation along W, band rows) goes
 //! to the shader as specialization constants; the runs an invocation owns follow from it
-//! (at most 4, so that their sums stay in registers), and the space is pruned by the
-//! device's shared memory and invocations. f32, and f16 where the device has 16-bit
+//! (at most 4, so that their sums stay in registers), and so does each invocation's part
+//! of a slice's fill (loaded into registers while the slice before is multiplied, from a
+//! second shared band), and the space is pruned by the device's shared memory and
+//! invocations. f32, and f16 where the device has 16-bit
 //! storage.
 
 use super::device::VulkanDevice;
@@ -29,10 +31,23 @@ pub struct RotateConfig {
     pub rows: u32,
 }
 
-// The tiled shader's family (a band of rows, runs of outputs, workgroup sizes).
-use super::tile::{OUT_WS, ROWS, WORKGROUPS};
+// The rotation's family: the band shaders' powers of two and the sizes between, so that
+// a band's runs (rows x runs a row) can be split evenly over a workgroup's invocations
+// (the seed's 80-wide rows in runs of 4 over 8 rows: 160 runs for 128 invocations, the
+// second item of each on a quarter of them; in runs of 5, 128 exactly).
+const WORKGROUPS: [u32; 7] = [32, 64, 96, 128, 160, 192, 256];
+const OUT_WS: [u32; 7] = [1, 2, 3, 4, 5, 6, 8];
+const ROWS: [u32; 12] = [1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 32];
+const FAMILY_HINT: &str =
+    "workgroup 32-256 in steps of 32 (not 224), out_w 1-6 or 8, rows 1-6, 8, 9, 12, 16, 24 or 32";
+
+fn in_family(workgroup: u32, out_w: u32, rows: u32) -> bool {
+    WORKGROUPS.contains(&workgroup) && OUT_WS.contains(&out_w) && ROWS.contains(&rows)
+}
 /// Runs of outputs an invocation may own (their KD x OUT_W sums each in registers).
 const MAX_ITEMS: usize = 4;
+/// Band elements an invocation may load ahead (each a register and its offset another).
+const MAX_FILL: usize = 24;
 
 impl RotateConfig {
     pub const NAME: &'static str = "depth_rotate";
@@ -56,10 +71,18 @@ impl RotateConfig {
         tile_shape(spec, &self.as_tile())
     }
 
-    /// Shared memory a workgroup needs (one f32 slice band).
+    /// Shared memory a workgroup needs (two f32 slice bands: the one multiplied and the
+    /// next).
     pub fn shared_bytes(&self, spec: &ConvSpec) -> usize {
         let (hs, ws) = self.band(spec);
-        4 * hs * ws
+        2 * 4 * hs * ws
+    }
+
+    /// Elements of a slice band each invocation loads (the shader's FILL_K: each held in
+    /// a register, with its source offset, while the slice before is multiplied).
+    pub fn fill_per_invocation(&self, spec: &ConvSpec) -> usize {
+        let (hs, ws) = self.band(spec);
+        (hs * ws).div_ceil(self.workgroup as usize)
     }
 
     /// Runs of OUT_W outputs each invocation owns: the band's runs over the invocations.
@@ -67,6 +90,18 @@ impl RotateConfig {
         let ow = spec.output3()[2];
         let runs = self.rows as usize * ow.div_ceil(self.out_w as usize);
         runs.div_ceil(self.workgroup as usize)
+    }
+
+    /// The share of the invocations' output slots (runs x OUT_W, over every band) that
+    /// hold an output: what an uneven split of the runs, a short last band or a short
+    /// last run of a row leaves idle.
+    pub fn run_use(&self, spec: &ConvSpec) -> f64 {
+        let [_, oh, ow] = spec.output3();
+        let slots = oh.div_ceil(self.rows as usize)
+            * self.items(spec)
+            * self.workgroup as usize
+            * self.out_w as usize;
+        (oh * ow) as f64 / slots as f64
     }
 
     /// Why the rotation does not apply to `spec`, if it does not.
@@ -108,6 +143,12 @@ impl RotateConfig {
                 spec.output3()[1]
             ));
         }
+        let fill = self.fill_per_invocation(spec);
+        if fill > MAX_FILL {
+            return Err(format!(
+                "{fill} band elements an invocation loads ahead (at most {MAX_FILL} in registers)"
+            ));
+        }
         let items = self.items(spec);
         if items > MAX_ITEMS || items * spec.kernel3()[0] * self.out_w as usize > 64 {
             return Err(format!(
@@ -140,8 +181,14 @@ impl RotateConfig {
         v
     }
 
-    /// The default: 128 invocations (or the device's most), 4 outputs an invocation on
-    /// rows of 16 or more, the tallest band whose runs take at most two an invocation.
+    /// The default: 64-256 invocations (at most the device's), runs of 2-6 outputs on
+    /// rows of 16 or more (1 on shorter ones), at most two runs an invocation; of those,
+    /// one run an invocation where that uses >= 90% of the output slots
+    /// ([`Self::run_use`]), then the fewest idle slots, then the tallest band (fewer
+    /// halo rows read twice), then the one nearest 128 invocations. (The H100's tuned
+    /// picks, run 267, all hold one run an invocation: seed 128 x 5 x 8 rows, x3d
+    /// 160 x 3 x 8, video-vae 256 x 2 x 4, convnext 160 x 6 x 16; a default of two runs an
+    /// invocation of 256 ran the video-vae case 2x slower than its tuned pick.)
     pub fn default_for(info: &VulkanDeviceInfo, spec: &ConvSpec) -> Result<RotateConfig> {
         let refused = |reason: String| Error::NotApplicable {
             variant: Self::NAME.into(),
@@ -150,18 +197,30 @@ impl RotateConfig {
         };
         Self::applies(spec).map_err(refused)?;
         let space = Self::space(info, spec);
-        let wg = WORKGROUPS
-            .iter()
-            .copied()
-            .filter(|&w| w <= 128 && w <= info.max_workgroup_invocations)
-            .max()
-            .unwrap_or(32);
-        let out_w = if spec.output3()[2] >= 16 { 4 } else { 1 };
+        let wide = spec.output3()[2] >= 16;
+        let key = |c: &RotateConfig| {
+            let used = c.run_use(spec);
+            (
+                used >= 0.9 && c.items(spec) == 1,
+                (used * 1000.0).round() as i64,
+                c.rows,
+                -(c.workgroup as i64 - 128).abs(),
+                c.out_w,
+            )
+        };
         space
             .iter()
             .copied()
-            .filter(|c| c.workgroup == wg && c.out_w == out_w && c.items(spec) <= 2)
-            .max_by_key(|c| c.rows)
+            .filter(|c| {
+                (64..=256).contains(&c.workgroup)
+                    && c.items(spec) <= 2
+                    && if wide {
+                        (2..=6).contains(&c.out_w)
+                    } else {
+                        c.out_w == 1
+                    }
+            })
+            .max_by_key(key)
             .or_else(|| space.first().copied())
             .ok_or_else(|| {
                 refused(format!(
@@ -176,9 +235,9 @@ impl RotateConfig {
 config_text!(
     RotateConfig,
     "a depth_rotate config",
-    super::tile::BAND_HINT,
+    FAMILY_HINT,
     |[workgroup, out_w, rows]: [u32; 3]| {
-        super::tile::in_band_family(workgroup, out_w, rows).then_some(RotateConfig {
+        in_family(workgroup, out_w, rows).then_some(RotateConfig {
             workgroup,
             out_w,
             rows,
@@ -252,6 +311,7 @@ pub fn prepare_depth_rotate<'d>(
         hs,
         ws,
         config.items(spec),
+        config.fill_per_invocation(spec),
     ]);
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
     VulkanRun::new(
@@ -274,6 +334,31 @@ mod tests {
     use crate::spec::ConvParams;
 
     #[test]
+    fn defaults_use_most_run_slots_on_the_public_suite() {
+        let mut info = crate::vulkan::device::lavapipe_like();
+        info.max_shared_bytes = 48 * 1024;
+        info.max_workgroup_invocations = 1024;
+        for case in crate::suite::public_suite().unwrap() {
+            let spec = case.spec;
+            if RotateConfig::applies(&spec).is_err() {
+                continue;
+            }
+            let d = RotateConfig::default_for(&info, &spec).unwrap();
+            let best = RotateConfig::space(&info, &spec)
+                .iter()
+                .map(|c| c.run_use(&spec))
+                .fold(0.0, f64::max);
+            eprintln!(
+                "{}: {d} uses {:.3} (best {best:.3})",
+                case.name,
+                d.run_use(&spec)
+            );
+            assert!(d.fits(&info, &spec).is_ok());
+            assert!(d.run_use(&spec) >= 0.8 * best, "{}: {d}", case.name);
+        }
+    }
+
+    #[test]
     fn the_space_covers_every_output_and_is_pruned() {
         let info = crate::vulkan::device::lavapipe_like();
         let seed = ConvParams::seed().validate().unwrap();
@@ -281,6 +366,7 @@ mod tests {
         assert!(!space.is_empty());
         for c in &space {
             assert!(c.shared_bytes(&seed) <= 32 * 1024);
+            assert!(c.fill_per_invocation(&seed) <= MAX_FILL);
             // Every run of the band has an owner.
             assert!(
                 c.items(&seed) * c.workgroup as usize * c.out_w as usize >= c.rows as usize * 80
@@ -288,6 +374,13 @@ mod tests {
         }
         let d = RotateConfig::default_for(&info, &seed).unwrap();
         assert!(d.fits(&info, &seed).is_ok() && d.items(&seed) <= 2, "{d}");
+        // The seed's default splits its band's runs evenly (runs of 4 over 8 rows left a
+        // quarter of the invocations a second run: 62.5% of the run slots used).
+        let mut h100 = info.clone();
+        h100.max_shared_bytes = 48 * 1024;
+        h100.max_workgroup_invocations = 1024;
+        let d = RotateConfig::default_for(&h100, &seed).unwrap();
+        assert!(d.run_use(&seed) >= 0.9, "{d}: {:.3}", d.run_use(&seed));
         let mut strided = ConvParams::seed();
         strided.stride = vec![2, 1, 1];
         let strided = strided.validate().unwrap();
