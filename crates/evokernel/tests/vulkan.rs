@@ -349,6 +349,80 @@ fn rotate_shader_passes_over_its_config_space() {
     );
 }
 
+/// The rotation walking planes (channels-first, one kernel depth, no depth padding: a
+/// workgroup takes 2-8 consecutive N x C x D planes in turn, the channel's weights
+/// changing inside a walk): 1-D, 2-D and a 1xKxK 3-D spec (a walk crossing depths and
+/// channels), strides and dilations along H and W, ragged last walks, every dtype the
+/// device stores, NaN/Inf in some.
+#[test]
+fn rotate_shader_walks_planes() {
+    let dev = device();
+    let specs = [
+        // 16,384 planes of one 19-wide row: walks of 8.
+        ConvParams {
+            n: 8,
+            c: 2048,
+            input: vec![19],
+            kernel: vec![4],
+            stride: vec![1],
+            dilation: vec![1],
+            padding: vec![[3, 0]],
+            layout: Layout::ChannelsFirst,
+            dtype: DType::F32,
+        },
+        // 2-D, 3 x 1,367 planes (ragged last walk), strided and dilated.
+        ConvParams {
+            n: 3,
+            c: 1367,
+            input: vec![7, 9],
+            kernel: vec![3, 3],
+            stride: vec![2, 1],
+            dilation: vec![1, 2],
+            padding: vec![[1, 2], [2, 1]],
+            layout: Layout::ChannelsFirst,
+            dtype: DType::F32,
+        },
+        // 3-D, 1 x 3 x 3: 2 x 701 channels x 3 depths.
+        ConvParams {
+            n: 2,
+            c: 701,
+            input: vec![3, 5, 6],
+            kernel: vec![1, 3, 3],
+            stride: vec![1, 1, 1],
+            dilation: vec![1, 1, 1],
+            padding: vec![[0, 0], [1, 1], [1, 1]],
+            layout: Layout::ChannelsFirst,
+            dtype: DType::F32,
+        },
+    ];
+    let mut walked = 0;
+    for (i, p) in specs.into_iter().enumerate() {
+        let spec = p.validate().unwrap();
+        let space = RotateConfig::space(dev.info(), &spec);
+        let default = RotateConfig::default_for(dev.info(), &spec).unwrap();
+        assert!(default.walk(&spec) > 0, "{spec}: {default} does not walk");
+        for (j, c) in space.iter().enumerate().filter(|(j, _)| j % 9 == 0) {
+            walked += usize::from(c.walk(&spec) > 0);
+            let name = format!("walk spec {i} config {j} {c} (walk {})", c.walk(&spec));
+            check_with(
+                &dev,
+                Shader::Rotate(Some(*c)),
+                &name,
+                &spec,
+                70 + i as u64,
+                j % 2 == 0,
+            );
+        }
+        if dev.info().storage_f16 {
+            for dtype in [DType::F16, DType::Bf16] {
+                let half = spec.with_dtype(dtype);
+                check_with(&dev, Shader::Rotate(None), "walk half", &half, 75, true);
+            }
+        }
+    }
+    assert!(walked >= 6, "{walked} walking configs checked");
+}
+
 /// f16 and bf16 through the depthwise shaders (tiled, rotating, channels-last rotating)
 /// where the device has 16-bit storage (lavapipe does; bf16 is stored as its 16 bits and
 /// converted in the shader): the public suite's cases shrunk, both layouts, NaN/Inf in

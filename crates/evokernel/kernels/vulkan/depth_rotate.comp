@@ -30,6 +30,12 @@ layout(constant_id = 8) const int HS = 1;    // (ROWS-1)*sh + (KH-1)*dh + 1
 layout(constant_id = 9) const int WS = 1;    // every column the band reads
 layout(constant_id = 10) const int ITEMS = 1;
 layout(constant_id = 11) const int FILL_K = 1;  // ceil(HS * WS / invocations)
+// WALK > 0 (channels-first, KD = 1, no depth padding): the N x C x D input planes are one
+// sequence of slices, each its own output plane, and a workgroup walks WALK consecutive
+// ones (their channels' weights loaded as the channel changes), so that each plane's
+// loads go out under the previous plane's FMAs (a 1-D or 2-D layer has one slice a plane:
+// without the walk a workgroup loaded, waited and multiplied once).
+layout(constant_id = 12) const int WALK = 0;
 const int WIN = (OUT_W - 1) * SW + (KW - 1) * DW + 1;  // inputs a run's kernel row spans
 
 layout(std430, set = 0, binding = 0) readonly buffer Input { ELEM x[]; };
@@ -41,7 +47,7 @@ layout(push_constant) uniform Push {
     int n, c, id, ih, iw, od, oh, ow;
     int sh, dh, pd, ph, pw;
     int channels_last;
-    uint groups;  // bands x planes: the workgroups that have work
+    uint groups;  // bands x planes (WALK: x walks): the workgroups that have work
 } p;
 
 shared float band[2 * HS * WS];
@@ -52,7 +58,11 @@ void main() {
     const int bands = (p.oh + ROWS - 1) / ROWS;
     const int bnd = int(g % uint(bands));
     const uint plane = g / uint(bands);
-    const int ch = int(plane % uint(p.c));
+    // WALK: this workgroup's slices q in [q0, q1) of the N x C x D planes.
+    const int planes = p.n * p.c * p.id;
+    const int q0 = WALK > 0 ? int(plane) * WALK : 0;
+    const int q1 = WALK > 0 ? min(q0 + WALK, planes) : 0;
+    int ch = WALK > 0 ? (q0 / p.id) % p.c : int(plane % uint(p.c));
     const int b = int(plane / uint(p.c));
     const int h0 = bnd * ROWS;
     const int lid = int(gl_LocalInvocationID.x), wg = int(gl_WorkGroupSize.x);
@@ -64,7 +74,9 @@ void main() {
     const bool cl = p.channels_last != 0;
     const uint ew = cl ? uint(p.c) : 1u;
     const uint dstride = uint(p.ih) * uint(p.iw) * ew;
-    const uint base = cl ? uint(b) * uint(p.id) * dstride + uint(ch)
+    // (WALK: slice q's plane is at q * dstride: base 0.)
+    const uint base = WALK > 0 ? 0u
+                    : cl ? uint(b) * uint(p.id) * dstride + uint(ch)
                          : (uint(b) * uint(p.c) + uint(ch)) * uint(p.id) * dstride;
     // This invocation's fill elements: their offset in a depth plane, or -1 (padding or
     // past the band).
@@ -87,7 +99,9 @@ void main() {
     // Input slice zi feeds output depths zi + pd - a (a = 0..KD-1); after it, output
     // depth zi + pd - (KD - 1) is complete. Slices past the input are zero: skipped, but
     // their outputs still complete.
-    const int z0 = -p.pd, z1 = p.od + KD - 1 - p.pd;  // slices zi in [z0, z1)
+    // (WALK: slices q0.. q1, all live, each completing its own output plane.)
+    const int z0 = WALK > 0 ? q0 : -p.pd, z1 = WALK > 0 ? q1 : p.od + KD - 1 - p.pd;
+    const int zlive = WALK > 0 ? q1 : p.id;  // live slices are [max(z0, 0), zlive)
     float pre[FILL_K];
     // Slice z's fill into pre (zeros where there is no input).
     #define FETCH(z)                                                                     \
@@ -100,17 +114,22 @@ void main() {
         }
     // The first live slice goes in before the walk.
     int cur = 0;
-    if (max(z0, 0) < min(z1, p.id)) {
+    if (max(z0, 0) < min(z1, zlive)) {
         FETCH(max(z0, 0));
         PUT(0);
     }
     barrier();
     for (int zi = z0; zi < z1; ++zi) {
-        const bool live = zi >= 0 && zi < p.id;
+        const bool live = zi >= 0 && zi < zlive;
         // The next live slice's loads go out before this one's multiply-adds.
-        const bool next = zi + 1 >= 0 && zi + 1 < min(z1, p.id);
+        const bool next = zi + 1 >= 0 && zi + 1 < min(z1, zlive);
         if (live && next) { FETCH(zi + 1); }
-        const int base_od = zi + p.pd - (KD - 1);  // acc[.][0] is this output depth
+        if (WALK > 0 && zi > q0 && zi % p.id == 0) {
+            // A new channel's weights (L1 serves the workgroup's identical loads).
+            ch = (zi / p.id) % p.c;
+            for (int t = 0; t < KD * KH * KW; ++t) wt[t] = LOAD(w[ch * KD * KH * KW + t]);
+        }
+        const int base_od = WALK > 0 ? 0 : zi + p.pd - (KD - 1);  // acc[.][0]'s depth
         for (int it = 0; it < ITEMS; ++it) {
             const int t = lid + it * wg;
             if (t >= items) continue;
@@ -134,7 +153,9 @@ void main() {
                 for (int o = 0; o < OUT_W; ++o) {
                     const int v = ow0 + o;
                     if (v >= p.ow) break;
-                    const uint at = cl
+                    const uint at = WALK > 0
+                        ? (uint(zi) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(v)
+                        : cl
                         ? (((uint(b) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(v)) * uint(p.c) + uint(ch)
                         : (((uint(b) * uint(p.c) + uint(ch)) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(v);
                     y[at] = STORE(acc[(it * KD) * OUT_W + o]);

@@ -46,6 +46,9 @@ fn in_family(workgroup: u32, out_w: u32, rows: u32) -> bool {
 }
 /// Runs of outputs an invocation may own (their KD x OUT_W sums each in registers).
 const MAX_ITEMS: usize = 4;
+/// Workgroups a plane walk must leave (a few an SM on the largest GPUs; Vulkan does not
+/// report SM counts).
+pub const WALK_MIN_GROUPS: usize = 2048;
 /// Band elements an invocation may load ahead (each a register and its offset another).
 const MAX_FILL: usize = 24;
 
@@ -90,6 +93,25 @@ impl RotateConfig {
         let ow = spec.output3()[2];
         let runs = self.rows as usize * ow.div_ceil(self.out_w as usize);
         runs.div_ceil(self.workgroup as usize)
+    }
+
+    /// Slices a workgroup walks across planes (the shader's WALK; 0: it walks one plane's
+    /// depth). On channels-first data with one kernel depth and no depth padding the
+    /// N x C x D planes are independent slices, so a workgroup can take several in turn,
+    /// loading the next under the current one's FMAs: 8 (or 4, 2) where that still leaves
+    /// at least [`WALK_MIN_GROUPS`] workgroups.
+    pub fn walk(&self, spec: &ConvSpec) -> usize {
+        let [kd, _, _] = spec.kernel3();
+        let pd = spec.pad_before3()[0] + spec.pad_after3()[0];
+        if spec.layout() != Layout::ChannelsFirst || kd != 1 || pd != 0 {
+            return 0;
+        }
+        let planes = spec.n() * spec.c() * spec.input3()[0];
+        let bands = spec.output3()[1].div_ceil(self.rows as usize);
+        [8, 4, 2]
+            .into_iter()
+            .find(|&w| bands * planes.div_ceil(w) >= WALK_MIN_GROUPS)
+            .unwrap_or(0)
     }
 
     /// The share of the invocations' output slots (runs x OUT_W, over every band) that
@@ -274,7 +296,12 @@ pub fn prepare_depth_rotate<'d>(
     let [id, ih, iw] = spec.input3();
     let [od, oh, ow] = spec.output3();
     let bands = oh.div_ceil(config.rows as usize);
-    let groups = bands * spec.n() * spec.c();
+    let walk = config.walk(spec);
+    let groups = if walk > 0 {
+        bands * (spec.n() * spec.c() * id).div_ceil(walk)
+    } else {
+        bands * spec.n() * spec.c()
+    };
     let grid = super::grid_for(info, groups)?;
     let (st, dl, pb) = (spec.stride3(), spec.dilation3(), spec.pad_before3());
     let ints = [
@@ -312,6 +339,7 @@ pub fn prepare_depth_rotate<'d>(
         ws,
         config.items(spec),
         config.fill_per_invocation(spec),
+        walk,
     ]);
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
     VulkanRun::new(
@@ -354,6 +382,9 @@ mod tests {
                 d.run_use(&spec)
             );
             assert!(d.fits(&info, &spec).is_ok());
+            // The plane walk: channels-first rows of one kernel depth, no depth padding.
+            let walks = matches!(case.name.as_str(), "causal-conv1d" | "convnext-7x7");
+            assert_eq!(d.walk(&spec) > 0, walks, "{}: {d}", case.name);
             assert!(d.run_use(&spec) >= 0.8 * best, "{}: {d}", case.name);
         }
     }
