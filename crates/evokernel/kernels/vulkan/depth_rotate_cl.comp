@@ -8,6 +8,10 @@
 // output depths they feed (acc[j] is output depth base + j; after a slice the oldest is
 // complete, is stored, and the others shift down). The channel's weights stay in
 // registers. Buffers of ELEM (f32, f16 or bf16: the host's prelude), f32 arithmetic.
+// OUT_H > 1: an invocation owns runs of OUT_H consecutive output rows, and each input
+// row segment it reads feeds every one of them that reaches it: (OUT_H - 1) * SH +
+// (KH - 1) * DH + 1 segments a slice instead of OUT_H * KH (the loads, one element
+// each, bound the shader on many-tap rows: 70 loads for 196 FMAs a run of a 7x7).
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const int KD = 1;
 layout(constant_id = 2) const int KH = 1;
@@ -15,7 +19,11 @@ layout(constant_id = 3) const int KW = 1;
 layout(constant_id = 4) const int OUT_W = 1;
 layout(constant_id = 5) const int SW = 1;
 layout(constant_id = 6) const int DW = 1;
+layout(constant_id = 7) const int OUT_H = 1;
+layout(constant_id = 8) const int SH = 1;
+layout(constant_id = 9) const int DH = 1;
 const int SEG = (OUT_W - 1) * SW + (KW - 1) * DW + 1;  // inputs a row segment spans
+const int RH = (OUT_H - 1) * SH + (KH - 1) * DH + 1;   // input rows a slice's run reads
 
 layout(std430, set = 0, binding = 0) readonly buffer Input { ELEM x[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Weight { ELEM w[]; };
@@ -28,6 +36,7 @@ layout(push_constant) uniform Push {
     int runs_w;    // runs of OUT_W outputs a row
     int c_blocks;  // workgroups across the channels
     uint groups;   // workgroups that have work
+    int runs_h;    // runs of OUT_H output rows
 } p;
 
 void main() {
@@ -35,22 +44,29 @@ void main() {
     if (g >= p.groups) return;
     const int cb = int(g % uint(p.c_blocks)); g /= uint(p.c_blocks);
     const int run = int(g % uint(p.runs_w)); g /= uint(p.runs_w);
-    const int row = int(g % uint(p.oh));
-    const int b = int(g / uint(p.oh));
+    const int row = int(g % uint(p.runs_h)) * OUT_H;  // the run's first output row
+    const int b = int(g / uint(p.runs_h));
     const int ch = cb * int(gl_WorkGroupSize.x) + int(gl_LocalInvocationID.x);
     if (ch >= p.c) return;  // no barrier below
     const int ow0 = run * OUT_W;
 
     float wt[KD * KH * KW];
     for (int t = 0; t < KD * KH * KW; ++t) wt[t] = LOAD(w[ch * KD * KH * KW + t]);
-    float acc[KD * OUT_W];
-    for (int i = 0; i < KD * OUT_W; ++i) acc[i] = 0.0;
+    // acc[(j * OUT_H + h) * OUT_W + o]: output depth base + j, row row + h, column ow0 + o.
+    float acc[KD * OUT_H * OUT_W];
+    for (int i = 0; i < KD * OUT_H * OUT_W; ++i) acc[i] = 0.0;
 
     for (int zi = -p.pd; zi + p.pd - (KD - 1) < p.od; ++zi) {
         if (zi >= 0 && zi < p.id) {
-            for (int e = 0; e < KH; ++e) {
-                const int yi = row * p.sh - p.ph + e * p.dh;
-                if (yi < 0 || yi >= p.ih) continue;
+            // Input row r of the run feeds output row h with kernel row e where
+            // r = h * SH + e * DH (all compile-time: the loops unroll to fixed registers).
+            for (int r = 0; r < RH; ++r) {
+                // Rows between dilated taps feed no output row of the run: not read.
+                bool feeds = false;
+                for (int h = 0; h < OUT_H; ++h)
+                    feeds = feeds || (r >= h * SH && (r - h * SH) % DH == 0 && (r - h * SH) / DH < KH);
+                const int yi = row * SH - p.ph + r;
+                if (!feeds || yi < 0 || yi >= p.ih) continue;
                 // The row segment, read once: zero where it lands in the padding.
                 float seg[SEG];
                 for (int s = 0; s < SEG; ++s) {
@@ -59,24 +75,33 @@ void main() {
                         ? LOAD(x[(((uint(b) * uint(p.id) + uint(zi)) * uint(p.ih) + uint(yi)) * uint(p.iw) + uint(xi)) * uint(p.c) + uint(ch)])
                         : 0.0;
                 }
-                // Output depth base + j reads this slice with tap a = KD - 1 - j.
-                for (int j = 0; j < KD; ++j)
-                    for (int f = 0; f < KW; ++f) {
-                        const float wv = wt[((KD - 1 - j) * KH + e) * KW + f];
-                        for (int o = 0; o < OUT_W; ++o)
-                            acc[j * OUT_W + o] = fma(seg[o * SW + f * DW], wv, acc[j * OUT_W + o]);
-                    }
+                for (int h = 0; h < OUT_H; ++h) {
+                    const int de = r - h * SH;
+                    if (de < 0 || de % DH != 0 || de / DH >= KH) continue;
+                    const int e = de / DH;
+                    // Output depth base + j reads this slice with tap a = KD - 1 - j.
+                    for (int j = 0; j < KD; ++j)
+                        for (int f = 0; f < KW; ++f) {
+                            const float wv = wt[((KD - 1 - j) * KH + e) * KW + f];
+                            for (int o = 0; o < OUT_W; ++o)
+                                acc[(j * OUT_H + h) * OUT_W + o] = fma(seg[o * SW + f * DW], wv, acc[(j * OUT_H + h) * OUT_W + o]);
+                        }
+                }
             }
         }
         const int base_od = zi + p.pd - (KD - 1);
         if (base_od >= 0)
-            for (int o = 0; o < OUT_W; ++o) {
-                const int v = ow0 + o;
-                if (v >= p.ow) break;
-                y[(((uint(b) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(row)) * uint(p.ow) + uint(v)) * uint(p.c) + uint(ch)] = STORE(acc[o]);
+            for (int h = 0; h < OUT_H; ++h) {
+                if (row + h >= p.oh) break;
+                for (int o = 0; o < OUT_W; ++o) {
+                    const int v = ow0 + o;
+                    if (v >= p.ow) break;
+                    y[(((uint(b) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(row + h)) * uint(p.ow) + uint(v)) * uint(p.c) + uint(ch)] = STORE(acc[h * OUT_W + o]);
+                }
             }
         for (int j = 0; j + 1 < KD; ++j)
-            for (int o = 0; o < OUT_W; ++o) acc[j * OUT_W + o] = acc[(j + 1) * OUT_W + o];
-        for (int o = 0; o < OUT_W; ++o) acc[(KD - 1) * OUT_W + o] = 0.0;
+            for (int i = 0; i < OUT_H * OUT_W; ++i)
+                acc[j * OUT_H * OUT_W + i] = acc[(j + 1) * OUT_H * OUT_W + i];
+        for (int i = 0; i < OUT_H * OUT_W; ++i) acc[(KD - 1) * OUT_H * OUT_W + i] = 0.0;
     }
 }

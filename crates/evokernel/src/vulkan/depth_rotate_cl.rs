@@ -3,7 +3,7 @@
 //! walks down the depth for one channel and a run of outputs, every input row segment
 //! read once into registers and accumulated into the KD output depths it feeds.
 //! Depthwise specs with depth stride and dilation 1, channels-last. Its config
-//! ([`RotateClConfig`]: invocations over channels, outputs an invocation) goes to the
+//! ([`RotateClConfig`]: invocations over channels, outputs and output rows an invocation) goes to the
 //! shader as specialization constants, pruned by the device and the spec.
 
 use super::device::VulkanDevice;
@@ -21,18 +21,22 @@ pub struct RotateClConfig {
     pub workgroup: u32,
     /// Consecutive outputs of a row an invocation computes.
     pub out_w: u32,
+    /// Consecutive output rows an invocation computes (each input row segment it reads
+    /// feeds all of them that reach it).
+    pub out_h: u32,
 }
 
 const WORKGROUPS: [u32; 4] = [32, 64, 128, 256];
 const OUT_WS: [u32; 4] = [1, 2, 4, 8];
+const OUT_HS: [u32; 3] = [1, 2, 4];
 
 impl RotateClConfig {
     pub const NAME: &'static str = "depth_rotate_cl";
     /// The fields, in `values` order.
-    pub const NAMES: [&'static str; 2] = ["workgroup", "out_w"];
+    pub const NAMES: [&'static str; 3] = ["workgroup", "out_w", "out_h"];
 
-    pub fn values(&self) -> [u32; 2] {
-        [self.workgroup, self.out_w]
+    pub fn values(&self) -> [u32; 3] {
+        [self.workgroup, self.out_w, self.out_h]
     }
 
     /// Why the shader does not apply to `spec`, if it does not.
@@ -71,8 +75,15 @@ impl RotateClConfig {
                 spec.output3()[2]
             ));
         }
-        // Registers: KD x OUT_W sums, the weights, a row segment.
-        let sums = spec.kernel3()[0] * self.out_w as usize;
+        if self.out_h as usize > spec.output3()[1].next_power_of_two() {
+            return Err(format!(
+                "{} output rows a run for {} rows",
+                self.out_h,
+                spec.output3()[1]
+            ));
+        }
+        // Registers: KD x OUT_H x OUT_W sums, the weights, a row segment.
+        let sums = spec.kernel3()[0] * self.out_w as usize * self.out_h as usize;
         if sums > 64 {
             return Err(format!("{sums} sums an invocation (at most 64)"));
         }
@@ -84,9 +95,15 @@ impl RotateClConfig {
         let mut v = Vec::new();
         for &workgroup in &WORKGROUPS {
             for &out_w in &OUT_WS {
-                let c = RotateClConfig { workgroup, out_w };
-                if c.fits(info, spec).is_ok() {
-                    v.push(c);
+                for &out_h in &OUT_HS {
+                    let c = RotateClConfig {
+                        workgroup,
+                        out_w,
+                        out_h,
+                    };
+                    if c.fits(info, spec).is_ok() {
+                        v.push(c);
+                    }
                 }
             }
         }
@@ -94,7 +111,8 @@ impl RotateClConfig {
     }
 
     /// The default: the widest workgroup up to 128 the channels fill, 4 outputs a run
-    /// (fewer on short rows).
+    /// (fewer on short rows), one row (runs of several rows are in the tuner's space,
+    /// not yet measured on a GPU).
     pub fn default_for(info: &VulkanDeviceInfo, spec: &ConvSpec) -> Result<RotateClConfig> {
         let refused = |reason: String| Error::NotApplicable {
             variant: Self::NAME.into(),
@@ -107,7 +125,7 @@ impl RotateClConfig {
         space
             .iter()
             .copied()
-            .filter(|c| c.out_w == out_w && c.workgroup <= 128)
+            .filter(|c| c.out_w == out_w && c.out_h == 1 && c.workgroup <= 128)
             .max_by_key(|c| c.workgroup)
             .or_else(|| space.first().copied())
             .ok_or_else(|| refused("no config fits the device and the spec".into()))
@@ -117,10 +135,14 @@ impl RotateClConfig {
 config_text!(
     RotateClConfig,
     "a depth_rotate_cl config",
-    "workgroup 32-256, out_w 1-8, powers of two",
-    |[workgroup, out_w]: [u32; 2]| {
-        (WORKGROUPS.contains(&workgroup) && OUT_WS.contains(&out_w))
-            .then_some(RotateClConfig { workgroup, out_w })
+    "workgroup 32-256, out_w 1-8, out_h 1-4, powers of two",
+    |[workgroup, out_w, out_h]: [u32; 3]| {
+        (WORKGROUPS.contains(&workgroup) && OUT_WS.contains(&out_w) && OUT_HS.contains(&out_h))
+            .then_some(RotateClConfig {
+                workgroup,
+                out_w,
+                out_h,
+            })
     }
 );
 
@@ -153,8 +175,9 @@ pub fn prepare_depth_rotate_cl<'d>(
     let [id, ih, iw] = spec.input3();
     let [od, oh, ow] = spec.output3();
     let runs_w = ow.div_ceil(config.out_w as usize);
+    let runs_h = oh.div_ceil(config.out_h as usize);
     let c_blocks = spec.c().div_ceil(config.workgroup as usize);
-    let groups = c_blocks * runs_w * oh * spec.n();
+    let groups = c_blocks * runs_w * runs_h * spec.n();
     let grid = super::grid_for(info, groups)?;
     let (st, dl, pb) = (spec.stride3(), spec.dilation3(), spec.pad_before3());
     let ints = [
@@ -174,6 +197,7 @@ pub fn prepare_depth_rotate_cl<'d>(
         runs_w,
         c_blocks,
         groups,
+        runs_h,
     ]
     .into_iter()
     .map(|v| i32_of("a size", v))
@@ -187,6 +211,9 @@ pub fn prepare_depth_rotate_cl<'d>(
         config.out_w as usize,
         st[2],
         dl[2],
+        config.out_h as usize,
+        st[1],
+        dl[1],
     ]);
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
     VulkanRun::new(
@@ -215,9 +242,11 @@ mod tests {
         p.layout = Layout::ChannelsLast;
         let seed = p.validate().unwrap();
         let space = RotateClConfig::space(&info, &seed);
-        assert_eq!(space.len(), 16);
+        // 4 workgroups x 4 run widths x 3 run heights, less 8 x 4 runs over the seed's 3
+        // depths (96 sums).
+        assert_eq!(space.len(), 4 * 4 * 3 - 4);
         let d = RotateClConfig::default_for(&info, &seed).unwrap();
-        assert_eq!((d.workgroup, d.out_w), (128, 4));
+        assert_eq!((d.workgroup, d.out_w, d.out_h), (128, 4, 1));
         let first = ConvParams::seed().validate().unwrap();
         assert!(RotateClConfig::default_for(&info, &first).is_err());
         p.c = 8;
