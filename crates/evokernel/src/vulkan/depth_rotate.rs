@@ -116,12 +116,26 @@ impl RotateConfig {
         if spec.layout() != Layout::ChannelsFirst || kd != 1 || pd != 0 {
             return 0;
         }
-        let planes = spec.n() * spec.c() * spec.input3()[0];
-        let bands = spec.output3()[1].div_ceil(self.rows as usize);
         [8, 4, 2]
             .into_iter()
-            .find(|&w| bands * planes.div_ceil(w) >= WALK_MIN_GROUPS)
+            .find(|&w| self.workgroups_walking(spec, w) >= WALK_MIN_GROUPS)
             .unwrap_or(0)
+    }
+
+    /// Workgroups a launch has: a band of rows of one (n, c) plane each, or with the
+    /// plane walk a band of `walk` consecutive N x C x D planes each.
+    pub fn workgroups(&self, spec: &ConvSpec) -> usize {
+        self.workgroups_walking(spec, self.walk(spec))
+    }
+
+    fn workgroups_walking(&self, spec: &ConvSpec, walk: usize) -> usize {
+        let bands = spec.output3()[1].div_ceil(self.rows as usize);
+        let planes = spec.n() * spec.c();
+        if walk > 0 {
+            bands * (planes * spec.input3()[0]).div_ceil(walk)
+        } else {
+            bands * planes
+        }
     }
 
     /// The share of the invocations' output slots (runs x OUT_W, over every band) that
@@ -200,12 +214,8 @@ impl RotateConfig {
             for &out_w in &OUT_WS {
                 for &rows in &ROWS {
                     // The pad only where windows start an even number of floats apart.
-                    let stride = out_w as usize * spec.stride3()[2];
-                    for skew in if stride.is_multiple_of(2) {
-                        0..=1
-                    } else {
-                        0..=0
-                    } {
+                    let even = (out_w as usize * spec.stride3()[2]).is_multiple_of(2);
+                    for skew in 0..=u32::from(even) {
                         let c = RotateConfig {
                             workgroup,
                             out_w,
@@ -317,13 +327,8 @@ pub fn prepare_depth_rotate<'d>(
     i32_of("output length", spec.output_len())?;
     let [id, ih, iw] = spec.input3();
     let [od, oh, ow] = spec.output3();
-    let bands = oh.div_ceil(config.rows as usize);
     let walk = config.walk(spec);
-    let groups = if walk > 0 {
-        bands * (spec.n() * spec.c() * id).div_ceil(walk)
-    } else {
-        bands * spec.n() * spec.c()
-    };
+    let groups = config.workgroups(spec);
     let grid = super::grid_for(info, groups)?;
     let (st, dl, pb) = (spec.stride3(), spec.dilation3(), spec.pad_before3());
     let ints = [

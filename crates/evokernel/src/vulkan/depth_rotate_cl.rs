@@ -3,8 +3,9 @@
 //! walks down the depth for one channel and a run of outputs, every input row segment
 //! read once into registers and accumulated into the KD output depths it feeds.
 //! Depthwise specs with depth stride and dilation 1, channels-last. Its config
-//! ([`RotateClConfig`]: invocations over channels, outputs and output rows an invocation) goes to the
-//! shader as specialization constants, pruned by the device and the spec.
+//! ([`RotateClConfig`]: invocations over channels, outputs and output rows an
+//! invocation) goes to the shader as specialization constants, pruned by the device and
+//! the spec.
 
 use super::device::VulkanDevice;
 use super::{VulkanDeviceInfo, VulkanRun};
