@@ -135,14 +135,15 @@ fn kernels(
     for c in &common.config {
         // The name before ':' picks the shader (depth_rotate_cl is not depth_rotate).
         let name = c.split(':').next().unwrap_or_default().trim();
-        out.push(match name {
+        let forced = match name {
             WinogradConfig::NAME => DenseKernel::VulkanWinograd(Some(c.parse()?)),
             CoopmatConfig::NAME => DenseKernel::VulkanCoopmat(Some(c.parse()?)),
             TileConfig::NAME => DenseKernel::VulkanDepthwiseTile(Some(c.parse()?)),
             RotateConfig::NAME => DenseKernel::VulkanDepthRotate(Some(c.parse()?)),
             RotateClConfig::NAME => DenseKernel::VulkanDepthRotateCl(Some(c.parse()?)),
             _ => DenseKernel::VulkanDirect(Some(c.parse::<DirectConfig>()?)),
-        });
+        };
+        add_forced(&mut out, forced);
     }
     if out.is_empty() {
         out = match (common.backend, vk) {
@@ -175,6 +176,18 @@ fn kernels(
         };
     }
     Ok(out)
+}
+
+/// A config for a shader `--only` also names replaces its default row: `--only X
+/// --config X:..` runs X once, on that config (not the default first, then it).
+fn add_forced(out: &mut Vec<DenseKernel>, forced: DenseKernel) {
+    match out
+        .iter()
+        .position(|k| k.name() == forced.name() && !k.is_forced())
+    {
+        Some(i) => out[i] = forced,
+        None => out.push(forced),
+    }
 }
 
 /// `bench --op dense-conv`.
@@ -340,4 +353,34 @@ pub fn tune(
     Ok(reports
         .iter()
         .all(|r| r.rows.iter().all(|row| row.best_ms.is_some())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forced_config_replaces_the_default_row_of_its_shader() {
+        let forced = || {
+            DenseKernel::VulkanDepthRotate(Some(
+                "depth_rotate:workgroup=128,out_w=3,rows=6,skew=1"
+                    .parse()
+                    .unwrap(),
+            ))
+        };
+        let mut out = vec![
+            DenseKernel::VulkanDepthRotate(None),
+            DenseKernel::VulkanDepthwiseTile(None),
+        ];
+        add_forced(&mut out, forced());
+        assert_eq!(out.len(), 2);
+        assert!(out[0].is_forced() && !out[1].is_forced());
+        // A second forced config of the same shader is a second row.
+        add_forced(&mut out, forced());
+        assert_eq!(out.len(), 3);
+        // Without --only, the forced config is the only row.
+        let mut alone = Vec::new();
+        add_forced(&mut alone, forced());
+        assert_eq!(alone.len(), 1);
+    }
 }

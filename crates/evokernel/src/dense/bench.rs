@@ -67,6 +67,19 @@ impl DenseKernel {
         }
     }
 
+    /// Whether its config is forced (`--config`), not tuned or the device's default.
+    pub fn is_forced(&self) -> bool {
+        match self {
+            DenseKernel::Cpu | DenseKernel::VulkanNaive => false,
+            DenseKernel::VulkanDirect(c) => c.is_some(),
+            DenseKernel::VulkanWinograd(c) => c.is_some(),
+            DenseKernel::VulkanCoopmat(c) => c.is_some(),
+            DenseKernel::VulkanDepthwiseTile(c) => c.is_some(),
+            DenseKernel::VulkanDepthRotate(c) => c.is_some(),
+            DenseKernel::VulkanDepthRotateCl(c) => c.is_some(),
+        }
+    }
+
     /// Whether it runs only depthwise specs (groups = input = output channels).
     pub fn depthwise_only(&self) -> bool {
         matches!(
