@@ -349,6 +349,84 @@ fn rotate_shader_passes_over_its_config_space() {
     );
 }
 
+/// The channels-last rotation on channel vectors (`cv` 2 and 4: a pixel's channels one
+/// 4-16 byte load, every FMA a vector one): several workgroups across the channels with
+/// a part-filled last one, runs of several rows, every dtype the device stores (f16 and
+/// bf16 as 16-bit vectors), NaN/Inf in some.
+#[test]
+#[ignore = "needs a Vulkan device (lavapipe runs it on the CPU)"]
+fn rotate_cl_shader_takes_channel_vectors() {
+    let dev = device();
+    let specs = [
+        // 2-D 3x3: 68 channels = 34 vectors of 2, so a workgroup of 32 leaves a second
+        // with 2 live invocations (17 of 4: one part-filled workgroup).
+        ConvParams {
+            n: 2,
+            c: 68,
+            input: vec![11, 14],
+            kernel: vec![3, 3],
+            stride: vec![1, 1],
+            dilation: vec![1, 1],
+            padding: vec![[1, 1], [2, 0]],
+            layout: Layout::ChannelsLast,
+            dtype: DType::F32,
+        },
+        // 3-D 2x3x3 (72 weights at 4 channels): H dilation, W stride, asymmetric depth
+        // padding.
+        ConvParams {
+            n: 1,
+            c: 24,
+            input: vec![5, 9, 11],
+            kernel: vec![2, 3, 3],
+            stride: vec![1, 1, 2],
+            dilation: vec![1, 2, 1],
+            padding: vec![[1, 0], [2, 2], [1, 1]],
+            layout: Layout::ChannelsLast,
+            dtype: DType::F32,
+        },
+    ];
+    let mut dtypes = vec![DType::F32];
+    if dev.info().storage_f16 {
+        dtypes.extend([DType::F16, DType::Bf16]);
+    }
+    let mut runs = 0;
+    for (i, p) in specs.into_iter().enumerate() {
+        let spec = p.validate().unwrap();
+        let space = RotateClConfig::space(dev.info(), &spec);
+        for cv in [2, 4] {
+            assert!(
+                space.iter().any(|c| c.cv == cv),
+                "{spec}: no config of {cv} channels"
+            );
+        }
+        for (j, c) in space.into_iter().filter(|c| c.cv > 1).enumerate() {
+            // Every dtype on every third config, f32 on the rest.
+            let picks = if j % 3 == 0 {
+                &dtypes[..]
+            } else {
+                &dtypes[..1]
+            };
+            for &dtype in picks {
+                let typed = spec.with_dtype(dtype);
+                let name = format!("spec {i} config {j} {c} {dtype}");
+                check_with(
+                    &dev,
+                    Shader::RotateCl(Some(c)),
+                    &name,
+                    &typed,
+                    120 + j as u64,
+                    j % 4 == 1,
+                );
+                runs += 1;
+            }
+        }
+    }
+    eprintln!(
+        "depth_rotate_cl channel vectors: {runs} (spec, config, dtype) runs pass on {}",
+        dev.info().name
+    );
+}
+
 /// The rotation walking planes (channels-first, one kernel depth, no depth padding: a
 /// workgroup takes 2-8 consecutive N x C x D planes in turn, the channel's weights
 /// changing inside a walk): 1-D, 2-D and a 1xKxK 3-D spec (a walk crossing depths and

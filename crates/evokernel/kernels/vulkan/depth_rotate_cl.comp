@@ -1,17 +1,21 @@
 #version 450
 // depth_rotate_cl (Vulkan): the FMA depth rotation on channels-last data with lanes over
 // channels (depth_reuse_fma_cl's method in portable GLSL), for depthwise specs with depth
-// stride and dilation 1. An invocation owns one channel and a run of OUT_W outputs of one
-// output row; neighbouring invocations own neighbouring channels, so every load is
-// coalesced across the workgroup with no shared memory. Walking down the depth, each
-// input slice's row segments are read once into registers and accumulated into the KD
-// output depths they feed (acc[j] is output depth base + j; after a slice the oldest is
-// complete, is stored, and the others shift down). The channel's weights stay in
-// registers. Buffers of ELEM (f32, f16 or bf16: the host's prelude), f32 arithmetic.
-// OUT_H > 1: an invocation owns runs of OUT_H consecutive output rows, and each input
-// row segment it reads feeds every one of them that reaches it: (OUT_H - 1) * SH +
-// (KH - 1) * DH + 1 segments a slice instead of OUT_H * KH (the loads, one element
-// each, bound the shader on many-tap rows: 70 loads for 196 FMAs a run of a 7x7).
+// stride and dilation 1. An invocation owns CV consecutive channels and a run of OUT_W
+// outputs of OUT_H output rows; neighbouring invocations own neighbouring channels, so
+// every load is coalesced across the workgroup with no shared memory for the input.
+// Walking down the depth, each input slice's row segments are read once into registers
+// and accumulated into the KD output depths they feed (acc[j] is output depth base + j;
+// after a slice the oldest is complete, is stored, and the others shift down). Buffers of
+// ELEM (f32, f16 or bf16: the host's prelude), f32 arithmetic.
+// CV (a #define from the host: 1, 2 or 4): a pixel's CV channels are one 4-16 byte load
+// and store (VELEM), every FMA a CV-wide vector one; with CV = 1 the loads, one 2-byte
+// element each, bound the shader on many-tap rows (70 loads for 196 FMAs a run of 7x7).
+// OUT_H > 1: each input row segment an invocation reads feeds every output row of its
+// run that reaches it: (OUT_H - 1) * SH + (KH - 1) * DH + 1 segments a slice instead of
+// OUT_H * KH.
+// The channel's weights stay in registers (at most 80 an invocation: the host refuses
+// more; weights in shared memory ran 3-8x slower, H100 run 271).
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const int KD = 1;
 layout(constant_id = 2) const int KH = 1;
@@ -24,10 +28,11 @@ layout(constant_id = 8) const int SH = 1;
 layout(constant_id = 9) const int DH = 1;
 const int SEG = (OUT_W - 1) * SW + (KW - 1) * DW + 1;  // inputs a row segment spans
 const int RH = (OUT_H - 1) * SH + (KH - 1) * DH + 1;   // input rows a slice's run reads
+const int TAPS = KD * KH * KW;
 
-layout(std430, set = 0, binding = 0) readonly buffer Input { ELEM x[]; };
+layout(std430, set = 0, binding = 0) readonly buffer Input { VELEM x[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Weight { ELEM w[]; };
-layout(std430, set = 0, binding = 2) writeonly buffer Output { ELEM y[]; };
+layout(std430, set = 0, binding = 2) writeonly buffer Output { VELEM y[]; };
 
 // Mirrored by vulkan::depth_rotate_cl (same order, 4-byte fields).
 layout(push_constant) uniform Push {
@@ -37,7 +42,21 @@ layout(push_constant) uniform Push {
     int c_blocks;  // workgroups across the channels
     uint groups;   // workgroups that have work
     int runs_h;    // runs of OUT_H output rows
+    int cvs;       // channel vectors a pixel: c / CV
 } p;
+
+// Tap t of channel vector v's CV channels (the weight is [C][KD][KH][KW]).
+VEC weight(int v, int t) {
+    float e[4] = float[4](0.0, 0.0, 0.0, 0.0);
+    for (int k = 0; k < CV; ++k) e[k] = LOAD(w[(v * CV + k) * TAPS + t]);
+#if CV == 1
+    return e[0];
+#elif CV == 2
+    return vec2(e[0], e[1]);
+#else
+    return vec4(e[0], e[1], e[2], e[3]);
+#endif
+}
 
 void main() {
     uint g = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
@@ -46,15 +65,16 @@ void main() {
     const int run = int(g % uint(p.runs_w)); g /= uint(p.runs_w);
     const int row = int(g % uint(p.runs_h)) * OUT_H;  // the run's first output row
     const int b = int(g / uint(p.runs_h));
-    const int ch = cb * int(gl_WorkGroupSize.x) + int(gl_LocalInvocationID.x);
-    if (ch >= p.c) return;  // no barrier below
+    const int lane = int(gl_LocalInvocationID.x);
+    const int cv = cb * int(gl_WorkGroupSize.x) + lane;  // the invocation's channel vector
+    if (cv >= p.cvs) return;  // no barrier below
     const int ow0 = run * OUT_W;
 
-    float wt[KD * KH * KW];
-    for (int t = 0; t < KD * KH * KW; ++t) wt[t] = LOAD(w[ch * KD * KH * KW + t]);
+    VEC wt[TAPS];
+    for (int t = 0; t < TAPS; ++t) wt[t] = weight(cv, t);
     // acc[(j * OUT_H + h) * OUT_W + o]: output depth base + j, row row + h, column ow0 + o.
-    float acc[KD * OUT_H * OUT_W];
-    for (int i = 0; i < KD * OUT_H * OUT_W; ++i) acc[i] = 0.0;
+    VEC acc[KD * OUT_H * OUT_W];
+    for (int i = 0; i < KD * OUT_H * OUT_W; ++i) acc[i] = VEC(0.0);
 
     for (int zi = -p.pd; zi + p.pd - (KD - 1) < p.od; ++zi) {
         if (zi >= 0 && zi < p.id) {
@@ -68,12 +88,13 @@ void main() {
                 const int yi = row * SH - p.ph + r;
                 if (!feeds || yi < 0 || yi >= p.ih) continue;
                 // The row segment, read once: zero where it lands in the padding.
-                float seg[SEG];
+                const uint pix = (uint(b) * uint(p.id) + uint(zi)) * uint(p.ih) + uint(yi);
+                VEC seg[SEG];
                 for (int s = 0; s < SEG; ++s) {
                     const int xi = ow0 * SW - p.pw + s;
                     seg[s] = (xi >= 0 && xi < p.iw)
-                        ? LOAD(x[(((uint(b) * uint(p.id) + uint(zi)) * uint(p.ih) + uint(yi)) * uint(p.iw) + uint(xi)) * uint(p.c) + uint(ch)])
-                        : 0.0;
+                        ? LOADV(x[(pix * uint(p.iw) + uint(xi)) * uint(p.cvs) + uint(cv)])
+                        : VEC(0.0);
                 }
                 for (int h = 0; h < OUT_H; ++h) {
                     const int de = r - h * SH;
@@ -82,7 +103,7 @@ void main() {
                     // Output depth base + j reads this slice with tap a = KD - 1 - j.
                     for (int j = 0; j < KD; ++j)
                         for (int f = 0; f < KW; ++f) {
-                            const float wv = wt[((KD - 1 - j) * KH + e) * KW + f];
+                            const VEC wv = wt[((KD - 1 - j) * KH + e) * KW + f];
                             for (int o = 0; o < OUT_W; ++o)
                                 acc[(j * OUT_H + h) * OUT_W + o] = fma(seg[o * SW + f * DW], wv, acc[(j * OUT_H + h) * OUT_W + o]);
                         }
@@ -96,12 +117,12 @@ void main() {
                 for (int o = 0; o < OUT_W; ++o) {
                     const int v = ow0 + o;
                     if (v >= p.ow) break;
-                    y[(((uint(b) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(row + h)) * uint(p.ow) + uint(v)) * uint(p.c) + uint(ch)] = STORE(acc[h * OUT_W + o]);
+                    y[(((uint(b) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(row + h)) * uint(p.ow) + uint(v)) * uint(p.cvs) + uint(cv)] = STOREV(acc[h * OUT_W + o]);
                 }
             }
         for (int j = 0; j + 1 < KD; ++j)
             for (int i = 0; i < OUT_H * OUT_W; ++i)
                 acc[j * OUT_H * OUT_W + i] = acc[(j + 1) * OUT_H * OUT_W + i];
-        for (int i = 0; i < OUT_H * OUT_W; ++i) acc[(KD - 1) * OUT_H * OUT_W + i] = 0.0;
+        for (int i = 0; i < OUT_H * OUT_W; ++i) acc[(KD - 1) * OUT_H * OUT_W + i] = VEC(0.0);
     }
 }

@@ -25,19 +25,27 @@ pub struct RotateClConfig {
     /// Consecutive output rows an invocation computes (each input row segment it reads
     /// feeds all of them that reach it).
     pub out_h: u32,
+    /// Consecutive channels an invocation computes: a pixel's are one load (4-16 bytes)
+    /// and every FMA a vector one. The channel count must be a multiple.
+    pub cv: u32,
 }
 
 const WORKGROUPS: [u32; 4] = [32, 64, 128, 256];
 const OUT_WS: [u32; 4] = [1, 2, 4, 8];
 const OUT_HS: [u32; 3] = [1, 2, 4];
+const CVS: [u32; 3] = [1, 2, 4];
+/// Weights an invocation keeps in registers (the seed's 3x5x5 at one channel). More
+/// channels an invocation are refused past it: a form with the weights in shared memory
+/// ran 3-8x slower (H100 run 271: one warp a workgroup, its weights 12-38 KB).
+const MAX_REGISTER_WEIGHTS: usize = 80;
 
 impl RotateClConfig {
     pub const NAME: &'static str = "depth_rotate_cl";
     /// The fields, in `values` order.
-    pub const NAMES: [&'static str; 3] = ["workgroup", "out_w", "out_h"];
+    pub const NAMES: [&'static str; 4] = ["workgroup", "out_w", "out_h", "cv"];
 
-    pub fn values(&self) -> [u32; 3] {
-        [self.workgroup, self.out_w, self.out_h]
+    pub fn values(&self) -> [u32; 4] {
+        [self.workgroup, self.out_w, self.out_h, self.cv]
     }
 
     /// Why the shader does not apply to `spec`, if it does not.
@@ -61,12 +69,27 @@ impl RotateClConfig {
                 self.workgroup, info.max_workgroup_invocations
             ));
         }
-        // No workgroup wider than the channels (beyond the smallest size).
-        if self.workgroup as usize > spec.c().next_power_of_two().max(32) {
+        if !spec.c().is_multiple_of(self.cv as usize) {
             return Err(format!(
-                "{} lanes for {} channels",
-                self.workgroup,
+                "{} channels an invocation for {} channels (not a multiple)",
+                self.cv,
                 spec.c()
+            ));
+        }
+        // No workgroup wider than the channel vectors (beyond the smallest size).
+        let vectors = spec.c() / self.cv as usize;
+        if self.workgroup as usize > vectors.next_power_of_two().max(32) {
+            return Err(format!(
+                "{} lanes for {} channels in vectors of {}",
+                self.workgroup,
+                spec.c(),
+                self.cv
+            ));
+        }
+        let weights = spec.kernel3().iter().product::<usize>() * self.cv as usize;
+        if weights > MAX_REGISTER_WEIGHTS {
+            return Err(format!(
+                "{weights} weights an invocation (at most {MAX_REGISTER_WEIGHTS}): fewer channels an invocation"
             ));
         }
         if self.out_w as usize > spec.output3()[2].next_power_of_two() {
@@ -83,8 +106,8 @@ impl RotateClConfig {
                 spec.output3()[1]
             ));
         }
-        // Registers: KD x OUT_H x OUT_W sums, the weights, a row segment.
-        let sums = spec.kernel3()[0] * self.out_w as usize * self.out_h as usize;
+        // Registers: KD x OUT_H x OUT_W x CV sums, the weights (up to 80), a row segment.
+        let sums = spec.kernel3()[0] * self.out_w as usize * self.out_h as usize * self.cv as usize;
         if sums > 64 {
             return Err(format!("{sums} sums an invocation (at most 64)"));
         }
@@ -97,13 +120,16 @@ impl RotateClConfig {
         for &workgroup in &WORKGROUPS {
             for &out_w in &OUT_WS {
                 for &out_h in &OUT_HS {
-                    let c = RotateClConfig {
-                        workgroup,
-                        out_w,
-                        out_h,
-                    };
-                    if c.fits(info, spec).is_ok() {
-                        v.push(c);
+                    for &cv in &CVS {
+                        let c = RotateClConfig {
+                            workgroup,
+                            out_w,
+                            out_h,
+                            cv,
+                        };
+                        if c.fits(info, spec).is_ok() {
+                            v.push(c);
+                        }
                     }
                 }
             }
@@ -111,9 +137,13 @@ impl RotateClConfig {
         v
     }
 
-    /// The default: the widest workgroup up to 128 the channels fill, 4 outputs a run
-    /// (fewer on short rows), one row (runs of several rows are in the tuner's space,
-    /// not yet measured on a GPU).
+    /// The default (H100 run 271, six channels-last layers): 4 outputs a run (fewer on
+    /// short rows); two output rows where the kernel has at most 5 rows (0.70-0.90x the
+    /// time of one on the 3-D layers and mobilenet; a 7x7 took 1.14x); channels in
+    /// vectors of 4 for kernels of at most 4 taps (causal-conv1d 0.67x), of 2 for at most
+    /// 9 (mobilenet 0.63x), else one (x3d's 27 taps ran 1.13x slower on two); the
+    /// workgroup up to 128 whose last one the channel vectors fill best, nearest 64 on a
+    /// tie (x3d 64 0.95x of 128).
     pub fn default_for(info: &VulkanDeviceInfo, spec: &ConvSpec) -> Result<RotateClConfig> {
         let refused = |reason: String| Error::NotApplicable {
             variant: Self::NAME.into(),
@@ -122,12 +152,35 @@ impl RotateClConfig {
         };
         Self::applies(spec).map_err(refused)?;
         let space = Self::space(info, spec);
+        let [_, kh, _] = spec.kernel3();
+        let taps: usize = spec.kernel3().iter().product();
         let out_w = if spec.output3()[2] >= 16 { 4 } else { 1 };
-        space
-            .iter()
-            .copied()
-            .filter(|c| c.out_w == out_w && c.out_h == 1 && c.workgroup <= 128)
-            .max_by_key(|c| c.workgroup)
+        let out_h = if kh <= 5 { 2 } else { 1 };
+        let cv = match taps {
+            0..=4 => 4,
+            5..=9 => 2,
+            _ => 1,
+        };
+        // Filled share of the last workgroup's lanes (per mille), then nearness to 64.
+        let rank = |c: &RotateClConfig| {
+            let vectors = spec.c() / c.cv as usize;
+            let lanes = vectors.div_ceil(c.workgroup as usize) * c.workgroup as usize;
+            let distance = (c.workgroup as i64 - 64).abs();
+            (vectors * 1000 / lanes, -distance)
+        };
+        // The rule's config, else with fewer channels or rows an invocation where the
+        // spec refuses it (an odd channel count, one output row).
+        [(cv, out_h), (1, out_h), (cv, 1), (1, 1)]
+            .into_iter()
+            .find_map(|(cv, out_h)| {
+                space
+                    .iter()
+                    .copied()
+                    .filter(|c| {
+                        c.out_w == out_w && c.out_h == out_h && c.cv == cv && c.workgroup <= 128
+                    })
+                    .max_by_key(rank)
+            })
             .or_else(|| space.first().copied())
             .ok_or_else(|| refused("no config fits the device and the spec".into()))
     }
@@ -136,14 +189,18 @@ impl RotateClConfig {
 config_text!(
     RotateClConfig,
     "a depth_rotate_cl config",
-    "workgroup 32-256, out_w 1-8, out_h 1-4, powers of two",
-    |[workgroup, out_w, out_h]: [u32; 3]| {
-        (WORKGROUPS.contains(&workgroup) && OUT_WS.contains(&out_w) && OUT_HS.contains(&out_h))
-            .then_some(RotateClConfig {
-                workgroup,
-                out_w,
-                out_h,
-            })
+    "workgroup 32-256, out_w 1-8, out_h 1-4, cv 1-4, powers of two",
+    |[workgroup, out_w, out_h, cv]: [u32; 4]| {
+        (WORKGROUPS.contains(&workgroup)
+            && OUT_WS.contains(&out_w)
+            && OUT_HS.contains(&out_h)
+            && CVS.contains(&cv))
+        .then_some(RotateClConfig {
+            workgroup,
+            out_w,
+            out_h,
+            cv,
+        })
     }
 );
 
@@ -161,7 +218,6 @@ pub fn prepare_depth_rotate_cl<'d>(
     config: Option<RotateClConfig>,
 ) -> Result<VulkanRun<'d>> {
     let info = dev.info();
-    let source = super::source_for("depth_rotate_cl", SOURCE, spec.dtype(), info)?;
     x.expect("input", spec.dtype(), spec.input_len())?;
     w.expect("weight", spec.dtype(), spec.weight_len())?;
     let config = super::resolve_config(
@@ -171,13 +227,19 @@ pub fn prepare_depth_rotate_cl<'d>(
         || RotateClConfig::default_for(info, spec),
         |c| c.fits(info, spec),
     )?;
+    // The define goes ahead of the element prelude, which reads CV.
+    let source = super::shader::with_defines(
+        &super::source_for("depth_rotate_cl", SOURCE, spec.dtype(), info)?,
+        &[("CV", config.cv as usize)],
+    );
     i32_of("input length", spec.input_len())?;
     i32_of("output length", spec.output_len())?;
     let [id, ih, iw] = spec.input3();
     let [od, oh, ow] = spec.output3();
     let runs_w = ow.div_ceil(config.out_w as usize);
     let runs_h = oh.div_ceil(config.out_h as usize);
-    let c_blocks = spec.c().div_ceil(config.workgroup as usize);
+    let vectors = spec.c() / config.cv as usize;
+    let c_blocks = vectors.div_ceil(config.workgroup as usize);
     let groups = c_blocks * runs_w * runs_h * spec.n();
     let grid = super::grid_for(info, groups)?;
     let (st, dl, pb) = (spec.stride3(), spec.dilation3(), spec.pad_before3());
@@ -199,6 +261,7 @@ pub fn prepare_depth_rotate_cl<'d>(
         c_blocks,
         groups,
         runs_h,
+        vectors,
     ]
     .into_iter()
     .map(|v| i32_of("a size", v))
@@ -234,7 +297,7 @@ pub fn prepare_depth_rotate_cl<'d>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::ConvParams;
+    use crate::spec::{ConvParams, DType};
 
     #[test]
     fn applies_to_channels_last_depth_stride_1_and_is_pruned() {
@@ -243,11 +306,45 @@ mod tests {
         p.layout = Layout::ChannelsLast;
         let seed = p.validate().unwrap();
         let space = RotateClConfig::space(&info, &seed);
-        // 4 workgroups x 4 run widths x 3 run heights, less 8 x 4 runs over the seed's 3
-        // depths (96 sums).
+        // One channel an invocation: 4 workgroups x 4 run widths x 3 run heights, less 8 x
+        // 4 runs over the seed's 3 depths (96 sums). Two would be 150 weights (past 80).
         assert_eq!(space.len(), 4 * 4 * 3 - 4);
+        assert!(space.iter().all(|c| c.cv == 1));
+        // 512 channels fill every workgroup: the nearest 64; two rows for 5 kernel rows.
         let d = RotateClConfig::default_for(&info, &seed).unwrap();
-        assert_eq!((d.workgroup, d.out_w, d.out_h), (128, 4, 1));
+        assert_eq!((d.workgroup, d.out_w, d.out_h, d.cv), (64, 4, 2, 1));
+        // A 3x3 2-D layer (mobilenet's): two channels an invocation, 72 vectors fill
+        // three workgroups of 32 best (75%).
+        let mut m = ConvParams {
+            n: 32,
+            c: 144,
+            input: vec![56, 56],
+            kernel: vec![3, 3],
+            stride: vec![1, 1],
+            dilation: vec![1, 1],
+            padding: vec![[1, 1], [1, 1]],
+            layout: Layout::ChannelsLast,
+            dtype: DType::F16,
+        };
+        let d = RotateClConfig::default_for(&info, &m.validate().unwrap()).unwrap();
+        assert_eq!((d.workgroup, d.out_w, d.out_h, d.cv), (32, 4, 2, 2));
+        // Channel vectors only of a width that divides the channels.
+        m.c = 6 * 7;
+        let space = RotateClConfig::space(&info, &m.validate().unwrap());
+        assert!(space.iter().any(|c| c.cv == 2) && space.iter().all(|c| c.cv <= 2));
+        m.c = 45;
+        let odd = m.validate().unwrap();
+        assert!(RotateClConfig::space(&info, &odd).iter().all(|c| c.cv == 1));
+        assert_eq!(RotateClConfig::default_for(&info, &odd).unwrap().cv, 1);
+        // A 4-tap 1-D kernel: vectors of 4.
+        m.c = 64;
+        m.input = vec![300];
+        m.kernel = vec![4];
+        m.padding = vec![[3, 0]];
+        m.stride = vec![1];
+        m.dilation = vec![1];
+        let d = RotateClConfig::default_for(&info, &m.validate().unwrap()).unwrap();
+        assert_eq!((d.out_h, d.cv), (1, 4));
         let first = ConvParams::seed().validate().unwrap();
         assert!(RotateClConfig::default_for(&info, &first).is_err());
         p.c = 8;

@@ -39,13 +39,23 @@ pub fn compile_compute_cached(name: &str, source: &str) -> Result<(Vec<u32>, boo
 /// gives `ELEM` (the buffers' element), `LOAD(v)` (an element to f32) and `STORE(f)` (f32
 /// to an element, rounded to nearest even; bf16 keeps NaN a NaN). f16 and bf16 need
 /// 16-bit storage (`storageBuffer16BitAccess`); bf16 is stored as its 16 bits.
+/// Where the source defines `CV` (1, 2 or 4: elements a load; see [`with_defines`]) the
+/// prelude also gives `VEC` (CV floats), `VELEM` (CV elements: one 4-, 8- or 16-byte
+/// load), `LOADV(v)` and `STOREV(f)`.
 pub(crate) fn with_element(source: &str, dtype: crate::spec::DType) -> String {
     use crate::spec::DType;
     let prelude = match dtype {
-        DType::F32 => "#define ELEM float\n#define LOAD(v) (v)\n#define STORE(f) (f)\n",
+        DType::F32 => {
+            "#define ELEM float\n#define LOAD(v) (v)\n#define STORE(f) (f)\n\
+             #ifdef CV\n#define VELEM VEC\n#define LOADV(v) (v)\n#define STOREV(f) (f)\n#endif\n"
+        }
         DType::F16 => {
             "#extension GL_EXT_shader_16bit_storage : require\n\
-             #define ELEM float16_t\n#define LOAD(v) float(v)\n#define STORE(f) float16_t(f)\n"
+             #define ELEM float16_t\n#define LOAD(v) float(v)\n#define STORE(f) float16_t(f)\n\
+             #ifdef CV\n\
+             #if CV == 1\n#define VELEM float16_t\n#elif CV == 2\n#define VELEM f16vec2\n\
+             #else\n#define VELEM f16vec4\n#endif\n\
+             #define LOADV(v) VEC(v)\n#define STOREV(f) VELEM(f)\n#endif\n"
         }
         DType::Bf16 => {
             "#extension GL_EXT_shader_16bit_storage : require\n\
@@ -56,10 +66,36 @@ pub(crate) fn with_element(source: &str, dtype: crate::spec::DType) -> String {
              \x20   if (isnan(f)) return 0x7FC0u;\n\
              \x20   const uint u = floatBitsToUint(f);\n\
              \x20   return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;\n\
-             }\n"
+             }\n\
+             #ifdef CV\n\
+             uvec2 evk_bf16_bits(vec2 f) { return uvec2(evk_bf16_bits(f.x), evk_bf16_bits(f.y)); }\n\
+             uvec4 evk_bf16_bits(vec4 f) { return uvec4(evk_bf16_bits(f.xy), evk_bf16_bits(f.zw)); }\n\
+             #if CV == 1\n#define VELEM uint16_t\n#define UVEC uint\n\
+             #elif CV == 2\n#define VELEM u16vec2\n#define UVEC uvec2\n\
+             #else\n#define VELEM u16vec4\n#define UVEC uvec4\n#endif\n\
+             #define LOADV(v) uintBitsToFloat(UVEC(v) << 16)\n\
+             #define STOREV(f) VELEM(evk_bf16_bits(f))\n#endif\n"
         }
     };
-    source.replacen("#version 450\n", &format!("#version 450\n{prelude}"), 1)
+    let vec = "#ifdef CV\n#if CV == 1\n#define VEC float\n#elif CV == 2\n#define VEC vec2\n\
+               #else\n#define VEC vec4\n#endif\n#endif\n";
+    source.replacen(
+        "#version 450\n",
+        &format!("#version 450\n{vec}{prelude}"),
+        1,
+    )
+}
+
+/// A shader's source with `#define NAME value` lines right after `#version`: applied
+/// after [`with_element`], they come ahead of its prelude, which may read them. What
+/// specialization constants cannot give, such as a type's width or a shared array that
+/// exists or not.
+pub(crate) fn with_defines(source: &str, defines: &[(&str, usize)]) -> String {
+    let lines: String = defines
+        .iter()
+        .map(|(name, value)| format!("#define {name} {value}\n"))
+        .collect();
+    source.replacen("#version 450\n", &format!("#version 450\n{lines}"), 1)
 }
 
 /// The first word of every SPIR-V module.
