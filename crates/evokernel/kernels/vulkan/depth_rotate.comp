@@ -36,10 +36,6 @@ layout(constant_id = 11) const int FILL_K = 1;  // ceil(HS * WS / invocations)
 // loads go out under the previous plane's FMAs (a 1-D or 2-D layer has one slice a plane:
 // without the walk a workgroup loaded, waited and multiplied once).
 layout(constant_id = 12) const int WALK = 0;
-// SKEW = 1: a pad float after every 32 of a band, so that windows an even number of
-// floats apart (runs of 4: 4-way bank conflicts) fall on distinct banks.
-layout(constant_id = 13) const int SKEW = 0;
-const int BAND = HS * WS + (SKEW != 0 ? HS * WS / 32 + 1 : 0);  // floats a band takes
 const int WIN = (OUT_W - 1) * SW + (KW - 1) * DW + 1;  // inputs a run's kernel row spans
 
 layout(std430, set = 0, binding = 0) readonly buffer Input { ELEM x[]; };
@@ -54,10 +50,7 @@ layout(push_constant) uniform Push {
     uint groups;  // bands x planes (WALK: x walks): the workgroups that have work
 } p;
 
-shared float band[2 * BAND];
-
-// Where band element i (row-major HS x WS) sits.
-int skewed(int i) { return SKEW != 0 ? i + (i >> 5) : i; }
+shared float band[2 * HS * WS];
 
 void main() {
     const uint g = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
@@ -117,7 +110,7 @@ void main() {
     #define PUT(buf)                                                                     \
         for (int k = 0; k < FILL_K; ++k) {                                               \
             const int i = lid + k * wg;                                                  \
-            if (i < HS * WS) band[(buf) * BAND + skewed(i)] = pre[k];                    \
+            if (i < HS * WS) band[(buf) * HS * WS + i] = pre[k];                         \
         }
     // The first live slice goes in before the walk.
     int cur = 0;
@@ -143,9 +136,9 @@ void main() {
             const int row = t / groups_w, ow0 = (t - row * groups_w) * OUT_W;
             if (live) {
                 for (int e = 0; e < KH; ++e) {
-                    const int at = (row * p.sh + e * p.dh) * WS + ow0 * SW;
+                    const int at = cur * HS * WS + (row * p.sh + e * p.dh) * WS + ow0 * SW;
                     float win[WIN];
-                    for (int q = 0; q < WIN; ++q) win[q] = band[cur * BAND + skewed(at + q)];
+                    for (int q = 0; q < WIN; ++q) win[q] = band[at + q];
                     // Output depth base_od + j reads this slice with tap a = KD - 1 - j.
                     for (int j = 0; j < KD; ++j)
                         for (int f = 0; f < KW; ++f) {

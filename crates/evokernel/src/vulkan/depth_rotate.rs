@@ -29,10 +29,6 @@ pub struct RotateConfig {
     pub out_w: u32,
     /// Output rows a workgroup's band holds.
     pub rows: u32,
-    /// 1: one pad float every 32 in the shared band, so that invocations whose windows
-    /// start an even number of floats apart (runs of 2, 4, 6, 8) read distinct banks
-    /// (without it runs of 4 are 4-way conflicts); 0: no pad.
-    pub skew: u32,
 }
 
 // The rotation's family: the band shaders' powers of two and the sizes between, so that
@@ -42,11 +38,11 @@ pub struct RotateConfig {
 const WORKGROUPS: [u32; 7] = [32, 64, 96, 128, 160, 192, 256];
 const OUT_WS: [u32; 7] = [1, 2, 3, 4, 5, 6, 8];
 const ROWS: [u32; 12] = [1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 32];
-const FAMILY_HINT: &str = "workgroup 32-256 in steps of 32 (not 224), out_w 1-6 or 8, \
-     rows 1-6, 8, 9, 12, 16, 24 or 32, skew 0 or 1";
+const FAMILY_HINT: &str =
+    "workgroup 32-256 in steps of 32 (not 224), out_w 1-6 or 8, rows 1-6, 8, 9, 12, 16, 24 or 32";
 
-fn in_family(workgroup: u32, out_w: u32, rows: u32, skew: u32) -> bool {
-    WORKGROUPS.contains(&workgroup) && OUT_WS.contains(&out_w) && ROWS.contains(&rows) && skew <= 1
+fn in_family(workgroup: u32, out_w: u32, rows: u32) -> bool {
+    WORKGROUPS.contains(&workgroup) && OUT_WS.contains(&out_w) && ROWS.contains(&rows)
 }
 /// Runs of outputs an invocation may own (their KD x OUT_W sums each in registers).
 const MAX_ITEMS: usize = 4;
@@ -59,10 +55,10 @@ const MAX_FILL: usize = 24;
 impl RotateConfig {
     pub const NAME: &'static str = "depth_rotate";
     /// The fields, in `values` order.
-    pub const NAMES: [&'static str; 4] = ["workgroup", "out_w", "rows", "skew"];
+    pub const NAMES: [&'static str; 3] = ["workgroup", "out_w", "rows"];
 
-    pub fn values(&self) -> [u32; 4] {
-        [self.workgroup, self.out_w, self.rows, self.skew]
+    pub fn values(&self) -> [u32; 3] {
+        [self.workgroup, self.out_w, self.rows]
     }
 
     fn as_tile(&self) -> TileConfig {
@@ -78,17 +74,12 @@ impl RotateConfig {
         tile_shape(spec, &self.as_tile())
     }
 
-    /// Floats a slice band takes in shared memory (with `skew`, a pad every 32; mirrors
-    /// the shader's BAND).
-    pub fn band_floats(&self, spec: &ConvSpec) -> usize {
-        let (hs, ws) = self.band(spec);
-        hs * ws + if self.skew != 0 { hs * ws / 32 + 1 } else { 0 }
-    }
-
     /// Shared memory a workgroup needs (two f32 slice bands: the one multiplied and the
-    /// next).
+    /// next; unpadded: a pad float every 32, against the 4-way bank conflicts of runs of
+    /// 4, ran 1.1-1.3x slower on the H100, run 271).
     pub fn shared_bytes(&self, spec: &ConvSpec) -> usize {
-        2 * 4 * self.band_floats(spec)
+        let (hs, ws) = self.band(spec);
+        2 * 4 * hs * ws
     }
 
     /// Elements of a slice band each invocation loads (the shader's FILL_K: each held in
@@ -213,18 +204,13 @@ impl RotateConfig {
         for &workgroup in &WORKGROUPS {
             for &out_w in &OUT_WS {
                 for &rows in &ROWS {
-                    // The pad only where windows start an even number of floats apart.
-                    let even = (out_w as usize * spec.stride3()[2]).is_multiple_of(2);
-                    for skew in 0..=u32::from(even) {
-                        let c = RotateConfig {
-                            workgroup,
-                            out_w,
-                            rows,
-                            skew,
-                        };
-                        if c.fits(info, spec).is_ok() {
-                            v.push(c);
-                        }
+                    let c = RotateConfig {
+                        workgroup,
+                        out_w,
+                        rows,
+                    };
+                    if c.fits(info, spec).is_ok() {
+                        v.push(c);
                     }
                 }
             }
@@ -239,8 +225,7 @@ impl RotateConfig {
     /// halo rows read twice), then the one nearest 128 invocations. (The H100's tuned
     /// picks, run 267, all hold one run an invocation: seed 128 x 5 x 8 rows, x3d
     /// 160 x 3 x 8, video-vae 256 x 2 x 4, convnext 160 x 6 x 16; a default of two runs an
-    /// invocation of 256 ran the video-vae case 2x slower than its tuned pick.) No skew:
-    /// the pad is in the tuner's space, not yet measured on a GPU.
+    /// invocation of 256 ran the video-vae case 2x slower than its tuned pick.)
     pub fn default_for(info: &VulkanDeviceInfo, spec: &ConvSpec) -> Result<RotateConfig> {
         let refused = |reason: String| Error::NotApplicable {
             variant: Self::NAME.into(),
@@ -265,7 +250,6 @@ impl RotateConfig {
             .copied()
             .filter(|c| {
                 (64..=256).contains(&c.workgroup)
-                    && c.skew == 0
                     && c.items(spec) <= 2
                     && if wide {
                         (2..=6).contains(&c.out_w)
@@ -289,12 +273,11 @@ config_text!(
     RotateConfig,
     "a depth_rotate config",
     FAMILY_HINT,
-    |[workgroup, out_w, rows, skew]: [u32; 4]| {
-        in_family(workgroup, out_w, rows, skew).then_some(RotateConfig {
+    |[workgroup, out_w, rows]: [u32; 3]| {
+        in_family(workgroup, out_w, rows).then_some(RotateConfig {
             workgroup,
             out_w,
             rows,
-            skew,
         })
     }
 );
@@ -367,7 +350,6 @@ pub fn prepare_depth_rotate<'d>(
         config.items(spec),
         config.fill_per_invocation(spec),
         walk,
-        config.skew as usize,
     ]);
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
     VulkanRun::new(
