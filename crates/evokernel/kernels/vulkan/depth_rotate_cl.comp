@@ -48,7 +48,7 @@ layout(push_constant) uniform Push {
 // Tap t of channel vector v's CV channels (the weight is [C][KD][KH][KW]).
 VEC weight(int v, int t) {
     float e[4] = float[4](0.0, 0.0, 0.0, 0.0);
-    for (int k = 0; k < CV; ++k) e[k] = LOAD(w[(v * CV + k) * TAPS + t]);
+    [[unroll]] for (int k = 0; k < CV; ++k) e[k] = LOAD(w[(v * CV + k) * TAPS + t]);
 #if CV == 1
     return e[0];
 #elif CV == 2
@@ -71,40 +71,40 @@ void main() {
     const int ow0 = run * OUT_W;
 
     VEC wt[TAPS];
-    for (int t = 0; t < TAPS; ++t) wt[t] = weight(cv, t);
+    [[unroll]] for (int t = 0; t < TAPS; ++t) wt[t] = weight(cv, t);
     // acc[(j * OUT_H + h) * OUT_W + o]: output depth base + j, row row + h, column ow0 + o.
     VEC acc[KD * OUT_H * OUT_W];
-    for (int i = 0; i < KD * OUT_H * OUT_W; ++i) acc[i] = VEC(0.0);
+    [[unroll]] for (int i = 0; i < KD * OUT_H * OUT_W; ++i) acc[i] = VEC(0.0);
 
     for (int zi = -p.pd; zi + p.pd - (KD - 1) < p.od; ++zi) {
         if (zi >= 0 && zi < p.id) {
             // Input row r of the run feeds output row h with kernel row e where
             // r = h * SH + e * DH (all compile-time: the loops unroll to fixed registers).
-            for (int r = 0; r < RH; ++r) {
+            [[unroll]] for (int r = 0; r < RH; ++r) {
                 // Rows between dilated taps feed no output row of the run: not read.
                 bool feeds = false;
-                for (int h = 0; h < OUT_H; ++h)
+                [[unroll]] for (int h = 0; h < OUT_H; ++h)
                     feeds = feeds || (r >= h * SH && (r - h * SH) % DH == 0 && (r - h * SH) / DH < KH);
                 const int yi = row * SH - p.ph + r;
                 if (!feeds || yi < 0 || yi >= p.ih) continue;
                 // The row segment, read once: zero where it lands in the padding.
                 const uint pix = (uint(b) * uint(p.id) + uint(zi)) * uint(p.ih) + uint(yi);
                 VEC seg[SEG];
-                for (int s = 0; s < SEG; ++s) {
+                [[unroll]] for (int s = 0; s < SEG; ++s) {
                     const int xi = ow0 * SW - p.pw + s;
                     seg[s] = (xi >= 0 && xi < p.iw)
                         ? LOADV(x[(pix * uint(p.iw) + uint(xi)) * uint(p.cvs) + uint(cv)])
                         : VEC(0.0);
                 }
-                for (int h = 0; h < OUT_H; ++h) {
+                [[unroll]] for (int h = 0; h < OUT_H; ++h) {
                     const int de = r - h * SH;
                     if (de < 0 || de % DH != 0 || de / DH >= KH) continue;
                     const int e = de / DH;
                     // Output depth base + j reads this slice with tap a = KD - 1 - j.
-                    for (int j = 0; j < KD; ++j)
-                        for (int f = 0; f < KW; ++f) {
+                    [[unroll]] for (int j = 0; j < KD; ++j)
+                        [[unroll]] for (int f = 0; f < KW; ++f) {
                             const VEC wv = wt[((KD - 1 - j) * KH + e) * KW + f];
-                            for (int o = 0; o < OUT_W; ++o)
+                            [[unroll]] for (int o = 0; o < OUT_W; ++o)
                                 acc[(j * OUT_H + h) * OUT_W + o] = fma(seg[o * SW + f * DW], wv, acc[(j * OUT_H + h) * OUT_W + o]);
                         }
                 }
@@ -112,17 +112,17 @@ void main() {
         }
         const int base_od = zi + p.pd - (KD - 1);
         if (base_od >= 0)
-            for (int h = 0; h < OUT_H; ++h) {
+            [[unroll]] for (int h = 0; h < OUT_H; ++h) {
                 if (row + h >= p.oh) break;
-                for (int o = 0; o < OUT_W; ++o) {
+                [[unroll]] for (int o = 0; o < OUT_W; ++o) {
                     const int v = ow0 + o;
                     if (v >= p.ow) break;
                     y[(((uint(b) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(row + h)) * uint(p.ow) + uint(v)) * uint(p.cvs) + uint(cv)] = STOREV(acc[h * OUT_W + o]);
                 }
             }
-        for (int j = 0; j + 1 < KD; ++j)
-            for (int i = 0; i < OUT_H * OUT_W; ++i)
+        [[unroll]] for (int j = 0; j + 1 < KD; ++j)
+            [[unroll]] for (int i = 0; i < OUT_H * OUT_W; ++i)
                 acc[j * OUT_H * OUT_W + i] = acc[(j + 1) * OUT_H * OUT_W + i];
-        for (int i = 0; i < OUT_H * OUT_W; ++i) acc[(KD - 1) * OUT_H * OUT_W + i] = VEC(0.0);
+        [[unroll]] for (int i = 0; i < OUT_H * OUT_W; ++i) acc[(KD - 1) * OUT_H * OUT_W + i] = VEC(0.0);
     }
 }

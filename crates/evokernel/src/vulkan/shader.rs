@@ -77,7 +77,10 @@ pub(crate) fn with_element(source: &str, dtype: crate::spec::DType) -> String {
              #define STOREV(f) VELEM(evk_bf16_bits(f))\n#endif\n"
         }
     };
-    let vec = "#ifdef CV\n#if CV == 1\n#define VEC float\n#elif CV == 2\n#define VEC vec2\n\
+    // `[[unroll]]` (GL_EXT_control_flow_attributes) asks the driver to unroll loops whose
+    // trip counts are specialization constants, so the arrays they index stay in
+    // registers.
+    let vec = "#extension GL_EXT_control_flow_attributes : enable\n#ifdef CV\n#if CV == 1\n#define VEC float\n#elif CV == 2\n#define VEC vec2\n\
                #else\n#define VEC vec4\n#endif\n#endif\n";
     source.replacen(
         "#version 450\n",
