@@ -354,7 +354,6 @@ fn rotate_shader_passes_over_its_config_space() {
 /// a part-filled last one, runs of several rows, every dtype the device stores (f16 and
 /// bf16 as 16-bit vectors), NaN/Inf in some.
 #[test]
-#[ignore = "needs a Vulkan device (lavapipe runs it on the CPU)"]
 fn rotate_cl_shader_takes_channel_vectors() {
     let dev = device();
     let specs = [
