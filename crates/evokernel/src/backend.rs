@@ -20,8 +20,9 @@ pub enum BackendChoice {
     Auto,
     Cpu,
     Cuda,
-    /// The Vulkan backend: the dense/grouped convolution (`bench --op dense-conv`); the
-    /// depthwise shaders are verified by the Vulkan tests, not yet measured by sessions.
+    /// The Vulkan backend: the dense/grouped convolution and the depthwise shaders
+    /// (`bench --op dense-conv`), verified by the Vulkan tests, measured on the H100's
+    /// driver (docs/perf.md).
     Vulkan,
 }
 
