@@ -1,11 +1,12 @@
 //! The FMA depth rotation on channels-last data (kernels/vulkan/depth_rotate_cl.comp):
 //! lanes over channels, so loads are coalesced with no shared memory; each invocation
-//! walks down the depth for one channel and a run of outputs, every input row segment
-//! read once into registers and accumulated into the KD output depths it feeds.
-//! Depthwise specs with depth stride and dilation 1, channels-last. Its config
-//! ([`RotateClConfig`]: invocations over channels, outputs and output rows an
-//! invocation) goes to the shader as specialization constants, pruned by the device and
-//! the spec.
+//! walks down the depth for 1, 2 or 4 consecutive channels (one load a pixel) and a run
+//! of outputs over one or more rows, every input row segment read once into registers
+//! and accumulated into the KD output depths it feeds. Depthwise specs with depth
+//! stride and dilation 1, channels-last. Its config ([`RotateClConfig`]: invocations
+//! over channels, outputs, output rows and channels an invocation) goes to the shader as
+//! specialization constants (the channel vector's width as a `#define`: it is a type),
+//! pruned by the device and the spec.
 
 use super::device::VulkanDevice;
 use super::{VulkanDeviceInfo, VulkanRun};
