@@ -330,12 +330,8 @@ unsafe fn wgrad_task_rows_avx512<T: Element>(
     let pieces = ow_.div_ceil(16);
     // masks[v * kw + e]: the lanes of piece v that tap e reads.
     let mut masks = vec![0u16; pieces * kw];
-    for (e, &o) in off.iter().enumerate() {
-        let lo = (-o).max(0) as usize;
-        let hi = ((iw_ as isize - o).max(0) as usize).min(ow_);
-        if lo >= hi {
-            return None;
-        }
+    for (e, range) in tap_column_ranges(spec).into_iter().enumerate() {
+        let (lo, hi, _) = range?;
         // Piece v holds outputs 16v..16v + 16: lanes [lo - 16v, hi - 16v) clamped to 0..16.
         for v in lo / 16..hi.div_ceil(16) {
             let (a, b) = (lo.saturating_sub(16 * v), (hi - 16 * v).min(16));
@@ -525,6 +521,33 @@ unsafe fn row_taps_avx512(acc: *mut f32, g: &[f32], x: &[f32]) {
 /// total (at most FOLD * ceil(OW / L) terms a lane).
 const FOLD: usize = 16;
 
+/// Each kernel-column tap's outputs along W whose input lands inside the row: [lo, hi)
+/// and that range's first input column; None where the tap reads no input.
+fn tap_column_ranges(spec: &ConvSpec) -> Vec<Option<(usize, usize, usize)>> {
+    let (stride, dil, pad) = (
+        spec.stride3()[2],
+        spec.dilation3()[2],
+        spec.pad_before3()[2],
+    );
+    let (iw, ow) = (spec.input3()[2], spec.output3()[2]);
+    (0..spec.kernel3()[2])
+        .map(|e| {
+            let off = (e * dil) as i64 - pad as i64;
+            let lo = if off >= 0 {
+                0
+            } else {
+                ((-off) as usize).div_ceil(stride)
+            };
+            let last = iw as i64 - 1 - off;
+            if last < 0 {
+                return None;
+            }
+            let hi = (last as usize / stride + 1).min(ow);
+            (lo < hi).then(|| (lo, hi, ((lo * stride) as i64 + off) as usize))
+        })
+        .collect()
+}
+
 /// The weights of channel `c`, kernel depth `a` and tap rows `taps` (kh), KW a row: `L`
 /// lanes a tap (product i of a row goes to lane i % L), folded into f64 every `FOLD`
 /// output rows and at the end.
@@ -537,28 +560,12 @@ fn wgrad_task<T: Element, const L: usize, const FMA: bool>(
     a: usize,
     taps: std::ops::Range<usize>,
 ) -> Vec<f32> {
-    let (stride, dil, pad) = (spec.stride3(), spec.dilation3(), spec.pad_before3());
+    let stride = spec.stride3();
     let [id_, ih_, iw_] = spec.input3();
     let [od_, oh_, ow_] = spec.output3();
     let kw = spec.kernel3()[2];
     let (ispatial, ospatial) = (id_ * ih_ * iw_, od_ * oh_ * ow_);
-    // Each tap's outputs whose input lands inside the row: [lo, hi) and the first input.
-    let ranges: Vec<Option<(usize, usize, usize)>> = (0..kw)
-        .map(|e| {
-            let off = (e * dil[2]) as i64 - pad[2] as i64;
-            let lo = if off >= 0 {
-                0
-            } else {
-                ((-off) as usize).div_ceil(stride[2])
-            };
-            let last = iw_ as i64 - 1 - off;
-            if last < 0 {
-                return None;
-            }
-            let hi = (last as usize / stride[2] + 1).min(ow_);
-            (lo < hi).then(|| (lo, hi, ((lo * stride[2]) as i64 + off) as usize))
-        })
-        .collect();
+    let ranges = tap_column_ranges(spec);
     let rows = taps.len();
     let mut total = vec![0f64; rows * kw];
     let mut lanes = vec![[0f32; L]; rows * kw];
