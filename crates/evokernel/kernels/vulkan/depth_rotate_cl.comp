@@ -45,10 +45,14 @@ layout(push_constant) uniform Push {
     int cvs;       // channel vectors a pixel: c / CV
 } p;
 
-// Tap t of channel vector v's CV channels (the weight is [C][KD][KH][KW]).
+// Tap t of channel vector v's CV channels. The host uploads the weight tap-major,
+// [KD][KH][KW][C] (its [C][KD][KH][KW] transposed): a warp's lanes, on consecutive
+// channels, read one tap's consecutive elements (channel-major, lanes sat TAPS elements
+// apart: 32 sectors a warp-wide load, the invocation's only loads on a 2-D layer besides
+// its run's).
 VEC weight(int v, int t) {
     float e[4] = float[4](0.0, 0.0, 0.0, 0.0);
-    [[unroll]] for (int k = 0; k < CV; ++k) e[k] = LOAD(w[(v * CV + k) * TAPS + t]);
+    [[unroll]] for (int k = 0; k < CV; ++k) e[k] = LOAD(w[t * p.c + v * CV + k]);
 #if CV == 1
     return e[0];
 #elif CV == 2

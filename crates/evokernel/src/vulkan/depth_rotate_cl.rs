@@ -209,6 +209,22 @@ fn i32_of(what: &str, v: usize) -> Result<i32> {
     super::i32_of("depth_rotate_cl", what, v)
 }
 
+/// A [C][taps] weight as [taps][C] (the shader's layout: lanes on consecutive channels
+/// read consecutive elements), bit for bit.
+fn tap_major(w: &HostTensor, c: usize) -> HostTensor {
+    let taps = w.len() / c;
+    let size = w.size_bytes() / w.len();
+    let mut t = HostTensor::zeros(w.dtype(), &[taps, c]);
+    let (from, to) = (w.as_bytes(), t.as_bytes_mut());
+    for ch in 0..c {
+        for tap in 0..taps {
+            let (a, b) = ((ch * taps + tap) * size, (tap * c + ch) * size);
+            to[b..b + size].copy_from_slice(&from[a..a + size]);
+        }
+    }
+    t
+}
+
 /// The shader with `config` (None: the device's default) prepared on device-local
 /// copies of `x` and `w`, to launch and time.
 pub fn prepare_depth_rotate_cl<'d>(
@@ -289,7 +305,7 @@ pub fn prepare_depth_rotate_cl<'d>(
         &super::push_bytes(&ints),
         grid,
         x,
-        w,
+        &tap_major(w, spec.c()),
         y,
     )
     .map(|r| r.with_config(&config))
