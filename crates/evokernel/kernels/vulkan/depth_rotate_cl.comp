@@ -15,7 +15,10 @@
 // run that reaches it: (OUT_H - 1) * SH + (KH - 1) * DH + 1 segments a slice instead of
 // OUT_H * KH.
 // The channel's weights stay in registers (at most 80 an invocation: the host refuses
-// more; weights in shared memory ran 3-8x slower, H100 run 271).
+// more; weights in shared memory ran 3-8x slower, H100 run 271), or with WROW each
+// kernel row's are read where they are used (L1 serves them: a warp's loads of one tap
+// are consecutive): on a layer of one depth slice an invocation meets each weight once
+// a run, and 49 of them held in registers capped what else it could hold.
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const int KD = 1;
 layout(constant_id = 2) const int KH = 1;
@@ -26,6 +29,7 @@ layout(constant_id = 6) const int DW = 1;
 layout(constant_id = 7) const int OUT_H = 1;
 layout(constant_id = 8) const int SH = 1;
 layout(constant_id = 9) const int DH = 1;
+layout(constant_id = 10) const int WROW = 0;
 const int SEG = (OUT_W - 1) * SW + (KW - 1) * DW + 1;  // inputs a row segment spans
 const int RH = (OUT_H - 1) * SH + (KH - 1) * DH + 1;   // input rows a slice's run reads
 const int TAPS = KD * KH * KW;
@@ -74,8 +78,8 @@ void main() {
     if (cv >= p.cvs) return;  // no barrier below
     const int ow0 = run * OUT_W;
 
-    VEC wt[TAPS];
-    [[unroll]] for (int t = 0; t < TAPS; ++t) wt[t] = weight(cv, t);
+    VEC wt[WROW != 0 ? 1 : TAPS];
+    if (WROW == 0) [[unroll]] for (int t = 0; t < TAPS; ++t) wt[t] = weight(cv, t);
     // acc[(j * OUT_H + h) * OUT_W + o]: output depth base + j, row row + h, column ow0 + o.
     VEC acc[KD * OUT_H * OUT_W];
     [[unroll]] for (int i = 0; i < KD * OUT_H * OUT_W; ++i) acc[i] = VEC(0.0);
@@ -107,7 +111,8 @@ void main() {
                     // Output depth base + j reads this slice with tap a = KD - 1 - j.
                     [[unroll]] for (int j = 0; j < KD; ++j)
                         [[unroll]] for (int f = 0; f < KW; ++f) {
-                            const VEC wv = wt[((KD - 1 - j) * KH + e) * KW + f];
+                            const int tap = ((KD - 1 - j) * KH + e) * KW + f;
+                            const VEC wv = WROW != 0 ? weight(cv, tap) : wt[WROW != 0 ? 0 : tap];
                             [[unroll]] for (int o = 0; o < OUT_W; ++o)
                                 acc[(j * OUT_H + h) * OUT_W + o] = fma(seg[o * SW + f * DW], wv, acc[(j * OUT_H + h) * OUT_W + o]);
                         }

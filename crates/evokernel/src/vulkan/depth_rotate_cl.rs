@@ -29,12 +29,17 @@ pub struct RotateClConfig {
     /// Consecutive channels an invocation computes: a pixel's are one load (4-16 bytes)
     /// and every FMA a vector one. The channel count must be a multiple.
     pub cv: u32,
+    /// 1: each kernel row's weights are read where they are used (from L1) instead of
+    /// held in registers for the whole walk: a layer of one depth slice uses each weight
+    /// once a run, so registers bought it nothing and capped the rest.
+    pub wrow: u32,
 }
 
 const WORKGROUPS: [u32; 4] = [32, 64, 128, 256];
 const OUT_WS: [u32; 4] = [1, 2, 4, 8];
 const OUT_HS: [u32; 3] = [1, 2, 4];
 const CVS: [u32; 3] = [1, 2, 4];
+const WROWS: [u32; 2] = [0, 1];
 /// Weights an invocation keeps in registers (the seed's 3x5x5 at one channel). More
 /// channels an invocation are refused past it: a form with the weights in shared memory
 /// ran 3-8x slower (H100 run 271: one warp a workgroup, its weights 12-38 KB).
@@ -43,10 +48,10 @@ const MAX_REGISTER_WEIGHTS: usize = 80;
 impl RotateClConfig {
     pub const NAME: &'static str = "depth_rotate_cl";
     /// The fields, in `values` order.
-    pub const NAMES: [&'static str; 4] = ["workgroup", "out_w", "out_h", "cv"];
+    pub const NAMES: [&'static str; 5] = ["workgroup", "out_w", "out_h", "cv", "wrow"];
 
-    pub fn values(&self) -> [u32; 4] {
-        [self.workgroup, self.out_w, self.out_h, self.cv]
+    pub fn values(&self) -> [u32; 5] {
+        [self.workgroup, self.out_w, self.out_h, self.cv, self.wrow]
     }
 
     /// Why the shader does not apply to `spec`, if it does not.
@@ -88,7 +93,7 @@ impl RotateClConfig {
             ));
         }
         let weights = spec.kernel3().iter().product::<usize>() * self.cv as usize;
-        if weights > MAX_REGISTER_WEIGHTS {
+        if self.wrow == 0 && weights > MAX_REGISTER_WEIGHTS {
             return Err(format!(
                 "{weights} weights an invocation (at most {MAX_REGISTER_WEIGHTS}): fewer channels an invocation"
             ));
@@ -122,14 +127,17 @@ impl RotateClConfig {
             for &out_w in &OUT_WS {
                 for &out_h in &OUT_HS {
                     for &cv in &CVS {
-                        let c = RotateClConfig {
-                            workgroup,
-                            out_w,
-                            out_h,
-                            cv,
-                        };
-                        if c.fits(info, spec).is_ok() {
-                            v.push(c);
+                        for &wrow in &WROWS {
+                            let c = RotateClConfig {
+                                workgroup,
+                                out_w,
+                                out_h,
+                                cv,
+                                wrow,
+                            };
+                            if c.fits(info, spec).is_ok() {
+                                v.push(c);
+                            }
                         }
                     }
                 }
@@ -144,7 +152,10 @@ impl RotateClConfig {
     /// vectors of 4 for kernels of at most 4 taps (causal-conv1d 0.67x), of 2 for at most
     /// 9 (mobilenet 0.63x), else one (x3d's 27 taps ran 1.13x slower on two); the
     /// workgroup up to 128 whose last one the channel vectors fill best, nearest 64 on a
-    /// tie (x3d 64 0.95x of 128).
+    /// tie (x3d 64 0.95x of 128). On a layer of one depth slice with more than 9 taps
+    /// (run 277, the three 2-D 5x5 and 7x7 layers of the suites): weights read where used,
+    /// two channels and two rows an invocation, runs of 8 where they span <= 14 inputs
+    /// (else 4), a workgroup of 64 or 128 (the better fill, 128 on a tie).
     pub fn default_for(info: &VulkanDeviceInfo, spec: &ConvSpec) -> Result<RotateClConfig> {
         let refused = |reason: String| Error::NotApplicable {
             variant: Self::NAME.into(),
@@ -153,22 +164,40 @@ impl RotateClConfig {
         };
         Self::applies(spec).map_err(refused)?;
         let space = Self::space(info, spec);
-        let [_, kh, _] = spec.kernel3();
-        let taps: usize = spec.kernel3().iter().product();
-        let out_w = if spec.output3()[2] >= 16 { 4 } else { 1 };
-        let out_h = if kh <= 5 { 2 } else { 1 };
-        let cv = match taps {
-            0..=4 => 4,
-            5..=9 => 2,
-            _ => 1,
+        let [kd, kh, kw] = spec.kernel3();
+        let taps = kd * kh * kw;
+        // One depth slice an invocation and many taps: weights read where used (2.1x on
+        // convnext-nhwc, H100 run 277), which frees the registers for two channels and
+        // two rows an invocation, and runs of 8 where their row segment spans <= 14
+        // inputs (a 7-wide row at stride 1; 5-wide at stride 2 takes 4).
+        let wrow = kd == 1 && spec.input3()[0] == 1 && taps > 9;
+        let wide = spec.output3()[2] >= 16;
+        let span =
+            |out_w: usize| (out_w - 1) * spec.stride3()[2] + (kw - 1) * spec.dilation3()[2] + 1;
+        let out_w = match (wide, wrow) {
+            (false, _) => 1,
+            (true, true) if span(8) <= 14 => 8,
+            (true, _) => 4,
         };
-        // Filled share of the last workgroup's lanes (per mille), then nearness to 64.
+        let out_h = if wrow || kh <= 5 { 2 } else { 1 };
+        let cv = match (wrow, taps) {
+            (true, _) => 2,
+            (false, 0..=4) => 4,
+            (false, 5..=9) => 2,
+            (false, _) => 1,
+        };
+        // Filled share of the last workgroup's lanes (per mille), then nearness to 64
+        // (reading weights where used: 64 or 128, the larger on a tie: convnext-t-nhwc's
+        // 96 vectors 0.067 ms at 128, 0.083 at 64; efficientnet-k5s2's 72 0.058 / 0.073).
         let rank = |c: &RotateClConfig| {
             let vectors = spec.c() / c.cv as usize;
             let lanes = vectors.div_ceil(c.workgroup as usize) * c.workgroup as usize;
             let distance = (c.workgroup as i64 - 64).abs();
-            (vectors * 1000 / lanes, -distance)
+            let tie = if wrow { c.workgroup as i64 } else { -distance };
+            (vectors * 1000 / lanes, tie)
         };
+        let wrow = u32::from(wrow);
+        let smallest = if wrow == 1 { 64 } else { 0 };
         // The rule's config, else with fewer channels or rows an invocation where the
         // spec refuses it (an odd channel count, one output row).
         [(cv, out_h), (1, out_h), (cv, 1), (1, 1)]
@@ -178,7 +207,11 @@ impl RotateClConfig {
                     .iter()
                     .copied()
                     .filter(|c| {
-                        c.out_w == out_w && c.out_h == out_h && c.cv == cv && c.workgroup <= 128
+                        c.out_w == out_w
+                            && c.out_h == out_h
+                            && c.cv == cv
+                            && c.wrow == wrow
+                            && (smallest..=128).contains(&c.workgroup)
                     })
                     .max_by_key(rank)
             })
@@ -190,17 +223,19 @@ impl RotateClConfig {
 config_text!(
     RotateClConfig,
     "a depth_rotate_cl config",
-    "workgroup 32-256, out_w 1-8, out_h 1-4, cv 1-4, powers of two",
-    |[workgroup, out_w, out_h, cv]: [u32; 4]| {
+    "workgroup 32-256, out_w 1-8, out_h 1-4, cv 1-4, powers of two; wrow 0 or 1",
+    |[workgroup, out_w, out_h, cv, wrow]: [u32; 5]| {
         (WORKGROUPS.contains(&workgroup)
             && OUT_WS.contains(&out_w)
             && OUT_HS.contains(&out_h)
-            && CVS.contains(&cv))
+            && CVS.contains(&cv)
+            && WROWS.contains(&wrow))
         .then_some(RotateClConfig {
             workgroup,
             out_w,
             out_h,
             cv,
+            wrow,
         })
     }
 );
@@ -295,6 +330,7 @@ pub fn prepare_depth_rotate_cl<'d>(
         config.out_h as usize,
         st[1],
         dl[1],
+        config.wrow as usize,
     ]);
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
     VulkanRun::new(
@@ -323,13 +359,22 @@ mod tests {
         p.layout = Layout::ChannelsLast;
         let seed = p.validate().unwrap();
         let space = RotateClConfig::space(&info, &seed);
-        // One channel an invocation: 4 workgroups x 4 run widths x 3 run heights, less 8 x
-        // 4 runs over the seed's 3 depths (96 sums). Two would be 150 weights (past 80).
-        assert_eq!(space.len(), 4 * 4 * 3 - 4);
-        assert!(space.iter().all(|c| c.cv == 1));
-        // 512 channels fill every workgroup: the nearest 64; two rows for 5 kernel rows.
+        // Weights in registers, one channel an invocation: 4 workgroups x 4 run widths x 3
+        // run heights, less 8 x 4 runs over the seed's 3 depths (96 sums). Two would be
+        // 150 weights (past 80); read where used they are not held, and two or four are in.
+        let held: Vec<_> = space.iter().filter(|c| c.wrow == 0).collect();
+        assert_eq!(held.len(), 4 * 4 * 3 - 4);
+        assert!(held.iter().all(|c| c.cv == 1));
+        assert!([2, 4]
+            .iter()
+            .all(|&v| space.iter().any(|c| c.wrow == 1 && c.cv == v)));
+        // 512 channels fill every workgroup: the nearest 64; two rows for 5 kernel rows;
+        // the weights in registers (3 depths a slice feeds).
         let d = RotateClConfig::default_for(&info, &seed).unwrap();
-        assert_eq!((d.workgroup, d.out_w, d.out_h, d.cv), (64, 4, 2, 1));
+        assert_eq!(
+            (d.workgroup, d.out_w, d.out_h, d.cv, d.wrow),
+            (64, 4, 2, 1, 0)
+        );
         // A 3x3 2-D layer (mobilenet's): two channels an invocation, 72 vectors fill
         // three workgroups of 32 best (75%).
         let mut m = ConvParams {
@@ -344,7 +389,25 @@ mod tests {
             dtype: DType::F16,
         };
         let d = RotateClConfig::default_for(&info, &m.validate().unwrap()).unwrap();
-        assert_eq!((d.workgroup, d.out_w, d.out_h, d.cv), (32, 4, 2, 2));
+        assert_eq!(
+            (d.workgroup, d.out_w, d.out_h, d.cv, d.wrow),
+            (32, 4, 2, 2, 0)
+        );
+        // A 7x7 2-D layer (ConvNeXt's): one slice an invocation, 49 taps: read where used,
+        // two channels and rows, runs of 8 (a 14-input segment); 72 vectors fill 64 and
+        // 128 alike: the larger.
+        let mut k7 = m.clone();
+        (k7.kernel, k7.padding) = (vec![7, 7], vec![[3, 3], [3, 3]]);
+        let d = RotateClConfig::default_for(&info, &k7.validate().unwrap()).unwrap();
+        assert_eq!(
+            (d.workgroup, d.out_w, d.out_h, d.cv, d.wrow),
+            (128, 8, 2, 2, 1)
+        );
+        // 5x5 at stride 2 (EfficientNet's): runs of 4 (8 would span 19 inputs).
+        let mut k5 = k7.clone();
+        (k5.kernel, k5.padding, k5.stride) = (vec![5, 5], vec![[2, 2], [2, 2]], vec![2, 2]);
+        let d = RotateClConfig::default_for(&info, &k5.validate().unwrap()).unwrap();
+        assert_eq!((d.out_w, d.out_h, d.cv, d.wrow), (4, 2, 2, 1));
         // Channel vectors only of a width that divides the channels.
         m.c = 6 * 7;
         let space = RotateClConfig::space(&info, &m.validate().unwrap());
