@@ -500,6 +500,92 @@ fn rotate_shader_walks_planes() {
     assert!(walked >= 6, "{walked} walking configs checked");
 }
 
+/// The rotation storing each run of 2 or 4 outputs as one vector (channels-first data,
+/// rows a multiple of the run): 3-D with depth padding, 2-D strided, a 1-D plane walk,
+/// every dtype the device stores, NaN/Inf in some; runs that do not divide the rows
+/// (and channels-last data) keep the element stores, checked beside them.
+#[test]
+fn rotate_shader_stores_runs_as_vectors() {
+    let dev = device();
+    let specs = [
+        ConvParams {
+            n: 2,
+            c: 5,
+            input: vec![5, 9, 24],
+            kernel: vec![3, 3, 3],
+            stride: vec![1, 1, 1],
+            dilation: vec![1, 1, 1],
+            padding: vec![[2, 0], [1, 1], [1, 1]],
+            layout: Layout::ChannelsFirst,
+            dtype: DType::F32,
+        },
+        // 2-D 5x5 at W stride 2: 16 outputs a row.
+        ConvParams {
+            n: 1,
+            c: 3,
+            input: vec![11, 31],
+            kernel: vec![5, 5],
+            stride: vec![1, 2],
+            dilation: vec![1, 1],
+            padding: vec![[2, 2], [2, 2]],
+            layout: Layout::ChannelsFirst,
+            dtype: DType::F32,
+        },
+        // 1-D causal rows of 40, walked.
+        ConvParams {
+            n: 4,
+            c: 640,
+            input: vec![40],
+            kernel: vec![4],
+            stride: vec![1],
+            dilation: vec![1],
+            padding: vec![[3, 0]],
+            layout: Layout::ChannelsFirst,
+            dtype: DType::F32,
+        },
+    ];
+    let mut dtypes = vec![DType::F32];
+    if dev.info().storage_f16 {
+        dtypes.extend([DType::F16, DType::Bf16]);
+    }
+    let mut vectors = 0;
+    for (i, p) in specs.into_iter().enumerate() {
+        let spec = p.validate().unwrap();
+        let space = RotateConfig::space(dev.info(), &spec);
+        for out_w in [2, 3, 4] {
+            let pick = space
+                .iter()
+                .filter(|c| c.out_w == out_w)
+                .nth(i * 3 % 5)
+                .or_else(|| space.iter().find(|c| c.out_w == out_w))
+                .copied()
+                .unwrap_or_else(|| panic!("{spec}: no config with runs of {out_w}"));
+            assert_eq!(pick.store_vector(&spec).is_some(), out_w != 3, "{pick}");
+            vectors += usize::from(out_w != 3);
+            for &dtype in &dtypes {
+                let typed = spec.with_dtype(dtype);
+                let name = format!("vector spec {i} {pick} {dtype}");
+                check_with(
+                    &dev,
+                    Shader::Rotate(Some(pick)),
+                    &name,
+                    &typed,
+                    140 + i as u64,
+                    out_w == 4,
+                );
+            }
+        }
+        let cl = spec.with_layout(Layout::ChannelsLast);
+        let c = RotateConfig::space(dev.info(), &cl)
+            .into_iter()
+            .find(|c| c.out_w == 4)
+            .unwrap();
+        assert!(c.store_vector(&cl).is_none());
+        check_with(&dev, Shader::Rotate(Some(c)), "vector cl", &cl, 150, false);
+    }
+    assert_eq!(vectors, 6);
+}
+
 /// f16 and bf16 through the depthwise shaders (tiled, rotating, channels-last rotating)
 /// where the device has 16-bit storage (lavapipe does; bf16 is stored as its 16 bits and
 /// converted in the shader): the public suite's cases shrunk, both layouts, NaN/Inf in

@@ -41,6 +41,13 @@ const int WIN = (OUT_W - 1) * SW + (KW - 1) * DW + 1;  // inputs a run's kernel 
 layout(std430, set = 0, binding = 0) readonly buffer Input { ELEM x[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Weight { ELEM w[]; };
 layout(std430, set = 0, binding = 2) writeonly buffer Output { ELEM y[]; };
+// CV (a #define from the host where the data is channels-first, OUT_W is 2 or 4 and
+// divides the output rows): a run's OUT_W outputs leave as one vector store, through
+// this alias of the output. One element a store put a warp's 32 stores OUT_W elements
+// apart: OUT_W times the sectors a coalesced store writes.
+#ifdef CV
+layout(std430, set = 0, binding = 2) writeonly buffer OutputRuns { VELEM yv[]; };
+#endif
 
 // Mirrored by vulkan::depth_rotate (same order, 4-byte fields).
 layout(push_constant) uniform Push {
@@ -150,6 +157,19 @@ void main() {
             }
             if (base_od >= 0) {
                 const int oh = h0 + row;
+#ifdef CV
+                // Channels-first: the run's outputs are consecutive and start at a
+                // multiple of OUT_W (= CV; the rows' length is one too).
+                const uint at0 = WALK > 0
+                    ? (uint(zi) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(ow0)
+                    : (((uint(b) * uint(p.c) + uint(ch)) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(ow0);
+                const int a0 = (it * KD) * OUT_W;
+#if CV == 2
+                yv[at0 / 2u] = STOREV(VEC(acc[a0], acc[a0 + 1]));
+#else
+                yv[at0 / 4u] = STOREV(VEC(acc[a0], acc[a0 + 1], acc[a0 + 2], acc[a0 + 3]));
+#endif
+#else
                 for (int o = 0; o < OUT_W; ++o) {
                     const int v = ow0 + o;
                     if (v >= p.ow) break;
@@ -160,6 +180,7 @@ void main() {
                         : (((uint(b) * uint(p.c) + uint(ch)) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(v);
                     y[at] = STORE(acc[(it * KD) * OUT_W + o]);
                 }
+#endif
             }
             // Rotate: the oldest depth leaves, a fresh one enters at the top.
             for (int j = 0; j + 1 < KD; ++j)

@@ -89,6 +89,16 @@ impl RotateConfig {
         (hs * ws).div_ceil(self.workgroup as usize)
     }
 
+    /// Outputs a run stores as one vector (the shader's CV), if it can: channels-first
+    /// data, runs of 2 or 4 that divide the output rows (so each starts aligned).
+    pub fn store_vector(&self, spec: &ConvSpec) -> Option<usize> {
+        let out_w = self.out_w as usize;
+        (spec.layout() == Layout::ChannelsFirst
+            && matches!(out_w, 2 | 4)
+            && spec.output3()[2].is_multiple_of(out_w))
+        .then_some(out_w)
+    }
+
     /// Runs of OUT_W outputs each invocation owns: the band's runs over the invocations.
     pub fn items(&self, spec: &ConvSpec) -> usize {
         let ow = spec.output3()[2];
@@ -235,10 +245,19 @@ impl RotateConfig {
         Self::applies(spec).map_err(refused)?;
         let space = Self::space(info, spec);
         let wide = spec.output3()[2] >= 16;
+        // Vector stores (runs of 4 or 2 that divide the rows) and bands of 4, 8 or 16 rows
+        // first (run 281: seed-bf16 0.814 -> 0.709 ms, seed-f32 0.761 -> 0.595, x3d 0.213 ->
+        // 0.149, video-vae-causal 0.316 -> 0.272, causal-conv1d 0.143 -> 0.129), except on
+        // planes of one slice and many taps, where they measured slower (convnext-7x7: the
+        // best such 0.159 ms, the first of this rule 0.206, the old default's 0.178).
+        let taps: usize = spec.kernel3().iter().product();
+        let plain = spec.kernel3()[0] == 1 && spec.input3()[0] == 1 && taps > 9;
         let key = |c: &RotateConfig| {
             let used = c.run_use(spec);
             (
+                c.store_vector(spec).is_some() && !plain,
                 used >= 0.9 && c.items(spec) == 1,
+                c.rows.is_power_of_two() && !plain,
                 (used * 1000.0).round() as i64,
                 c.rows,
                 -(c.workgroup as i64 - 128).abs(),
@@ -306,6 +325,10 @@ pub fn prepare_depth_rotate<'d>(
         || RotateConfig::default_for(info, spec),
         |c| c.fits(info, spec),
     )?;
+    let source = match config.store_vector(spec) {
+        Some(cv) => super::shader::with_defines(&source, &[("CV", cv)]),
+        None => source,
+    };
     i32_of("input length", spec.input_len())?;
     i32_of("output length", spec.output_len())?;
     let [id, ih, iw] = spec.input3();
@@ -395,6 +418,23 @@ mod tests {
             // The plane walk: channels-first rows of one kernel depth, no depth padding.
             let walks = matches!(case.name.as_str(), "causal-conv1d" | "convnext-7x7");
             assert_eq!(d.walk(&spec) > 0, walks, "{}: {d}", case.name);
+            // Vector stores everywhere they fit but on the plane of 49 taps (measured
+            // slower there) and where no run width divides the rows.
+            let vector = matches!(
+                case.name.as_str(),
+                "seed-bf16"
+                    | "seed-f16"
+                    | "seed-f32"
+                    | "x3d-3x3x3"
+                    | "video-vae-causal"
+                    | "causal-conv1d"
+            );
+            assert_eq!(
+                d.store_vector(&spec).is_some(),
+                vector,
+                "{}: {d}",
+                case.name
+            );
             assert!(d.run_use(&spec) >= 0.8 * best, "{}: {d}", case.name);
         }
     }
