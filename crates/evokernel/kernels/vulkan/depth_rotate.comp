@@ -36,6 +36,11 @@ layout(constant_id = 11) const int FILL_K = 1;  // ceil(HS * WS / invocations)
 // loads go out under the previous plane's FMAs (a 1-D or 2-D layer has one slice a plane:
 // without the walk a workgroup loaded, waited and multiplied once).
 layout(constant_id = 12) const int WALK = 0;
+// DIRECT (channels-first): no band in shared memory; each invocation reads its runs'
+// windows from the buffer (L1 serves the neighbours' overlap) with no barrier. For
+// one-slice planes of short kernels (a 1-D row's band was 16 KB, and a workgroup's shared
+// memory costs occupancy on NVIDIA's driver, run 275); the host gives HS = WS = 1.
+layout(constant_id = 13) const int DIRECT = 0;
 const int WIN = (OUT_W - 1) * SW + (KW - 1) * DW + 1;  // inputs a run's kernel row spans
 
 layout(std430, set = 0, binding = 0) readonly buffer Input { ELEM x[]; };
@@ -121,16 +126,18 @@ void main() {
         }
     // The first live slice goes in before the walk.
     int cur = 0;
-    if (max(z0, 0) < min(z1, zlive)) {
-        FETCH(max(z0, 0));
-        PUT(0);
+    if (DIRECT == 0) {
+        if (max(z0, 0) < min(z1, zlive)) {
+            FETCH(max(z0, 0));
+            PUT(0);
+        }
+        barrier();
     }
-    barrier();
     for (int zi = z0; zi < z1; ++zi) {
         const bool live = zi >= 0 && zi < zlive;
         // The next live slice's loads go out before this one's multiply-adds.
         const bool next = zi + 1 >= 0 && zi + 1 < min(z1, zlive);
-        if (live && next) { FETCH(zi + 1); }
+        if (DIRECT == 0 && live && next) { FETCH(zi + 1); }
         if (WALK > 0 && zi > q0 && zi % p.id == 0) {
             // A new channel's weights (L1 serves the workgroup's identical loads).
             ch = (zi / p.id) % p.c;
@@ -145,7 +152,18 @@ void main() {
                 for (int e = 0; e < KH; ++e) {
                     const int at = cur * HS * WS + (row * p.sh + e * p.dh) * WS + ow0 * SW;
                     float win[WIN];
-                    for (int q = 0; q < WIN; ++q) win[q] = band[at + q];
+                    if (DIRECT != 0) {
+                        // Input row of kernel row e; its columns ow0 * SW - pw + q.
+                        const int yi = (h0 + row) * p.sh - p.ph + e * p.dh;
+                        const bool in_row = yi >= 0 && yi < p.ih;
+                        const uint from = base + uint(zi) * dstride + uint(max(yi, 0)) * uint(p.iw);
+                        for (int q = 0; q < WIN; ++q) {
+                            const int xi = ow0 * SW - p.pw + q;
+                            win[q] = in_row && xi >= 0 && xi < p.iw ? LOAD(x[from + uint(xi)]) : 0.0;
+                        }
+                    } else {
+                        for (int q = 0; q < WIN; ++q) win[q] = band[at + q];
+                    }
                     // Output depth base_od + j reads this slice with tap a = KD - 1 - j.
                     for (int j = 0; j < KD; ++j)
                         for (int f = 0; f < KW; ++f) {
@@ -190,10 +208,12 @@ void main() {
         }
         // The other buffer was last read before the previous barrier: fill it, then wait
         // once so every invocation sees it (and is done with this one).
-        if (live && next) {
-            PUT(cur ^ 1);
-            cur ^= 1;
+        if (DIRECT == 0) {
+            if (live && next) {
+                PUT(cur ^ 1);
+                cur ^= 1;
+            }
+            barrier();
         }
-        barrier();
     }
 }

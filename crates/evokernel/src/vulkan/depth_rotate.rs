@@ -8,8 +8,10 @@
 //! (at most 4, so that their sums stay in registers), and so does each invocation's part
 //! of a slice's fill (loaded into registers while the slice before is multiplied, from a
 //! second shared band), and the space is pruned by the device's shared memory and
-//! invocations. f32, and f16 where the device has 16-bit
-//! storage.
+//! invocations. With `direct` there is no band: each invocation reads its windows from
+//! the buffer (channels-first; the default on 1-D rows, whose band held no reuse across
+//! rows). Runs of 2 or 4 that divide channels-first rows are stored as one vector. f32,
+//! and f16 where the device has 16-bit storage.
 
 use super::device::VulkanDevice;
 use super::tile::{tile_shape, TileConfig};
@@ -29,6 +31,9 @@ pub struct RotateConfig {
     pub out_w: u32,
     /// Output rows a workgroup's band holds.
     pub rows: u32,
+    /// 1: no band in shared memory: each invocation reads its windows from the buffer
+    /// (channels-first only; no barriers).
+    pub direct: u32,
 }
 
 // The rotation's family: the band shaders' powers of two and the sizes between, so that
@@ -38,11 +43,16 @@ pub struct RotateConfig {
 const WORKGROUPS: [u32; 7] = [32, 64, 96, 128, 160, 192, 256];
 const OUT_WS: [u32; 7] = [1, 2, 3, 4, 5, 6, 8];
 const ROWS: [u32; 12] = [1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 32];
+const DIRECTS: [u32; 2] = [0, 1];
 const FAMILY_HINT: &str =
-    "workgroup 32-256 in steps of 32 (not 224), out_w 1-6 or 8, rows 1-6, 8, 9, 12, 16, 24 or 32";
+    "workgroup 32-256 in steps of 32 (not 224), out_w 1-6 or 8, rows 1-6, 8, 9, 12, \
+     16, 24 or 32, direct 0 or 1";
 
-fn in_family(workgroup: u32, out_w: u32, rows: u32) -> bool {
-    WORKGROUPS.contains(&workgroup) && OUT_WS.contains(&out_w) && ROWS.contains(&rows)
+fn in_family(workgroup: u32, out_w: u32, rows: u32, direct: u32) -> bool {
+    WORKGROUPS.contains(&workgroup)
+        && OUT_WS.contains(&out_w)
+        && ROWS.contains(&rows)
+        && DIRECTS.contains(&direct)
 }
 /// Runs of outputs an invocation may own (their KD x OUT_W sums each in registers).
 const MAX_ITEMS: usize = 4;
@@ -55,10 +65,10 @@ const MAX_FILL: usize = 24;
 impl RotateConfig {
     pub const NAME: &'static str = "depth_rotate";
     /// The fields, in `values` order.
-    pub const NAMES: [&'static str; 3] = ["workgroup", "out_w", "rows"];
+    pub const NAMES: [&'static str; 4] = ["workgroup", "out_w", "rows", "direct"];
 
-    pub fn values(&self) -> [u32; 3] {
-        [self.workgroup, self.out_w, self.rows]
+    pub fn values(&self) -> [u32; 4] {
+        [self.workgroup, self.out_w, self.rows, self.direct]
     }
 
     fn as_tile(&self) -> TileConfig {
@@ -69,8 +79,11 @@ impl RotateConfig {
         }
     }
 
-    /// The shared band's rows and floats a row (one slice).
+    /// The shared band's rows and floats a row (one slice; 1 x 1 where it reads directly).
     pub fn band(&self, spec: &ConvSpec) -> (usize, usize) {
+        if self.direct == 1 {
+            return (1, 1);
+        }
         tile_shape(spec, &self.as_tile())
     }
 
@@ -170,6 +183,13 @@ impl RotateConfig {
         spec: &ConvSpec,
     ) -> std::result::Result<(), String> {
         Self::applies(spec)?;
+        if self.direct == 1 && spec.layout() != Layout::ChannelsFirst {
+            return Err(
+                "reading windows directly takes channels-first data (a warp's \
+                        lanes along W)"
+                    .into(),
+            );
+        }
         if self.workgroup > info.max_workgroup_invocations {
             return Err(format!(
                 "{} invocations a workgroup, more than the device's {}",
@@ -214,13 +234,16 @@ impl RotateConfig {
         for &workgroup in &WORKGROUPS {
             for &out_w in &OUT_WS {
                 for &rows in &ROWS {
-                    let c = RotateConfig {
-                        workgroup,
-                        out_w,
-                        rows,
-                    };
-                    if c.fits(info, spec).is_ok() {
-                        v.push(c);
+                    for &direct in &DIRECTS {
+                        let c = RotateConfig {
+                            workgroup,
+                            out_w,
+                            rows,
+                            direct,
+                        };
+                        if c.fits(info, spec).is_ok() {
+                            v.push(c);
+                        }
                     }
                 }
             }
@@ -251,6 +274,11 @@ impl RotateConfig {
         // planes of one slice and many taps, where they measured slower (convnext-7x7: the
         // best such 0.159 ms, the first of this rule 0.206, the old default's 0.178).
         let taps: usize = spec.kernel3().iter().product();
+        // Rows of one kernel row (1-D layers) read their windows directly: a band gives
+        // them no reuse across rows and cost 16 KB of shared memory a workgroup
+        // (causal-conv1d 0.130 -> 0.071 ms, run 284; on 2-D and 3-D kernels direct reads
+        // measured 1.06x faster to 1.4x slower, so the band stays there).
+        let direct = u32::from(spec.kernel3()[1] == 1 && spec.layout() == Layout::ChannelsFirst);
         let plain = spec.kernel3()[0] == 1 && spec.input3()[0] == 1 && taps > 9;
         let key = |c: &RotateConfig| {
             let used = c.run_use(spec);
@@ -269,6 +297,7 @@ impl RotateConfig {
             .copied()
             .filter(|c| {
                 (64..=256).contains(&c.workgroup)
+                    && c.direct == direct
                     && c.items(spec) <= 2
                     && if wide {
                         (2..=6).contains(&c.out_w)
@@ -292,11 +321,12 @@ config_text!(
     RotateConfig,
     "a depth_rotate config",
     FAMILY_HINT,
-    |[workgroup, out_w, rows]: [u32; 3]| {
-        in_family(workgroup, out_w, rows).then_some(RotateConfig {
+    |[workgroup, out_w, rows, direct]: [u32; 4]| {
+        in_family(workgroup, out_w, rows, direct).then_some(RotateConfig {
             workgroup,
             out_w,
             rows,
+            direct,
         })
     }
 );
@@ -373,6 +403,7 @@ pub fn prepare_depth_rotate<'d>(
         config.items(spec),
         config.fill_per_invocation(spec),
         walk,
+        config.direct as usize,
     ]);
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
     VulkanRun::new(
@@ -432,6 +463,12 @@ mod tests {
             assert_eq!(
                 d.store_vector(&spec).is_some(),
                 vector,
+                "{}: {d}",
+                case.name
+            );
+            assert_eq!(
+                d.direct == 1,
+                case.name == "causal-conv1d",
                 "{}: {d}",
                 case.name
             );
