@@ -155,7 +155,8 @@ impl RotateClConfig {
     /// tie (x3d 64 0.95x of 128). On a layer of one depth slice with more than 9 taps
     /// (run 277, the three 2-D 5x5 and 7x7 layers of the suites): weights read where used,
     /// two channels and two rows an invocation, runs of 8 where they span <= 14 inputs
-    /// (else 4), a workgroup of 64 or 128 (the better fill, 128 on a tie).
+    /// (else 4), a workgroup of 64 or 128 (the better fill, 128 on a tie). Past 64 taps
+    /// (run 286, the seed's 3x5x5): weights read where used, two channels, one row of 8.
     pub fn default_for(info: &VulkanDeviceInfo, spec: &ConvSpec) -> Result<RotateClConfig> {
         let refused = |reason: String| Error::NotApplicable {
             variant: Self::NAME.into(),
@@ -170,7 +171,12 @@ impl RotateClConfig {
         // convnext-nhwc, H100 run 277), which frees the registers for two channels and
         // two rows an invocation, and runs of 8 where their row segment spans <= 14
         // inputs (a 7-wide row at stride 1; 5-wide at stride 2 takes 4).
-        let wrow = kd == 1 && spec.input3()[0] == 1 && taps > 9;
+        let plane = kd == 1 && spec.input3()[0] == 1 && taps > 9;
+        // Past 64 taps (the seed's 75) the weights crowd out the rest on any slice walk:
+        // read where used too, two channels, one row of 8 (seed-f16-ndhwc 1.047 -> 0.946
+        // ms, run 286; x3d's and video-vae's 27 taps measured no gain, 1.0-1.3x slower).
+        let heavy = taps > 64;
+        let wrow = plane || heavy;
         let wide = spec.output3()[2] >= 16;
         let span =
             |out_w: usize| (out_w - 1) * spec.stride3()[2] + (kw - 1) * spec.dilation3()[2] + 1;
@@ -179,7 +185,7 @@ impl RotateClConfig {
             (true, true) if span(8) <= 14 => 8,
             (true, _) => 4,
         };
-        let out_h = if wrow || kh <= 5 { 2 } else { 1 };
+        let out_h = if plane || (!heavy && kh <= 5) { 2 } else { 1 };
         let cv = match (wrow, taps) {
             (true, _) => 2,
             (false, 0..=4) => 4,
@@ -193,11 +199,11 @@ impl RotateClConfig {
             let vectors = spec.c() / c.cv as usize;
             let lanes = vectors.div_ceil(c.workgroup as usize) * c.workgroup as usize;
             let distance = (c.workgroup as i64 - 64).abs();
-            let tie = if wrow { c.workgroup as i64 } else { -distance };
+            let tie = if plane { c.workgroup as i64 } else { -distance };
             (vectors * 1000 / lanes, tie)
         };
         let wrow = u32::from(wrow);
-        let smallest = if wrow == 1 { 64 } else { 0 };
+        let smallest = if plane { 64 } else { 0 };
         // The rule's config, else with fewer channels or rows an invocation where the
         // spec refuses it (an odd channel count, one output row).
         [(cv, out_h), (1, out_h), (cv, 1), (1, 1)]
@@ -368,12 +374,12 @@ mod tests {
         assert!([2, 4]
             .iter()
             .all(|&v| space.iter().any(|c| c.wrow == 1 && c.cv == v)));
-        // 512 channels fill every workgroup: the nearest 64; two rows for 5 kernel rows;
-        // the weights in registers (3 depths a slice feeds).
+        // The seed's 75 taps: weights read where used, two channels (256 vectors fill
+        // every workgroup: the nearest 64), one row of 8.
         let d = RotateClConfig::default_for(&info, &seed).unwrap();
         assert_eq!(
             (d.workgroup, d.out_w, d.out_h, d.cv, d.wrow),
-            (64, 4, 2, 1, 0)
+            (64, 8, 1, 2, 1)
         );
         // A 3x3 2-D layer (mobilenet's): two channels an invocation, 72 vectors fill
         // three workgroups of 32 best (75%).
