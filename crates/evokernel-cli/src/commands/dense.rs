@@ -363,7 +363,9 @@ mod tests {
     fn a_forced_config_replaces_the_default_row_of_its_shader() {
         let forced = || {
             DenseKernel::VulkanDepthRotate(Some(
-                "depth_rotate:workgroup=128,out_w=3,rows=6".parse().unwrap(),
+                "depth_rotate:workgroup=128,out_w=3,rows=6,direct=0"
+                    .parse()
+                    .unwrap(),
             ))
         };
         let mut out = vec![

@@ -111,9 +111,12 @@ impl Session {
             BackendChoice::Cuda => Self::open_cuda(0),
             BackendChoice::Vulkan => Err(Error::BackendUnavailable {
                 backend: "vulkan".into(),
-                reason: "the depthwise commands run on cpu or cuda; on Vulkan, `bench --op \
-                         dense-conv` measures the dense and grouped convolution (the depthwise \
-                         shaders are verified by the Vulkan tests)"
+                reason: "run, verify, profile and the depthwise bench take cpu or cuda; on \
+                         Vulkan, `evokernel bench --op dense-conv --backend vulkan` runs and \
+                         checks depthwise specs (`--suite public`, `--suite channels-last`, or \
+                         the spec flags with --groups and --out-channels equal to the \
+                         channels) beside dense and grouped ones, and `evokernel tune --op \
+                         dense-conv --backend vulkan` tunes them"
                     .into(),
             }),
             BackendChoice::Auto => match crate::cuda::probe() {
