@@ -8,6 +8,7 @@
 # round old_ms new_ms" and, last, each line's median new / old.
 old=$1 new=$2 list=$3 rounds=${4:-3}
 tmp=$(mktemp -d)
+scripts/gpu-monitor.sh start "$tmp"  # a throttled round is no A/B
 ms() { # binary case pass variant config -> ms (or FAIL)
   local suite=public c=$2
   [[ $c == */* ]] && suite=${c%%/*} c=${c#*/}
@@ -41,4 +42,5 @@ for name, r in rows.items():
     q = [b / a for a, b in r]
     print(f"{name:<70} old {statistics.median(a for a, _ in r):.4f} new {statistics.median(b for _, b in r):.4f} new/old {statistics.median(q):.3f} ({' '.join(f'{x:.3f}' for x in q)})")
 PY
+scripts/gpu-monitor.sh stop "$tmp"
 rm -rf "$tmp"

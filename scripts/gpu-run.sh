@@ -8,6 +8,7 @@ out=/tmp/evk-out
 rm -rf "$out"; mkdir -p "$out"
 export EVOKERNEL_CACHE_DIR=/tmp/evk-cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > "$out/smi.txt" 2>&1
+scripts/gpu-monitor.sh start "$out"  # throttle reasons sampled through the call
 # Each step's log is tarred into $OUT as soon as it ends: a call cut off by its limit
 # still returns the steps that finished.
 step() { local name=$1; shift; local t0=$SECONDS; timeout "${LIMIT:-300}" "$@" > "$out/$name.log" 2>&1; local rc=$?; printf '%-12s rc=%-3s %5ss\n' "$name" "$rc" "$((SECONDS - t0))" >> "$out/summary.txt"; [ -n "${OUT:-}" ] && tar czf "$OUT/logs.tgz" -C "$out" . 2>/dev/null; return $rc; }
@@ -199,5 +200,6 @@ for f in "$out"/vk-vs-cuda-*.txt; do [ -f "$f" ] && cat "$f"; done
 for f in vk_devices vk_tests; do [ -f "$out/$f.log" ] && tail -30 "$out/$f.log"; done
 [ -f "$out/tune-summary.log" ] && cut -c1-230 "$out/tune-summary.log"
 [ -f "$out/profile.log" ] && grep -vE "^[│┌└╞├]" "$out/profile.log" | grep -E "^seed|verdict|next|occupancy|counters" | cut -c1-260 | tail -40
+scripts/gpu-monitor.sh stop "$out" >> "$out/summary.txt"
 cat "$out/summary.txt"
 [ -n "${OUT:-}" ] && tar czf "$OUT/logs.tgz" -C "$out" . && cp "$out/summary.txt" "$OUT/"

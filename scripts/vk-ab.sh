@@ -9,6 +9,7 @@ ms() { # binary case config -> the median ms of the forced config (or the failur
   timeout 60 "$1" bench --op dense-conv --backend vulkan --suite "$suite" --case "$2" --config "$3" \
     --only "${3%%:*}" 2>&1 | grep -E "┆ *${3%%:*}:" | head -1 | awk -F'┆' '{gsub(/ /,"",$5); gsub(/ /,"",$4); print ($4 ~ /^pass/ ? $5 : "FAIL:" $4)}'
 }
+mon=$(mktemp -d); scripts/gpu-monitor.sh start "$mon"  # a throttled round is no A/B
 while read -r c a b; do
   [ -z "$c" ] && continue
   for round in 1 2; do
@@ -18,3 +19,4 @@ while read -r c a b; do
     echo "$c $b $ta $tb"
   done
 done < "$3"
+scripts/gpu-monitor.sh stop "$mon"
