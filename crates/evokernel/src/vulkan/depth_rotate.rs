@@ -274,11 +274,15 @@ impl RotateConfig {
         // planes of one slice and many taps, where they measured slower (convnext-7x7: the
         // best such 0.159 ms, the first of this rule 0.206, the old default's 0.178).
         let taps: usize = spec.kernel3().iter().product();
-        // Rows of one kernel row (1-D layers) read their windows directly: a band gives
-        // them no reuse across rows and cost 16 KB of shared memory a workgroup
+        // Short rows of one kernel row (1-D layers) read their windows directly: a band
+        // gives them no reuse across rows and cost 16 KB of shared memory a workgroup
         // (causal-conv1d 0.130 -> 0.071 ms, run 284; on 2-D and 3-D kernels direct reads
-        // measured 1.06x faster to 1.4x slower, so the band stays there).
-        let direct = u32::from(spec.kernel3()[1] == 1 && spec.layout() == Layout::ChannelsFirst);
+        // measured 1.06x faster to 1.4x slower, so the band stays there). Long rows
+        // (conformer's 31 taps, not measured) keep the band: each input is read once a
+        // window from it either way, and shared memory serves those reads cheaper than L1.
+        let direct = u32::from(
+            spec.kernel3()[1] == 1 && taps <= 9 && spec.layout() == Layout::ChannelsFirst,
+        );
         let plain = spec.kernel3()[0] == 1 && spec.input3()[0] == 1 && taps > 9;
         let key = |c: &RotateConfig| {
             let used = c.run_use(spec);
@@ -474,6 +478,41 @@ mod tests {
             );
             assert!(d.run_use(&spec) >= 0.8 * best, "{}: {d}", case.name);
         }
+    }
+
+    #[test]
+    fn short_one_row_kernels_read_windows_directly() {
+        let mut info = crate::vulkan::device::lavapipe_like();
+        info.max_shared_bytes = 48 * 1024;
+        let row = |k: i64, layout: Layout| {
+            ConvParams {
+                n: 4,
+                c: 64,
+                input: vec![1024],
+                kernel: vec![k],
+                stride: vec![1],
+                dilation: vec![1],
+                padding: vec![[k - 1, 0]],
+                layout,
+                dtype: crate::spec::DType::Bf16,
+            }
+            .validate()
+            .unwrap()
+        };
+        let direct = |spec: &ConvSpec| RotateConfig::default_for(&info, spec).unwrap().direct;
+        assert_eq!(direct(&row(3, Layout::ChannelsFirst)), 1);
+        // Conformer's 31 taps keep the band; channels-last data has no direct form.
+        assert_eq!(direct(&row(31, Layout::ChannelsFirst)), 0);
+        assert_eq!(direct(&row(4, Layout::ChannelsLast)), 0);
+        let cl = row(4, Layout::ChannelsLast);
+        let forced = RotateConfig {
+            workgroup: 64,
+            out_w: 4,
+            rows: 1,
+            direct: 1,
+        };
+        assert!(forced.fits(&info, &cl).is_err());
+        assert!(forced.fits(&info, &row(4, Layout::ChannelsFirst)).is_ok());
     }
 
     #[test]
