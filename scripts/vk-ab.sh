@@ -19,4 +19,4 @@ while read -r c a b; do
     echo "$c $b $ta $tb"
   done
 done < "$3"
-scripts/gpu-monitor.sh stop "$mon"
+scripts/gpu-monitor.sh stop "$mon"; rm -rf "$mon"

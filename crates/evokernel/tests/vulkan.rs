@@ -33,6 +33,15 @@ fn device() -> VulkanDevice {
     VulkanDevice::open(0).unwrap()
 }
 
+/// Every dtype the device's buffers store: f32, and f16 and bf16 with 16-bit storage.
+fn stored_dtypes(dev: &VulkanDevice) -> Vec<DType> {
+    let mut dtypes = vec![DType::F32];
+    if dev.info().storage_f16 {
+        dtypes.extend([DType::F16, DType::Bf16]);
+    }
+    dtypes
+}
+
 /// Which shader a check runs.
 #[derive(Clone, Copy, Debug)]
 enum Shader {
@@ -384,10 +393,7 @@ fn rotate_cl_shader_takes_channel_vectors() {
             dtype: DType::F32,
         },
     ];
-    let mut dtypes = vec![DType::F32];
-    if dev.info().storage_f16 {
-        dtypes.extend([DType::F16, DType::Bf16]);
-    }
+    let dtypes = stored_dtypes(&dev);
     let mut runs = 0;
     for (i, p) in specs.into_iter().enumerate() {
         let spec = p.validate().unwrap();
@@ -544,10 +550,7 @@ fn rotate_shader_stores_runs_as_vectors() {
             dtype: DType::F32,
         },
     ];
-    let mut dtypes = vec![DType::F32];
-    if dev.info().storage_f16 {
-        dtypes.extend([DType::F16, DType::Bf16]);
-    }
+    let dtypes = stored_dtypes(&dev);
     let mut vectors = 0;
     for (i, p) in specs.into_iter().enumerate() {
         let spec = p.validate().unwrap();

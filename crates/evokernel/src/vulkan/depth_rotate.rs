@@ -283,13 +283,13 @@ impl RotateConfig {
         let direct = u32::from(
             spec.kernel3()[1] == 1 && taps <= 9 && spec.layout() == Layout::ChannelsFirst,
         );
-        let plain = spec.kernel3()[0] == 1 && spec.input3()[0] == 1 && taps > 9;
+        let plane = super::one_slice_planes_of_many_taps(spec);
         let key = |c: &RotateConfig| {
             let used = c.run_use(spec);
             (
-                c.store_vector(spec).is_some() && !plain,
+                c.store_vector(spec).is_some() && !plane,
                 used >= 0.9 && c.items(spec) == 1,
-                c.rows.is_power_of_two() && !plain,
+                c.rows.is_power_of_two() && !plane,
                 (used * 1000.0).round() as i64,
                 c.rows,
                 -(c.workgroup as i64 - 128).abs(),

@@ -171,7 +171,7 @@ impl RotateClConfig {
         // convnext-nhwc, H100 run 277), which frees the registers for two channels and
         // two rows an invocation, and runs of 8 where their row segment spans <= 14
         // inputs (a 7-wide row at stride 1; 5-wide at stride 2 takes 4).
-        let plane = kd == 1 && spec.input3()[0] == 1 && taps > 9;
+        let plane = super::one_slice_planes_of_many_taps(spec);
         // Past 64 taps (the seed's 75) the weights crowd out the rest on any slice walk:
         // read where used too, two channels, one row of 8 (seed-f16-ndhwc 1.047 -> 0.946
         // ms, run 286; x3d's and video-vae's 27 taps measured no gain, 1.0-1.3x slower).

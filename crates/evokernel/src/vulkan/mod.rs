@@ -314,6 +314,15 @@ pub(crate) fn grid_for(info: &VulkanDeviceInfo, groups: usize) -> Result<[u32; 2
     Ok([gx, g.div_ceil(gx).max(1)])
 }
 
+/// Whether each depth slice of `spec` is its own output plane (one kernel depth, input
+/// depth 1: 1-D and 2-D layers) under a kernel of more than 9 taps. An invocation of the
+/// rotation shaders then meets each weight once a run, so weights held in registers buy
+/// nothing there; both shaders' defaults set such layers apart (H100 runs 277-282).
+pub(crate) fn one_slice_planes_of_many_taps(spec: &crate::spec::ConvSpec) -> bool {
+    let taps: usize = spec.kernel3().iter().product();
+    spec.kernel3()[0] == 1 && spec.input3()[0] == 1 && taps > 9
+}
+
 /// `v` as a shader's 32-bit index, or an error naming the shader and the size.
 pub(crate) fn i32_of(shader: &str, what: &str, v: usize) -> crate::error::Result<i32> {
     i32::try_from(v).map_err(|_| Error::BackendUnavailable {
