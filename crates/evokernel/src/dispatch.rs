@@ -266,6 +266,12 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
         ),
         // Behind the forward kernels on the flipped twin wherever those apply; on
         // channels-last data a thread per 16 bytes of channels shares the index work.
+        // A thread per stride cell loads each grad_output vector once for the cell's
+        // positions (docs/perf.md, run 288).
+        "dgrad_cell_cl" => (
+            18,
+            "the grad-input gather on channels-last data, a stride cell a thread",
+        ),
         "dgrad_gather_cl" => (
             19,
             "the grad-input gather on channels-last data (strided or padded past the kernel)",

@@ -1608,6 +1608,114 @@ fn grad_weight_keeps_padding_out_of_non_finite_values() {
     eprintln!("{checked} grad-weight kernels checked with non-finite values at the edges");
 }
 
+/// dgrad_cell_cl (a thread per stride cell) on the channels-last suites' specs it takes,
+/// random channels-last specs (strides and dilations up to 2, padding within the span,
+/// partial last cells) and named ones past them: stride 3, padding past the kernel's
+/// span, residues no tap feeds, a 1x1 kernel at stride 2, f32 with 16 positions a cell;
+/// the default config and a small grid (several cells a thread), NaN/Inf in a third.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dgrad_cell_cl_passes_on_strided_channels_last_specs() {
+    let engine = Engine::cuda(0).unwrap();
+    let v = evokernel::variants::find("dgrad_cell_cl").unwrap();
+    let mut specs = named_specs(
+        [public_suite(), channels_last_suite(), models_suite()],
+        Some(Layout::ChannelsLast),
+    );
+    specs.extend(random_channels_last_specs(2040, 80));
+    #[allow(clippy::type_complexity)]
+    let named: [(
+        &str,
+        i64,
+        Vec<i64>,
+        Vec<i64>,
+        Vec<i64>,
+        Vec<i64>,
+        Vec<[i64; 2]>,
+        DType,
+    ); 5] = [
+        (
+            "1-D stride 3 pad 4/1",
+            16,
+            vec![50],
+            vec![5],
+            vec![3],
+            vec![1],
+            vec![[4, 1]],
+            DType::Bf16,
+        ),
+        (
+            "2-D stride 3x2 dilated, pad past the span",
+            24,
+            vec![17, 23],
+            vec![4, 3],
+            vec![3, 2],
+            vec![2, 1],
+            vec![[9, 0], [0, 5]],
+            DType::F16,
+        ),
+        (
+            "1x1 at stride 2 (odd residues fed by no tap)",
+            8,
+            vec![9, 13],
+            vec![1, 1],
+            vec![2, 2],
+            vec![1, 1],
+            vec![[0, 0], [0, 0]],
+            DType::Bf16,
+        ),
+        (
+            "3-D stride 2 everywhere",
+            16,
+            vec![7, 10, 11],
+            vec![3, 3, 3],
+            vec![2, 2, 2],
+            vec![1, 1, 1],
+            vec![[1, 1], [1, 1], [1, 0]],
+            DType::F16,
+        ),
+        (
+            "f32, 4x4 cells",
+            12,
+            vec![21, 18],
+            vec![5, 4],
+            vec![4, 4],
+            vec![1, 1],
+            vec![[2, 2], [1, 2]],
+            DType::F32,
+        ),
+    ];
+    for (name, c, input, kernel, stride, dilation, padding, dtype) in named {
+        let mut p = ConvParams::seed();
+        p.layout = Layout::ChannelsLast;
+        p.n = 2;
+        p.c = c;
+        p.dtype = dtype;
+        (p.input, p.kernel, p.stride, p.dilation, p.padding) =
+            (input, kernel, stride, dilation, padding);
+        specs.push((name.to_string(), p.validate().unwrap()));
+    }
+    let mut cases = Vec::new();
+    for (name, spec) in specs {
+        if v.applies(&spec).is_err() {
+            continue;
+        }
+        let mut configs = vec![v.default_config(&spec)];
+        push_launchable(
+            v,
+            &spec,
+            "dgrad_cell_cl:block=128,waves=4".parse().unwrap(),
+            &mut configs,
+        );
+        cases.push((name, spec, configs));
+    }
+    assert!(cases.len() >= 60, "only {} specs", cases.len());
+    let checked = check_cases(&engine, v, &cases, |_, spec| {
+        ConvProblem::new(spec.clone()).with_pass(Pass::Dgrad)
+    });
+    eprintln!("{checked} dgrad_cell_cl checks over {} specs", cases.len());
+}
+
 /// The engine's pick for each backward pass (and dgrad_gather, which every spec has) on
 /// 300 random specs, a third with NaN/Inf in the inputs and grad_output.
 #[test]

@@ -51,6 +51,7 @@ pub(crate) mod depth_reuse;
 mod depth_reuse_cl;
 pub(crate) mod depth_reuse_fma;
 pub(crate) mod depth_reuse_fma_cl;
+mod dgrad_cell_cl;
 mod dgrad_gather;
 mod dgrad_gather_cl;
 mod large_kernel;
@@ -72,6 +73,7 @@ pub use depth_reuse::DepthReuse;
 pub use depth_reuse_cl::DepthReuseCl;
 pub use depth_reuse_fma::DepthReuseFma;
 pub use depth_reuse_fma_cl::DepthReuseFmaCl;
+pub use dgrad_cell_cl::DgradCellCl;
 pub use dgrad_gather::DgradGather;
 pub use dgrad_gather_cl::DgradGatherCl;
 pub use large_kernel::LargeKernel;
@@ -663,6 +665,7 @@ pub fn registry() -> Vec<&'static dyn Variant> {
         &DepthReuseFmaCl,
         &DgradGather,
         &DgradGatherCl,
+        &DgradCellCl,
         &Wgrad,
         &WgradCl,
         &WgradMma,
@@ -1062,6 +1065,7 @@ depth_reuse_fma bdca2f5590d4532ff70fb20452c83b1e
 depth_reuse_fma_cl ea60acf3362c33016e5630b09a9c21e1
 dgrad_gather 5fc50c8418cde94ba899e1ae3e272897
 dgrad_gather_cl 5b6d1fea50bd0b8cbc0b7c851fc0049c
+dgrad_cell_cl 82ee5c330a7e66116eebb8761635bbad
 wgrad 12c90f7774f54ed0166b7d6ae9a858a1
 wgrad_cl cf8a747ae51c53e28b3f060ab1a9199a
 wgrad_mma caf782eacd970a65c4c0932ce440032b

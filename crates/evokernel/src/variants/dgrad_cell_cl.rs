@@ -1,0 +1,158 @@
+//! `dgrad_cell_cl`: grad-input of strided channels-last specs, a thread per stride cell
+//! (the SD x SH x SW grad_input positions fed by the same few grad_output positions) and
+//! 16 bytes of channels (kernels/dgrad_cell_cl.cu). The tap pattern is compile-time, so
+//! each grad_output vector of a cell's window is loaded once and feeds every position
+//! it reaches; `dgrad_gather_cl`'s thread per position stays the rung below and the
+//! fallback where a cell's registers would not fit.
+
+use super::{cuda_type, grid_stride_launch, grid_stride_space, Config, Launch, Param, Variant};
+use crate::error::Result;
+use crate::pass::Pass;
+use crate::spec::{ConvSpec, Layout};
+
+pub struct DgradCellCl;
+
+typed_params!(Params { block, waves });
+
+/// Floats a thread may hold for a cell's accumulators, and again for one window row of
+/// grad_output (mirrors the kernel's static_asserts).
+const CELL_FLOATS: usize = 64;
+
+/// Channels one thread handles: 16 bytes of them.
+fn vector(spec: &ConvSpec) -> usize {
+    16 / spec.dtype().size_bytes()
+}
+
+/// Grad-output positions along one axis that a cell's window spans: from the lowest to
+/// the highest offset q some residue r and tap k meet, r + P - k D = q S (CellAxis in the
+/// kernel).
+fn window(k: usize, s: usize, d: usize, p: usize) -> usize {
+    let s = s as i64;
+    let offsets = (0..s).flat_map(|r| {
+        (0..k as i64)
+            .map(move |k| r + p as i64 - k * d as i64)
+            .filter(move |x| x.rem_euclid(s) == 0)
+            .map(move |x| x / s)
+    });
+    let (lo, hi) = offsets.fold((i64::MAX, i64::MIN), |(lo, hi), q| (lo.min(q), hi.max(q)));
+    (hi - lo + 1) as usize
+}
+
+/// Shared memory for the weight as f32 [taps][C] where it fits in the 48 KiB a block
+/// has without opting in (as `dgrad_gather_cl`); else the kernel reads it from global.
+fn weight_smem_bytes(spec: &ConvSpec) -> Option<u32> {
+    let bytes = spec.c() * spec.taps() * 4;
+    (bytes <= 48 * 1024).then_some(bytes as u32)
+}
+
+/// Cells along each axis: ceil(input / stride).
+fn cells(spec: &ConvSpec) -> usize {
+    let (i, s) = (spec.input3(), spec.stride3());
+    (0..3).map(|a| i[a].div_ceil(s[a])).product()
+}
+
+impl Variant for DgradCellCl {
+    fn name(&self) -> &'static str {
+        "dgrad_cell_cl"
+    }
+    fn pass(&self) -> Pass {
+        Pass::Dgrad
+    }
+    fn source(&self) -> &'static str {
+        include_str!("../../kernels/dgrad_cell_cl.cu")
+    }
+    fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
+        if spec.layout() != Layout::ChannelsLast {
+            return Err("needs channels-last data".into());
+        }
+        let v = vector(spec);
+        if !spec.c().is_multiple_of(v) {
+            return Err(format!(
+                "needs channels in multiples of {v} (16-byte vectors); got {}",
+                spec.c()
+            ));
+        }
+        let cell: usize = spec.stride3().iter().product();
+        if cell * v > CELL_FLOATS {
+            return Err(format!(
+                "a stride cell of {cell} positions x {v} channels passes {CELL_FLOATS} accumulators a thread; use dgrad_gather_cl"
+            ));
+        }
+        let [k, s, d, p] = [
+            spec.kernel3()[2],
+            spec.stride3()[2],
+            spec.dilation3()[2],
+            spec.pad_before3()[2],
+        ];
+        let row = window(k, s, d, p) * v;
+        if row > CELL_FLOATS {
+            return Err(format!(
+                "a window row of {row} grad_output values passes {CELL_FLOATS} registers a thread; use dgrad_gather_cl"
+            ));
+        }
+        Ok(())
+    }
+    fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
+        grid_stride_space()
+    }
+    fn default_config(&self, _spec: &ConvSpec) -> Config {
+        Config::new(self.name(), &[("block", 256), ("waves", 16)])
+    }
+    fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
+        Params::parse(self, spec, config)?;
+        let [kd, kh, kw] = spec.kernel3();
+        let [sd, sh, sw] = spec.stride3();
+        let [dd, dh, dw] = spec.dilation3();
+        let [pd, ph, pw] = spec.pad_before3();
+        Ok(format!(
+            "dgrad_cell_cl_dwconv<{}, {}, {kd}, {kh}, {kw}, {sd}, {sh}, {sw}, {dd}, {dh}, {dw}, {pd}, {ph}, {pw}>",
+            cuda_type(spec.dtype()),
+            weight_smem_bytes(spec).is_some(),
+        ))
+    }
+    fn launch(&self, spec: &ConvSpec, config: &Config, sms: u32) -> Result<Launch> {
+        let p = Params::parse(self, spec, config)?;
+        let threads = spec.n() * cells(spec) * (spec.c() / vector(spec));
+        let mut launch = grid_stride_launch(threads as u64, p.block as u64, p.waves as u64, sms);
+        launch.shared_bytes = weight_smem_bytes(spec).unwrap_or(0);
+        Ok(launch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{ConvParams, DType};
+
+    #[test]
+    fn window_spans_the_offsets_a_cell_reads() {
+        // 3 taps, stride 2, padding 1: residue 0 reads offset 0, residue 1 offsets 0 and 1.
+        assert_eq!(window(3, 2, 1, 1), 2);
+        // 7 taps, stride 2, padding 3: offsets -1..=2 (3 - 6 = -3 is met by no residue).
+        assert_eq!(window(7, 2, 1, 3), 4);
+        // Unit stride: the kernel's K offsets.
+        assert_eq!(window(5, 1, 1, 2), 5);
+        // 7 taps dilated by 2 at stride 2, padding 6: offsets -3..=3.
+        assert_eq!(window(7, 2, 2, 6), 7);
+    }
+
+    #[test]
+    fn takes_channels_last_cells_that_fit_registers() {
+        let mut p = ConvParams::seed();
+        p.layout = Layout::ChannelsLast;
+        p.c = 24;
+        p.stride = vec![1, 2, 2];
+        assert!(DgradCellCl.applies(&p.clone().validate().unwrap()).is_ok());
+        p.stride = vec![2, 2, 2]; // 8 positions x 8 halves: 64
+        assert!(DgradCellCl.applies(&p.clone().validate().unwrap()).is_ok());
+        p.stride = vec![1, 4, 4]; // 16 positions x 8 halves
+        assert!(DgradCellCl.applies(&p.clone().validate().unwrap()).is_err());
+        p.dtype = DType::F32; // 16 x 4 floats
+        assert!(DgradCellCl.applies(&p.clone().validate().unwrap()).is_ok());
+        p.c = 22;
+        assert!(DgradCellCl.applies(&p.clone().validate().unwrap()).is_err());
+        p.c = 24;
+        p.layout = Layout::ChannelsFirst;
+        assert!(DgradCellCl.applies(&p.validate().unwrap()).is_err());
+    }
+}
