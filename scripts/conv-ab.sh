@@ -36,8 +36,9 @@ import sys, statistics
 rows = {}
 for line in open(sys.argv[1]):
     name, _, a, b = line.split()
-    try: rows.setdefault(name, []).append((float(a), float(b)))
-    except ValueError: pass
+    try: pair = (float(a), float(b))
+    except ValueError: print(f"{name:<70} {a} {b}"); continue
+    rows.setdefault(name, []).append(pair)
 for name, r in rows.items():
     q = [b / a for a, b in r]
     print(f"{name:<70} old {statistics.median(a for a, _ in r):.4f} new {statistics.median(b for _, b in r):.4f} new/old {statistics.median(q):.3f} ({' '.join(f'{x:.3f}' for x in q)})")

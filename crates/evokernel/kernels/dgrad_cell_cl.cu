@@ -147,9 +147,12 @@ __device__ __forceinline__ void dgrad_cell_cl_body(const ConvArgs& a, float* ws)
     }
 }
 
+// MINB: blocks of 256 threads an SM the registers are capped for; 0 gives ptxas no
+// minimum (mobilenet-s2: 85 registers, 2 blocks, latency-bound at 25% occupancy, run 288;
+// an explicit 1 or 2 takes 109).
 template <typename T, bool W_SMEM, int KD, int KH, int KW, int SD, int SH, int SW, int DD, int DH, int DW,
-          int PD, int PH, int PW, int EPI>
-__global__ void __launch_bounds__(256) dgrad_cell_cl_dwconv(ConvArgs a, EpiArgs) {
+          int PD, int PH, int PW, int MINB, int EPI>
+__global__ void __launch_bounds__(256, MINB) dgrad_cell_cl_dwconv(ConvArgs a, EpiArgs) {
     static_assert(EPI == 0, "grad-input has no fused epilogue");
     using AD = CellAxis<KD, SD, DD, PD>;
     using AH = CellAxis<KH, SH, DH, PH>;

@@ -214,8 +214,10 @@ impl Variant for DepthReuseFma {
         // From the H100 sweeps (docs/perf.md, run 48). Runs of 8 outputs (seed-f32 0.531
         // ms vs 0.612 with 4). A block spans whole rows where a row has at most 32 runs,
         // with about 256 threads in near-equal bands (seed: 10 x 23). Registers capped for
-        // three blocks per SM where the weights are few (x3d 0.124 -> 0.116 ms, video-vae
-        // 0.161 -> 0.145), two where they are many (75 taps: 0.531 vs 0.536 with three).
+        // four blocks per SM where the weights are few (run 289, A/B against three: x3d
+        // 0.113 -> 0.105 ms forward, 0.117 -> 0.110 grad-input, video-vae 0.140 -> 0.133;
+        // three had beaten two in run 48), two where they are many (75 taps: seed-f32
+        // 0.508 -> 0.83 at four, run 288).
         let out_w = out_widths(spec).last().copied().unwrap_or(8);
         let (tx, ty) = default_block(spec);
         let walk = walks_planes_by_default(spec);
@@ -225,7 +227,7 @@ impl Variant for DepthReuseFma {
             &depth_chunks(&geometry, &DEPTH_CHUNKS),
             if walk { 8 } else { 64 },
         );
-        let minblocks = if spec.taps() <= 32 { 3 } else { 2 };
+        let minblocks = if spec.taps() <= 32 { 4 } else { 2 };
         Config::new(
             self.name(),
             &[
@@ -357,7 +359,7 @@ mod tests {
         assert_eq!(d.get("minblocks"), Some(2));
         assert_eq!(
             v.default_config(&public_case("x3d-3x3x3")).get("minblocks"),
-            Some(3)
+            Some(4)
         );
         assert!(valid_configs(&v, &seed).contains(&d));
     }

@@ -12,7 +12,11 @@ use crate::spec::{ConvSpec, Layout};
 
 pub struct DgradCellCl;
 
-typed_params!(Params { block, waves });
+typed_params!(Params {
+    block,
+    waves,
+    minblocks
+});
 
 /// Floats a thread may hold for a cell's accumulators, and again for one window row of
 /// grad_output (mirrors the kernel's static_asserts).
@@ -36,6 +40,29 @@ fn window(k: usize, s: usize, d: usize, p: usize) -> usize {
     });
     let (lo, hi) = offsets.fold((i64::MAX, i64::MIN), |(lo, hi), q| (lo.min(q), hi.max(q)));
     (hi - lo + 1) as usize
+}
+
+/// Grad-output positions of a window row (the W axis), what a thread loads at once.
+fn row_window(spec: &ConvSpec) -> usize {
+    window(
+        spec.kernel3()[2],
+        spec.stride3()[2],
+        spec.dilation3()[2],
+        spec.pad_before3()[2],
+    )
+}
+
+/// The register cap from the floats a thread holds (a cell's accumulators and a window
+/// row): 64 registers where they are <= 48 (mobilenet-s2, 32 + 16: 0.089 -> 0.078 ms,
+/// 32 bytes spilled), 85 where <= 64 (efficientnet-k5s2, 32 + 24: 0.092 -> 0.089; at 64
+/// registers it spills 88 bytes and takes 0.110), else ptxas's choice (run 289).
+fn default_minblocks(spec: &ConvSpec) -> i64 {
+    let cell: usize = spec.stride3().iter().product();
+    match (cell + row_window(spec)) * vector(spec) {
+        0..=48 => 4,
+        49..=64 => 3,
+        _ => 0,
+    }
 }
 
 /// Shared memory for the weight as f32 [taps][C] where it fits in the 48 KiB a block
@@ -78,13 +105,7 @@ impl Variant for DgradCellCl {
                 "a stride cell of {cell} positions x {v} channels passes {CELL_FLOATS} accumulators a thread; use dgrad_gather_cl"
             ));
         }
-        let [k, s, d, p] = [
-            spec.kernel3()[2],
-            spec.stride3()[2],
-            spec.dilation3()[2],
-            spec.pad_before3()[2],
-        ];
-        let row = window(k, s, d, p) * v;
+        let row = row_window(spec) * v;
         if row > CELL_FLOATS {
             return Err(format!(
                 "a window row of {row} grad_output values passes {CELL_FLOATS} registers a thread; use dgrad_gather_cl"
@@ -93,21 +114,36 @@ impl Variant for DgradCellCl {
         Ok(())
     }
     fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
-        grid_stride_space()
+        let mut space = grid_stride_space();
+        // Blocks of 256 threads an SM the registers are capped for (`__launch_bounds__`);
+        // 0 names no minimum.
+        space.push(Param {
+            name: "minblocks",
+            values: vec![0, 1, 2, 3, 4],
+        });
+        space
     }
-    fn default_config(&self, _spec: &ConvSpec) -> Config {
-        Config::new(self.name(), &[("block", 256), ("waves", 16)])
+    fn default_config(&self, spec: &ConvSpec) -> Config {
+        Config::new(
+            self.name(),
+            &[
+                ("block", 256),
+                ("waves", 16),
+                ("minblocks", default_minblocks(spec)),
+            ],
+        )
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
-        Params::parse(self, spec, config)?;
+        let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         let [sd, sh, sw] = spec.stride3();
         let [dd, dh, dw] = spec.dilation3();
         let [pd, ph, pw] = spec.pad_before3();
         Ok(format!(
-            "dgrad_cell_cl_dwconv<{}, {}, {kd}, {kh}, {kw}, {sd}, {sh}, {sw}, {dd}, {dh}, {dw}, {pd}, {ph}, {pw}>",
+            "dgrad_cell_cl_dwconv<{}, {}, {kd}, {kh}, {kw}, {sd}, {sh}, {sw}, {dd}, {dh}, {dw}, {pd}, {ph}, {pw}, {}>",
             cuda_type(spec.dtype()),
             weight_smem_bytes(spec).is_some(),
+            p.minblocks,
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, sms: u32) -> Result<Launch> {

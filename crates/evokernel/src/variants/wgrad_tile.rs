@@ -317,9 +317,11 @@ impl Variant for WgradTile {
             .unwrap_or(1)
             .min(oh.max(1));
         let th = rw * workers;
-        // About 8 blocks an SM of a 132-SM H100 over the launch (x3d tuned 32 splits, the
-        // seed 16), each at least 4 items, partials under ~1/4 of the bytes the pass reads.
-        let want = (8 * 132usize).div_ceil(spec.c());
+        // About 16 blocks an SM of a 132-SM H100 over the launch (x3d tuned 32 splits, the
+        // seed 16; run 289, A/B against 8: seed-f32 0.640 -> 0.602 ms, x3d 0.131 -> 0.126,
+        // 1-D and RepLKNet within 1.5%), each at least 4 items, partials under ~1/4 of the
+        // bytes the pass reads.
+        let want = (16 * 132usize).div_ceil(spec.c());
         let by_items = (Self::items(spec, th, tw) / 4).max(1);
         let read = (spec.input_len() + spec.output_len()) * spec.dtype().size_bytes();
         let by_bytes = (read / 4 / Wgrad::partial_bytes(spec, 1)).max(1);
