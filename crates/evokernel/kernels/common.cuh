@@ -745,6 +745,29 @@ __device__ __forceinline__ void walk_slices(int steps, Fetch&& fetch, Step&& ste
     cp_async_wait<0>();
 }
 
+// walk_slices with one barrier per KD slices: group g (slices g KD .. g KD + KD - 1) sits
+// in buffers (g mod 2) KD + u, the next group's copies in flight under this group's
+// FMAs (2 KD buffers). walk_slices' barrier a slice held x3d's FMA rotation 31% of its
+// samples (docs/perf.md, run 290).
+template <int KD, typename Fetch, typename Step>
+__device__ __forceinline__ void walk_slice_groups(int steps, Fetch&& fetch, Step&& step) {
+#pragma unroll
+    for (int u = 0; u < KD; ++u) fetch(u, u);
+    for (int sb = 0, half = 0; sb < steps; sb += KD, half = KD - half) {
+        cp_async_wait<0>();
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < KD; ++u) fetch(sb + KD + u, KD - half + u);
+#pragma unroll
+        for (int u = 0; u < KD; ++u) {
+            const int s = sb + u;
+            if (s >= steps) break;
+            step(s, u, half + u);
+        }
+    }
+    cp_async_wait<0>();
+}
+
 // Two 8x8 b16 matrices (rows 0-7 and 8-15 from lanes 0-15's addresses): one 16x8 half
 // of an A fragment.
 __device__ __forceinline__ void ldmatrix_x2(unsigned addr, unsigned* af) {

@@ -6,7 +6,8 @@
 // 1.50 ms, 20% of its floor, docs/perf.md).
 // A block owns (n, c, a chunk of DCHUNK output depths, a region of TY output rows x
 // TX * OUT_W output columns); thread (tx, ty) owns OUT_W consecutive outputs of one row.
-// Slices arrive by 16-byte cp.async into a ring of STAGES + 1 slices of the region.
+// Slices arrive by 16-byte cp.async into a ring of STAGES + 1 slices of the region (STAGES
+// 0: 2 KD slices, KD of them behind each barrier).
 // Slice column 0 holds input column g0 = (region's first output column) * SW - pw - S,
 // a multiple of the vector E (S = (-pw) mod E), so every copy is aligned; a thread's
 // window starts at column tx * OUT_W * SW (a multiple of E) and its taps at + S.
@@ -136,7 +137,7 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
     for (int q = 0; q < KD; ++q)
 #pragma unroll
         for (int o = 0; o < OUT_W; ++o) acc[q][o] = 0.f;
-    walk_slices<KD, STAGES>(steps, fetch, [&](int s, int u, int cur) {
+    auto consume = [&](int s, int u, int cur) {
         if (active) {
             if constexpr (PLANES) {
                 // This plane's weights and bias (one broadcast LDS.128 for four taps).
@@ -212,5 +213,11 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
                 for (int o = 0; o < OUT_W; ++o) done[o] = 0.f;
             }
         }
-    });
+    };
+    // STAGES 0: KD slices a barrier (walk_slice_groups); else a barrier a slice with
+    // STAGES slices in flight.
+    if constexpr (STAGES == 0)
+        walk_slice_groups<KD>(steps, fetch, consume);
+    else
+        walk_slices<KD, STAGES>(steps, fetch, consume);
 }

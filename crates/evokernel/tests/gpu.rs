@@ -1608,6 +1608,53 @@ fn grad_weight_keeps_padding_out_of_non_finite_values() {
     eprintln!("{checked} grad-weight kernels checked with non-finite values at the edges");
 }
 
+/// depth_reuse_fma walking its slices KD at a time behind one barrier (stages 0) on the
+/// channels-first suite cases and random specs with kernel depths, at the default depth
+/// chunk and at 4 (chunks whose last group is partial: 4 + KD - 1 steps), NaN/Inf in a
+/// third.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn depth_reuse_fma_passes_with_slice_groups() {
+    let engine = Engine::cuda(0).unwrap();
+    let v = evokernel::variants::find("depth_reuse_fma").unwrap();
+    let mut specs = named_specs(
+        [public_suite(), models_suite()],
+        Some(Layout::ChannelsFirst),
+    );
+    specs.extend(
+        random_specs(300, 2041)
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| (format!("random #{i}"), s)),
+    );
+    let mut cases = Vec::new();
+    for (name, spec) in specs {
+        if v.applies(&spec).is_err() || spec.kernel3()[0] < 2 {
+            continue;
+        }
+        let mut configs = Vec::new();
+        for dchunk in [0, 4] {
+            let mut cfg = v.default_config(&spec);
+            cfg.values.insert("stages".into(), 0);
+            if dchunk > 0 {
+                cfg.values.insert("dchunk".into(), dchunk);
+            }
+            if v.fits(&spec, &cfg).is_ok() {
+                push_launchable(v, &spec, cfg, &mut configs);
+            }
+        }
+        if !configs.is_empty() {
+            cases.push((name, spec, configs));
+        }
+    }
+    assert!(cases.len() >= 10, "only {} specs", cases.len());
+    let checked = check_cases(&engine, v, &cases, |_, spec| ConvProblem::new(spec.clone()));
+    eprintln!(
+        "{checked} depth_reuse_fma slice-group checks over {} specs",
+        cases.len()
+    );
+}
+
 /// dgrad_cell_cl (a thread per stride cell) on the channels-last suites' specs it takes,
 /// random channels-last specs (strides and dilations up to 2, padding within the span,
 /// partial last cells) and named ones past them: stride 3, padding past the kernel's

@@ -10,12 +10,33 @@ use super::{
     Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
-use crate::spec::ConvSpec;
+use crate::spec::{ConvSpec, DType};
 
 pub struct DepthReuseFma;
 
-/// Slices in flight ahead of the one being read.
+/// Slices in flight ahead of the one being read; 0: the kernel's `walk_slice_groups`, KD
+/// slices behind one barrier and the next KD in flight (2 KD slots), for KD >= 2.
 const STAGES: [i64; 3] = [1, 2, 4];
+const STAGES_WITH_GROUPS: [i64; 4] = [0, 1, 2, 4];
+
+/// The `stages` values offered for `spec`: groups of slices where there are KD >= 2.
+fn stage_choices(spec: &ConvSpec) -> &'static [i64] {
+    if spec.kernel3()[0] >= 2 {
+        &STAGES_WITH_GROUPS
+    } else {
+        &STAGES
+    }
+}
+
+/// Slices in flight as the ring counts them (the ring holds this + 1, capped at the
+/// block's steps): a group walk's 2 KD slots are 2 KD - 1 ahead of one.
+fn ring_stages(spec: &ConvSpec, stages: usize) -> usize {
+    if stages == 0 {
+        2 * spec.kernel3()[0] - 1
+    } else {
+        stages
+    }
+}
 /// Weights a thread keeps in registers (both FMA rotation kernels), next to its
 /// KD x out_w accumulators.
 pub(super) const MAX_WEIGHTS: usize = 128;
@@ -60,7 +81,7 @@ fn shared_bytes(spec: &ConvSpec, config: &Shape) -> usize {
     fma_ring_bytes(
         &config.walked(spec),
         config.dchunk,
-        config.stages,
+        ring_stages(spec, config.stages),
         rows * slice_fill_chunks(spec, config.out_w, config.tx),
         rows * slice_row_chunks(spec, config.out_w, config.tx) * 16 + weights,
     )
@@ -207,7 +228,11 @@ impl Variant for DepthReuseFma {
                 values: with(block_sides(oh, 64), ty),
             },
         ];
-        params.extend(plane_walk_ring_params(spec, walked_planes(spec), &STAGES));
+        params.extend(plane_walk_ring_params(
+            spec,
+            walked_planes(spec),
+            stage_choices(spec),
+        ));
         params
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
@@ -228,18 +253,34 @@ impl Variant for DepthReuseFma {
             if walk { 8 } else { 64 },
         );
         let minblocks = if spec.taps() <= 32 { 4 } else { 2 };
-        Config::new(
-            self.name(),
-            &[
-                ("out_w", out_w),
-                ("tx", tx as i64),
-                ("ty", ty as i64),
-                ("dchunk", dchunk),
-                ("stages", 2),
-                ("minblocks", minblocks),
-                ("planes", walk as i64),
-            ],
-        )
+        let config = |stages: i64| {
+            Config::new(
+                self.name(),
+                &[
+                    ("out_w", out_w),
+                    ("tx", tx as i64),
+                    ("ty", ty as i64),
+                    ("dchunk", dchunk),
+                    ("stages", stages),
+                    ("minblocks", minblocks),
+                    ("planes", walk as i64),
+                ],
+            )
+        };
+        // KD slices behind one barrier (stages 0) where there are kernel depths and few
+        // 16-bit taps, when the 2 KD slots fit (run 291, A/B against stages 2: x3d 0.963x
+        // forward, 0.971x grad-input, video-vae-causal 0.972x / 0.989x; seed-f32, 75
+        // taps, 1.01x).
+        let grouped = config(0);
+        if spec.kernel3()[0] >= 2
+            && minblocks == 4
+            && spec.dtype() != DType::F32
+            && self.fits(spec, &grouped).is_ok()
+        {
+            grouped
+        } else {
+            config(2)
+        }
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
         let shape = Shape::read(config).map_err(|e| e.to_string())?;
@@ -251,7 +292,7 @@ impl Variant for DepthReuseFma {
             ));
         }
         within_shared(
-            &format!("a ring of {} slices", shape.stages + 1),
+            &format!("a ring of {} slices", ring_stages(spec, shape.stages) + 1),
             shared_bytes(spec, &shape),
         )
     }
@@ -293,6 +334,28 @@ mod tests {
     use super::*;
     use crate::suite::public_case;
     use crate::variants::valid_configs;
+
+    #[test]
+    fn slice_groups_hold_two_kernel_depths_of_slices() {
+        let v = DepthReuseFma;
+        let x3d = public_case("x3d-3x3x3");
+        let bytes = |stages: i64| {
+            let mut c = v.default_config(&x3d);
+            c.values.insert("stages".into(), stages);
+            shared_bytes(&x3d, &Shape::read(&c).unwrap())
+        };
+        let slice = bytes(2) - bytes(1);
+        // Groups of KD = 3: six slots, three more than stages 2's ring (the table alike).
+        assert_eq!(bytes(0), bytes(2) + 3 * slice);
+        let mut c = v.default_config(&x3d);
+        c.values.insert("stages".into(), 0);
+        assert!(valid_configs(&v, &x3d).contains(&c));
+        // Not offered without kernel depths to group (2-D, 1-D).
+        let convnext = public_case("convnext-7x7");
+        assert!(!valid_configs(&v, &convnext)
+            .iter()
+            .any(|c| c.get("stages") == Some(0)));
+    }
 
     #[test]
     fn the_seed_in_f32_gets_whole_rows_in_two_bands() {
