@@ -745,6 +745,19 @@ __device__ __forceinline__ void walk_slices(int steps, Fetch&& fetch, Step&& ste
     cp_async_wait<0>();
 }
 
+// The weight [C][taps] as f32 [taps][C] in shared memory, so a tap's 16 bytes of
+// channels are one or two 16-byte shared loads (the channels-last grad-input gathers);
+// the block's threads share the copy and meet at a barrier after it.
+template <typename T>
+__device__ __forceinline__ void weight_to_taps_major(const T* __restrict__ w, int c, int taps, float* ws) {
+    const int n = c * taps;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const int ch = j / taps;
+        ws[(j - ch * taps) * c + ch] = to_f32(w[j]);
+    }
+    __syncthreads();
+}
+
 // walk_slices with one barrier per KD slices: group g (slices g KD .. g KD + KD - 1) sits
 // in buffers (g mod 2) KD + u, the next group's copies in flight under this group's
 // FMAs (2 KD buffers). walk_slices' barrier a slice held x3d's FMA rotation 31% of its

@@ -49,14 +49,7 @@ __device__ __forceinline__ void dgrad_cell_cl_body(const ConvArgs& a, float* ws)
     const I vecs = (I)(a.c / VEC);
     const int cdn = (a.id + SD - 1) / SD, chn = (a.ih + SH - 1) / SH, cwn = (a.iw + SW - 1) / SW;
     const I total = (I)a.n * (I)cdn * (I)chn * (I)cwn * vecs;
-    if (W_SMEM) {
-        const int cw = (int)a.c * TAPS;
-        for (int j = threadIdx.x; j < cw; j += blockDim.x) {
-            const int c = j / TAPS;
-            ws[(j - c * TAPS) * (int)a.c + c] = to_f32(w[j]);
-        }
-        __syncthreads();
-    }
+    if (W_SMEM) weight_to_taps_major(w, (int)a.c, TAPS, ws);
     for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {
         const I p = i / vecs;
         const int c0 = (int)(i - p * vecs) * VEC;

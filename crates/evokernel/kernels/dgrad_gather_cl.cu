@@ -29,14 +29,7 @@ __device__ __forceinline__ void dgrad_gather_cl_body(const ConvArgs& a, float* w
     T* __restrict__ gx = static_cast<T*>(a.y);
     const I vecs = (I)(a.c / VEC);  // channel vectors a position
     const I total = (I)a.n * (I)a.id * (I)a.ih * (I)a.iw * vecs;
-    if (W_SMEM) {
-        const int cw = (int)a.c * TAPS;
-        for (int j = threadIdx.x; j < cw; j += blockDim.x) {
-            const int c = j / TAPS;
-            ws[(j - c * TAPS) * (int)a.c + c] = to_f32(w[j]);
-        }
-        __syncthreads();
-    }
+    if (W_SMEM) weight_to_taps_major(w, (int)a.c, TAPS, ws);
     for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {
         const I p = i / vecs;
         const int c0 = (int)(i - p * vecs) * VEC;

@@ -5,10 +5,11 @@
 //! it reaches; `dgrad_gather_cl`'s thread per position stays the rung below and the
 //! fallback where a cell's registers would not fit.
 
+use super::dgrad_gather_cl::{takes_channel_vectors, vector, weight_smem_bytes};
 use super::{cuda_type, grid_stride_launch, grid_stride_space, Config, Launch, Param, Variant};
 use crate::error::Result;
 use crate::pass::Pass;
-use crate::spec::{ConvSpec, Layout};
+use crate::spec::ConvSpec;
 
 pub struct DgradCellCl;
 
@@ -21,11 +22,6 @@ typed_params!(Params {
 /// Floats a thread may hold for a cell's accumulators, and again for one window row of
 /// grad_output (mirrors the kernel's static_asserts).
 const CELL_FLOATS: usize = 64;
-
-/// Channels one thread handles: 16 bytes of them.
-fn vector(spec: &ConvSpec) -> usize {
-    16 / spec.dtype().size_bytes()
-}
 
 /// Grad-output positions along one axis that a cell's window spans: from the lowest to
 /// the highest offset q some residue r and tap k meet, r + P - k D = q S (CellAxis in the
@@ -65,13 +61,6 @@ fn default_minblocks(spec: &ConvSpec) -> i64 {
     }
 }
 
-/// Shared memory for the weight as f32 [taps][C] where it fits in the 48 KiB a block
-/// has without opting in (as `dgrad_gather_cl`); else the kernel reads it from global.
-fn weight_smem_bytes(spec: &ConvSpec) -> Option<u32> {
-    let bytes = spec.c() * spec.taps() * 4;
-    (bytes <= 48 * 1024).then_some(bytes as u32)
-}
-
 /// Cells along each axis: ceil(input / stride).
 fn cells(spec: &ConvSpec) -> usize {
     let (i, s) = (spec.input3(), spec.stride3());
@@ -89,16 +78,8 @@ impl Variant for DgradCellCl {
         include_str!("../../kernels/dgrad_cell_cl.cu")
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
-        if spec.layout() != Layout::ChannelsLast {
-            return Err("needs channels-last data".into());
-        }
+        takes_channel_vectors(spec)?;
         let v = vector(spec);
-        if !spec.c().is_multiple_of(v) {
-            return Err(format!(
-                "needs channels in multiples of {v} (16-byte vectors); got {}",
-                spec.c()
-            ));
-        }
         let cell: usize = spec.stride3().iter().product();
         if cell * v > CELL_FLOATS {
             return Err(format!(
@@ -158,7 +139,7 @@ impl Variant for DgradCellCl {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::{ConvParams, DType};
+    use crate::spec::{ConvParams, DType, Layout};
 
     #[test]
     fn window_spans_the_offsets_a_cell_reads() {

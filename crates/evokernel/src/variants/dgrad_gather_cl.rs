@@ -14,15 +14,31 @@ typed_params!(Params { block, waves });
 
 /// Shared memory for the weight as f32 [taps][C], where it fits beside the default
 /// 48 KiB a block may have without opting in; else the kernel reads it from global
-/// memory.
-fn weight_smem_bytes(spec: &ConvSpec) -> Option<u32> {
+/// memory (`dgrad_cell_cl` alike).
+pub(super) fn weight_smem_bytes(spec: &ConvSpec) -> Option<u32> {
     let bytes = spec.c() * spec.taps() * 4;
     (bytes <= 48 * 1024).then_some(bytes as u32)
 }
 
 /// Channels one thread handles: 16 bytes of them.
-fn vector(spec: &ConvSpec) -> usize {
+pub(super) fn vector(spec: &ConvSpec) -> usize {
     16 / spec.dtype().size_bytes()
+}
+
+/// What both channels-last grad-input gathers need: channels-last data in whole 16-byte
+/// vectors of channels.
+pub(super) fn takes_channel_vectors(spec: &ConvSpec) -> std::result::Result<(), String> {
+    if spec.layout() != Layout::ChannelsLast {
+        return Err("needs channels-last data".into());
+    }
+    let v = vector(spec);
+    if !spec.c().is_multiple_of(v) {
+        return Err(format!(
+            "needs channels in multiples of {v} (16-byte vectors); got {}",
+            spec.c()
+        ));
+    }
+    Ok(())
 }
 
 impl Variant for DgradGatherCl {
@@ -36,17 +52,7 @@ impl Variant for DgradGatherCl {
         include_str!("../../kernels/dgrad_gather_cl.cu")
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
-        if spec.layout() != Layout::ChannelsLast {
-            return Err("needs channels-last data".into());
-        }
-        let v = vector(spec);
-        if !spec.c().is_multiple_of(v) {
-            return Err(format!(
-                "needs channels in multiples of {v} (16-byte vectors); got {}",
-                spec.c()
-            ));
-        }
-        Ok(())
+        takes_channel_vectors(spec)
     }
     fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
         grid_stride_space()
