@@ -49,9 +49,10 @@ fn row_window(spec: &ConvSpec) -> usize {
 }
 
 /// The register cap from the floats a thread holds (a cell's accumulators and a window
-/// row): 64 registers where they are <= 48 (mobilenet-s2, 32 + 16: 0.089 -> 0.078 ms,
-/// 32 bytes spilled), 85 where <= 64 (efficientnet-k5s2, 32 + 24: 0.092 -> 0.089; at 64
-/// registers it spills 88 bytes and takes 0.110), else ptxas's choice (run 289).
+/// row): 4 blocks (64 registers) where they are <= 48 (mobilenet-s2, 32 + 16: 0.089 ->
+/// 0.078 ms, 32 bytes spilled), 3 (80) where <= 64 (efficientnet-k5s2, 32 + 24: 0.092 ->
+/// 0.089, 40 bytes spilled; at 64 registers 88 bytes and 0.110), else ptxas's choice
+/// (run 289).
 fn default_minblocks(spec: &ConvSpec) -> i64 {
     let cell: usize = spec.stride3().iter().product();
     match (cell + row_window(spec)) * vector(spec) {
