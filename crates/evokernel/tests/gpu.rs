@@ -1670,77 +1670,31 @@ fn dgrad_cell_cl_passes_on_strided_channels_last_specs() {
         Some(Layout::ChannelsLast),
     );
     specs.extend(random_channels_last_specs(2040, 80));
-    #[allow(clippy::type_complexity)]
-    let named: [(
-        &str,
-        i64,
-        Vec<i64>,
-        Vec<i64>,
-        Vec<i64>,
-        Vec<i64>,
-        Vec<[i64; 2]>,
-        DType,
-    ); 5] = [
+    for (name, key) in [
         (
             "1-D stride 3 pad 4/1",
-            16,
-            vec![50],
-            vec![5],
-            vec![3],
-            vec![1],
-            vec![[4, 1]],
-            DType::Bf16,
+            "dw1d-n2-c16-i50-k5-s3-d1-p4:1-nwc-bf16",
         ),
         (
             "2-D stride 3x2 dilated, pad past the span",
-            24,
-            vec![17, 23],
-            vec![4, 3],
-            vec![3, 2],
-            vec![2, 1],
-            vec![[9, 0], [0, 5]],
-            DType::F16,
+            "dw2d-n2-c24-i17x23-k4x3-s3x2-d2x1-p9:0,0:5-nhwc-f16",
         ),
         (
             "1x1 at stride 2 (odd residues fed by no tap)",
-            8,
-            vec![9, 13],
-            vec![1, 1],
-            vec![2, 2],
-            vec![1, 1],
-            vec![[0, 0], [0, 0]],
-            DType::Bf16,
+            "dw2d-n2-c8-i9x13-k1x1-s2x2-d1x1-p0:0,0:0-nhwc-bf16",
         ),
         (
             "3-D stride 2 everywhere",
-            16,
-            vec![7, 10, 11],
-            vec![3, 3, 3],
-            vec![2, 2, 2],
-            vec![1, 1, 1],
-            vec![[1, 1], [1, 1], [1, 0]],
-            DType::F16,
+            "dw3d-n2-c16-i7x10x11-k3x3x3-s2x2x2-d1x1x1-p1:1,1:1,1:0-ndhwc-f16",
         ),
         (
             "f32, 4x4 cells",
-            12,
-            vec![21, 18],
-            vec![5, 4],
-            vec![4, 4],
-            vec![1, 1],
-            vec![[2, 2], [1, 2]],
-            DType::F32,
+            "dw2d-n2-c12-i21x18-k5x4-s4x4-d1x1-p2:2,1:2-nhwc-f32",
         ),
-    ];
-    for (name, c, input, kernel, stride, dilation, padding, dtype) in named {
-        let mut p = ConvParams::seed();
-        p.layout = Layout::ChannelsLast;
-        p.n = 2;
-        p.c = c;
-        p.dtype = dtype;
-        (p.input, p.kernel, p.stride, p.dilation, p.padding) =
-            (input, kernel, stride, dilation, padding);
-        specs.push((name.to_string(), p.validate().unwrap()));
+    ] {
+        let spec = ConvSpec::from_key(key).unwrap();
+        assert_eq!(spec.key(), key);
+        specs.push((name.to_string(), spec));
     }
     let mut cases = Vec::new();
     for (name, spec) in specs {

@@ -16,16 +16,12 @@ pub struct DepthReuseFma;
 
 /// Slices in flight ahead of the one being read; 0: the kernel's `walk_slice_groups`, KD
 /// slices behind one barrier and the next KD in flight (2 KD slots), for KD >= 2.
-const STAGES: [i64; 3] = [1, 2, 4];
-const STAGES_WITH_GROUPS: [i64; 4] = [0, 1, 2, 4];
+const STAGES: [i64; 4] = [0, 1, 2, 4];
 
-/// The `stages` values offered for `spec`: groups of slices where there are KD >= 2.
-fn stage_choices(spec: &ConvSpec) -> &'static [i64] {
-    if spec.kernel3()[0] >= 2 {
-        &STAGES_WITH_GROUPS
-    } else {
-        &STAGES
-    }
+/// The `stages` values offered for `spec`: groups of slices only where there are KD >= 2.
+fn stage_choices(spec: &ConvSpec) -> Vec<i64> {
+    let groups = spec.kernel3()[0] >= 2;
+    STAGES.into_iter().filter(|&s| s > 0 || groups).collect()
 }
 
 /// Slices in flight as the ring counts them (the ring holds this + 1, capped at the
@@ -231,7 +227,7 @@ impl Variant for DepthReuseFma {
         params.extend(plane_walk_ring_params(
             spec,
             walked_planes(spec),
-            stage_choices(spec),
+            &stage_choices(spec),
         ));
         params
     }

@@ -5,7 +5,7 @@
 //! it reaches; `dgrad_gather_cl`'s thread per position stays the rung below and the
 //! fallback where a cell's registers would not fit.
 
-use super::dgrad_gather_cl::{takes_channel_vectors, vector, weight_smem_bytes};
+use super::dgrad_gather_cl::{takes_channel_vectors, weight_smem_bytes};
 use super::{cuda_type, grid_stride_launch, grid_stride_space, Config, Launch, Param, Variant};
 use crate::error::Result;
 use crate::pass::Pass;
@@ -55,7 +55,7 @@ fn row_window(spec: &ConvSpec) -> usize {
 /// (run 289).
 fn default_minblocks(spec: &ConvSpec) -> i64 {
     let cell: usize = spec.stride3().iter().product();
-    match (cell + row_window(spec)) * vector(spec) {
+    match (cell + row_window(spec)) * spec.dtype().per_16_bytes() {
         0..=48 => 4,
         49..=64 => 3,
         _ => 0,
@@ -80,7 +80,7 @@ impl Variant for DgradCellCl {
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
         takes_channel_vectors(spec)?;
-        let v = vector(spec);
+        let v = spec.dtype().per_16_bytes();
         let cell: usize = spec.stride3().iter().product();
         if cell * v > CELL_FLOATS {
             return Err(format!(
@@ -130,7 +130,7 @@ impl Variant for DgradCellCl {
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, sms: u32) -> Result<Launch> {
         let p = Params::parse(self, spec, config)?;
-        let threads = spec.n() * cells(spec) * (spec.c() / vector(spec));
+        let threads = spec.n() * cells(spec) * (spec.c() / spec.dtype().per_16_bytes());
         let mut launch = grid_stride_launch(threads as u64, p.block as u64, p.waves as u64, sms);
         launch.shared_bytes = weight_smem_bytes(spec).unwrap_or(0);
         Ok(launch)

@@ -20,18 +20,13 @@ pub(super) fn weight_smem_bytes(spec: &ConvSpec) -> Option<u32> {
     (bytes <= 48 * 1024).then_some(bytes as u32)
 }
 
-/// Channels one thread handles: 16 bytes of them.
-pub(super) fn vector(spec: &ConvSpec) -> usize {
-    16 / spec.dtype().size_bytes()
-}
-
 /// What both channels-last grad-input gathers need: channels-last data in whole 16-byte
 /// vectors of channels.
 pub(super) fn takes_channel_vectors(spec: &ConvSpec) -> std::result::Result<(), String> {
     if spec.layout() != Layout::ChannelsLast {
         return Err("needs channels-last data".into());
     }
-    let v = vector(spec);
+    let v = spec.dtype().per_16_bytes();
     if !spec.c().is_multiple_of(v) {
         return Err(format!(
             "needs channels in multiples of {v} (16-byte vectors); got {}",
@@ -73,7 +68,7 @@ impl Variant for DgradGatherCl {
     fn launch(&self, spec: &ConvSpec, config: &Config, sms: u32) -> Result<Launch> {
         let p = Params::parse(self, spec, config)?;
         let mut launch = grid_stride_launch(
-            (spec.input_len() / vector(spec)) as u64,
+            (spec.input_len() / spec.dtype().per_16_bytes()) as u64,
             p.block as u64,
             p.waves as u64,
             sms,

@@ -273,7 +273,7 @@ impl RotateConfig {
         // 0.149, video-vae-causal 0.316 -> 0.272, causal-conv1d 0.143 -> 0.129), except on
         // planes of one slice and many taps, where they measured slower (convnext-7x7: the
         // best such 0.159 ms, the first of this rule 0.206, the old default's 0.178).
-        let taps: usize = spec.kernel3().iter().product();
+        let taps = spec.taps();
         // Short rows of one kernel row (1-D layers) read their windows directly: a band
         // gives them no reuse across rows and cost 16 KB of shared memory a workgroup
         // (causal-conv1d 0.130 -> 0.071 ms, run 284; on 2-D and 3-D kernels direct reads

@@ -319,8 +319,7 @@ pub(crate) fn grid_for(info: &VulkanDeviceInfo, groups: usize) -> Result<[u32; 2
 /// rotation shaders then meets each weight once a run, so weights held in registers buy
 /// nothing there; both shaders' defaults set such layers apart (H100 runs 277-282).
 pub(crate) fn one_slice_planes_of_many_taps(spec: &crate::spec::ConvSpec) -> bool {
-    let taps: usize = spec.kernel3().iter().product();
-    spec.kernel3()[0] == 1 && spec.input3()[0] == 1 && taps > 9
+    spec.kernel3()[0] == 1 && spec.input3()[0] == 1 && spec.taps() > 9
 }
 
 /// `v` as a shader's 32-bit index, or an error naming the shader and the size.
