@@ -669,8 +669,9 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-// Channels-last grad-weight pieces (wgrad_tile_cl.cu, wgrad_strip_cl.cu): an LB-byte
-// cp.async that zero-fills where !ok, and VEC channels read from shared memory as floats.
+// An LB-byte cp.async that zero-fills where !ok (the channels-last grad-weight pieces of
+// wgrad_tile_cl.cu and wgrad_strip_cl.cu, depth_reuse_fma.cu's rows that are not 16-byte
+// multiples), and VEC channels read from shared memory as floats.
 template <int LB>
 __device__ __forceinline__ void cl_copy_async(unsigned dst, const void* src, bool ok) {
     // src-size 0 fills the LB bytes with zeros and reads nothing.

@@ -12,17 +12,24 @@
 // a multiple of the vector E (S = (-pw) mod E), so every copy is aligned; a thread's
 // window starts at column tx * OUT_W * SW (a multiple of E) and its taps at + S.
 // The weights stay in registers (KD * KH * KW of them). Depth steps are unit; H stride
-// and dilation are arguments, W's (SW, DW) compiled in; the input width is a multiple of E.
+// and dilation are arguments, W's (SW, DW) compiled in.
+// COPY: bytes an async copy moves. 16 where input rows are whole chunks (the width a
+// multiple of E); 4 where they are not (f32 of any width, 16-bit types of even width:
+// X3D's and ResNet's 14- and 28-wide planes): a chunk then goes as 4-byte pieces, those
+// past the row's end zero-filled (only a row's last chunk can straddle its end: chunks
+// start on multiples of E from column 0).
 // PLANES (KD = 1, no depth padding): the N x C x D planes, each a run of H x W elements
 // in (n, c, d) order, are walked as one sequence of depths, so a block's ring and table
 // run across planes (a 1-D or 2-D layer's block had one slice: its copies never
 // overlapped its FMAs). Planes of a chunk may change channel: each slot carries its
 // plane's weights as f32 after the slice, written by the fetch that fills it.
-template <typename T, int KD, int KH, int KW, int OUT_W, int SW, int DW, int S, int TX, int TY,
+template <typename T, int KD, int KH, int KW, int OUT_W, int SW, int DW, int S, int COPY, int TX, int TY,
           int DCHUNK, int STAGES, int MINB, bool TABLE, int PLANES, int EPI>
 __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs a, EpiArgs e) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int E = 16 / (int)sizeof(T);                 // elements per 16-byte chunk
+    static_assert(COPY == 16 || COPY == 4, "copies of whole chunks or of 4-byte pieces");
+    constexpr int PIECE = COPY / (int)sizeof(T);           // elements a copy moves
     constexpr int SPAN = (OUT_W - 1) * SW + (KW - 1) * DW + 1;
     constexpr int NCH = (S + SPAN + E - 1) / E;             // chunks per thread window
     constexpr int STEP = OUT_W * SW;                        // columns between windows
@@ -107,10 +114,20 @@ __global__ void __launch_bounds__(TX * TY, MINB) depth_reuse_fma_dwconv(ConvArgs
                 const int off = TABLE ? fill_table[j] : source_of(j);
                 const int r = j / FILL_CH;  // a multiply and shift: FILL_CH is a constant
                 const unsigned dst = buf + (unsigned)(((r * (ROW_CH - FILL_CH)) + j) * 16);
-                if (depth_inside && off >= 0) {
-                    cp_async16(dst, src + off);
+                if constexpr (COPY == 16) {
+                    if (depth_inside && off >= 0) {
+                        cp_async16(dst, src + off);
+                    } else {
+                        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u));
+                    }
                 } else {
-                    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u));
+                    // The chunk's elements inside the row (its first is, where off >= 0).
+                    const int inside = depth_inside && off >= 0 ? a.iw - (g0 + (j - r * FILL_CH) * E) : 0;
+#pragma unroll
+                    for (int p = 0; p < E / PIECE; ++p) {
+                        const bool ok = p * PIECE < inside;
+                        cl_copy_async<COPY>(dst + p * COPY, ok ? src + off + p * PIECE : src, ok);
+                    }
                 }
             }
         }

@@ -1655,6 +1655,90 @@ fn depth_reuse_fma_passes_with_slice_groups() {
     );
 }
 
+/// depth_reuse_fma on input rows that are not whole 16-byte chunks (f32 of any width,
+/// 16-bit types of even width): the slice fill copies 4-byte pieces and zero-fills those
+/// past a row's end. x3d-m-res4 (14 bf16 a row), named specs (3-D, plane-walked 2-D and
+/// 1-D rows, W stride and dilation, padding past the row, odd f32 widths) and random
+/// specs with such rows; the default config and the other stages, NaN/Inf in a third.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn depth_reuse_fma_copies_rows_in_4_byte_pieces() {
+    let engine = Engine::cuda(0).unwrap();
+    let v = evokernel::variants::find("depth_reuse_fma").unwrap();
+    let partial_rows = |s: &ConvSpec| !(s.input3()[2] * s.dtype().size_bytes()).is_multiple_of(16);
+    let mut specs: Vec<(String, ConvSpec)> = named_specs(
+        [public_suite(), models_suite()],
+        Some(Layout::ChannelsFirst),
+    )
+    .into_iter()
+    .filter(|(_, s)| partial_rows(s))
+    .collect();
+    for (name, key) in [
+        (
+            "3-D 14 wide",
+            "dw3d-n2-c12-i6x14x14-k3x3x3-s1x1x1-d1x1x1-p1:1,1:1,1:1-ncdhw-bf16",
+        ),
+        (
+            "3-D 30 wide, f16, kernel rows of 5",
+            "dw3d-n1-c8-i5x9x30-k3x3x5-s1x1x1-d1x1x1-p0:2,1:1,2:2-ncdhw-f16",
+        ),
+        (
+            "2-D 22 wide (planes walked)",
+            "dw2d-n3-c16-i20x22-k3x3-s1x1-d1x1-p1:1,1:1-nchw-bf16",
+        ),
+        (
+            "2-D 28 wide, W stride 2",
+            "dw2d-n2-c8-i16x28-k3x3-s1x2-d1x1-p1:1,1:1-nchw-bf16",
+        ),
+        (
+            "1-D 2 wide, padding past the row",
+            "dw1d-n4-c32-i2-k4-s1-d1-p3:2-ncw-bf16",
+        ),
+        (
+            "1-D 1030 wide, dilation 2",
+            "dw1d-n2-c16-i1030-k3-s1-d2-p2:2-ncw-f16",
+        ),
+        (
+            "3-D f32 13 wide",
+            "dw3d-n1-c8-i5x9x13-k3x5x5-s1x1x1-d1x1x1-p0:0,2:2,2:2-ncdhw-f32",
+        ),
+        (
+            "2-D f32 47 wide, W dilation 3",
+            "dw2d-n2-c8-i11x47-k3x3-s1x1-d1x3-p1:1,3:3-nchw-f32",
+        ),
+    ] {
+        specs.push((name.into(), ConvSpec::from_key(key).unwrap()));
+    }
+    specs.extend(
+        random_specs(300, 2042)
+            .into_iter()
+            .filter(partial_rows)
+            .enumerate()
+            .map(|(i, s)| (format!("random #{i}"), s)),
+    );
+    let mut cases = Vec::new();
+    for (name, spec) in specs {
+        if v.applies(&spec).is_err() {
+            continue;
+        }
+        let mut configs = Vec::new();
+        for stages in [-1, 0, 2] {
+            let mut cfg = v.default_config(&spec);
+            if stages >= 0 {
+                cfg.values.insert("stages".into(), stages);
+            }
+            push_launchable(v, &spec, cfg, &mut configs);
+        }
+        cases.push((name, spec, configs));
+    }
+    assert!(cases.len() >= 20, "only {} specs", cases.len());
+    let checked = check_cases(&engine, v, &cases, |_, spec| ConvProblem::new(spec.clone()));
+    eprintln!(
+        "{checked} depth_reuse_fma 4-byte-copy checks over {} specs",
+        cases.len()
+    );
+}
+
 /// dgrad_cell_cl (a thread per stride cell) on the channels-last suites' specs it takes,
 /// random channels-last specs (strides and dilations up to 2, padding within the span,
 /// partial last cells) and named ones past them: stride 3, padding past the kernel's

@@ -43,6 +43,22 @@ fn chunk_elems(spec: &ConvSpec) -> usize {
     spec.dtype().per_16_bytes()
 }
 
+/// Bytes an async copy of the slice fill moves (COPY in the kernel): whole 16-byte chunks
+/// where input rows are whole chunks, else 4-byte pieces (f32 of any width, 16-bit types
+/// of even width), the pieces past a row's end zero-filled.
+fn copy_bytes(spec: &ConvSpec) -> usize {
+    if whole_chunk_rows(spec) {
+        16
+    } else {
+        4
+    }
+}
+
+/// Whether input rows are whole 16-byte chunks (the fill's fast copies).
+pub(crate) fn whole_chunk_rows(spec: &ConvSpec) -> bool {
+    spec.input3()[2].is_multiple_of(chunk_elems(spec))
+}
+
 /// The kernel's S: how far the first tap sits past an aligned chunk, (-pw) mod E.
 fn lead(spec: &ConvSpec) -> usize {
     let e = chunk_elems(spec);
@@ -176,13 +192,14 @@ impl Variant for DepthReuseFma {
             return Err("needs a channels-first layout".into());
         }
         fma_rotation_applies(spec)?;
-        let e = chunk_elems(spec);
-        if !spec.input3()[2].is_multiple_of(e) {
+        let [_, ih, iw] = spec.input3();
+        if !(iw * spec.dtype().size_bytes()).is_multiple_of(4) {
             return Err(format!(
-                "needs an input width that is a multiple of {e} (16-byte async copies)"
+                "an input row of {iw} {} elements is not a multiple of 4 bytes (the slice fill's \
+                 smallest async copy); an even width takes this kernel",
+                spec.dtype()
             ));
         }
-        let [_, ih, iw] = spec.input3();
         if ih * iw > i32::MAX as usize {
             return Err(format!(
                 "an input depth plane of {ih} x {iw} elements: the kernel's in-plane offsets are 32-bit"
@@ -296,12 +313,13 @@ impl Variant for DepthReuseFma {
         let s = Shape::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "depth_reuse_fma_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
+            "depth_reuse_fma_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             s.out_w,
             spec.stride3()[2],
             spec.dilation3()[2],
             lead(spec),
+            copy_bytes(spec),
             s.tx,
             s.ty,
             s.dchunk,
@@ -449,14 +467,46 @@ mod tests {
     }
 
     #[test]
+    fn rows_that_are_not_whole_chunks_are_copied_in_4_byte_pieces() {
+        let v = DepthReuseFma;
+        let x3d_m = crate::suite::models_suite()
+            .unwrap()
+            .into_iter()
+            .find(|c| c.name == "x3d-m-res4")
+            .unwrap()
+            .spec;
+        // 14 bf16 a row: 28 bytes, 4-byte pieces; the seed's 80: whole chunks.
+        v.applies(&x3d_m).unwrap();
+        assert_eq!(copy_bytes(&x3d_m), 4);
+        assert_eq!(copy_bytes(&public_case("seed-bf16")), 16);
+        let d = v.default_config(&x3d_m);
+        let spec = v.specialization(&x3d_m, &d).unwrap();
+        assert!(
+            spec.starts_with("depth_reuse_fma_dwconv<__nv_bfloat16, 3, 3, 3, 8, 1, 1, 7, 4,"),
+            "{spec}"
+        );
+        assert!(valid_configs(&v, &x3d_m).contains(&d));
+        // f32 rows of any width: 4-byte pieces where not a multiple of 4 floats.
+        let mut p = crate::spec::ConvParams::seed();
+        p.dtype = DType::F32;
+        p.input = vec![5, 9, 13];
+        let odd = p.validate().unwrap();
+        v.applies(&odd).unwrap();
+        assert_eq!(copy_bytes(&odd), 4);
+    }
+
+    #[test]
     fn two_byte_types_take_runs_of_eight_and_strided_depth_is_refused() {
         let v = DepthReuseFma;
         let bf16 = public_case("seed-bf16");
         assert_eq!(v.space(&bf16)[0].values, vec![8]);
         assert_eq!(v.default_config(&bf16).get("out_w"), Some(8));
         v.applies(&bf16).unwrap();
-        // odd-dilated: W 47 is not a multiple of 8 halves.
-        assert!(v.applies(&public_case("odd-dilated")).is_err());
+        // odd-dilated: rows of 47 halves, 94 bytes: not even 4-byte pieces.
+        assert!(v
+            .applies(&public_case("odd-dilated"))
+            .unwrap_err()
+            .contains("4 bytes"));
         assert!(v.applies(&public_case("seed-bf16-ndhwc")).is_err());
         let mut p = crate::spec::ConvParams::seed();
         p.stride = vec![2, 1, 1];
