@@ -69,15 +69,33 @@ pub fn models_suite() -> Result<Vec<SuiteCase>> {
     parse_suite(MODELS_SUITE, Path::new("<embedded models suite>"))
 }
 
-/// The spec of the public-suite case `name` (tests).
+/// The spec of case `name` of an embedded suite (tests).
 #[cfg(test)]
-pub(crate) fn public_case(name: &str) -> ConvSpec {
-    public_suite()
+fn case_of(cases: Result<Vec<SuiteCase>>, suite: &str, name: &str) -> ConvSpec {
+    cases
         .unwrap()
         .into_iter()
         .find(|c| c.name == name)
-        .unwrap_or_else(|| panic!("no public case {name}"))
+        .unwrap_or_else(|| panic!("no {suite} case {name}"))
         .spec
+}
+
+/// The spec of the public-suite case `name` (tests).
+#[cfg(test)]
+pub(crate) fn public_case(name: &str) -> ConvSpec {
+    case_of(public_suite(), "public", name)
+}
+
+/// The spec of the channels-last-suite case `name` (tests).
+#[cfg(test)]
+pub(crate) fn channels_last_case(name: &str) -> ConvSpec {
+    case_of(channels_last_suite(), "channels-last", name)
+}
+
+/// The spec of the models-suite case `name` (tests).
+#[cfg(test)]
+pub(crate) fn models_case(name: &str) -> ConvSpec {
+    case_of(models_suite(), "models", name)
 }
 
 /// Reads and validates every case of a suite file; the first bad case is an error

@@ -142,12 +142,7 @@ mod tests {
                 assert!(check_config(&v, &case.spec, &d).is_ok(), "{}", case.name);
             }
         }
-        let nwc = crate::suite::channels_last_suite()
-            .unwrap()
-            .into_iter()
-            .find(|c| c.name == "causal-conv1d-nwc")
-            .unwrap()
-            .spec;
+        let nwc = crate::suite::channels_last_case("causal-conv1d-nwc");
         assert!(check_config(&v, &nwc, &v.default_config(&nwc)).is_ok());
         let cf = public_suite().unwrap().remove(0).spec;
         assert!(v.applies(&cf).is_err());

@@ -444,12 +444,7 @@ mod tests {
     #[test]
     fn one_depth_layers_walk_their_planes_by_default() {
         let v = DepthReuseFma;
-        let conformer = crate::suite::models_suite()
-            .unwrap()
-            .into_iter()
-            .find(|c| c.name == "conformer-k31")
-            .unwrap()
-            .spec;
+        let conformer = crate::suite::models_case("conformer-k31");
         let d = v.default_config(&conformer);
         assert_eq!((d.get("planes"), d.get("dchunk")), (Some(1), Some(8)));
         // 16 x 512 rows of 1024, 8 a block, each row in four runs of 32 x 8 outputs.
@@ -469,12 +464,7 @@ mod tests {
     #[test]
     fn rows_that_are_not_whole_chunks_are_copied_in_4_byte_pieces() {
         let v = DepthReuseFma;
-        let x3d_m = crate::suite::models_suite()
-            .unwrap()
-            .into_iter()
-            .find(|c| c.name == "x3d-m-res4")
-            .unwrap()
-            .spec;
+        let x3d_m = crate::suite::models_case("x3d-m-res4");
         // 14 bf16 a row: 28 bytes, 4-byte pieces; the seed's 80: whole chunks.
         v.applies(&x3d_m).unwrap();
         assert_eq!(copy_bytes(&x3d_m), 4);

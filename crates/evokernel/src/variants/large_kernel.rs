@@ -81,12 +81,7 @@ mod tests {
 
     #[test]
     fn replknet_fits_and_channels_last_is_refused() {
-        let spec = crate::suite::models_suite()
-            .unwrap()
-            .into_iter()
-            .find(|c| c.name == "replknet-31x31")
-            .unwrap()
-            .spec;
+        let spec = crate::suite::models_case("replknet-31x31");
         LargeKernel.applies(&spec).unwrap();
         // 58 padded rows of 64 floats, and 31 rows of 32 weights.
         assert_eq!(shared_bytes(&spec, 8), (58 * 64 + 31 * 32) * 4);
