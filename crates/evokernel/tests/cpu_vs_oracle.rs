@@ -2,7 +2,9 @@
 //! backend against the f64 oracle under MEASURE.md's gates.
 
 use evokernel::backend::ProblemData;
-use evokernel::cpu::{conv_cpu, dgrad_cpu, wgrad_cpu, wgrad_cpu_with, Isa};
+use evokernel::cpu::{
+    conv_cpu, conv_cpu_with, dgrad_cpu, wgrad_cpu, wgrad_cpu_with, FusedEpilogue, Isa,
+};
 use evokernel::reference::{conv_reference, dgrad_reference, wgrad_reference};
 use evokernel::tensor::compare;
 use evokernel::verify::oracle;
@@ -74,6 +76,17 @@ proptest! {
         let r = conv_reference(&spec, &x, &w).unwrap();
         let c = compare(&y, &r).unwrap();
         prop_assert!(c.passes(spec.dtype()), "{} seed {}: {:?}", spec, seed, c);
+        // Every vector width this CPU runs (AVX-512's intrinsics, AVX2, portable: their
+        // row groups and tails differ).
+        for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable] {
+            if !isa.supported() {
+                continue;
+            }
+            let mut y = HostTensor::nan(spec.dtype(), &spec.output_shape());
+            conv_cpu_with(isa, &spec, &FusedEpilogue::default(), &x, &w, &mut y).unwrap();
+            let c = compare(&y, &r).unwrap();
+            prop_assert!(c.passes(spec.dtype()), "{:?} {} seed {}: {:?}", isa, spec, seed, c);
+        }
     }
 
     #[test]
