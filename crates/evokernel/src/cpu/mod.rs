@@ -409,10 +409,11 @@ unsafe fn cf_rows_avx2<T: Element>(
     cf_rows_body::<T, 8, true>(spec, geo, src, w, od, out, row, at)
 }
 
-/// Output rows a unit-stride block computes together: enough accumulators (rows x
-/// vectors, at most 16 of the 32 vector registers) to cover the FMA latency. One row of
-/// x3d's 56 outputs is 4 AVX-512 vectors: 4 chains for two FMA pipes of 4 cycles'
-/// latency kept them half idle (41.7 ms, 50 GFLOP/s of the 455 calibrated).
+/// Output rows a unit-stride block computes together: more independent accumulators
+/// (rows x vectors, at most 16 of the 32 vector registers) for the two FMA pipes, and
+/// each tap's broadcast weight shared by them. (One row of x3d's 56 outputs is only 4
+/// AVX-512 vectors. The groups alone gained 6%; with the accumulators in registers,
+/// block_unit_avx512, 1.27x: docs/perf.md, "CPU backend forward".)
 fn rows_together(vectors: usize) -> usize {
     match vectors {
         0..=4 => 4,
@@ -454,28 +455,6 @@ fn cf_rows_body<T: Element, const L: usize, const FMA: bool>(
             let vectors = (ow - b).div_ceil(L).min(8);
             let r = &mut row[b..];
             let unit_at = base + b;
-            // (A closure cannot take const generics: a local fn with what it needs.)
-            #[inline(always)]
-            fn unit_block<const L: usize, const NV: usize, const R: usize, const FMA: bool>(
-                src: &[f32],
-                at: usize,
-                row_step: usize,
-                geo: &PaddedPlane,
-                w: &[f32],
-                out: &mut [f32],
-                out_stride: usize,
-            ) {
-                #[cfg(target_arch = "x86_64")]
-                if L == 16 && FMA {
-                    // SAFETY: L = 16 with FMA is the AVX-512 instantiation (cf_rows_avx512,
-                    // called only where `Isa::detect` found AVX-512).
-                    unsafe {
-                        block_unit_avx512::<NV, R>(src, at, row_step, geo, w, out, out_stride)
-                    };
-                    return;
-                }
-                block_unit::<L, NV, R, FMA>(src, at, row_step, &geo.taps, w, out, out_stride)
-            }
             macro_rules! block {
                 ($($nv:literal)*) => {
                     match (vectors, rows) {
@@ -511,6 +490,29 @@ pub(super) fn fma<const FMA: bool>(a: f32, b: f32, acc: f32) -> f32 {
     } else {
         acc + a * b
     }
+}
+
+/// One block of stride-1 outputs: AVX-512's intrinsics where this is the AVX-512
+/// instantiation (L = 16 with FMA is only cf_rows_avx512's), else the portable form.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn unit_block<const L: usize, const NV: usize, const R: usize, const FMA: bool>(
+    src: &[f32],
+    at: usize,
+    row_step: usize,
+    geo: &PaddedPlane,
+    w: &[f32],
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if L == 16 && FMA {
+        // SAFETY: only cf_rows_avx512 instantiates L = 16, and it is called only where
+        // `Isa::detect` found AVX-512.
+        unsafe { block_unit_avx512::<NV, R>(src, at, row_step, geo, w, out, out_stride) };
+        return;
+    }
+    block_unit::<L, NV, R, FMA>(src, at, row_step, &geo.taps, w, out, out_stride)
 }
 
 /// `NV` vectors of `L` outputs of stride 1 along W on each of `R` output rows
