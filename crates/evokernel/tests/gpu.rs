@@ -194,6 +194,15 @@ fn engine_runs_the_seed_with_every_epilogue() {
     }
 }
 
+/// `random_specs` named by their index ("random #i"), as the checks report them.
+fn named_random_specs(count: usize, seed: u64) -> Vec<(String, ConvSpec)> {
+    random_specs(count, seed)
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| (format!("random #{i}"), s))
+        .collect()
+}
+
 /// Seeded random specs over every dimension issue 5 names: 1-3 dims, strides,
 /// dilations, asymmetric padding, batch, C from 1 to 130 (not only multiples of 8),
 /// tiny and degenerate sizes (inputs of 1, kernels as wide as the padded input), wide
@@ -367,6 +376,24 @@ fn push_launchable(
     }
 }
 
+/// `v`'s default for `spec` with each set of overrides applied in turn, those that
+/// launch (an empty set: the default itself).
+fn launchable_overrides(
+    v: &dyn evokernel::variants::Variant,
+    spec: &ConvSpec,
+    overrides: &[&[(&str, i64)]],
+) -> Vec<evokernel::variants::Config> {
+    let mut configs = Vec::new();
+    for set in overrides {
+        let mut cfg = v.default_config(spec);
+        for &(k, val) in *set {
+            cfg.values.insert(k.into(), val);
+        }
+        push_launchable(v, spec, cfg, &mut configs);
+    }
+    configs
+}
+
 /// Every case's configs of `v` against the oracle (compiled first, on all cores), case
 /// `i` as the problem `problem_of(i, spec)` describes, NaN and Inf in every third case's
 /// operands; the configs checked.
@@ -422,12 +449,7 @@ fn depth_reuse_passes_with_either_slice_handover() {
         .unwrap()
         .into_iter()
         .map(|c| (c.name, c.spec))
-        .chain(
-            random_specs(120, 2027)
-                .into_iter()
-                .enumerate()
-                .map(|(i, s)| (format!("random #{i}"), s)),
-        )
+        .chain(named_random_specs(120, 2027))
         .filter(|(_, spec)| v.applies(spec).is_ok())
         .map(|(name, spec)| {
             // (producer, stages, one tile column a block): with the producer, regions that
@@ -1621,28 +1643,17 @@ fn depth_reuse_fma_passes_with_slice_groups() {
         [public_suite(), models_suite()],
         Some(Layout::ChannelsFirst),
     );
-    specs.extend(
-        random_specs(300, 2041)
-            .into_iter()
-            .enumerate()
-            .map(|(i, s)| (format!("random #{i}"), s)),
-    );
+    specs.extend(named_random_specs(300, 2041));
     let mut cases = Vec::new();
     for (name, spec) in specs {
         if v.applies(&spec).is_err() || spec.kernel3()[0] < 2 {
             continue;
         }
-        let mut configs = Vec::new();
-        for dchunk in [0, 4] {
-            let mut cfg = v.default_config(&spec);
-            cfg.values.insert("stages".into(), 0);
-            if dchunk > 0 {
-                cfg.values.insert("dchunk".into(), dchunk);
-            }
-            if v.fits(&spec, &cfg).is_ok() {
-                push_launchable(v, &spec, cfg, &mut configs);
-            }
-        }
+        let configs = launchable_overrides(
+            v,
+            &spec,
+            &[&[("stages", 0)], &[("stages", 0), ("dchunk", 4)]],
+        );
         if !configs.is_empty() {
             cases.push((name, spec, configs));
         }
@@ -1710,25 +1721,16 @@ fn depth_reuse_fma_copies_rows_in_4_byte_pieces() {
         specs.push((name.into(), ConvSpec::from_key(key).unwrap()));
     }
     specs.extend(
-        random_specs(300, 2042)
+        named_random_specs(300, 2042)
             .into_iter()
-            .filter(partial_rows)
-            .enumerate()
-            .map(|(i, s)| (format!("random #{i}"), s)),
+            .filter(|(_, s)| partial_rows(s)),
     );
     let mut cases = Vec::new();
     for (name, spec) in specs {
         if v.applies(&spec).is_err() {
             continue;
         }
-        let mut configs = Vec::new();
-        for stages in [-1, 0, 2] {
-            let mut cfg = v.default_config(&spec);
-            if stages >= 0 {
-                cfg.values.insert("stages".into(), stages);
-            }
-            push_launchable(v, &spec, cfg, &mut configs);
-        }
+        let configs = launchable_overrides(v, &spec, &[&[], &[("stages", 0)], &[("stages", 2)]]);
         cases.push((name, spec, configs));
     }
     assert!(cases.len() >= 20, "only {} specs", cases.len());

@@ -237,8 +237,6 @@ struct PaddedPlane {
     ws: usize,
     /// Offset of tap (kd, kh, kw) from an output row's base, in tap order.
     taps: Vec<usize>,
-    /// The largest of them.
-    last_tap: usize,
 }
 
 impl PaddedPlane {
@@ -267,18 +265,17 @@ impl PaddedPlane {
                 }
             }
         }
-        let last_tap = taps.iter().copied().max().unwrap_or(0);
-        PaddedPlane {
-            dp,
-            hp,
-            ws,
-            taps,
-            last_tap,
-        }
+        PaddedPlane { dp, hp, ws, taps }
     }
 
     fn len(&self) -> usize {
         self.dp * self.hp * self.ws
+    }
+
+    /// The largest tap offset: the last, as offsets ascend in tap order (a row's taps
+    /// span less than the row stride, a plane's rows less than a plane).
+    fn last_tap(&self) -> usize {
+        self.taps.last().copied().unwrap_or(0)
     }
 
     /// Widens one input plane into `buf`, writing zeros only where padding lies.
@@ -562,7 +559,7 @@ unsafe fn block_unit_avx512<const NV: usize, const R: usize>(
     use std::arch::x86_64::*;
     // Every load and store below stays inside its slice, checked once here: the padded
     // plane holds each row's taps and whole vectors (PaddedPlane::new).
-    assert!(base + (R - 1) * row_step + geo.last_tap + NV * 16 <= src.len());
+    assert!(base + (R - 1) * row_step + geo.last_tap() + NV * 16 <= src.len());
     assert!((R - 1) * out_stride + NV * 16 <= out.len());
     let p = src.as_ptr();
     let mut acc = [[_mm512_setzero_ps(); NV]; R];
