@@ -115,6 +115,50 @@ __device__ __forceinline__ void epilogue_n(const EpiArgs& e, float* f, long long
     }
 }
 
+// CV consecutive channels of one channels-last pixel (CV 1, 2 or 4; one 2-, 4-, 8- or
+// 16-byte load or store) to floats and back: the channels-last FMA kernels' shared reads
+// and output stores.
+template <typename T, int CV>
+__device__ __forceinline__ void channels_to_f32(const T* p, float* f) {
+    if constexpr (CV == 1) {
+        f[0] = to_f32(*p);
+    } else if constexpr (sizeof(T) == 4) {  // float, CV 2 or 4
+        if constexpr (CV == 2) {
+            const float2 v = *reinterpret_cast<const float2*>(p);
+            f[0] = v.x; f[1] = v.y;
+        } else {
+            const float4 v = *reinterpret_cast<const float4*>(p);
+            f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+        }
+    } else {  // bf16 / f16, CV 2 or 4: one 4- or 8-byte load
+        unsigned u[CV / 2];
+        if constexpr (CV == 2) {
+            u[0] = *reinterpret_cast<const unsigned*>(p);
+        } else {
+            const uint2 v = *reinterpret_cast<const uint2*>(p);
+            u[0] = v.x; u[1] = v.y;
+        }
+#pragma unroll
+        for (int i = 0; i < CV; ++i) f[i] = to_f32(reinterpret_cast<const T*>(u)[i]);
+    }
+}
+
+template <typename T, int CV>
+__device__ __forceinline__ void channels_from_f32(T* p, const float* f) {
+    if constexpr (CV == 1) {
+        *p = from_f32<T>(f[0]);
+    } else if constexpr (sizeof(T) == 4) {
+        if constexpr (CV == 2) *reinterpret_cast<float2*>(p) = make_float2(f[0], f[1]);
+        else *reinterpret_cast<float4*>(p) = make_float4(f[0], f[1], f[2], f[3]);
+    } else {
+        T h[CV];
+#pragma unroll
+        for (int i = 0; i < CV; ++i) h[i] = from_f32<T>(f[i]);
+        if constexpr (CV == 2) *reinterpret_cast<unsigned*>(p) = *reinterpret_cast<const unsigned*>(h);
+        else *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(h);
+    }
+}
+
 // VEC consecutive elements (16 bytes) to floats and back; p must be 16-byte aligned.
 template <typename T, int VEC> struct Vec16;
 // Eight 16-bit floats packed in 16 bytes, as floats (global and shared loads alike).

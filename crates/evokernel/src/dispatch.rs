@@ -44,7 +44,7 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
     // Run 48, docs/perf.md.
     let fma_rows = spec.kernel3()[2] <= 3 || spec.dtype() == DType::F32;
     // Output rows narrower than a 16-column tile: tensor_core fills 14 of 16 columns
-    // and smem_tile's tiles are mostly halo; row_reuse wins (x3d-m-res4, W 14: 0.131 ms
+    // and smem_tile's tiles are mostly halo; row_reuse is next after the FMA rotation (x3d-m-res4, W 14: 0.131 ms
     // vs naive 0.266, smem_tile 0.428, tensor_core 0.560; run 98, docs/perf.md).
     let narrow = spec.output3()[2] < 16;
     // Grad-weight: 3-wide kernel rows over output rows shorter than 96 (FMA tiles ahead
@@ -79,13 +79,10 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
     // of 16-byte multiples for its stores); f32 has no tensor-core path.
     let plane_walk =
         crate::variants::depth_reuse::walks_planes_by_default(spec) && spec.dtype() != DType::F32;
+    let rotates_rows = crate::variants::row_rotation_cl::rotates_rows_by_default(spec);
     match v.name() {
-        // Rows that are not 16-byte multiples reach the FMA rotation through 4-byte copies
-        // (x3d-m-res4's 14-wide planes): not yet timed on a GPU, so behind every measured
-        // kernel until a same-call bench ranks it.
-        "depth_reuse_fma" if !crate::variants::depth_reuse_fma::whole_chunk_rows(spec) => {
-            (19, "FMA rotation on rows copied in 4-byte pieces (not yet timed)")
-        }
+        // Rows that are not whole 16-byte chunks come in 4-byte pieces (x3d-m-res4, W 14:
+        // 0.061 vs row_reuse 0.132 ms, run 298).
         // With one kernel depth too, where there are depths to walk (run 237, 4 x 192 x
         // 16 x 56 x 56, 1x3x3: 0.067 vs depth_reuse's plane walk 0.085 ms; in 2-D, 3x3,
         // the plane walk wins: 0.042 vs 0.059).
@@ -101,12 +98,20 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
         // 28x28: 0.128 vs streaming_cl 0.158 ms; convnext-nhwc, 56x56, stays with
         // streaming_cl: 0.172 vs 0.194; runs 98-99). Walking planes it takes convnext-nhwc
         // too (run 240: 0.087-0.094 vs streaming_cl 0.172 ms in run 99).
+        // Kernels of >= 5 rows and one depth on channels-last data: each input row read
+        // once by a block, where output-row tiles re-read their halo rows (see
+        // rotates_rows_by_default).
+        "row_rotation_cl" if rotates_rows => (
+            0,
+            "input rows rotated through the output rows they feed (one kernel depth, >= 5 kernel rows)",
+        ),
         "depth_reuse_fma_cl"
-            if fma_rows
+            if !rotates_rows
+                && (fma_rows
                 || deep
                 || spec.taps() <= 9
                 || small_plane
-                || crate::variants::depth_reuse_fma_cl::walks_planes_by_default(spec) =>
+                || crate::variants::depth_reuse_fma_cl::walks_planes_by_default(spec)) =>
         {
             (
                 0,
@@ -160,6 +165,7 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
         "depth_reuse_fma" => (8, "FMA tiles through a slice ring"),
         "depth_reuse_fma_cl" => (8, "FMA rotation on channels-last data"),
         "channels_last" => (9, "channels-last kernel"),
+        "row_rotation_cl" => (9, "input rows rotated through the output rows they feed"),
         "streaming_cl" => (11, "tensor cores on channels-last data (few taps)"),
         "tensor_core" | "streaming" | "depth_reuse" | "depth_reuse_cl" if narrow => {
             (16, "tensor cores on rows narrower than a tile")
@@ -494,7 +500,7 @@ mod tests {
         let channels_last = [
             ("x3d-ndhwc", "depth_reuse_fma_cl"),
             ("video-vae-ndhwc", "depth_reuse_fma_cl"),
-            ("convnext-nhwc", "depth_reuse_fma_cl"),
+            ("convnext-nhwc", "row_rotation_cl"),
             ("mobilenet-s1-nhwc", "depth_reuse_fma_cl"),
             ("seed-f16-ndhwc", "depth_reuse_fma_cl"),
             ("causal-conv1d-nwc", "depth_reuse_fma_cl"),
@@ -520,10 +526,10 @@ mod tests {
             ("hybrid-shortconv", "depth_reuse_fma_cl"),
             ("lfm-shortconv-k3", "depth_reuse_fma"),
             ("replknet-31x31", "large_kernel"),
-            ("efficientnet-k5s2", "depth_reuse_fma_cl"),
-            ("x3d-m-res4", "row_reuse"),
+            ("efficientnet-k5s2", "row_rotation_cl"),
+            ("x3d-m-res4", "depth_reuse_fma"),
             ("video-vae-decoder", "depth_reuse"),
-            ("convnext-t-nhwc", "depth_reuse_fma_cl"),
+            ("convnext-t-nhwc", "row_rotation_cl"),
         ];
         for case in crate::suite::models_suite().unwrap() {
             let Some(want) = models.iter().find(|w| w.0 == case.name) else {

@@ -1741,6 +1741,72 @@ fn depth_reuse_fma_copies_rows_in_4_byte_pieces() {
     );
 }
 
+/// row_rotation_cl (input rows rotated through the output rows they feed) on the
+/// channels-last specs of every suite it takes, random channels-last specs (strides and
+/// dilations up to 2, 1-3 dims) and named ones past them: H stride 3 with dilation 2, a
+/// 1x5x5 3-D kernel at depth stride 2 with depth padding (planes of zeros), W stride 3,
+/// f32, 7-row kernels (7 live rows), chunks of one and two rows; the default and other
+/// ring depths, run widths and chunk sizes, NaN/Inf in a third.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn row_rotation_cl_passes_on_channels_last_specs() {
+    let engine = Engine::cuda(0).unwrap();
+    let v = evokernel::variants::find("row_rotation_cl").unwrap();
+    let mut specs = named_specs(
+        [public_suite(), channels_last_suite(), models_suite()],
+        Some(Layout::ChannelsLast),
+    );
+    specs.extend(random_channels_last_specs(2043, 150));
+    for (name, key) in [
+        (
+            "2-D H stride 3, dilation 2",
+            "dw2d-n2-c16-i29x21-k3x3-s3x1-d2x1-p2:1,1:1-nhwc-bf16",
+        ),
+        (
+            "3-D 1x5x5, depth stride 2 and padding",
+            "dw3d-n2-c24-i5x20x18-k1x5x5-s2x2x2-d1x1x1-p1:1,2:2,2:2-ndhwc-f16",
+        ),
+        (
+            "2-D W stride 3, f32",
+            "dw2d-n1-c12-i13x40-k3x5-s1x3-d1x1-p1:1,2:2-nhwc-f32",
+        ),
+        (
+            "2-D 7x7, 7 live rows",
+            "dw2d-n2-c32-i15x15-k7x7-s1x1-d1x1-p3:3,3:3-nhwc-bf16",
+        ),
+        (
+            "2-D 5x5 stride 2, asymmetric padding, odd rows",
+            "dw2d-n3-c40-i23x19-k5x5-s2x2-d1x1-p0:2,1:3-nhwc-f16",
+        ),
+    ] {
+        specs.push((name.into(), ConvSpec::from_key(key).unwrap()));
+    }
+    let mut cases = Vec::new();
+    for (name, spec) in specs {
+        if v.applies(&spec).is_err() {
+            continue;
+        }
+        let configs = launchable_overrides(
+            v,
+            &spec,
+            &[
+                &[],
+                &[("stages", 1)],
+                &[("rows", 1), ("stages", 8)],
+                &[("rows", 2), ("out_w", 7)],
+                &[("cv", 1), ("lanes", 8), ("out_w", 2)],
+            ],
+        );
+        cases.push((name, spec, configs));
+    }
+    assert!(cases.len() >= 40, "only {} specs", cases.len());
+    let checked = check_cases(&engine, v, &cases, |_, spec| ConvProblem::new(spec.clone()));
+    eprintln!(
+        "{checked} row_rotation_cl checks over {} specs",
+        cases.len()
+    );
+}
+
 /// dgrad_cell_cl (a thread per stride cell) on the channels-last suites' specs it takes,
 /// random channels-last specs (strides and dilations up to 2, padding within the span,
 /// partial last cells) and named ones past them: stride 3, padding past the kernel's

@@ -55,7 +55,7 @@ fn copy_bytes(spec: &ConvSpec) -> usize {
 }
 
 /// Whether input rows are whole 16-byte chunks (the fill's fast copies).
-pub(crate) fn whole_chunk_rows(spec: &ConvSpec) -> bool {
+fn whole_chunk_rows(spec: &ConvSpec) -> bool {
     spec.input3()[2].is_multiple_of(chunk_elems(spec))
 }
 

@@ -57,6 +57,7 @@ mod dgrad_gather_cl;
 mod large_kernel;
 mod naive;
 mod row_reuse;
+pub(crate) mod row_rotation_cl;
 mod smem_tile;
 mod streaming;
 mod streaming_cl;
@@ -79,6 +80,7 @@ pub use dgrad_gather_cl::DgradGatherCl;
 pub use large_kernel::LargeKernel;
 pub use naive::Naive;
 pub use row_reuse::RowReuse;
+pub use row_rotation_cl::RowRotationCl;
 pub use smem_tile::SmemTile;
 pub use streaming::Streaming;
 pub use streaming_cl::StreamingCl;
@@ -663,6 +665,7 @@ pub fn registry() -> Vec<&'static dyn Variant> {
         &DepthReuseCl,
         &DepthReuseFma,
         &DepthReuseFmaCl,
+        &RowRotationCl,
         &DgradGather,
         &DgradGatherCl,
         &DgradCellCl,
@@ -1063,6 +1066,7 @@ depth_reuse 209ad578aad345cf93d133331f14fc83
 depth_reuse_cl ec6936de43dfbdb5292e4be68d905a56
 depth_reuse_fma 939cf6c873e465b4328c931bd90724fc
 depth_reuse_fma_cl ea60acf3362c33016e5630b09a9c21e1
+row_rotation_cl fd231dd954be37108afecdae9352b62f
 dgrad_gather 5fc50c8418cde94ba899e1ae3e272897
 dgrad_gather_cl 5b6d1fea50bd0b8cbc0b7c851fc0049c
 dgrad_cell_cl af555efdf2b633c8bea80c7226f4f6b7
