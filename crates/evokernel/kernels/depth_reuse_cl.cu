@@ -3,13 +3,16 @@
 // 16-byte vector per pixel, a region of COLS 8-wide tiles); one warp per (channel, tile)
 // keeps KD rotating accumulators, so each input slice is read, transposed and loaded as
 // A fragments once for all KD output depths it reaches (streaming_cl reads it KD times).
-// The slice ring holds two channel-major slices ([channel][row][column], as streaming_cl)
-// of just the region: step s loads slice s + 1's pixel vectors into registers first, runs
-// slice s's MMAs while they arrive, then stores them transposed into the other buffer.
-// A finished depth is staged channel-major (two stages) and leaves after the step's one
-// barrier as 16-byte pixel vectors. Every fill writes every cell (zeros outside).
+// Slices arrive pixel-major by 16-byte cp.async into a staging ring, STAGES slices ahead
+// (each thread's pixel sources worked out once), and step s transposes slice s + 1 from
+// its staging slot into the other of two channel-major buffers ([channel][row][column], as
+// streaming_cl) while other warps run slice s's MMAs: one barrier a step. (Loading slice
+// s + 1 into registers during step s left 23% of stall samples on the loads and a third
+// of the instructions on their addresses: docs/perf.md, run 302.) A finished depth is
+// staged channel-major (two stages) and leaves after the next step's barrier as 16-byte
+// pixel vectors. Every fill writes every cell (zeros outside).
 // Stride 1, dilation 1, KW <= 9, C a multiple of 8; T is bf16 or f16.
-template <typename T, int KD, int KH, int KW, int COLS, int DCHUNK, int MINB, int EPI>
+template <typename T, int KD, int KH, int KW, int COLS, int DCHUNK, int STAGES, int MINB, int EPI>
 __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(ConvArgs a, EpiArgs e) {
     constexpr int CG = 8;                    // channels of one 16-byte vector
     constexpr int HS = 16 + KH - 1;          // slice rows
@@ -20,6 +23,8 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
     constexpr int PAIRS = HS * PIX / 2;      // pixel pairs a fill moves
     constexpr int THREADS = CG * COLS * 32;
     constexpr int U = (PAIRS + THREADS - 1) / THREADS;  // pairs per thread
+    constexpr int NST = STAGES + 1;                     // staging slots
+    constexpr int FU = (HS * PIX + THREADS - 1) / THREADS;  // pixels a thread copies
     // Stage row stride: a warp stores 8 rows x 4 words of its tile, so rows must land on
     // distinct 4-bank groups (8 elements for one column; 8 more otherwise). ncu measured
     // 24% of shared wavefronts as conflicts with COLS * 8 + 2 (docs/perf.md, run 42).
@@ -28,6 +33,9 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* ring = reinterpret_cast<T*>(smem_raw);
     T* stages = ring + 2 * SLICE;
+    // The staging ring, pixel-major: slot [row][column][8 channels].
+    const unsigned char* staging = reinterpret_cast<const unsigned char*>(stages + 2 * CG * SP);
+    const unsigned staging_addr = (unsigned)__cvta_generic_to_shared(staging);
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ w = static_cast<const T*>(a.w);
     T* __restrict__ y = static_cast<T*>(a.y);
@@ -53,37 +61,49 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
     const bool has_tile = col0 + tj < nt;
     const int steps = d1 - d0 + KD - 1;
 
-    // Slice of step s (padded depth d0 + s): its pixel pairs into registers, then (after
-    // the MMAs) transposed into a buffer. Pair e covers slice columns 2e', 2e' + 1 of row r.
-    uint4 v[U][2];
-    auto load = [&](int s) {
-        const int zd = d0 + s - a.pd;
-        const bool din = s < steps && zd >= 0 && zd < a.id;
+    // Slice s (padded depth d0 + s) into staging slot s mod NST: pixel j of the slot
+    // (row j / PIX, column j mod PIX) from its offset in an input depth slice, or zeros.
+    int src[FU];
 #pragma unroll
-        for (int k = 0; k < U; ++k) {
-            const int e = 2 * (k * THREADS + (int)threadIdx.x);
-            const int r = e / PIX, col = e - r * PIX;
-            const int zh = h0 - a.ph + r;
-            const bool row_in = e < HS * PIX && din && zh >= 0 && zh < a.ih;
+    for (int i = 0; i < FU; ++i) {
+        const int j = i * THREADS + (int)threadIdx.x;
+        const int r = j / PIX, col = j - r * PIX;
+        const int zh = h0 - a.ph + r, zw = 8 * col0 + col - P;
+        src[i] = j < HS * PIX && zh >= 0 && zh < a.ih && zw >= 0 && zw < a.iw ? (zh * a.iw + zw) * (int)a.c : -1;
+    }
+    const T* xn = x + n * a.id * (long long)a.ih * a.iw * a.c + c0;
+    auto fetch = [&](int s) {
+        if (s < steps) {
+            const int zd = d0 + s - a.pd;
+            const bool din = zd >= 0 && zd < a.id;
+            const T* xd = xn + (din ? zd : 0) * (long long)a.ih * a.iw * a.c;
+            const unsigned slot = staging_addr + (unsigned)((s % NST) * HS * PIX * 16);
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const int zw = 8 * col0 + col + i - P;
-                v[k][i] = make_uint4(0u, 0u, 0u, 0u);
-                if (row_in && zw >= 0 && zw < a.iw)
-                    v[k][i] = __ldg(reinterpret_cast<const uint4*>(
-                        x + (((n * a.id + zd) * a.ih + zh) * (long long)a.iw + zw) * a.c + c0));
+            for (int i = 0; i < FU; ++i) {
+                const int j = i * THREADS + (int)threadIdx.x;
+                if ((HS * PIX) % THREADS != 0 && j >= HS * PIX) break;
+                if (din && src[i] >= 0) {
+                    cp_async16(slot + j * 16, xd + src[i]);
+                } else {
+                    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(slot + j * 16), "r"(0u));
+                }
             }
         }
+        cp_async_commit();
     };
-    auto store = [&](int buffer) {
+    // Slice s's staged pixel pairs, transposed into channel-major buffer `buffer`. Pair e
+    // covers slice columns 2e', 2e' + 1 of row r.
+    auto transpose = [&](int s, int buffer) {
+        const uint4* slot = reinterpret_cast<const uint4*>(staging + (s % NST) * HS * PIX * 16);
         T* buf = ring + buffer * SLICE;
 #pragma unroll
         for (int k = 0; k < U; ++k) {
             const int e = 2 * (k * THREADS + (int)threadIdx.x);
             if (e >= HS * PIX) continue;
             const int r = e / PIX, col = e - r * PIX;
-            const T* e0 = reinterpret_cast<const T*>(&v[k][0]);
-            const T* e1 = reinterpret_cast<const T*>(&v[k][1]);
+            const uint4 v0 = slot[e], v1 = slot[e + 1];
+            const T* e0 = reinterpret_cast<const T*>(&v0);
+            const T* e1 = reinterpret_cast<const T*>(&v1);
 #pragma unroll
             for (int q = 0; q < CG; ++q)
                 *reinterpret_cast<unsigned*>(buf + q * PLANE + r * WS + col) = pack2(e0[q], e1[q]);
@@ -128,22 +148,31 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
     for (int q = 0; q < KD; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
     float probe = 0.f;
 
-    load(0);
-    store(0);
+#pragma unroll
+    for (int k = 0; k < STAGES; ++k) fetch(k);
+    cp_async_wait<STAGES - 1>();
     __syncthreads();
+    transpose(0, 0);
+    fetch(STAGES);
     // As in depth_reuse.cu: steps KD at a time, so depth d0 + s - kd's accumulator
-    // (u - kd) mod KD is a compile-time index.
+    // (u - kd) mod KD is a compile-time index. At step s's barrier: slice s + 1 has landed
+    // (groups 0 .. s + 1 of s + STAGES + 1 are done), slice s is in buffer s & 1, and
+    // every reader of buffer (s + 1) & 1, of staging slot s mod NST and of the stage the
+    // depth finished at step s - 1 went to is past step s - 1.
     for (int sb = 0; sb < steps; sb += KD) {
 #pragma unroll
         for (int u = 0; u < KD; ++u) {
             const int s = sb + u;
             if (s >= steps) break;
             const int cur = s & 1;
-            if (s + 1 < steps) load(s + 1);
-            const bool finishes = s >= KD - 1;  // depth d0 + s - KD + 1 has had all its slices
+            cp_async_wait<STAGES - 1>();
+            __syncthreads();
+            if (s >= KD) write_out(d0 + s - KD, (s - 1) & 1);  // finished at step s - 1
+            fetch(s + 1 + STAGES);
+            if (s + 1 < steps) transpose(s + 1, cur ^ 1);
             if (has_tile) {
                 rotate_slice<T, KD, KH>(lane_addr + (unsigned)(cur * SLICE * (int)sizeof(T)), WS * sizeof(T), s, u, d1 - d0, bf, acc);
-                if (finishes) {
+                if (s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
                     float* done = acc[(u + 1) % KD];
                     probe_fragment(probe, done);
                     epilogue_fragment_cl<T, EPI>(a, e, done, c0 + ch, bias, n, d0 + s - (KD - 1), h0,
@@ -154,11 +183,10 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
                     done[0] = done[1] = done[2] = done[3] = 0.f;
                 }
             }
-            // Buffer cur ^ 1 was last read at step s - 1, before the barrier that ended it.
-            if (s + 1 < steps) store(cur ^ 1);
-            __syncthreads();
-            if (finishes) write_out(d0 + s - (KD - 1), s & 1);
         }
     }
+    cp_async_wait<0>();
+    __syncthreads();
+    write_out(d0 + steps - KD, (steps - 1) & 1);
     if (!isfinite(probe) && a.flag) *a.flag = a.epoch;
 }

@@ -16,6 +16,7 @@ pub struct DepthReuseCl;
 typed_params!(Params {
     cols,
     dchunk,
+    stages,
     minblocks
 });
 
@@ -24,12 +25,14 @@ const CHANNELS: usize = 8;
 
 /// Two channel-major slices of 8 channels x (16 + KH - 1) rows x a region of `cols`
 /// tiles, and two output stages of 8 channels x 16 rows (mirrors the kernel's constants).
-fn shared_bytes(spec: &ConvSpec, cols: usize) -> usize {
+fn shared_bytes(spec: &ConvSpec, cols: usize, stages: usize) -> usize {
     let kh = spec.kernel3()[1];
     let ring = 2 * CHANNELS * (16 + kh - 1) * row_stride(cols);
     let stage_row = if cols == 1 { 8 } else { cols * 8 + 8 };
-    let stages = 2 * CHANNELS * 16 * stage_row;
-    (ring + stages) * 2
+    let out_stages = 2 * CHANNELS * 16 * stage_row;
+    // The pixel-major staging slots: 16 + KH - 1 rows of (cols + 1) x 8 pixels.
+    let staging = (stages + 1) * (16 + kh - 1) * (cols + 1) * 8 * 16;
+    (ring + out_stages) * 2 + staging
 }
 
 impl Variant for DepthReuseCl {
@@ -41,6 +44,13 @@ impl Variant for DepthReuseCl {
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
         pixel_vector_applies(spec)?;
+        let [_, ih, iw] = spec.input3();
+        if ih * iw * spec.c() > i32::MAX as usize {
+            return Err(format!(
+                "an input depth slice of {ih} x {iw} x {} elements: the kernel's in-slice offsets are 32-bit",
+                spec.c()
+            ));
+        }
         default_launches(self, spec)
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
@@ -60,6 +70,11 @@ impl Variant for DepthReuseCl {
                 values: depth_chunks(spec, &DEPTH_CHUNKS),
             },
             // Blocks per SM the registers are capped for (`__launch_bounds__`).
+            // Slices in flight in the staging ring ahead of the one being transposed.
+            Param {
+                name: "stages",
+                values: vec![1, 2, 3, 4],
+            },
             Param {
                 name: "minblocks",
                 values: vec![1, 2, 3, 4],
@@ -71,34 +86,51 @@ impl Variant for DepthReuseCl {
         // beat 2 and 4 everywhere (seed 0.640 vs 0.777-0.922 ms); a third block per SM
         // pays where the band fragments are few (video-vae's 9 rows: 0.376 -> 0.330 ms)
         // and not with the seed's 15 (0.640 -> 0.719, spills). Depth chunks as long as offered.
+        // With the staging ring (run 303) no register cap where the band fragments are
+        // few (video-vae-ndhwc 0.336 vs 0.415 ms at three blocks, x3d-ndhwc 0.207 vs
+        // 0.209); two slices in flight (the seed 0.605, one: 0.657, three: 0.616).
         let [kd, kh, _] = spec.kernel3();
-        let minblocks = if kd * kh <= 9 { 3 } else { 2 };
+        let minblocks = if kd * kh <= 9 { 1 } else { 2 };
         let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 64);
         Config::new(
             self.name(),
-            &[("cols", 1), ("dchunk", dchunk), ("minblocks", minblocks)],
+            &[
+                ("cols", 1),
+                ("dchunk", dchunk),
+                ("stages", 2),
+                ("minblocks", minblocks),
+            ],
         )
     }
     fn needs_repair(&self) -> bool {
         true
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
-        let cols = Params::read(config).map_err(|e| e.to_string())?.cols;
-        within_shared("the slice ring and output stages", shared_bytes(spec, cols))
+        let p = Params::read(config).map_err(|e| e.to_string())?;
+        within_shared(
+            "the slice ring, staging slots and output stages",
+            shared_bytes(spec, p.cols, p.stages),
+        )
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "depth_reuse_cl_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}>",
+            "depth_reuse_cl_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             p.cols,
             p.dchunk,
+            p.stages,
             p.minblocks
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
-        let Params { cols, dchunk, .. } = Params::parse(self, spec, config)?;
+        let Params {
+            cols,
+            dchunk,
+            stages,
+            ..
+        } = Params::parse(self, spec, config)?;
         let [od, oh, _] = spec.output3();
         let blocks = spec.n()
             * oh.div_ceil(16)
@@ -108,7 +140,7 @@ impl Variant for DepthReuseCl {
         Ok(Launch {
             grid: (grid_x(self, spec, blocks)?, 1, 1),
             block: ((CHANNELS * cols * 32) as u32, 1, 1),
-            shared_bytes: shared_bytes(spec, cols) as u32,
+            shared_bytes: shared_bytes(spec, cols, stages) as u32,
         })
     }
 }
@@ -133,7 +165,7 @@ mod tests {
         // Ring 2 x 8 x 20 x 24 + stages 2 x 8 x 16 x 8 elements of 2 bytes.
         assert_eq!(
             l.shared_bytes as usize,
-            (2 * 8 * 20 * 24 + 2 * 8 * 16 * 8) * 2
+            (2 * 8 * 20 * 24 + 2 * 8 * 16 * 8) * 2 + 3 * 20 * 16 * 16
         );
         // Every default is in its own space, 1-D rows (one tile column region) included.
         for case in public_suite().unwrap() {
