@@ -159,6 +159,34 @@ __device__ __forceinline__ void channels_from_f32(T* p, const float* f) {
     }
 }
 
+// A thread's run of OUT_W finished channels-last outputs (CV channels each) stored from
+// `out` (pixel stride c; columns past ow_end skipped), the fused epilogue applied, then
+// the accumulators zeroed for their next output: the channels-last FMA kernels' store.
+// The pixel stride comes through an opaque move: otherwise the compiler keeps OUT_W
+// 64-bit output pointers live across the walk (spills on the seed, depth_reuse_fma_cl).
+template <typename T, int CV, int OUT_W, int EPI>
+__device__ __forceinline__ void store_run_cl(const EpiArgs& e, const T* y, T* out, int ow, int ow_end, long long c,
+                                             const float* bias, float (*done)[CV]) {
+    int cstride;
+    asm volatile("mov.b32 %0, %1;" : "=r"(cstride) : "r"((int)c));
+#pragma unroll
+    for (int o = 0; o < OUT_W; ++o)
+        if (ow + o < ow_end) {
+            if constexpr (EPI != 0) {
+                float res[CV];
+                if constexpr ((EPI & 8) != 0)
+                    channels_to_f32<T, CV>(static_cast<const T*>(e.residual) + (out - y) + o * cstride, res);
+#pragma unroll
+                for (int v = 0; v < CV; ++v) done[o][v] = finish<EPI, T>(done[o][v], bias[v], res[v]);
+            }
+            channels_from_f32<T, CV>(out + o * cstride, done[o]);
+        }
+#pragma unroll
+    for (int o = 0; o < OUT_W; ++o)
+#pragma unroll
+        for (int v = 0; v < CV; ++v) done[o][v] = 0.f;
+}
+
 // VEC consecutive elements (16 bytes) to floats and back; p must be 16-byte aligned.
 template <typename T, int VEC> struct Vec16;
 // Eight 16-bit floats packed in 16 bytes, as floats (global and shared loads alike).

@@ -152,26 +152,7 @@ __global__ void __launch_bounds__(LANES * TX * TY, MINB) depth_reuse_fma_cl_dwco
             if (s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
                 auto& done = acc[(u + 1) % KD];
                 T* out = ypix + (long long)(s - (KD - 1)) * pixel_plane * a.c;
-                // The pixel stride through an opaque move: otherwise the compiler keeps
-                // OUT_W 64-bit output pointers live across the loop (spills on the seed).
-                int cstride;
-                asm volatile("mov.b32 %0, %1;" : "=r"(cstride) : "r"((int)a.c));
-#pragma unroll
-                for (int o = 0; o < OUT_W; ++o)
-                    if (ow + o < a.ow) {
-                        if constexpr (EPI != 0) {
-                            float res[CV];
-                            if constexpr ((EPI & 8) != 0)
-                                channels_to_f32<T, CV>(static_cast<const T*>(e.residual) + (out - y) + o * cstride, res);
-#pragma unroll
-                            for (int v = 0; v < CV; ++v) done[o][v] = finish<EPI, T>(done[o][v], bias[v], res[v]);
-                        }
-                        channels_from_f32<T, CV>(out + o * cstride, done[o]);
-                    }
-#pragma unroll
-                for (int o = 0; o < OUT_W; ++o)
-#pragma unroll
-                    for (int v = 0; v < CV; ++v) done[o][v] = 0.f;
+                store_run_cl<T, CV, OUT_W, EPI>(e, y, out, ow, a.ow, a.c, bias, done);
             }
         }
     });

@@ -141,28 +141,7 @@ __global__ void __launch_bounds__(LANES * TX, MINB) row_rotation_cl_dwconv(ConvA
         if (((last % SH) + SH) % SH != 0 || s < SPANH - 1) return;
         const int r = (s - (SPANH - 1)) / SH;
         auto& done = acc[((last / SH) % NA + NA) % NA];
-        if (r < rows) {
-            T* out = yrow + (long long)r * a.ow * a.c;
-            // The pixel stride through an opaque move, as in depth_reuse_fma_cl.cu (no
-            // OUT_W 64-bit pointers kept live across the walk).
-            int cstride;
-            asm volatile("mov.b32 %0, %1;" : "=r"(cstride) : "r"((int)a.c));
-#pragma unroll
-            for (int o = 0; o < OUT_W; ++o)
-                if (ow + o < a.ow) {
-                    if constexpr (EPI != 0) {
-                        float res[CV];
-                        if constexpr ((EPI & 8) != 0)
-                            channels_to_f32<T, CV>(static_cast<const T*>(e.residual) + (out - y) + o * cstride, res);
-#pragma unroll
-                        for (int v = 0; v < CV; ++v) done[o][v] = finish<EPI, T>(done[o][v], bias[v], res[v]);
-                    }
-                    channels_from_f32<T, CV>(out + o * cstride, done[o]);
-                }
-        }
-#pragma unroll
-        for (int o = 0; o < OUT_W; ++o)
-#pragma unroll
-            for (int v = 0; v < CV; ++v) done[o][v] = 0.f;
+        // r < rows: the walk ends with the chunk's last row, so rows past it never finish.
+        store_run_cl<T, CV, OUT_W, EPI>(e, y, yrow + (long long)r * a.ow * a.c, ow, a.ow, a.c, bias, done);
     });
 }

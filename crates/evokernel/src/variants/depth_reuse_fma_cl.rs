@@ -96,6 +96,22 @@ pub(crate) fn walks_planes_by_default(spec: &ConvSpec) -> bool {
     walked_planes(spec).is_some() && spec.taps() >= 6 * sh * sw
 }
 
+/// Channels a thread takes (`cv`: one 2- to 16-byte shared load of a pixel) and lanes
+/// side by side over a pixel's channels (`lanes`): the channels-last FMA kernels' shared
+/// parameters (this one and row_rotation_cl).
+pub(super) fn channel_vector_params() -> [Param; 2] {
+    [
+        Param {
+            name: "cv",
+            values: vec![1, 2, 4],
+        },
+        Param {
+            name: "lanes",
+            values: vec![8, 16, 32],
+        },
+    ]
+}
+
 fn runs(spec: &ConvSpec, out_w: usize) -> usize {
     spec.output3()[2].div_ceil(out_w)
 }
@@ -129,6 +145,7 @@ impl Variant for DepthReuseFmaCl {
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         let oh = spec.output3()[1];
+        let [cv, lanes] = channel_vector_params();
         let mut params = vec![
             // Consecutive outputs along W per thread.
             Param {
@@ -136,14 +153,8 @@ impl Variant for DepthReuseFmaCl {
                 values: vec![4, 8],
             },
             // Channels per thread (one shared load per pixel) and lanes per row.
-            Param {
-                name: "cv",
-                values: vec![1, 2, 4],
-            },
-            Param {
-                name: "lanes",
-                values: vec![8, 16, 32],
-            },
+            cv,
+            lanes,
             // Runs along W and rows along H per block.
             Param {
                 name: "tx",

@@ -3,6 +3,7 @@
 //! (kernels/row_rotation_cl.cu).
 
 use super::depth_reuse_fma::{MAX_THREADS, MAX_WEIGHTS};
+use super::depth_reuse_fma_cl::channel_vector_params;
 use super::{
     block_sides, channels_last, cuda_type, default_launches, grid_x, input_cols, within_shared,
     Config, Launch, Param, Variant,
@@ -123,6 +124,7 @@ impl Variant for RowRotationCl {
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         let oh = spec.output3()[1];
+        let [cv, lanes] = channel_vector_params();
         vec![
             // Consecutive outputs along W per thread.
             Param {
@@ -130,14 +132,8 @@ impl Variant for RowRotationCl {
                 values: vec![2, 4, 7, 8],
             },
             // Channels per thread (one shared load per pixel) and lanes per run.
-            Param {
-                name: "cv",
-                values: vec![1, 2, 4],
-            },
-            Param {
-                name: "lanes",
-                values: vec![8, 16, 32],
-            },
+            cv,
+            lanes,
             // Runs along W per block.
             Param {
                 name: "tx",
