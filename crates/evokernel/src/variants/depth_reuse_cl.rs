@@ -5,8 +5,8 @@
 use super::streaming_cl::pixel_vector_applies;
 use super::tensor_core::{row_stride, shifted_tile_columns};
 use super::{
-    cuda_type, default_launches, depth_chunk_at_most, depth_chunks, grid_x, within_shared, Config,
-    Launch, Param, Variant, DEPTH_CHUNKS,
+    cuda_type, default_launches, depth_chunk_at_most, depth_chunks, grid_x, plane_offsets_fit_i32,
+    within_shared, Config, Launch, Param, Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
@@ -44,13 +44,7 @@ impl Variant for DepthReuseCl {
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
         pixel_vector_applies(spec)?;
-        let [_, ih, iw] = spec.input3();
-        if ih * iw * spec.c() > i32::MAX as usize {
-            return Err(format!(
-                "an input depth slice of {ih} x {iw} x {} elements: the kernel's in-slice offsets are 32-bit",
-                spec.c()
-            ));
-        }
+        plane_offsets_fit_i32(spec)?;
         default_launches(self, spec)
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {

@@ -5,8 +5,8 @@ use super::depth_reuse_fma::{fma_rotation_applies, MAX_THREADS, MAX_WEIGHTS};
 use super::{
     block_sides, channels_last, chunk_fits_without_walk, cuda_type, default_launches,
     depth_chunk_at_most, depth_chunks, fill_table, fma_ring_bytes, grid_x, input_cols, input_rows,
-    plane_walk_ring_params, walkable_planes, walked_geometry, within_shared, Config, Launch, Param,
-    Variant, DEPTH_CHUNKS,
+    plane_offsets_fit_i32, plane_walk_ring_params, walkable_planes, walked_geometry,
+    whole_chunk_pixels, within_shared, Config, Launch, Param, Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
 use crate::spec::{ConvSpec, DType};
@@ -128,19 +128,8 @@ impl Variant for DepthReuseFmaCl {
             return Err("needs a channels-last layout".into());
         }
         fma_rotation_applies(spec)?;
-        let [_, ih, iw] = spec.input3();
-        if ih * iw * spec.c() > i32::MAX as usize {
-            return Err(format!(
-                "an input depth slice of {ih} x {iw} x {} elements: the kernel's in-slice offsets are 32-bit",
-                spec.c()
-            ));
-        }
-        let e = chunk_channels(spec);
-        if !spec.c().is_multiple_of(e) {
-            return Err(format!(
-                "needs a channel count that is a multiple of {e} (16-byte pixel vectors)"
-            ));
-        }
+        plane_offsets_fit_i32(spec)?;
+        whole_chunk_pixels(spec)?;
         default_launches(self, spec)
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {

@@ -187,6 +187,30 @@ pub(crate) fn fma_ring_bytes(
     table + (stages + 1).min(rotation_steps(spec, dchunk)) * slice_bytes
 }
 
+/// `Err` where an input plane (H x W x C elements of one depth) does not fit the 32-bit
+/// in-plane offsets the channels-last ring kernels work in.
+pub(crate) fn plane_offsets_fit_i32(spec: &ConvSpec) -> std::result::Result<(), String> {
+    let [_, ih, iw] = spec.input3();
+    if ih * iw * spec.c() > i32::MAX as usize {
+        return Err(format!(
+            "an input plane of {ih} x {iw} x {} elements: the kernel's in-plane offsets are 32-bit",
+            spec.c()
+        ));
+    }
+    Ok(())
+}
+
+/// `Err` where channels-last pixels are not whole 16-byte chunks (the cp.async fills).
+pub(crate) fn whole_chunk_pixels(spec: &ConvSpec) -> std::result::Result<(), String> {
+    let e = spec.dtype().per_16_bytes();
+    if !spec.c().is_multiple_of(e) {
+        return Err(format!(
+            "needs a channel count that is a multiple of {e} (16-byte pixel vectors)"
+        ));
+    }
+    Ok(())
+}
+
 /// Input rows that `rows` consecutive output rows read.
 pub(crate) fn input_rows(spec: &ConvSpec, rows: usize) -> usize {
     let (kh, sh, dh) = (spec.kernel3()[1], spec.stride3()[1], spec.dilation3()[1]);

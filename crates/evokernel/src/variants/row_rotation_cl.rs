@@ -5,8 +5,8 @@
 use super::depth_reuse_fma::{MAX_THREADS, MAX_WEIGHTS};
 use super::depth_reuse_fma_cl::channel_vector_params;
 use super::{
-    block_sides, channels_last, cuda_type, default_launches, grid_x, input_cols, within_shared,
-    Config, Launch, Param, Variant,
+    block_sides, channels_last, cuda_type, default_launches, grid_x, input_cols,
+    plane_offsets_fit_i32, whole_chunk_pixels, within_shared, Config, Launch, Param, Variant,
 };
 use crate::error::Result;
 use crate::spec::{ConvSpec, DType};
@@ -101,19 +101,8 @@ impl Variant for RowRotationCl {
                 spec.taps()
             ));
         }
-        let [_, ih, iw] = spec.input3();
-        if ih * iw * spec.c() > i32::MAX as usize {
-            return Err(format!(
-                "an input plane of {ih} x {iw} x {} elements: the kernel's in-plane offsets are 32-bit",
-                spec.c()
-            ));
-        }
-        let e = chunk_channels(spec);
-        if !spec.c().is_multiple_of(e) {
-            return Err(format!(
-                "needs a channel count that is a multiple of {e} (16-byte pixel vectors)"
-            ));
-        }
+        plane_offsets_fit_i32(spec)?;
+        whole_chunk_pixels(spec)?;
         if live_rows(spec) > MAX_ACCUMULATORS {
             return Err(format!(
                 "{} output rows live at once: over the {MAX_ACCUMULATORS} accumulators a thread rotates",
