@@ -44,8 +44,9 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
     // Run 48, docs/perf.md.
     let fma_rows = spec.kernel3()[2] <= 3 || spec.dtype() == DType::F32;
     // Output rows narrower than a 16-column tile: tensor_core fills 14 of 16 columns
-    // and smem_tile's tiles are mostly halo; row_reuse is next after the FMA rotation (x3d-m-res4, W 14: 0.131 ms
-    // vs naive 0.266, smem_tile 0.428, tensor_core 0.560; run 98, docs/perf.md).
+    // and smem_tile's tiles are mostly halo; after the FMA rotation row_reuse is next
+    // (x3d-m-res4, W 14: 0.131 ms vs naive 0.266, smem_tile 0.428, tensor_core 0.560;
+    // run 98, docs/perf.md).
     let narrow = spec.output3()[2] < 16;
     // Grad-weight: 3-wide kernel rows over output rows shorter than 96 (FMA tiles ahead
     // of tensor cores there).
@@ -81,11 +82,10 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
         crate::variants::depth_reuse::walks_planes_by_default(spec) && spec.dtype() != DType::F32;
     let rotates_rows = crate::variants::row_rotation_cl::rotates_rows_by_default(spec);
     match v.name() {
-        // Rows that are not whole 16-byte chunks come in 4-byte pieces (x3d-m-res4, W 14:
-        // 0.061 vs row_reuse 0.132 ms, run 298).
         // With one kernel depth too, where there are depths to walk (run 237, 4 x 192 x
         // 16 x 56 x 56, 1x3x3: 0.067 vs depth_reuse's plane walk 0.085 ms; in 2-D, 3x3,
-        // the plane walk wins: 0.042 vs 0.059).
+        // the plane walk wins: 0.042 vs 0.059). Rows that are not whole 16-byte chunks
+        // come in 4-byte pieces (x3d-m-res4, W 14: 0.061 vs row_reuse 0.132 ms, run 298).
         "depth_reuse_fma" if (deep || (plane_walk && od >= 8)) && fma_rows => (
             0,
             "FMA rotation, each slice feeding every output depth (short kernel rows or f32)",
