@@ -16,7 +16,7 @@ pub struct DepthReuseFmaCl;
 /// Slices in flight ahead of the one being read.
 const STAGES: [i64; 3] = [1, 2, 4];
 /// Channels per 16-byte chunk (one cp.async of one pixel).
-fn chunk_channels(spec: &ConvSpec) -> usize {
+pub(super) fn chunk_channels(spec: &ConvSpec) -> usize {
     spec.dtype().per_16_bytes()
 }
 
@@ -110,6 +110,34 @@ pub(super) fn channel_vector_params() -> [Param; 2] {
             values: vec![8, 16, 32],
         },
     ]
+}
+
+/// `Err` where `lanes` x `cv` channels are not whole 16-byte chunks, `cv` is more than a
+/// chunk, or a thread's `cv` channels of weights pass the register budget (the
+/// channels-last FMA kernels' shared `fits` rules).
+pub(super) fn channel_vector_fits(
+    spec: &ConvSpec,
+    lanes: usize,
+    cv: usize,
+) -> std::result::Result<(), String> {
+    let e = chunk_channels(spec);
+    if !(lanes * cv).is_multiple_of(e) {
+        return Err(format!(
+            "lanes x cv = {} channels per block, not whole 16-byte chunks of {e}",
+            lanes * cv
+        ));
+    }
+    if cv > e {
+        return Err(format!("cv = {cv} is more than a chunk's {e} channels"));
+    }
+    if spec.taps() * cv > MAX_WEIGHTS {
+        return Err(format!(
+            "{} taps x cv = {} weights per thread, over {MAX_WEIGHTS}",
+            spec.taps(),
+            cv
+        ));
+    }
+    Ok(())
 }
 
 fn runs(spec: &ConvSpec, out_w: usize) -> usize {
@@ -226,24 +254,8 @@ impl Variant for DepthReuseFmaCl {
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
         let s = Shape::read(config).map_err(|e| e.to_string())?;
-        let e = chunk_channels(spec);
-        if (s.lanes * s.cv) % e != 0 {
-            return Err(format!(
-                "lanes x cv = {} channels per block, not whole 16-byte chunks of {e}",
-                s.lanes * s.cv
-            ));
-        }
-        if s.cv > e {
-            return Err(format!("cv = {} is more than a chunk's {e} channels", s.cv));
-        }
+        channel_vector_fits(spec, s.lanes, s.cv)?;
         chunk_fits_without_walk(spec, s.planes, s.dchunk)?;
-        if spec.taps() * s.cv > MAX_WEIGHTS {
-            return Err(format!(
-                "{} taps x cv = {} weights per thread, over {MAX_WEIGHTS}",
-                spec.taps(),
-                s.cv
-            ));
-        }
         if s.threads() > MAX_THREADS {
             return Err(format!(
                 "lanes x tx x ty = {} threads, more than a block's {MAX_THREADS}",

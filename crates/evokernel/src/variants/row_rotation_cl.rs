@@ -3,7 +3,7 @@
 //! (kernels/row_rotation_cl.cu).
 
 use super::depth_reuse_fma::{MAX_THREADS, MAX_WEIGHTS};
-use super::depth_reuse_fma_cl::channel_vector_params;
+use super::depth_reuse_fma_cl::{channel_vector_fits, channel_vector_params, chunk_channels};
 use super::{
     block_sides, channels_last, cuda_type, default_launches, grid_x, input_cols,
     plane_offsets_fit_i32, whole_chunk_pixels, within_shared, Config, Launch, Param, Variant,
@@ -28,11 +28,6 @@ typed_params!(
         minblocks,
     }
 );
-
-/// Channels per 16-byte chunk (one cp.async of one pixel).
-fn chunk_channels(spec: &ConvSpec) -> usize {
-    spec.dtype().per_16_bytes()
-}
 
 /// Output rows one input row can feed at once (NA in the kernel).
 fn live_rows(spec: &ConvSpec) -> usize {
@@ -184,23 +179,7 @@ impl Variant for RowRotationCl {
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
         let s = Shape::read(config).map_err(|e| e.to_string())?;
-        let e = chunk_channels(spec);
-        if (s.lanes * s.cv) % e != 0 {
-            return Err(format!(
-                "lanes x cv = {} channels per block, not whole 16-byte chunks of {e}",
-                s.lanes * s.cv
-            ));
-        }
-        if s.cv > e {
-            return Err(format!("cv = {} is more than a chunk's {e} channels", s.cv));
-        }
-        if spec.taps() * s.cv > MAX_WEIGHTS {
-            return Err(format!(
-                "{} taps x cv = {} weights per thread, over {MAX_WEIGHTS}",
-                spec.taps(),
-                s.cv
-            ));
-        }
+        channel_vector_fits(spec, s.lanes, s.cv)?;
         let accumulators = live_rows(spec) * s.out_w * s.cv;
         if accumulators > MAX_ACCUMULATORS {
             return Err(format!(
