@@ -23,6 +23,7 @@ CUDA_FMA = {
     "large_kernel",
     "depth_reuse_fma",
     "depth_reuse_fma_cl",
+    "row_rotation_cl",
 }
 
 

@@ -515,6 +515,12 @@ __host__ __device__ constexpr int tc_row_stride(int nt) {
     return ((nt + 1) % 2 == 1) ? (nt + 1) * 8 : (nt + 2) * 8;
 }
 
+// Elements of a channel plane (a multiple of 8) grown to an odd number of 16-byte chunks:
+// 8 rows of one stmatrix, one a plane, then fall in 8 distinct bank groups.
+__host__ __device__ constexpr int channel_plane_odd_chunks(int elements) {
+    return (elements / 8) % 2 == 1 ? elements : elements + 8;
+}
+
 
 // Output (n, c, od, oh, ow) summed tap by tap over in-bounds inputs only, straight from
 // global memory: the naive kernel's body, and the exact answer the tensor-core kernels

@@ -11,14 +11,21 @@
 // of the instructions on their addresses: docs/perf.md, run 302.) A finished depth is
 // staged channel-major (two stages) and leaves after the next step's barrier as 16-byte
 // pixel vectors. Every fill writes every cell (zeros outside).
+// TRANS = 1 (sm_90): a warp transposes four 8-pixel groups at once, ldmatrix.trans from
+// the staging slot (a group's 8 pixel vectors are one 8x8 matrix, rows 16 bytes) and
+// stmatrix of the transposed fragments into the 8 channel planes: 2 instructions for what
+// took each of 32 lanes 2 LDS.128, 8 PRMT and 8 STS.32, and 16 shared-memory wavefronts
+// where those took ~24 (the STS.32 rows 48 bytes apart met in pairs). A channel plane is
+// then an odd number of 16-byte chunks, so the 8 rows a stmatrix writes (one a channel)
+// fall in distinct bank groups.
 // Stride 1, dilation 1, KW <= 9, C a multiple of 8; T is bf16 or f16.
-template <typename T, int KD, int KH, int KW, int COLS, int DCHUNK, int STAGES, int MINB, int EPI>
+template <typename T, int KD, int KH, int KW, int COLS, int DCHUNK, int STAGES, int TRANS, int MINB, int EPI>
 __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(ConvArgs a, EpiArgs e) {
     constexpr int CG = 8;                    // channels of one 16-byte vector
     constexpr int HS = 16 + KH - 1;          // slice rows
     constexpr int PIX = (COLS + 1) * 8;      // slice columns filled (8 halo columns)
     constexpr int WS = tc_row_stride(COLS);  // >= PIX, odd 16-byte chunks: no ldmatrix conflicts
-    constexpr int PLANE = HS * WS;           // one channel of one slice
+    constexpr int PLANE = TRANS ? channel_plane_odd_chunks(HS * WS) : HS * WS;  // one channel of one slice
     constexpr int SLICE = CG * PLANE;
     constexpr int PAIRS = HS * PIX / 2;      // pixel pairs a fill moves
     constexpr int THREADS = CG * COLS * 32;
@@ -71,6 +78,22 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
         const int zh = h0 - a.ph + r, zw = 8 * col0 + col - P;
         src[i] = j < HS * PIX && zh >= 0 && zh < a.ih && zw >= 0 && zw < a.iw ? (zh * a.iw + zw) * (int)a.c : -1;
     }
+    // TRANS: this lane's part of the transposes, the same every slice. Round it of warp w
+    // takes 8-pixel groups 4 (w + it * WARPS) .. + 3 (pixels 8q .. 8q + 7, all in one
+    // slice row: PIX is a multiple of 8); lane l names row l mod 8 of matrix l / 8 for
+    // both instructions: pixel 8q + (l mod 8) to read, channel l mod 8's 8 columns of that
+    // group to write. A round past the last group repeats it (the same values to the same
+    // cells).
+    constexpr int WARPS = THREADS / 32, GROUPS = HS * PIX / 8;
+    constexpr int TROUNDS = TRANS ? (GROUPS + 4 * WARPS - 1) / (4 * WARPS) : 1;
+    unsigned t_from[TROUNDS], t_to[TROUNDS];
+#pragma unroll
+    for (int it = 0; it < TROUNDS; ++it) {
+        const int q = min(4 * (warp + it * WARPS) + (lane >> 3), GROUPS - 1), k = lane & 7;
+        const int r = (8 * q) / PIX, col = 8 * q - r * PIX;
+        t_from[it] = (unsigned)((8 * q + k) * 16);
+        t_to[it] = (unsigned)((k * PLANE + r * WS + col) * (int)sizeof(T));
+    }
     const T* xn = x + n * a.id * (long long)a.ih * a.iw * a.c + c0;
     auto fetch = [&](int s) {
         if (s < steps) {
@@ -96,6 +119,25 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
     auto transpose = [&](int s, int buffer) {
         const uint4* slot = reinterpret_cast<const uint4*>(staging + (s % NST) * HS * PIX * 16);
         T* buf = ring + buffer * SLICE;
+#if __CUDA_ARCH__ >= 900
+        if constexpr (TRANS) {
+            const unsigned from = (unsigned)__cvta_generic_to_shared(slot);
+            const unsigned to = (unsigned)__cvta_generic_to_shared(buf);
+#pragma unroll
+            for (int it = 0; it < TROUNDS; ++it) {
+                if (4 * (warp + it * WARPS) >= GROUPS) break;  // warp-uniform
+                unsigned f[4];
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3])
+                             : "r"(from + t_from[it])
+                             : "memory");
+                asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(to + t_to[it]),
+                             "r"(f[0]), "r"(f[1]), "r"(f[2]), "r"(f[3])
+                             : "memory");
+            }
+            return;
+        }
+#endif
 #pragma unroll
         for (int k = 0; k < U; ++k) {
             const int e = 2 * (k * THREADS + (int)threadIdx.x);

@@ -35,7 +35,10 @@ const int RH = (OUT_H - 1) * SH + (KH - 1) * DH + 1;   // input rows a slice's r
 const int TAPS = KD * KH * KW;
 
 layout(std430, set = 0, binding = 0) readonly buffer Input { VELEM x[]; };
-layout(std430, set = 0, binding = 1) readonly buffer Weight { ELEM w[]; };
+// The weight as CV-element vectors (c is a whole number of them): a tap's CV channels are
+// one load, where CV element loads took CV issue slots (with WROW, 150 of the seed's
+// loads a slice against 60 for its input).
+layout(std430, set = 0, binding = 1) readonly buffer Weight { VELEM w[]; };
 layout(std430, set = 0, binding = 2) writeonly buffer Output { VELEM y[]; };
 
 // Mirrored by vulkan::depth_rotate_cl (same order, 4-byte fields).
@@ -49,22 +52,12 @@ layout(push_constant) uniform Push {
     int cvs;       // channel vectors a pixel: c / CV
 } p;
 
-// Tap t of channel vector v's CV channels. The host uploads the weight tap-major,
+// Tap t of channel vector v's CV channels, one load. The host uploads the weight tap-major,
 // [KD][KH][KW][C] (its [C][KD][KH][KW] transposed): a warp's lanes, on consecutive
 // channels, read one tap's consecutive elements (channel-major, lanes sat TAPS elements
 // apart: 32 sectors a warp-wide load, the invocation's only loads on a 2-D layer besides
 // its run's).
-VEC weight(int v, int t) {
-    float e[4] = float[4](0.0, 0.0, 0.0, 0.0);
-    [[unroll]] for (int k = 0; k < CV; ++k) e[k] = LOAD(w[t * p.c + v * CV + k]);
-#if CV == 1
-    return e[0];
-#elif CV == 2
-    return vec2(e[0], e[1]);
-#else
-    return vec4(e[0], e[1], e[2], e[3]);
-#endif
-}
+VEC weight(int v, int t) { return LOADV(w[t * p.cvs + v]); }
 
 void main() {
     uint g = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;

@@ -17,17 +17,30 @@ typed_params!(Params {
     cols,
     dchunk,
     stages,
+    trans,
     minblocks
 });
 
 /// Channels a block owns: one 16-byte vector of bf16/f16 per pixel (`CG` in the kernel).
 const CHANNELS: usize = 8;
 
-/// Two channel-major slices of 8 channels x (16 + KH - 1) rows x a region of `cols`
-/// tiles, and two output stages of 8 channels x 16 rows (mirrors the kernel's constants).
-fn shared_bytes(spec: &ConvSpec, cols: usize, stages: usize) -> usize {
+/// Elements of one channel's slice plane: (16 + KH - 1) rows of the region's row stride,
+/// grown to an odd number of 16-byte chunks for the stmatrix transpose (`trans`: the
+/// kernel's `channel_plane_odd_chunks`).
+fn channel_plane(spec: &ConvSpec, cols: usize, trans: usize) -> usize {
+    let plane = (16 + spec.kernel3()[1] - 1) * row_stride(cols);
+    if trans == 1 && (plane / 8).is_multiple_of(2) {
+        plane + 8
+    } else {
+        plane
+    }
+}
+
+/// Two channel-major slices of 8 channel planes, and two output stages of 8 channels x 16
+/// rows (mirrors the kernel's constants).
+fn shared_bytes(spec: &ConvSpec, cols: usize, stages: usize, trans: usize) -> usize {
     let kh = spec.kernel3()[1];
-    let ring = 2 * CHANNELS * (16 + kh - 1) * row_stride(cols);
+    let ring = 2 * CHANNELS * channel_plane(spec, cols, trans);
     let stage_row = if cols == 1 { 8 } else { cols * 8 + 8 };
     let out_stages = 2 * CHANNELS * 16 * stage_row;
     // The pixel-major staging slots: 16 + KH - 1 rows of (cols + 1) x 8 pixels.
@@ -69,6 +82,15 @@ impl Variant for DepthReuseCl {
                 name: "stages",
                 values: vec![1, 2, 3, 4],
             },
+            // 1: slices transposed by ldmatrix.trans + stmatrix (sm_90), a warp's four
+            // 8-pixel groups at once; 0 (the default): each lane moves two pixels'
+            // channels. 1 ran 2.7% slower on the NDHWC seed (both passes), equal on
+            // video-vae-ndhwc (H100 run 321, A/B two rounds): fewer instructions and wavefronts, but every
+            // warp now waits on an LDSM -> STSM chain before its MMAs.
+            Param {
+                name: "trans",
+                values: vec![0, 1],
+            },
             Param {
                 name: "minblocks",
                 values: vec![1, 2, 3, 4],
@@ -92,6 +114,7 @@ impl Variant for DepthReuseCl {
                 ("cols", 1),
                 ("dchunk", dchunk),
                 ("stages", 2),
+                ("trans", 0),
                 ("minblocks", minblocks),
             ],
         )
@@ -103,18 +126,19 @@ impl Variant for DepthReuseCl {
         let p = Params::read(config).map_err(|e| e.to_string())?;
         within_shared(
             "the slice ring, staging slots and output stages",
-            shared_bytes(spec, p.cols, p.stages),
+            shared_bytes(spec, p.cols, p.stages, p.trans),
         )
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "depth_reuse_cl_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}>",
+            "depth_reuse_cl_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             p.cols,
             p.dchunk,
             p.stages,
+            p.trans,
             p.minblocks
         ))
     }
@@ -123,6 +147,7 @@ impl Variant for DepthReuseCl {
             cols,
             dchunk,
             stages,
+            trans,
             ..
         } = Params::parse(self, spec, config)?;
         let [od, oh, _] = spec.output3();
@@ -134,7 +159,7 @@ impl Variant for DepthReuseCl {
         Ok(Launch {
             grid: (grid_x(self, spec, blocks)?, 1, 1),
             block: ((CHANNELS * cols * 32) as u32, 1, 1),
-            shared_bytes: shared_bytes(spec, cols, stages) as u32,
+            shared_bytes: shared_bytes(spec, cols, stages, trans) as u32,
         })
     }
 }
@@ -156,10 +181,27 @@ mod tests {
         // 3 bands x 1 depth chunk x 11 tile columns x 64 channel groups.
         assert_eq!(l.grid.0, 3 * 11 * 64);
         assert_eq!(l.block.0, 8 * 32);
-        // Ring 2 x 8 x 20 x 24 + stages 2 x 8 x 16 x 8 elements of 2 bytes.
+        // Ring 2 x 8 planes of 20 x 24 elements + stages 2 x 8 x 16 x 8 elements of 2
+        // bytes + 3 staging slots of 20 x 16 pixel vectors.
+        assert_eq!(d.get("trans"), Some(0));
         assert_eq!(
             l.shared_bytes as usize,
             (2 * 8 * 20 * 24 + 2 * 8 * 16 * 8) * 2 + 3 * 20 * 16 * 16
+        );
+        // With the stmatrix transpose each plane grows to 61 16-byte chunks (an odd count).
+        let trans = Config::new(
+            v.name(),
+            &[
+                ("cols", 1),
+                ("dchunk", 64),
+                ("stages", 2),
+                ("trans", 1),
+                ("minblocks", 2),
+            ],
+        );
+        assert_eq!(
+            v.launch(&spec, &trans, 132).unwrap().shared_bytes as usize,
+            (2 * 8 * (20 * 24 + 8) + 2 * 8 * 16 * 8) * 2 + 3 * 20 * 16 * 16
         );
         // Every default is in its own space, 1-D rows (one tile column region) included.
         for case in public_suite().unwrap() {
