@@ -232,3 +232,267 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
     write_out(d0 + steps - KD, (steps - 1) & 1);
     if (!isfinite(probe) && a.flag) *a.flag = a.epoch;
 }
+
+// PRODUCER form (depth_reuse_cl_producer_dwconv): the same rotation without a block
+// barrier a step. depth_reuse_cl's one barrier a slice held 8 tile warps of 15 MMAs each
+// in step (30% / 21% of stall samples, runs 302 and 308), and three trims of the step's
+// work moved it by -5%, +2% and +3% (runs 303, 309, 321); the NCDHW kernel got past the
+// same wall with a producer warp and mbarriers (runs 165-171). Warps here: CG x COLS tile
+// warps (one per (channel, tile), as above), then a producer and a storer.
+// - Producer: one TMA box a slice (channels c0.., the region's PIX columns, HS rows, one
+//   depth of image n; zeros outside the tensor are the padding) into staging slot
+//   s mod NST, NST slices ahead; it transposes the slot into channel-major ring slot
+//   s mod NBUF with ldmatrix.trans + stmatrix (a warp's four 8-pixel groups a pair), once
+//   every tile warp has released that ring slot (ring_empty), and hands it over
+//   (ring_full, every producer lane arrives after its own stores). On sm_80 the producer's
+//   lanes copy the slot with 16-byte cp.async and transpose lane by lane.
+// - Tile warps: wait ring_full, rotate_slice, release (ring_empty, every lane); a finished
+//   depth's fragments go through the epilogue into output stage k mod OST once the storer
+//   has read that stage's previous depth (stage_free), then staged (every lane arrives).
+// - Storer: waits staged, moves the stage out as 16-byte pixel vectors, releases it.
+// Channel planes are an odd number of 16-byte chunks (stmatrix rows on distinct banks).
+template <typename T, int KD, int KH, int KW, int COLS, int DCHUNK, int STAGES, int MINB, int EPI>
+__global__ void __launch_bounds__((8 * COLS + 2) * 32, MINB)
+    depth_reuse_cl_producer_dwconv(ConvArgs a, EpiArgs e, const __grid_constant__ TmaMaps maps) {
+    constexpr int CG = 8;
+    constexpr int HS = 16 + KH - 1;
+    constexpr int PIX = (COLS + 1) * 8;
+    constexpr int WS = tc_row_stride(COLS);
+    constexpr int PLANE = channel_plane_odd_chunks(HS * WS);
+    constexpr int SLICE = CG * PLANE;
+    constexpr int SLICE_BYTES = SLICE * (int)sizeof(T);
+    constexpr int NBUF = 3;                    // channel-major ring slots
+    constexpr int NST = STAGES + 1;            // staging slots (pixel-major, TMA boxes)
+    constexpr int STAGING_BYTES = (HS * PIX * 16 + 127) / 128 * 128;
+    constexpr int SW = COLS == 1 ? 8 : COLS * 8 + 8;  // output stage row stride, as above
+    constexpr int SP = 16 * SW;
+    constexpr int OST = 2;                     // output stages
+    constexpr int TW = CG * COLS;              // tile warps
+    constexpr int GROUPS = HS * PIX / 8;       // 8-pixel groups a slice
+    // Shared memory: staging slots (128-byte aligned for the TMA), ring slots, output
+    // stages, then the mbarriers (host: depth_reuse_cl::producer_shared_bytes).
+    constexpr int RING_OFFSET = NST * STAGING_BYTES;
+    constexpr int STAGE_OFFSET = RING_OFFSET + NBUF * SLICE_BYTES;
+    constexpr int BAR_OFFSET = (STAGE_OFFSET + OST * CG * SP * (int)sizeof(T) + 7) / 8 * 8;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const unsigned base = (unsigned)__cvta_generic_to_shared(smem_raw);
+    const unsigned staging_full = base + BAR_OFFSET;
+    const unsigned ring_full = staging_full + 8 * NST, ring_empty = ring_full + 8 * NBUF;
+    const unsigned staged = ring_empty + 8 * NBUF, stage_free = staged + 8 * OST;
+    T* stages = reinterpret_cast<T*>(smem_raw + STAGE_OFFSET);
+    const T* __restrict__ w = static_cast<const T*>(a.w);
+    T* __restrict__ y = static_cast<T*>(a.y);
+    const int P = (a.pw + 7) & ~7, S = P - a.pw;
+    const int mt = (a.oh + 15) / 16, nt = (a.ow + S + 7) / 8;
+    const int col_regions = (nt + COLS - 1) / COLS;
+    const int groups = (int)(a.c / CG);
+    const int chunks = (a.od + DCHUNK - 1) / DCHUNK;
+    const int per_chunk = (a.od + chunks - 1) / chunks;
+    long long b = blockIdx.x;
+    const int g = (int)(b % groups);
+    b /= groups;
+    const int col0 = (int)(b % col_regions) * COLS;
+    b /= col_regions;
+    const int d0 = (int)(b % chunks) * per_chunk;
+    b /= chunks;
+    const int h0 = (int)(b % mt) * 16;
+    const long long n = b / mt;
+    const int d1 = min(d0 + per_chunk, a.od);
+    const long long c0 = (long long)g * CG;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int steps = d1 - d0 + KD - 1;
+    const int depths = d1 - d0;
+    const int tile_warps = CG * min(COLS, nt - col0);
+
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < NST; ++i) mbar_init(staging_full + 8 * i, 1);
+        for (int i = 0; i < NBUF; ++i) {
+            mbar_init(ring_full + 8 * i, 32);
+            mbar_init(ring_empty + 8 * i, tile_warps * 32);
+        }
+        for (int i = 0; i < OST; ++i) {
+            mbar_init(staged + 8 * i, tile_warps * 32);
+            mbar_init(stage_free + 8 * i, 32);
+        }
+#if __CUDA_ARCH__ >= 900
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+    }
+    __syncthreads();
+
+    if (warp == TW) {
+        // The producer.
+        const int zw = 8 * col0 - P, zh = h0 - a.ph;
+        auto fill = [&](int s) {  // slice s (padded depth d0 + s) into its staging slot
+            if (s >= steps) {
+#if __CUDA_ARCH__ < 900
+                cp_async_commit();
+#endif
+                return;
+            }
+            const int zd = d0 + s - a.pd;
+            const unsigned slot = base + (unsigned)((s % NST) * STAGING_BYTES);
+#if __CUDA_ARCH__ >= 900
+            if (lane == 0) {
+                mbar_expect_tx(staging_full + 8 * (s % NST), (unsigned)(HS * PIX * 16));
+                tma_load_5d(slot, &maps.input, (int)c0, zw, zh, zd, (int)n, staging_full + 8 * (s % NST));
+            }
+#else
+            const T* xn = static_cast<const T*>(a.x) + n * a.id * (long long)a.ih * a.iw * a.c + c0;
+            for (int j = lane; j < HS * PIX; j += 32) {
+                const int r = j / PIX, col = j - r * PIX;
+                const int gh = zh + r, gw = zw + col;
+                if (zd >= 0 && zd < a.id && gh >= 0 && gh < a.ih && gw >= 0 && gw < a.iw) {
+                    cp_async16(slot + j * 16, xn + (((long long)zd * a.ih + gh) * a.iw + gw) * a.c);
+                } else {
+                    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(slot + j * 16), "r"(0u));
+                }
+            }
+            cp_async_commit();
+#endif
+        };
+#pragma unroll 1
+        for (int k = 0; k < NST; ++k) fill(k);
+#pragma unroll 1
+        for (int s = 0; s < steps; ++s) {
+            const int st = s % NST, rb = s % NBUF;
+            const unsigned slot = base + (unsigned)(st * STAGING_BYTES);
+            const unsigned ring = base + (unsigned)(RING_OFFSET + rb * SLICE_BYTES);
+#if __CUDA_ARCH__ >= 900
+            mbar_wait(staging_full + 8 * st, (unsigned)(s / NST) & 1);
+#else
+            cp_async_wait<NST - 1>();
+            __syncwarp();
+#endif
+            if (s >= NBUF) mbar_wait(ring_empty + 8 * rb, (unsigned)(s / NBUF - 1) & 1);
+#if __CUDA_ARCH__ >= 900
+            // Group q: pixels 8q .. 8q + 7 of the slot (one slice row: PIX is a multiple
+            // of 8). Lane l names row l mod 8 of matrix l / 8: pixel 8q + (l mod 8) to
+            // read, channel l mod 8's 8 columns of the group to write. A round past the
+            // last group repeats it (the same values to the same cells).
+            const int k = lane & 7;
+#pragma unroll
+            for (int q0 = 0; q0 < GROUPS; q0 += 8) {
+                unsigned f[2][4];
+                unsigned to[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int q = min(q0 + 4 * h + (lane >> 3), GROUPS - 1);
+                    const int r = (8 * q) / PIX, col = 8 * q - r * PIX;
+                    to[h] = ring + (unsigned)((k * PLANE + r * WS + col) * (int)sizeof(T));
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                                 : "=r"(f[h][0]), "=r"(f[h][1]), "=r"(f[h][2]), "=r"(f[h][3])
+                                 : "r"(slot + (unsigned)((8 * q + k) * 16))
+                                 : "memory");
+                }
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(to[h]),
+                                 "r"(f[h][0]), "r"(f[h][1]), "r"(f[h][2]), "r"(f[h][3])
+                                 : "memory");
+            }
+#else
+            for (int p = lane; p < HS * PIX / 2; p += 32) {
+                const int e2 = 2 * p, r = e2 / PIX, col = e2 - r * PIX;
+                const uint4* src = reinterpret_cast<const uint4*>(smem_raw + st * STAGING_BYTES) + e2;
+                const uint4 v0 = src[0], v1 = src[1];
+                const T* e0 = reinterpret_cast<const T*>(&v0);
+                const T* e1 = reinterpret_cast<const T*>(&v1);
+                T* buf = reinterpret_cast<T*>(smem_raw + RING_OFFSET + rb * SLICE_BYTES);
+#pragma unroll
+                for (int q = 0; q < CG; ++q)
+                    *reinterpret_cast<unsigned*>(buf + q * PLANE + r * WS + col) = pack2(e0[q], e1[q]);
+            }
+#endif
+            mbar_arrive(ring_full + 8 * rb);  // every lane, after its own stores
+            // Every lane has read the staging slot: it takes slice s + NST (the TMA
+            // writes it through the async proxy after these generic reads).
+            __syncwarp();
+#if __CUDA_ARCH__ >= 900
+            fence_proxy_async();
+#endif
+            fill(s + NST);
+        }
+#if __CUDA_ARCH__ < 900
+        cp_async_wait<0>();
+#endif
+        return;
+    }
+    if (warp == TW + 1) {
+        // The storer: depth d0 + q leaves from stage q mod OST, two neighbouring columns
+        // of 8 channels a lane at a time (stage column sc = output column + S - 8 * col0).
+        const int rows = min(16, a.oh - h0);
+        constexpr int CPAIRS = COLS * 4;
+#pragma unroll 1
+        for (int q = 0; q < depths; ++q) {
+            const int sb = q % OST;
+            mbar_wait(staged + 8 * sb, (unsigned)(q / OST) & 1);
+            const T* stage = stages + sb * CG * SP;
+            const long long od = d0 + q;
+            for (int p = lane; p < rows * CPAIRS; p += 32) {
+                const int r = p / CPAIRS, sc = 2 * (p - r * CPAIRS);
+                uint4 o[2];
+                T* e0 = reinterpret_cast<T*>(&o[0]);
+                T* e1 = reinterpret_cast<T*>(&o[1]);
+#pragma unroll
+                for (int ch = 0; ch < CG; ++ch) {
+                    const unsigned u = *reinterpret_cast<const unsigned*>(stage + ch * SP + r * SW + sc);
+                    const unsigned short lo = (unsigned short)(u & 0xffffu), hi = (unsigned short)(u >> 16);
+                    e0[ch] = *reinterpret_cast<const T*>(&lo);
+                    e1[ch] = *reinterpret_cast<const T*>(&hi);
+                }
+                T* out = y + (((n * a.od + od) * a.oh + h0 + r) * (long long)a.ow) * a.c + c0;
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const int col = 8 * col0 + sc + i - S;
+                    if (col >= 0 && col < a.ow) *reinterpret_cast<uint4*>(out + (long long)col * a.c) = o[i];
+                }
+            }
+            mbar_arrive(stage_free + 8 * sb);  // every lane, after its own reads
+        }
+        return;
+    }
+
+    // Tile warps.
+    const int ch = warp / COLS, tj = warp - ch * COLS;
+    if (col0 + tj >= nt) return;  // not counted in tile_warps
+    unsigned bf[KD * KH][2];
+    band_fragments<T, KD * KH, KW>(w + (c0 + ch) * (KD * KH * KW), lane, bf);
+    const float bias = bias_of<T, EPI>(e, c0 + ch);
+    const int mat = lane >> 3;
+    const int arow = (lane & 7) + ((mat & 1) << 3), acol = (mat >> 1) << 3;
+    const unsigned lane_addr =
+        base + (unsigned)(RING_OFFSET + (ch * PLANE + arow * WS + tj * 8 + acol) * (int)sizeof(T));
+    float acc[KD][4];
+#pragma unroll
+    for (int q = 0; q < KD; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
+    float probe = 0.f;
+    // As in the block-barrier form: steps KD at a time, so depth d0 + s - kd's accumulator
+    // (u - kd) mod KD is a compile-time index.
+#pragma unroll 1
+    for (int sb = 0; sb < steps; sb += KD) {
+#pragma unroll
+        for (int u = 0; u < KD; ++u) {
+            const int s = sb + u;
+            if (s >= steps) break;
+            const int rb = s % NBUF;
+            mbar_wait(ring_full + 8 * rb, (unsigned)(s / NBUF) & 1);
+            rotate_slice<T, KD, KH>(lane_addr + (unsigned)(rb * SLICE_BYTES), WS * sizeof(T), s, u, depths, bf, acc);
+            mbar_arrive(ring_empty + 8 * rb);  // every lane, after its own reads
+            if (s >= KD - 1) {  // depth d0 + q has had all its slices
+                const int q = s - (KD - 1), sbuf = q % OST;
+                float* done = acc[(u + 1) % KD];
+                probe_fragment(probe, done);
+                epilogue_fragment_cl<T, EPI>(a, e, done, c0 + ch, bias, n, d0 + q, h0,
+                                             8 * (col0 + tj) + 2 * (lane & 3) - S, lane);
+                if (q >= OST) mbar_wait(stage_free + 8 * sbuf, (unsigned)(q / OST - 1) & 1);
+                T* st = stages + sbuf * CG * SP + ch * SP + (lane >> 2) * SW + tj * 8 + 2 * (lane & 3);
+                *reinterpret_cast<unsigned*>(st) = pack2(from_f32<T>(done[0]), from_f32<T>(done[1]));
+                *reinterpret_cast<unsigned*>(st + 8 * SW) = pack2(from_f32<T>(done[2]), from_f32<T>(done[3]));
+                mbar_arrive(staged + 8 * sbuf);  // every lane, after its own stores
+                done[0] = done[1] = done[2] = done[3] = 0.f;
+            }
+        }
+    }
+    if (!isfinite(probe) && a.flag) *a.flag = a.epoch;
+}

@@ -493,6 +493,56 @@ fn depth_reuse_passes_with_either_slice_handover() {
     eprintln!("{checked} depth_reuse checks");
 }
 
+/// depth_reuse_cl's producer form (TMA boxes into staging slots, stmatrix transposes by
+/// a producer warp, a storer warp, mbarrier handovers) and the block-barrier form's
+/// stmatrix transposes (`trans=1`): the channels-last suite, the NDHWC seed and random
+/// channels-last specs, one to four staging slots ahead, regions of one and two tile
+/// columns (a last region of fewer tile warps), NaN/Inf in a third.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn depth_reuse_cl_passes_with_the_producer() {
+    let engine = Engine::cuda(0).unwrap();
+    let dev = engine.device().unwrap().as_ref();
+    let v = evokernel::variants::find("depth_reuse_cl").unwrap();
+    let cases: Vec<(String, ConvSpec, Vec<evokernel::variants::Config>)> = public_suite()
+        .unwrap()
+        .into_iter()
+        .chain(channels_last_suite().unwrap())
+        .map(|c| (c.name, c.spec))
+        .chain(named_random_specs(300, 2028))
+        .filter(|(_, spec)| v.applies(spec).is_ok())
+        .map(|(name, spec)| {
+            // (producer, stages, cols)
+            let configs = [(0, 2, 1), (1, 1, 1), (1, 2, 1), (1, 4, 1), (1, 2, 2)]
+                .into_iter()
+                .filter_map(|(producer, stages, cols)| {
+                    let mut cfg = v.default_config(&spec);
+                    cfg.values.insert("producer".into(), producer);
+                    cfg.values.insert("trans".into(), 1);
+                    cfg.values.insert("stages".into(), stages);
+                    cfg.values.insert("cols".into(), cols);
+                    evokernel::variants::check_config(v, &spec, &cfg)
+                        .is_ok()
+                        .then_some(cfg)
+                })
+                .collect();
+            (name, spec, configs)
+        })
+        .collect();
+    precompile_configs(dev, v, &cases);
+    let mut checked = 0;
+    for (i, (name, spec, configs)) in cases.iter().enumerate() {
+        let non_finite = i % 3 == 0;
+        let mut problem = ProblemData::random(spec, i as u64, 1);
+        if non_finite {
+            problem.inject_non_finite(i as u64);
+        }
+        checked += check_configs(&engine, &problem, name, spec, configs, non_finite);
+    }
+    assert!(checked >= 40, "only {checked} depth_reuse_cl checks");
+    eprintln!("{checked} depth_reuse_cl checks");
+}
+
 /// depth_reuse walking planes (one kernel depth, no depth padding): 2-D and 1xKxK 3-D
 /// specs of several batches and channel counts, so chunks cross (n, c) boundaries, with
 /// output rows that are and are not 16-byte multiples (TMA or register stores), every

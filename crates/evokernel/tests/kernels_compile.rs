@@ -273,9 +273,9 @@ fn scaled_mm_wgmma_kernels_compile_for_sm90a() {
     );
 }
 
-/// Compiles `v`'s default config for `spec` with `params` overridden, for sm_80 (the
-/// fallbacks of kernels whose TMA and mbarrier forms are sm_90 only); the config must
-/// check against the space first.
+/// Compiles `v`'s default config for `spec` with `params` overridden, with `jit` (sm_80
+/// for the fallbacks of kernels whose TMA and mbarrier forms are sm_90 only); the config
+/// must check against the space first.
 fn builds_for_sm80(jit: &Jit, v: &dyn Variant, spec: &ConvSpec, params: &[(&str, i64)]) {
     let mut cfg = v.default_config(spec);
     for &(k, val) in params {
@@ -309,6 +309,39 @@ fn depth_reuse_builds_for_sm80_in_every_handover() {
         .unwrap()
         .spec;
     builds_for_sm80(&jit, v, convnext, &[("planes", 1)]);
+}
+
+/// depth_reuse_cl's producer form (TMA boxes, stmatrix transposes, mbarriers: sm_90) and
+/// its sm_80 fallback (cp.async copies, lane-by-lane transposes, sm_80's mbarrier forms)
+/// build on the NDHWC seed (5 kernel rows, two regions a row at cols 2) and x3d-ndhwc, with
+/// the stmatrix transposes of the block-barrier form beside them.
+#[test]
+fn depth_reuse_cl_producer_builds_for_sm90_and_sm80() {
+    let v = evokernel::variants::find("depth_reuse_cl").unwrap();
+    let seed = evokernel::suite::public_suite()
+        .unwrap()
+        .into_iter()
+        .find(|c| c.name == "seed-bf16-ndhwc")
+        .unwrap()
+        .spec;
+    let x3d = evokernel::suite::channels_last_suite()
+        .unwrap()
+        .into_iter()
+        .find(|c| c.name == "x3d-ndhwc")
+        .unwrap()
+        .spec;
+    for arch in ["sm_90", "sm_80"] {
+        let jit = Jit::new(arch).unwrap().without_cache();
+        for (spec, cols) in [(&seed, 1), (&seed, 2), (&x3d, 1)] {
+            builds_for_sm80(
+                &jit,
+                v,
+                spec,
+                &[("producer", 1), ("trans", 1), ("cols", cols)],
+            );
+            builds_for_sm80(&jit, v, spec, &[("trans", 1), ("cols", cols)]);
+        }
+    }
 }
 
 /// wgrad_mma's TMA ring falls back to cp.async copies of the same layout off Hopper

@@ -6,7 +6,7 @@ use super::streaming_cl::pixel_vector_applies;
 use super::tensor_core::{row_stride, shifted_tile_columns};
 use super::{
     cuda_type, default_launches, depth_chunk_at_most, depth_chunks, grid_x, plane_offsets_fit_i32,
-    within_shared, Config, Launch, Param, Variant, DEPTH_CHUNKS,
+    within_shared, Config, Launch, Param, TensorMaps, Variant, DEPTH_CHUNKS,
 };
 use crate::error::Result;
 use crate::spec::ConvSpec;
@@ -18,6 +18,7 @@ typed_params!(Params {
     dchunk,
     stages,
     trans,
+    producer,
     minblocks
 });
 
@@ -46,6 +47,27 @@ fn shared_bytes(spec: &ConvSpec, cols: usize, stages: usize, trans: usize) -> us
     // The pixel-major staging slots: 16 + KH - 1 rows of (cols + 1) x 8 pixels.
     let staging = (stages + 1) * (16 + kh - 1) * (cols + 1) * 8 * 16;
     (ring + out_stages) * 2 + staging
+}
+
+/// Staging slot bytes of the producer form: (16 + KH - 1) rows of (cols + 1) x 8 pixel
+/// vectors of 16 bytes, 128-byte aligned for the TMA.
+fn producer_staging_bytes(spec: &ConvSpec, cols: usize) -> usize {
+    ((16 + spec.kernel3()[1] - 1) * (cols + 1) * 8 * 16).next_multiple_of(128)
+}
+
+/// The producer form's shared memory (mirrors depth_reuse_cl_producer_dwconv): `stages + 1`
+/// staging slots, three channel-major ring slots of 8 channel planes (odd 16-byte chunks),
+/// two output stages, then 8-byte mbarriers (staging, ring full and empty, stages staged
+/// and free).
+fn producer_shared_bytes(spec: &ConvSpec, cols: usize, stages: usize) -> usize {
+    const NBUF: usize = 3;
+    const OST: usize = 2;
+    let staging = (stages + 1) * producer_staging_bytes(spec, cols);
+    let ring = NBUF * CHANNELS * channel_plane(spec, cols, 1) * 2;
+    let stage_row = if cols == 1 { 8 } else { cols * 8 + 8 };
+    let out_stages = OST * CHANNELS * 16 * stage_row * 2;
+    let bars = 8 * ((stages + 1) + 2 * NBUF + 2 * OST);
+    (staging + ring + out_stages).next_multiple_of(8) + bars
 }
 
 impl Variant for DepthReuseCl {
@@ -91,6 +113,14 @@ impl Variant for DepthReuseCl {
                 name: "trans",
                 values: vec![0, 1],
             },
+            // 1: a producer warp (TMA boxes into the staging slots, stmatrix transposes
+            // into a ring of three slots) and a storer warp, handing slots over by
+            // mbarriers: no block barrier a step (takes trans=1). Not yet run on a GPU:
+            // ranked behind every measured config (default 0).
+            Param {
+                name: "producer",
+                values: vec![0, 1],
+            },
             Param {
                 name: "minblocks",
                 values: vec![1, 2, 3, 4],
@@ -115,6 +145,7 @@ impl Variant for DepthReuseCl {
                 ("dchunk", dchunk),
                 ("stages", 2),
                 ("trans", 0),
+                ("producer", 0),
                 ("minblocks", minblocks),
             ],
         )
@@ -124,14 +155,59 @@ impl Variant for DepthReuseCl {
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
         let p = Params::read(config).map_err(|e| e.to_string())?;
+        if p.producer == 1 {
+            if (CHANNELS * p.cols + 2) * 32 > 1024 {
+                return Err(format!(
+                    "cols={} with the producer is {} warps a block (8 a tile column, a \
+                     producer and a storer), more than 32: producer=1 takes cols <= 2",
+                    p.cols,
+                    CHANNELS * p.cols + 2
+                ));
+            }
+            if p.trans == 0 {
+                return Err(
+                    "the producer warp transposes with ldmatrix.trans + stmatrix: \
+                            producer=1 takes trans=1"
+                        .into(),
+                );
+            }
+            return within_shared(
+                "the staging slots, slice ring, output stages and mbarriers",
+                producer_shared_bytes(spec, p.cols, p.stages),
+            );
+        }
         within_shared(
             "the slice ring, staging slots and output stages",
             shared_bytes(spec, p.cols, p.stages, p.trans),
         )
     }
+    fn tensor_maps(&self, spec: &ConvSpec, config: &Config) -> Option<TensorMaps> {
+        let p = Params::read(config).ok()?;
+        // The producer's box: 8 channels x the region's (cols + 1) x 8 columns x
+        // (16 + KH - 1) rows x one depth.
+        (p.producer == 1).then(|| TensorMaps::ChannelsLast {
+            input: [
+                CHANNELS as u32,
+                ((p.cols + 1) * 8) as u32,
+                (16 + spec.kernel3()[1] - 1) as u32,
+                1,
+            ],
+            output: None,
+        })
+    }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
         let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
+        if p.producer == 1 {
+            return Ok(format!(
+                "depth_reuse_cl_producer_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}>",
+                cuda_type(spec.dtype()),
+                p.cols,
+                p.dchunk,
+                p.stages,
+                p.minblocks
+            ));
+        }
         Ok(format!(
             "depth_reuse_cl_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
@@ -148,8 +224,18 @@ impl Variant for DepthReuseCl {
             dchunk,
             stages,
             trans,
+            producer,
             ..
         } = Params::parse(self, spec, config)?;
+        // The producer form adds a producer and a storer warp.
+        let (warps, shared) = if producer == 1 {
+            (
+                CHANNELS * cols + 2,
+                producer_shared_bytes(spec, cols, stages),
+            )
+        } else {
+            (CHANNELS * cols, shared_bytes(spec, cols, stages, trans))
+        };
         let [od, oh, _] = spec.output3();
         let blocks = spec.n()
             * oh.div_ceil(16)
@@ -158,8 +244,8 @@ impl Variant for DepthReuseCl {
             * (spec.c() / CHANNELS);
         Ok(Launch {
             grid: (grid_x(self, spec, blocks)?, 1, 1),
-            block: ((CHANNELS * cols * 32) as u32, 1, 1),
-            shared_bytes: shared_bytes(spec, cols, stages, trans) as u32,
+            block: ((warps * 32) as u32, 1, 1),
+            shared_bytes: shared as u32,
         })
     }
 }
@@ -196,6 +282,7 @@ mod tests {
                 ("dchunk", 64),
                 ("stages", 2),
                 ("trans", 1),
+                ("producer", 0),
                 ("minblocks", 2),
             ],
         );
@@ -210,6 +297,46 @@ mod tests {
                 assert!(check_config(&v, &case.spec, &d).is_ok(), "{}", case.name);
             }
         }
+        // The producer form: two more warps, 3 staging slots of 20 x 16 pixel vectors
+        // (5120 bytes, 128-aligned), 3 ring slots of 8 planes of 488 elements, two stages,
+        // 13 mbarriers (3 staging, 3 + 3 ring, 2 + 2 stages); a TMA box of 8 channels x
+        // 16 columns x 20 rows x 1 depth.
+        let producer = Config::new(
+            v.name(),
+            &[
+                ("cols", 1),
+                ("dchunk", 64),
+                ("stages", 2),
+                ("trans", 1),
+                ("producer", 1),
+                ("minblocks", 2),
+            ],
+        );
+        assert!(check_config(&v, &spec, &producer).is_ok());
+        let lp = v.launch(&spec, &producer, 132).unwrap();
+        assert_eq!(lp.block.0, 10 * 32);
+        assert_eq!(lp.grid.0, l.grid.0);
+        assert_eq!(
+            lp.shared_bytes as usize,
+            3 * 5120 + 3 * 8 * 488 * 2 + 2 * 8 * 16 * 8 * 2 + 8 * 13
+        );
+        match v.tensor_maps(&spec, &producer) {
+            Some(TensorMaps::ChannelsLast { input, output }) => {
+                assert_eq!((input, output), ([8, 16, 20, 1], None));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(v.tensor_maps(&spec, &d).is_none());
+        assert!(v
+            .specialization(&spec, &producer)
+            .unwrap()
+            .starts_with("depth_reuse_cl_producer_dwconv<"));
+        let mut wide = producer.clone();
+        wide.values.insert("cols".into(), 4);
+        assert!(check_config(&v, &spec, &wide).is_err());
+        let mut no_trans = producer.clone();
+        no_trans.values.insert("trans".into(), 0);
+        assert!(check_config(&v, &spec, &no_trans).is_err());
         let nwc = crate::suite::channels_last_case("causal-conv1d-nwc");
         assert!(check_config(&v, &nwc, &v.default_config(&nwc)).is_ok());
         let cf = public_suite().unwrap().remove(0).spec;
