@@ -19,6 +19,68 @@
 // then an odd number of 16-byte chunks, so the 8 rows a stmatrix writes (one a channel)
 // fall in distinct bank groups.
 // Stride 1, dilation 1, KW <= 9, C a multiple of 8; T is bf16 or f16.
+// A block's share in both forms: 8 channels from c0 (the channel group varies fastest:
+// neighbours share 32-byte sectors in L2), a region of COLS tile columns from col0, output
+// depths [d0, d1) of balanced chunks, 16 output rows from h0, image n. Tiles start at
+// column 8j - S (P = pw rounded up to 8 is input column 0's tile column, S = P - pw), nt
+// of them a row.
+template <int COLS, int DCHUNK>
+struct ClBlock {
+    int P, S, nt, col0, d0, d1, h0;
+    long long n, c0;
+    __device__ __forceinline__ explicit ClBlock(const ConvArgs& a) {
+        P = (a.pw + 7) & ~7;
+        S = P - a.pw;
+        const int mt = (a.oh + 15) / 16;
+        nt = (a.ow + S + 7) / 8;
+        const int col_regions = (nt + COLS - 1) / COLS;
+        const int groups = (int)(a.c / 8);
+        const int chunks = (a.od + DCHUNK - 1) / DCHUNK;
+        const int per_chunk = (a.od + chunks - 1) / chunks;  // balanced chunks
+        long long b = blockIdx.x;
+        const int g = (int)(b % groups);
+        b /= groups;
+        col0 = (int)(b % col_regions) * COLS;
+        b /= col_regions;
+        d0 = (int)(b % chunks) * per_chunk;
+        b /= chunks;
+        h0 = (int)(b % mt) * 16;
+        n = b / mt;
+        d1 = min(d0 + per_chunk, a.od);
+        c0 = (long long)g * 8;
+    }
+};
+
+// A depth staged channel-major at `stage` ([8 channels][16 rows][SW]) leaves as 16-byte
+// pixel vectors of channels c0.., two neighbouring columns a thread, threads `first`,
+// `first + stride`, .. (stage column sc = output column + S - 8 * col0). Both forms below.
+template <typename T, int COLS>
+__device__ __forceinline__ void store_stage_cl(const ConvArgs& a, const T* stage, long long n, long long od, int h0,
+                                               int col0, int S, long long c0, int first, int stride) {
+    constexpr int CG = 8, SW = COLS == 1 ? 8 : COLS * 8 + 8, SP = 16 * SW, CPAIRS = COLS * 4;
+    T* __restrict__ y = static_cast<T*>(a.y);
+    const int rows = min(16, a.oh - h0);
+    for (int p = first; p < rows * CPAIRS; p += stride) {
+        const int r = p / CPAIRS, sc = 2 * (p - r * CPAIRS);
+        uint4 o[2];
+        T* e0 = reinterpret_cast<T*>(&o[0]);
+        T* e1 = reinterpret_cast<T*>(&o[1]);
+#pragma unroll
+        for (int q = 0; q < CG; ++q) {
+            const unsigned u = *reinterpret_cast<const unsigned*>(stage + q * SP + r * SW + sc);
+            const unsigned short lo = (unsigned short)(u & 0xffffu), hi = (unsigned short)(u >> 16);
+            e0[q] = *reinterpret_cast<const T*>(&lo);
+            e1[q] = *reinterpret_cast<const T*>(&hi);
+        }
+        T* out = y + (((n * a.od + od) * a.oh + h0 + r) * (long long)a.ow) * a.c + c0;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int col = 8 * col0 + sc + i - S;
+            if (col >= 0 && col < a.ow) *reinterpret_cast<uint4*>(out + (long long)col * a.c) = o[i];
+        }
+    }
+}
+
 template <typename T, int KD, int KH, int KW, int COLS, int DCHUNK, int STAGES, int TRANS, int MINB, int EPI>
 __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(ConvArgs a, EpiArgs e) {
     constexpr int CG = 8;                    // channels of one 16-byte vector
@@ -45,24 +107,9 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
     const unsigned staging_addr = (unsigned)__cvta_generic_to_shared(staging);
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ w = static_cast<const T*>(a.w);
-    T* __restrict__ y = static_cast<T*>(a.y);
-    const int P = (a.pw + 7) & ~7, S = P - a.pw;
-    const int mt = (a.oh + 15) / 16, nt = (a.ow + S + 7) / 8;
-    const int col_regions = (nt + COLS - 1) / COLS;
-    const int groups = (int)(a.c / CG);
-    const int chunks = (a.od + DCHUNK - 1) / DCHUNK;
-    const int per_chunk = (a.od + chunks - 1) / chunks;  // balanced chunks
-    long long b = blockIdx.x;
-    const int g = (int)(b % groups);  // fastest: neighbours share 32-byte sectors in L2
-    b /= groups;
-    const int col0 = (int)(b % col_regions) * COLS;
-    b /= col_regions;
-    const int d0 = (int)(b % chunks) * per_chunk;
-    b /= chunks;
-    const int h0 = (int)(b % mt) * 16;
-    const long long n = b / mt;
-    const int d1 = min(d0 + per_chunk, a.od);
-    const long long c0 = (long long)g * CG;
+    const ClBlock<COLS, DCHUNK> blk(a);
+    const int P = blk.P, S = blk.S, nt = blk.nt, col0 = blk.col0, d0 = blk.d0, d1 = blk.d1, h0 = blk.h0;
+    const long long n = blk.n, c0 = blk.c0;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ch = warp / COLS, tj = warp - ch * COLS;
     const bool has_tile = col0 + tj < nt;
@@ -151,31 +198,8 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
                 *reinterpret_cast<unsigned*>(buf + q * PLANE + r * WS + col) = pack2(e0[q], e1[q]);
         }
     };
-    // The depth staged in stage `st` leaves as pixel vectors: two neighbouring columns
-    // per thread (stage column sc = output column + S - 8 * col0).
     auto write_out = [&](int od, int st) {
-        const T* stage = stages + st * CG * SP;
-        const int rows = min(16, a.oh - h0);
-        constexpr int CPAIRS = COLS * 4;
-        for (int p = threadIdx.x; p < rows * CPAIRS; p += THREADS) {
-            const int r = p / CPAIRS, sc = 2 * (p - r * CPAIRS);
-            uint4 o[2];
-            T* e0 = reinterpret_cast<T*>(&o[0]);
-            T* e1 = reinterpret_cast<T*>(&o[1]);
-#pragma unroll
-            for (int q = 0; q < CG; ++q) {
-                const unsigned u = *reinterpret_cast<const unsigned*>(stage + q * SP + r * SW + sc);
-                const unsigned short lo = (unsigned short)(u & 0xffffu), hi = (unsigned short)(u >> 16);
-                e0[q] = *reinterpret_cast<const T*>(&lo);
-                e1[q] = *reinterpret_cast<const T*>(&hi);
-            }
-            T* out = y + (((n * a.od + od) * a.oh + h0 + r) * (long long)a.ow) * a.c + c0;
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const int col = 8 * col0 + sc + i - S;
-                if (col >= 0 && col < a.ow) *reinterpret_cast<uint4*>(out + (long long)col * a.c) = o[i];
-            }
-        }
+        store_stage_cl<T, COLS>(a, stages + st * CG * SP, n, od, h0, col0, S, c0, (int)threadIdx.x, THREADS);
     };
 
     unsigned bf[KD * KH][2];
@@ -281,24 +305,9 @@ __global__ void __launch_bounds__((8 * COLS + 2) * 32, MINB)
     const unsigned staged = ring_empty + 8 * NBUF, stage_free = staged + 8 * OST;
     T* stages = reinterpret_cast<T*>(smem_raw + STAGE_OFFSET);
     const T* __restrict__ w = static_cast<const T*>(a.w);
-    T* __restrict__ y = static_cast<T*>(a.y);
-    const int P = (a.pw + 7) & ~7, S = P - a.pw;
-    const int mt = (a.oh + 15) / 16, nt = (a.ow + S + 7) / 8;
-    const int col_regions = (nt + COLS - 1) / COLS;
-    const int groups = (int)(a.c / CG);
-    const int chunks = (a.od + DCHUNK - 1) / DCHUNK;
-    const int per_chunk = (a.od + chunks - 1) / chunks;
-    long long b = blockIdx.x;
-    const int g = (int)(b % groups);
-    b /= groups;
-    const int col0 = (int)(b % col_regions) * COLS;
-    b /= col_regions;
-    const int d0 = (int)(b % chunks) * per_chunk;
-    b /= chunks;
-    const int h0 = (int)(b % mt) * 16;
-    const long long n = b / mt;
-    const int d1 = min(d0 + per_chunk, a.od);
-    const long long c0 = (long long)g * CG;
+    const ClBlock<COLS, DCHUNK> blk(a);
+    const int P = blk.P, S = blk.S, nt = blk.nt, col0 = blk.col0, d0 = blk.d0, d1 = blk.d1, h0 = blk.h0;
+    const long long n = blk.n, c0 = blk.c0;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int steps = d1 - d0 + KD - 1;
     const int depths = d1 - d0;
@@ -419,35 +428,12 @@ __global__ void __launch_bounds__((8 * COLS + 2) * 32, MINB)
         return;
     }
     if (warp == TW + 1) {
-        // The storer: depth d0 + q leaves from stage q mod OST, two neighbouring columns
-        // of 8 channels a lane at a time (stage column sc = output column + S - 8 * col0).
-        const int rows = min(16, a.oh - h0);
-        constexpr int CPAIRS = COLS * 4;
+        // The storer: depth d0 + q leaves from stage q mod OST.
 #pragma unroll 1
         for (int q = 0; q < depths; ++q) {
             const int sb = q % OST;
             mbar_wait(staged + 8 * sb, (unsigned)(q / OST) & 1);
-            const T* stage = stages + sb * CG * SP;
-            const long long od = d0 + q;
-            for (int p = lane; p < rows * CPAIRS; p += 32) {
-                const int r = p / CPAIRS, sc = 2 * (p - r * CPAIRS);
-                uint4 o[2];
-                T* e0 = reinterpret_cast<T*>(&o[0]);
-                T* e1 = reinterpret_cast<T*>(&o[1]);
-#pragma unroll
-                for (int ch = 0; ch < CG; ++ch) {
-                    const unsigned u = *reinterpret_cast<const unsigned*>(stage + ch * SP + r * SW + sc);
-                    const unsigned short lo = (unsigned short)(u & 0xffffu), hi = (unsigned short)(u >> 16);
-                    e0[ch] = *reinterpret_cast<const T*>(&lo);
-                    e1[ch] = *reinterpret_cast<const T*>(&hi);
-                }
-                T* out = y + (((n * a.od + od) * a.oh + h0 + r) * (long long)a.ow) * a.c + c0;
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const int col = 8 * col0 + sc + i - S;
-                    if (col >= 0 && col < a.ow) *reinterpret_cast<uint4*>(out + (long long)col * a.c) = o[i];
-                }
-            }
+            store_stage_cl<T, COLS>(a, stages + sb * CG * SP, n, d0 + q, h0, col0, S, c0, lane, 32);
             mbar_arrive(stage_free + 8 * sb);  // every lane, after its own reads
         }
         return;

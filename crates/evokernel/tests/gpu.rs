@@ -309,11 +309,6 @@ fn every_variant_passes_300_random_specs() {
 }
 
 /// One spec in four runs with a fused epilogue, chosen from its shape.
-/// depth_reuse hands its ring's slices over either by a block barrier a slice or by a
-/// producer warp and mbarriers (`producer`, with TMA loads and, for whole-row regions,
-/// TMA stores); the defaults test one of them, so both run here on the public suite and
-/// on the random specs depth_reuse applies to, with several ring depths (the mbarrier
-/// phases wrap at different steps) and one-column regions, NaN/Inf in a third.
 /// Runs each config on `problem` against the oracle and asserts it passes; the count.
 fn check_configs(
     engine: &Engine,
@@ -439,11 +434,15 @@ fn check_wgrad_cases(
     (checked, tma_checked)
 }
 
+/// depth_reuse hands its ring's slices over either by a block barrier a slice or by a
+/// producer warp and mbarriers (`producer`, with TMA loads and, for whole-row regions,
+/// TMA stores); the defaults test one of them, so both run here on the public suite and
+/// on the random specs depth_reuse applies to, with several ring depths (the mbarrier
+/// phases wrap at different steps) and one-column regions, NaN/Inf in a third.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn depth_reuse_passes_with_either_slice_handover() {
     let engine = Engine::cuda(0).unwrap();
-    let dev = engine.device().unwrap().as_ref();
     let v = evokernel::variants::find("depth_reuse").unwrap();
     let cases: Vec<(String, ConvSpec, Vec<evokernel::variants::Config>)> = public_suite()
         .unwrap()
@@ -479,16 +478,7 @@ fn depth_reuse_passes_with_either_slice_handover() {
             (name, spec, configs)
         })
         .collect();
-    precompile_configs(dev, v, &cases);
-    let mut checked = 0;
-    for (i, (name, spec, configs)) in cases.iter().enumerate() {
-        let non_finite = i % 3 == 0;
-        let mut problem = ProblemData::random(spec, i as u64, 1);
-        if non_finite {
-            problem.inject_non_finite(i as u64);
-        }
-        checked += check_configs(&engine, &problem, name, spec, configs, non_finite);
-    }
+    let checked = check_cases(&engine, v, &cases, |_, spec| ConvProblem::new(spec.clone()));
     assert!(checked >= 40, "only {checked} depth_reuse checks");
     eprintln!("{checked} depth_reuse checks");
 }
@@ -502,7 +492,6 @@ fn depth_reuse_passes_with_either_slice_handover() {
 #[ignore = "needs a CUDA GPU"]
 fn depth_reuse_cl_passes_with_the_producer() {
     let engine = Engine::cuda(0).unwrap();
-    let dev = engine.device().unwrap().as_ref();
     let v = evokernel::variants::find("depth_reuse_cl").unwrap();
     let cases: Vec<(String, ConvSpec, Vec<evokernel::variants::Config>)> = public_suite()
         .unwrap()
@@ -529,16 +518,7 @@ fn depth_reuse_cl_passes_with_the_producer() {
             (name, spec, configs)
         })
         .collect();
-    precompile_configs(dev, v, &cases);
-    let mut checked = 0;
-    for (i, (name, spec, configs)) in cases.iter().enumerate() {
-        let non_finite = i % 3 == 0;
-        let mut problem = ProblemData::random(spec, i as u64, 1);
-        if non_finite {
-            problem.inject_non_finite(i as u64);
-        }
-        checked += check_configs(&engine, &problem, name, spec, configs, non_finite);
-    }
+    let checked = check_cases(&engine, v, &cases, |_, spec| ConvProblem::new(spec.clone()));
     assert!(checked >= 40, "only {checked} depth_reuse_cl checks");
     eprintln!("{checked} depth_reuse_cl checks");
 }
