@@ -1,6 +1,8 @@
 //! `depth_reuse_cl`: depth_reuse's rotation (each input slice feeds all KD output depths
 //! it reaches) on channels-last data, transposing 8-channel pixel vectors into a
-//! channel-major ring and back as streaming_cl does (kernels/depth_reuse_cl.cu).
+//! channel-major ring and back as streaming_cl does (kernels/depth_reuse_cl.cu). Two
+//! forms: a block barrier a slice (the default), and with `producer` a producer warp (TMA
+//! boxes in, stmatrix transposes) and a storer warp handing slots over by mbarriers.
 
 use super::streaming_cl::pixel_vector_applies;
 use super::tensor_core::{row_stride, shifted_tile_columns};
@@ -37,13 +39,22 @@ fn channel_plane(spec: &ConvSpec, cols: usize, trans: usize) -> usize {
     }
 }
 
+/// Elements of an output stage's row (the kernels' SW): a warp stores 8 rows x 4 words of
+/// its tile, on distinct 4-bank groups.
+fn stage_row(cols: usize) -> usize {
+    if cols == 1 {
+        8
+    } else {
+        cols * 8 + 8
+    }
+}
+
 /// Two channel-major slices of 8 channel planes, and two output stages of 8 channels x 16
 /// rows (mirrors the kernel's constants).
 fn shared_bytes(spec: &ConvSpec, cols: usize, stages: usize, trans: usize) -> usize {
     let kh = spec.kernel3()[1];
     let ring = 2 * CHANNELS * channel_plane(spec, cols, trans);
-    let stage_row = if cols == 1 { 8 } else { cols * 8 + 8 };
-    let out_stages = 2 * CHANNELS * 16 * stage_row;
+    let out_stages = 2 * CHANNELS * 16 * stage_row(cols);
     // The pixel-major staging slots: 16 + KH - 1 rows of (cols + 1) x 8 pixels.
     let staging = (stages + 1) * (16 + kh - 1) * (cols + 1) * 8 * 16;
     (ring + out_stages) * 2 + staging
@@ -64,8 +75,7 @@ fn producer_shared_bytes(spec: &ConvSpec, cols: usize, stages: usize) -> usize {
     const OST: usize = 2;
     let staging = (stages + 1) * producer_staging_bytes(spec, cols);
     let ring = NBUF * CHANNELS * channel_plane(spec, cols, 1) * 2;
-    let stage_row = if cols == 1 { 8 } else { cols * 8 + 8 };
-    let out_stages = OST * CHANNELS * 16 * stage_row * 2;
+    let out_stages = OST * CHANNELS * 16 * stage_row(cols) * 2;
     let bars = 8 * ((stages + 1) + 2 * NBUF + 2 * OST);
     (staging + ring + out_stages).next_multiple_of(8) + bars
 }
@@ -107,8 +117,8 @@ impl Variant for DepthReuseCl {
             // 1: slices transposed by ldmatrix.trans + stmatrix (sm_90), a warp's four
             // 8-pixel groups at once; 0 (the default): each lane moves two pixels'
             // channels. 1 ran 2.7% slower on the NDHWC seed (both passes), equal on
-            // video-vae-ndhwc (H100 run 321, A/B two rounds): fewer instructions and wavefronts, but every
-            // warp now waits on an LDSM -> STSM chain before its MMAs.
+            // video-vae-ndhwc (H100 run 321, A/B two rounds): fewer instructions and
+            // wavefronts, but every warp now waits on an LDSM -> STSM chain before its MMAs.
             Param {
                 name: "trans",
                 values: vec![0, 1],
