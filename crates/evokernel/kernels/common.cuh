@@ -515,6 +515,22 @@ __host__ __device__ constexpr int tc_row_stride(int nt) {
     return ((nt + 1) % 2 == 1) ? (nt + 1) * 8 : (nt + 2) * 8;
 }
 
+// Two neighbouring pixels' 8 channels from channel-major storage (channel q's pair of
+// columns at s + q * plane) as two 16-byte pixel vectors: the channels-last kernels'
+// way out of their stages (streaming_cl, depth_reuse_cl).
+template <typename T>
+__device__ __forceinline__ void unpack_pixel_pair(const T* s, int plane, uint4 (&o)[2]) {
+    T* e0 = reinterpret_cast<T*>(&o[0]);
+    T* e1 = reinterpret_cast<T*>(&o[1]);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+        const unsigned u = *reinterpret_cast<const unsigned*>(s + q * plane);
+        const unsigned short lo = (unsigned short)(u & 0xffffu), hi = (unsigned short)(u >> 16);
+        e0[q] = *reinterpret_cast<const T*>(&lo);
+        e1[q] = *reinterpret_cast<const T*>(&hi);
+    }
+}
+
 // Elements of a channel plane (a multiple of 8) grown to an odd number of 16-byte chunks:
 // 8 rows of one stmatrix, one a plane, then fall in 8 distinct bank groups.
 __host__ __device__ constexpr int channel_plane_odd_chunks(int elements) {

@@ -51,27 +51,73 @@ struct ClBlock {
     }
 };
 
+// Pixel pair e, e + 1 (e even; columns of one slice row of PIX pixels) of a pixel-major
+// staging slot into 8 channel planes PLANE elements apart, rows WS apart: one lane's share
+// of a slice's transpose.
+template <typename T, int PIX, int WS, int PLANE>
+__device__ __forceinline__ void transpose_pixel_pair(const uint4* slot, int e, T* buf) {
+    const int r = e / PIX, col = e - r * PIX;
+    const uint4 v0 = slot[e], v1 = slot[e + 1];
+    const T* e0 = reinterpret_cast<const T*>(&v0);
+    const T* e1 = reinterpret_cast<const T*>(&v1);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) *reinterpret_cast<unsigned*>(buf + q * PLANE + r * WS + col) = pack2(e0[q], e1[q]);
+}
+
+// A warp's part of a slice's transpose by ldmatrix.trans + stmatrix (sm_90), its shared
+// offsets worked out once. Round it takes 8-pixel groups 4 (first + it * step) .. + 3
+// (pixels 8q .. 8q + 7, one slice row: PIX is a multiple of 8); lane l names row l mod 8
+// of matrix l / 8 for both instructions: pixel 8q + (l mod 8) to read, channel l mod 8's
+// 8 columns of the group to write. A round past the last group repeats it (the same
+// values to the same cells).
+template <typename T, int GROUPS, int PIX, int WS, int PLANE, int ROUNDS>
+struct GroupTranspose {
+    unsigned from[ROUNDS], to[ROUNDS];
+    int live;  // rounds with a group of their own (warp-uniform)
+    __device__ __forceinline__ GroupTranspose(int first, int step, int lane) {
+        const int k = lane & 7;
+        live = 0;
+#pragma unroll
+        for (int it = 0; it < ROUNDS; ++it) {
+            if (4 * (first + it * step) < GROUPS) live = it + 1;
+            const int q = min(4 * (first + it * step) + (lane >> 3), GROUPS - 1);
+            const int r = (8 * q) / PIX, col = 8 * q - r * PIX;
+            from[it] = (unsigned)((8 * q + k) * 16);
+            to[it] = (unsigned)((k * PLANE + r * WS + col) * (int)sizeof(T));
+        }
+    }
+    // Staging slot at shared address `slot` into the channel planes at `buf`.
+    __device__ __forceinline__ void run(unsigned slot, unsigned buf) const {
+#if __CUDA_ARCH__ >= 900
+#pragma unroll
+        for (int it = 0; it < ROUNDS; ++it) {
+            if (it >= live) break;
+            unsigned f[4];
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3])
+                         : "r"(slot + from[it])
+                         : "memory");
+            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(buf + to[it]), "r"(f[0]),
+                         "r"(f[1]), "r"(f[2]), "r"(f[3])
+                         : "memory");
+        }
+#endif
+    }
+};
+
 // A depth staged channel-major at `stage` ([8 channels][16 rows][SW]) leaves as 16-byte
 // pixel vectors of channels c0.., two neighbouring columns a thread, threads `first`,
 // `first + stride`, .. (stage column sc = output column + S - 8 * col0). Both forms below.
 template <typename T, int COLS>
 __device__ __forceinline__ void store_stage_cl(const ConvArgs& a, const T* stage, long long n, long long od, int h0,
                                                int col0, int S, long long c0, int first, int stride) {
-    constexpr int CG = 8, SW = COLS == 1 ? 8 : COLS * 8 + 8, SP = 16 * SW, CPAIRS = COLS * 4;
+    constexpr int SW = COLS == 1 ? 8 : COLS * 8 + 8, SP = 16 * SW, CPAIRS = COLS * 4;
     T* __restrict__ y = static_cast<T*>(a.y);
     const int rows = min(16, a.oh - h0);
     for (int p = first; p < rows * CPAIRS; p += stride) {
         const int r = p / CPAIRS, sc = 2 * (p - r * CPAIRS);
         uint4 o[2];
-        T* e0 = reinterpret_cast<T*>(&o[0]);
-        T* e1 = reinterpret_cast<T*>(&o[1]);
-#pragma unroll
-        for (int q = 0; q < CG; ++q) {
-            const unsigned u = *reinterpret_cast<const unsigned*>(stage + q * SP + r * SW + sc);
-            const unsigned short lo = (unsigned short)(u & 0xffffu), hi = (unsigned short)(u >> 16);
-            e0[q] = *reinterpret_cast<const T*>(&lo);
-            e1[q] = *reinterpret_cast<const T*>(&hi);
-        }
+        unpack_pixel_pair(stage + r * SW + sc, SP, o);
         T* out = y + (((n * a.od + od) * a.oh + h0 + r) * (long long)a.ow) * a.c + c0;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -125,22 +171,11 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
         const int zh = h0 - a.ph + r, zw = 8 * col0 + col - P;
         src[i] = j < HS * PIX && zh >= 0 && zh < a.ih && zw >= 0 && zw < a.iw ? (zh * a.iw + zw) * (int)a.c : -1;
     }
-    // TRANS: this lane's part of the transposes, the same every slice. Round it of warp w
-    // takes 8-pixel groups 4 (w + it * WARPS) .. + 3 (pixels 8q .. 8q + 7, all in one
-    // slice row: PIX is a multiple of 8); lane l names row l mod 8 of matrix l / 8 for
-    // both instructions: pixel 8q + (l mod 8) to read, channel l mod 8's 8 columns of that
-    // group to write. A round past the last group repeats it (the same values to the same
-    // cells).
+    // TRANS: this warp's part of every slice's transpose (GroupTranspose), rounds w,
+    // w + WARPS, .. of 8-pixel groups.
     constexpr int WARPS = THREADS / 32, GROUPS = HS * PIX / 8;
     constexpr int TROUNDS = TRANS ? (GROUPS + 4 * WARPS - 1) / (4 * WARPS) : 1;
-    unsigned t_from[TROUNDS], t_to[TROUNDS];
-#pragma unroll
-    for (int it = 0; it < TROUNDS; ++it) {
-        const int q = min(4 * (warp + it * WARPS) + (lane >> 3), GROUPS - 1), k = lane & 7;
-        const int r = (8 * q) / PIX, col = 8 * q - r * PIX;
-        t_from[it] = (unsigned)((8 * q + k) * 16);
-        t_to[it] = (unsigned)((k * PLANE + r * WS + col) * (int)sizeof(T));
-    }
+    const GroupTranspose<T, GROUPS, PIX, WS, PLANE, TROUNDS> groups_t(warp, WARPS, lane);
     const T* xn = x + n * a.id * (long long)a.ih * a.iw * a.c + c0;
     auto fetch = [&](int s) {
         if (s < steps) {
@@ -168,34 +203,14 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
         T* buf = ring + buffer * SLICE;
 #if __CUDA_ARCH__ >= 900
         if constexpr (TRANS) {
-            const unsigned from = (unsigned)__cvta_generic_to_shared(slot);
-            const unsigned to = (unsigned)__cvta_generic_to_shared(buf);
-#pragma unroll
-            for (int it = 0; it < TROUNDS; ++it) {
-                if (4 * (warp + it * WARPS) >= GROUPS) break;  // warp-uniform
-                unsigned f[4];
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                             : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3])
-                             : "r"(from + t_from[it])
-                             : "memory");
-                asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(to + t_to[it]),
-                             "r"(f[0]), "r"(f[1]), "r"(f[2]), "r"(f[3])
-                             : "memory");
-            }
+            groups_t.run((unsigned)__cvta_generic_to_shared(slot), (unsigned)__cvta_generic_to_shared(buf));
             return;
         }
 #endif
 #pragma unroll
         for (int k = 0; k < U; ++k) {
             const int e = 2 * (k * THREADS + (int)threadIdx.x);
-            if (e >= HS * PIX) continue;
-            const int r = e / PIX, col = e - r * PIX;
-            const uint4 v0 = slot[e], v1 = slot[e + 1];
-            const T* e0 = reinterpret_cast<const T*>(&v0);
-            const T* e1 = reinterpret_cast<const T*>(&v1);
-#pragma unroll
-            for (int q = 0; q < CG; ++q)
-                *reinterpret_cast<unsigned*>(buf + q * PLANE + r * WS + col) = pack2(e0[q], e1[q]);
+            if (e < HS * PIX) transpose_pixel_pair<T, PIX, WS, PLANE>(slot, e, buf);
         }
     };
     auto write_out = [&](int od, int st) {
@@ -330,7 +345,8 @@ __global__ void __launch_bounds__((8 * COLS + 2) * 32, MINB)
     __syncthreads();
 
     if (warp == TW) {
-        // The producer.
+        // The producer (its transpose: every group of the slice, four a round).
+        const GroupTranspose<T, GROUPS, PIX, WS, PLANE, (GROUPS + 3) / 4> transpose(0, 1, lane);
         const int zw = 8 * col0 - P, zh = h0 - a.ph;
         auto fill = [&](int s) {  // slice s (padded depth d0 + s) into its staging slot
             if (s >= steps) {
@@ -375,43 +391,12 @@ __global__ void __launch_bounds__((8 * COLS + 2) * 32, MINB)
 #endif
             if (s >= NBUF) mbar_wait(ring_empty + 8 * rb, (unsigned)(s / NBUF - 1) & 1);
 #if __CUDA_ARCH__ >= 900
-            // Group q: pixels 8q .. 8q + 7 of the slot (one slice row: PIX is a multiple
-            // of 8). Lane l names row l mod 8 of matrix l / 8: pixel 8q + (l mod 8) to
-            // read, channel l mod 8's 8 columns of the group to write. A round past the
-            // last group repeats it (the same values to the same cells).
-            const int k = lane & 7;
-#pragma unroll
-            for (int q0 = 0; q0 < GROUPS; q0 += 8) {
-                unsigned f[2][4];
-                unsigned to[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int q = min(q0 + 4 * h + (lane >> 3), GROUPS - 1);
-                    const int r = (8 * q) / PIX, col = 8 * q - r * PIX;
-                    to[h] = ring + (unsigned)((k * PLANE + r * WS + col) * (int)sizeof(T));
-                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                                 : "=r"(f[h][0]), "=r"(f[h][1]), "=r"(f[h][2]), "=r"(f[h][3])
-                                 : "r"(slot + (unsigned)((8 * q + k) * 16))
-                                 : "memory");
-                }
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(to[h]),
-                                 "r"(f[h][0]), "r"(f[h][1]), "r"(f[h][2]), "r"(f[h][3])
-                                 : "memory");
-            }
+            transpose.run(slot, ring);
 #else
-            for (int p = lane; p < HS * PIX / 2; p += 32) {
-                const int e2 = 2 * p, r = e2 / PIX, col = e2 - r * PIX;
-                const uint4* src = reinterpret_cast<const uint4*>(smem_raw + st * STAGING_BYTES) + e2;
-                const uint4 v0 = src[0], v1 = src[1];
-                const T* e0 = reinterpret_cast<const T*>(&v0);
-                const T* e1 = reinterpret_cast<const T*>(&v1);
-                T* buf = reinterpret_cast<T*>(smem_raw + RING_OFFSET + rb * SLICE_BYTES);
-#pragma unroll
-                for (int q = 0; q < CG; ++q)
-                    *reinterpret_cast<unsigned*>(buf + q * PLANE + r * WS + col) = pack2(e0[q], e1[q]);
-            }
+            for (int p = lane; p < HS * PIX / 2; p += 32)
+                transpose_pixel_pair<T, PIX, WS, PLANE>(reinterpret_cast<const uint4*>(smem_raw + st * STAGING_BYTES),
+                                                        2 * p,
+                                                        reinterpret_cast<T*>(smem_raw + RING_OFFSET + rb * SLICE_BYTES));
 #endif
             mbar_arrive(ring_full + 8 * rb);  // every lane, after its own stores
             // Every lane has read the staging slot: it takes slice s + NST (the TMA

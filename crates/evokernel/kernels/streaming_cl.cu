@@ -99,15 +99,7 @@ __global__ void __launch_bounds__(8 * WPC * 32) streaming_cl_dwconv(ConvArgs a, 
             const int r = p / pairs, sc = c_lo + 2 * (p - r * pairs);
             const T* s = stage + r * ws + sc;
             uint4 v[2];
-            T* e0 = reinterpret_cast<T*>(&v[0]);
-            T* e1 = reinterpret_cast<T*>(&v[1]);
-#pragma unroll
-            for (int q = 0; q < CG; ++q) {
-                const unsigned u = *reinterpret_cast<const unsigned*>(s + q * sp);
-                const unsigned short lo = (unsigned short)(u & 0xffffu), hi = (unsigned short)(u >> 16);
-                e0[q] = *reinterpret_cast<const T*>(&lo);
-                e1[q] = *reinterpret_cast<const T*>(&hi);
-            }
+            unpack_pixel_pair(s, sp, v);
             T* out = y + (((n * a.od + od) * a.oh + h0 + r) * (long long)a.ow) * a.c + c0;
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
