@@ -86,20 +86,34 @@ struct GroupTranspose {
             to[it] = (unsigned)((k * PLANE + r * WS + col) * (int)sizeof(T));
         }
     }
-    // Staging slot at shared address `slot` into the channel planes at `buf`.
+    // Staging slot at shared address `slot` into the channel planes at `buf`, BATCH
+    // rounds' loads issued before their stores: one load -> store chain a round left the
+    // producer warp waiting on each load (short scoreboard, H100 run 324) while the tile
+    // warps waited on it (ring_full).
+    static constexpr int BATCH = ROUNDS < 8 ? ROUNDS : 8;
     __device__ __forceinline__ void run(unsigned slot, unsigned buf) const {
 #if __CUDA_ARCH__ >= 900
 #pragma unroll
-        for (int it = 0; it < ROUNDS; ++it) {
-            if (it >= live) break;
-            unsigned f[4];
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                         : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3])
-                         : "r"(slot + from[it])
-                         : "memory");
-            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(buf + to[it]), "r"(f[0]),
-                         "r"(f[1]), "r"(f[2]), "r"(f[3])
-                         : "memory");
+        for (int b0 = 0; b0 < ROUNDS; b0 += BATCH) {
+            if (b0 >= live) break;
+            unsigned f[BATCH][4];
+#pragma unroll
+            for (int i = 0; i < BATCH; ++i) {
+                const int it = b0 + i;
+                if (it >= ROUNDS || it >= live) break;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(f[i][0]), "=r"(f[i][1]), "=r"(f[i][2]), "=r"(f[i][3])
+                             : "r"(slot + from[it])
+                             : "memory");
+            }
+#pragma unroll
+            for (int i = 0; i < BATCH; ++i) {
+                const int it = b0 + i;
+                if (it >= ROUNDS || it >= live) break;
+                asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(buf + to[it]),
+                             "r"(f[i][0]), "r"(f[i][1]), "r"(f[i][2]), "r"(f[i][3])
+                             : "memory");
+            }
         }
 #endif
     }
@@ -277,7 +291,7 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
 // in step (30% / 21% of stall samples, runs 302 and 308), and three trims of the step's
 // work moved it by -5%, +2% and +3% (runs 303, 309, 321); the NCDHW kernel got past the
 // same wall with a producer warp and mbarriers (runs 165-171). Warps here: CG x COLS tile
-// warps (one per (channel, tile), as above), then a producer and a storer.
+// warps (one per (channel, tile), as above), then a producer and STORERS storers.
 // - Producer: one TMA box a slice (channels c0.., the region's PIX columns, HS rows, one
 //   depth of image n; zeros outside the tensor are the padding) into staging slot
 //   s mod NST, NST slices ahead; it transposes the slot into channel-major ring slot
@@ -288,10 +302,13 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
 // - Tile warps: wait ring_full, rotate_slice, release (ring_empty, every lane); a finished
 //   depth's fragments go through the epilogue into output stage k mod OST once the storer
 //   has read that stage's previous depth (stage_free), then staged (every lane arrives).
-// - Storer: waits staged, moves the stage out as 16-byte pixel vectors, releases it.
+// - Storers: wait staged, move the stage out as 16-byte pixel vectors (pixel pairs dealt
+//   round the storers' lanes), release it. One storer warp issued ~310 instructions a
+//   depth (unpacking channel planes into pixel vectors) and held the tile warps on
+//   stage_free (~26 retries a wait, H100 run 324): more storers split that work.
 // Channel planes are an odd number of 16-byte chunks (stmatrix rows on distinct banks).
-template <typename T, int KD, int KH, int KW, int COLS, int DCHUNK, int STAGES, int MINB, int EPI>
-__global__ void __launch_bounds__((8 * COLS + 2) * 32, MINB)
+template <typename T, int KD, int KH, int KW, int COLS, int DCHUNK, int STAGES, int STORERS, int MINB, int EPI>
+__global__ void __launch_bounds__((8 * COLS + 1 + STORERS) * 32, MINB)
     depth_reuse_cl_producer_dwconv(ConvArgs a, EpiArgs e, const __grid_constant__ TmaMaps maps) {
     constexpr int CG = 8;
     constexpr int HS = 16 + KH - 1;
@@ -336,7 +353,7 @@ __global__ void __launch_bounds__((8 * COLS + 2) * 32, MINB)
         }
         for (int i = 0; i < OST; ++i) {
             mbar_init(staged + 8 * i, tile_warps * 32);
-            mbar_init(stage_free + 8 * i, 32);
+            mbar_init(stage_free + 8 * i, STORERS * 32);
         }
 #if __CUDA_ARCH__ >= 900
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -412,13 +429,14 @@ __global__ void __launch_bounds__((8 * COLS + 2) * 32, MINB)
 #endif
         return;
     }
-    if (warp == TW + 1) {
-        // The storer: depth d0 + q leaves from stage q mod OST.
+    if (warp > TW) {
+        // The storers: depth d0 + q leaves from stage q mod OST.
 #pragma unroll 1
         for (int q = 0; q < depths; ++q) {
             const int sb = q % OST;
             mbar_wait(staged + 8 * sb, (unsigned)(q / OST) & 1);
-            store_stage_cl<T, COLS>(a, stages + sb * CG * SP, n, d0 + q, h0, col0, S, c0, lane, 32);
+            store_stage_cl<T, COLS>(a, stages + sb * CG * SP, n, d0 + q, h0, col0, S, c0, (warp - TW - 1) * 32 + lane,
+                                    STORERS * 32);
             mbar_arrive(stage_free + 8 * sb);  // every lane, after its own reads
         }
         return;

@@ -64,7 +64,7 @@ fn every_variant_compiles_for_sm90() {
                 let expr = v.specialization(spec, &cfg).unwrap();
                 // Profiles filter launches on this name.
                 assert!(
-                    expr.starts_with(&format!("{}<", v.kernel_function())),
+                    expr.starts_with(&format!("{}<", v.kernel_function_of(&cfg))),
                     "{expr}"
                 );
                 let mut epilogues = vec![Epilogue::NONE];

@@ -50,7 +50,15 @@ pub fn report(
             "cuda".into(),
         ]);
         args.extend(["--seed".into(), seed.to_string()]);
-        let regex = format!("^{}$", variant.kernel_function());
+        let function = row
+            .config
+            .as_deref()
+            .and_then(|c| c.parse::<evokernel::variants::Config>().ok())
+            .map_or_else(
+                || variant.kernel_function(),
+                |c| variant.kernel_function_of(&c),
+            );
+        let regex = format!("^{function}$");
         Some(ncu.profile(&regex, metrics, &exe, &args))
     });
     bar.finish_and_clear();

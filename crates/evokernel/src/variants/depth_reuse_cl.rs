@@ -21,6 +21,7 @@ typed_params!(Params {
     stages,
     trans,
     producer,
+    storers,
     minblocks
 });
 
@@ -66,6 +67,11 @@ fn producer_staging_bytes(spec: &ConvSpec, cols: usize) -> usize {
     ((16 + spec.kernel3()[1] - 1) * (cols + 1) * 8 * 16).next_multiple_of(128)
 }
 
+/// Warps of a producer-form block: 8 a tile column, the producer, the storers.
+fn producer_warps(cols: usize, storers: usize) -> usize {
+    CHANNELS * cols + 1 + storers
+}
+
 /// The producer form's shared memory (mirrors depth_reuse_cl_producer_dwconv): `stages + 1`
 /// staging slots, three channel-major ring slots of 8 channel planes (odd 16-byte chunks),
 /// two output stages, then 8-byte mbarriers (staging, ring full and empty, stages staged
@@ -78,6 +84,37 @@ fn producer_shared_bytes(spec: &ConvSpec, cols: usize, stages: usize) -> usize {
     let out_stages = OST * CHANNELS * 16 * stage_row(cols) * 2;
     let bars = 8 * ((stages + 1) + 2 * NBUF + 2 * OST);
     (staging + ring + out_stages).next_multiple_of(8) + bars
+}
+
+/// The default where there are depths to walk and two tile columns: the producer form
+/// over two tile columns (18 warps, one block an SM), which beat every block-barrier
+/// config (H100 run 323): the seed 0.523 vs 0.609 ms (dgrad 0.543 vs 0.601),
+/// video-vae-ndhwc 0.288 vs 0.336, x3d-ndhwc 0.192 vs 0.210. One slice staged ahead where
+/// depth chunks are long (seed, video-vae: 1 < 2 < 3 < 4), three on x3d's 16-deep chunks
+/// (0.192 vs 0.201 at one), whose start-up is a larger part. Over one tile column it
+/// loses or ties (seed 0.595, video-vae 0.346 at best); without depths (1-D, 2-D) it is
+/// not yet measured. Three storer warps (run 325, two sweeps): the seed 0.533-0.553 ->
+/// 0.512-0.531 ms (dgrad 0.553 -> 0.531), x3d-ndhwc 0.195 -> 0.189-0.190, video-vae-ndhwc
+/// 0.290 -> 0.286-0.287; two fall between. `None` where the block-barrier form stays the
+/// default.
+pub(crate) fn producer_config(spec: &ConvSpec) -> Option<Config> {
+    if shifted_tile_columns(spec) < 2 || spec.output3()[0] <= 1 {
+        return None;
+    }
+    let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 64);
+    let config = Config::new(
+        DepthReuseCl.name(),
+        &[
+            ("cols", 2),
+            ("dchunk", dchunk),
+            ("stages", if dchunk >= 32 { 1 } else { 3 }),
+            ("trans", 1),
+            ("producer", 1),
+            ("storers", 3),
+            ("minblocks", 1),
+        ],
+    );
+    DepthReuseCl.fits(spec, &config).is_ok().then_some(config)
 }
 
 impl Variant for DepthReuseCl {
@@ -125,11 +162,16 @@ impl Variant for DepthReuseCl {
             },
             // 1: a producer warp (TMA boxes into the staging slots, stmatrix transposes
             // into a ring of three slots) and a storer warp, handing slots over by
-            // mbarriers: no block barrier a step (takes trans=1). Not yet run on a GPU:
-            // ranked behind every measured config (default 0).
+            // mbarriers: no block barrier a step (takes trans=1; the default over two
+            // tile columns, see default_config).
             Param {
                 name: "producer",
                 values: vec![0, 1],
+            },
+            // Storer warps of the producer form, pixel pairs dealt round their lanes.
+            Param {
+                name: "storers",
+                values: vec![1, 2, 3],
             },
             Param {
                 name: "minblocks",
@@ -148,6 +190,9 @@ impl Variant for DepthReuseCl {
         let [kd, kh, _] = spec.kernel3();
         let minblocks = if kd * kh <= 9 { 1 } else { 2 };
         let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 64);
+        if let Some(producer) = producer_config(spec) {
+            return producer;
+        }
         Config::new(
             self.name(),
             &[
@@ -156,6 +201,7 @@ impl Variant for DepthReuseCl {
                 ("stages", 2),
                 ("trans", 0),
                 ("producer", 0),
+                ("storers", 1),
                 ("minblocks", minblocks),
             ],
         )
@@ -166,12 +212,13 @@ impl Variant for DepthReuseCl {
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
         let p = Params::read(config).map_err(|e| e.to_string())?;
         if p.producer == 1 {
-            if (CHANNELS * p.cols + 2) * 32 > 1024 {
+            let warps = producer_warps(p.cols, p.storers);
+            if warps > 32 {
                 return Err(format!(
-                    "cols={} with the producer is {} warps a block (8 a tile column, a \
-                     producer and a storer), more than 32: producer=1 takes cols <= 2",
-                    p.cols,
-                    CHANNELS * p.cols + 2
+                    "cols={} storers={} with the producer is {warps} warps a block (8 a \
+                     tile column, a producer and the storers), more than 32: take cols=1 \
+                     or fewer storers",
+                    p.cols, p.storers
                 ));
             }
             if p.trans == 0 {
@@ -186,10 +233,22 @@ impl Variant for DepthReuseCl {
                 producer_shared_bytes(spec, p.cols, p.stages),
             );
         }
+        if p.storers != 1 {
+            return Err(format!(
+                "storers={} needs the producer form's storer warps: producer=0 takes storers=1",
+                p.storers
+            ));
+        }
         within_shared(
             "the slice ring, staging slots and output stages",
             shared_bytes(spec, p.cols, p.stages, p.trans),
         )
+    }
+    fn kernel_function_of(&self, config: &Config) -> String {
+        match config.get("producer") {
+            Some(1) => "depth_reuse_cl_producer_dwconv".into(),
+            _ => self.kernel_function(),
+        }
     }
     fn tensor_maps(&self, spec: &ConvSpec, config: &Config) -> Option<TensorMaps> {
         let p = Params::read(config).ok()?;
@@ -210,11 +269,12 @@ impl Variant for DepthReuseCl {
         let [kd, kh, kw] = spec.kernel3();
         if p.producer == 1 {
             return Ok(format!(
-                "depth_reuse_cl_producer_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}>",
+                "depth_reuse_cl_producer_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}>",
                 cuda_type(spec.dtype()),
                 p.cols,
                 p.dchunk,
                 p.stages,
+                p.storers,
                 p.minblocks
             ));
         }
@@ -235,12 +295,13 @@ impl Variant for DepthReuseCl {
             stages,
             trans,
             producer,
+            storers,
             ..
         } = Params::parse(self, spec, config)?;
-        // The producer form adds a producer and a storer warp.
+        // The producer form adds a producer and the storer warps.
         let (warps, shared) = if producer == 1 {
             (
-                CHANNELS * cols + 2,
+                producer_warps(cols, storers),
                 producer_shared_bytes(spec, cols, stages),
             )
         } else {
@@ -271,8 +332,42 @@ mod tests {
         let spec = public_case("seed-bf16-ndhwc");
         let v = DepthReuseCl;
         assert!(v.applies(&spec).is_ok());
+        // The default: the producer form over two tile columns, one slice staged ahead of
+        // the 64-deep chunks; a 16-deep chunk (x3d) stages three.
         let d = v.default_config(&spec);
-        assert_eq!((d.get("cols"), d.get("minblocks")), (Some(1), Some(2)));
+        let values = |c: &Config| {
+            [
+                "cols",
+                "dchunk",
+                "stages",
+                "trans",
+                "producer",
+                "storers",
+                "minblocks",
+            ]
+            .map(|k| c.get(k))
+        };
+        assert_eq!(values(&d), [2, 64, 1, 1, 1, 3, 1].map(Some));
+        // 16 tile warps, the producer, three storers.
+        assert_eq!(v.launch(&spec, &d, 132).unwrap().block.0, 20 * 32);
+        let x3d = crate::suite::channels_last_case("x3d-ndhwc");
+        assert_eq!(
+            values(&v.default_config(&x3d)),
+            [2, 16, 3, 1, 1, 3, 1].map(Some)
+        );
+        // The block-barrier form.
+        let d = Config::new(
+            v.name(),
+            &[
+                ("cols", 1),
+                ("dchunk", 64),
+                ("stages", 2),
+                ("trans", 0),
+                ("producer", 0),
+                ("storers", 1),
+                ("minblocks", 2),
+            ],
+        );
         let l = v.launch(&spec, &d, 132).unwrap();
         // 3 bands x 1 depth chunk x 11 tile columns x 64 channel groups.
         assert_eq!(l.grid.0, 3 * 11 * 64);
@@ -293,6 +388,7 @@ mod tests {
                 ("stages", 2),
                 ("trans", 1),
                 ("producer", 0),
+                ("storers", 1),
                 ("minblocks", 2),
             ],
         );
@@ -319,6 +415,7 @@ mod tests {
                 ("stages", 2),
                 ("trans", 1),
                 ("producer", 1),
+                ("storers", 1),
                 ("minblocks", 2),
             ],
         );
@@ -340,15 +437,29 @@ mod tests {
         assert!(v
             .specialization(&spec, &producer)
             .unwrap()
-            .starts_with("depth_reuse_cl_producer_dwconv<"));
+            .starts_with(&format!("{}<", v.kernel_function_of(&producer))));
         let mut wide = producer.clone();
         wide.values.insert("cols".into(), 4);
         assert!(check_config(&v, &spec, &wide).is_err());
+        // Storers belong to the producer form; 8 x 2 tile warps + producer + 15 storers is
+        // 32 warps, one more is past a block.
+        let mut barrier_storers = d.clone();
+        barrier_storers.values.insert("storers".into(), 2);
+        assert!(v.fits(&spec, &barrier_storers).is_err());
+        let mut many = producer.clone();
+        many.values.insert("cols".into(), 2);
+        many.values.insert("storers".into(), 15);
+        assert!(v.fits(&spec, &many).is_ok());
+        many.values.insert("storers".into(), 16);
+        assert!(v.fits(&spec, &many).unwrap_err().contains("33 warps"));
         let mut no_trans = producer.clone();
         no_trans.values.insert("trans".into(), 0);
         assert!(check_config(&v, &spec, &no_trans).is_err());
+        // No depths to walk (1-D rows): the block-barrier form.
         let nwc = crate::suite::channels_last_case("causal-conv1d-nwc");
-        assert!(check_config(&v, &nwc, &v.default_config(&nwc)).is_ok());
+        let d1 = v.default_config(&nwc);
+        assert_eq!(values(&d1)[..6], [1, 4, 2, 0, 0, 1].map(Some));
+        assert!(check_config(&v, &nwc, &d1).is_ok());
         let cf = public_suite().unwrap().remove(0).spec;
         assert!(v.applies(&cf).is_err());
     }

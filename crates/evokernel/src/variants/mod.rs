@@ -48,7 +48,7 @@ macro_rules! typed_params {
 
 mod channels_last;
 pub(crate) mod depth_reuse;
-mod depth_reuse_cl;
+pub(crate) mod depth_reuse_cl;
 pub(crate) mod depth_reuse_fma;
 pub(crate) mod depth_reuse_fma_cl;
 mod dgrad_cell_cl;
@@ -593,6 +593,11 @@ pub trait Variant: Sync {
     fn kernel_function(&self) -> String {
         format!("{}_dwconv", self.name())
     }
+    /// The `__global__` function `config` launches: `kernel_function` unless a config
+    /// picks another kernel of the same file (depth_reuse_cl's producer form).
+    fn kernel_function_of(&self, _config: &Config) -> String {
+        self.kernel_function()
+    }
     /// The pass the variant computes.
     fn pass(&self) -> Pass {
         Pass::Forward
@@ -1087,7 +1092,7 @@ tensor_core 83f90c54e9f7b9edf15e7210ff6a57a6
 streaming 7c4b5ee70cc97753761129ed78bf4994
 streaming_cl 9b1b71bfd5b7d5520dc3d4f58d4a33f8
 depth_reuse 9c1cc3a337cca65bd1fd658d8ab86e50
-depth_reuse_cl 06a8a585cc0277b469fa23a201491166
+depth_reuse_cl 6e96cfa5e18659349d6fb51699c4a9c3
 depth_reuse_fma 939cf6c873e465b4328c931bd90724fc
 depth_reuse_fma_cl 98e452d1b47d8904996b76e67eb476e8
 row_rotation_cl fd231dd954be37108afecdae9352b62f
