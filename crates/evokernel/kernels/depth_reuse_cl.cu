@@ -19,12 +19,13 @@
 // then an odd number of 16-byte chunks, so the 8 rows a stmatrix writes (one a channel)
 // fall in distinct bank groups.
 // Stride 1, dilation 1, KW <= 9, C a multiple of 8; T is bf16 or f16.
-// A block's share in both forms: 8 channels from c0 (the channel group varies fastest:
+// A block's share in both forms: CG channels from c0 (8, or 16 in the producer form; the
+// channel group varies fastest:
 // neighbours share 32-byte sectors in L2), a region of COLS tile columns from col0, output
 // depths [d0, d1) of balanced chunks, 16 output rows from h0, image n. Tiles start at
 // column 8j - S (P = pw rounded up to 8 is input column 0's tile column, S = P - pw), nt
 // of them a row.
-template <int COLS, int DCHUNK>
+template <int COLS, int DCHUNK, int CG = 8>
 struct ClBlock {
     int P, S, nt, col0, d0, d1, h0;
     long long n, c0;
@@ -34,7 +35,7 @@ struct ClBlock {
         const int mt = (a.oh + 15) / 16;
         nt = (a.ow + S + 7) / 8;
         const int col_regions = (nt + COLS - 1) / COLS;
-        const int groups = (int)(a.c / 8);
+        const int groups = (int)(a.c / CG);
         const int chunks = (a.od + DCHUNK - 1) / DCHUNK;
         const int per_chunk = (a.od + chunks - 1) / chunks;  // balanced chunks
         long long b = blockIdx.x;
@@ -47,17 +48,18 @@ struct ClBlock {
         h0 = (int)(b % mt) * 16;
         n = b / mt;
         d1 = min(d0 + per_chunk, a.od);
-        c0 = (long long)g * 8;
+        c0 = (long long)g * CG;
     }
 };
 
 // Pixel pair e, e + 1 (e even; columns of one slice row of PIX pixels) of a pixel-major
-// staging slot into 8 channel planes PLANE elements apart, rows WS apart: one lane's share
-// of a slice's transpose.
-template <typename T, int PIX, int WS, int PLANE>
-__device__ __forceinline__ void transpose_pixel_pair(const uint4* slot, int e, T* buf) {
+// staging slot of H 16-byte vectors a pixel, vector h, into the 8 channel planes from
+// plane 8h, PLANE elements apart, rows WS apart: one lane's share of a slice's transpose.
+template <typename T, int PIX, int WS, int PLANE, int H = 1>
+__device__ __forceinline__ void transpose_pixel_pair(const uint4* slot, int e, T* buf, int h = 0) {
     const int r = e / PIX, col = e - r * PIX;
-    const uint4 v0 = slot[e], v1 = slot[e + 1];
+    const uint4 v0 = slot[e * H + h], v1 = slot[(e + 1) * H + h];
+    buf += h * 8 * PLANE;
     const T* e0 = reinterpret_cast<const T*>(&v0);
     const T* e1 = reinterpret_cast<const T*>(&v1);
 #pragma unroll
@@ -69,8 +71,9 @@ __device__ __forceinline__ void transpose_pixel_pair(const uint4* slot, int e, T
 // (pixels 8q .. 8q + 7, one slice row: PIX is a multiple of 8); lane l names row l mod 8
 // of matrix l / 8 for both instructions: pixel 8q + (l mod 8) to read, channel l mod 8's
 // 8 columns of the group to write. A round past the last group repeats it (the same
-// values to the same cells).
-template <typename T, int GROUPS, int PIX, int WS, int PLANE, int ROUNDS>
+// values to the same cells). With H 16-byte vectors a pixel (16 channels: H = 2), group g
+// is vector g mod H of pixels 8q .. 8q + 7, q = g / H, into channel planes 8h ..
+template <typename T, int GROUPS, int PIX, int WS, int PLANE, int ROUNDS, int H = 1>
 struct GroupTranspose {
     unsigned from[ROUNDS], to[ROUNDS];
     int live;  // rounds with a group of their own (warp-uniform)
@@ -80,10 +83,11 @@ struct GroupTranspose {
 #pragma unroll
         for (int it = 0; it < ROUNDS; ++it) {
             if (4 * (first + it * step) < GROUPS) live = it + 1;
-            const int q = min(4 * (first + it * step) + (lane >> 3), GROUPS - 1);
+            const int g = min(4 * (first + it * step) + (lane >> 3), GROUPS - 1);
+            const int q = g / H, h = g - q * H;
             const int r = (8 * q) / PIX, col = 8 * q - r * PIX;
-            from[it] = (unsigned)((8 * q + k) * 16);
-            to[it] = (unsigned)((k * PLANE + r * WS + col) * (int)sizeof(T));
+            from[it] = (unsigned)(((8 * q + k) * H + h) * 16);
+            to[it] = (unsigned)(((8 * h + k) * PLANE + r * WS + col) * (int)sizeof(T));
         }
     }
     // Staging slot at shared address `slot` into the channel planes at `buf`, BATCH
@@ -119,20 +123,23 @@ struct GroupTranspose {
     }
 };
 
-// A depth staged channel-major at `stage` ([8 channels][16 rows][SW]) leaves as 16-byte
+// A depth staged channel-major at `stage` ([8 H channels][16 rows][SW]) leaves as 16-byte
 // pixel vectors of channels c0.., two neighbouring columns a thread, threads `first`,
-// `first + stride`, .. (stage column sc = output column + S - 8 * col0). Both forms below.
-template <typename T, int COLS>
+// `first + stride`, .. (stage column sc = output column + S - 8 * col0). With H = 2
+// (16 channels) neighbouring threads take a pixel pair's two halves, so one store
+// instruction writes whole 32-byte sectors. Both forms below.
+template <typename T, int COLS, int H = 1>
 __device__ __forceinline__ void store_stage_cl(const ConvArgs& a, const T* stage, long long n, long long od, int h0,
                                                int col0, int S, long long c0, int first, int stride) {
     constexpr int SW = COLS == 1 ? 8 : COLS * 8 + 8, SP = 16 * SW, CPAIRS = COLS * 4;
     T* __restrict__ y = static_cast<T*>(a.y);
     const int rows = min(16, a.oh - h0);
-    for (int p = first; p < rows * CPAIRS; p += stride) {
+    for (int ph = first; ph < rows * CPAIRS * H; ph += stride) {
+        const int p = ph / H, h = ph - p * H;
         const int r = p / CPAIRS, sc = 2 * (p - r * CPAIRS);
         uint4 o[2];
-        unpack_pixel_pair(stage + r * SW + sc, SP, o);
-        T* out = y + (((n * a.od + od) * a.oh + h0 + r) * (long long)a.ow) * a.c + c0;
+        unpack_pixel_pair(stage + h * 8 * SP + r * SW + sc, SP, o);
+        T* out = y + (((n * a.od + od) * a.oh + h0 + r) * (long long)a.ow) * a.c + c0 + 8 * h;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const int col = 8 * col0 + sc + i - S;
@@ -307,10 +314,16 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
 //   depth (unpacking channel planes into pixel vectors) and held the tile warps on
 //   stage_free (~26 retries a wait, H100 run 324): more storers split that work.
 // Channel planes are an odd number of 16-byte chunks (stmatrix rows on distinct banks).
-template <typename T, int KD, int KH, int KW, int COLS, int DCHUNK, int STAGES, int STORERS, int MINB, int EPI>
-__global__ void __launch_bounds__((8 * COLS + 1 + STORERS) * 32, MINB)
+// CG = 16: a block owns 16 channels, 32 bytes a pixel, so its TMA boxes and its storers'
+// stores cover whole 32-byte sectors (with 8 channels the box and every store fill half
+// of each sector: the L2 bound of run 327); each pixel is H = 2 16-byte vectors.
+template <typename T, int KD, int KH, int KW, int COLS, int CG, int DCHUNK, int STAGES, int STORERS, int MINB,
+          int EPI>
+__global__ void __launch_bounds__((CG * COLS + 1 + STORERS) * 32, MINB)
     depth_reuse_cl_producer_dwconv(ConvArgs a, EpiArgs e, const __grid_constant__ TmaMaps maps) {
-    constexpr int CG = 8;
+    static_assert(CG == 8 || CG == 16, "a block owns 8 or 16 channels");
+    static_assert(sizeof(T) == 2, "16-byte vectors of 8 channels");
+    constexpr int H = CG / 8;  // 16-byte vectors a pixel
     constexpr int HS = 16 + KH - 1;
     constexpr int PIX = (COLS + 1) * 8;
     constexpr int WS = tc_row_stride(COLS);
@@ -319,12 +332,12 @@ __global__ void __launch_bounds__((8 * COLS + 1 + STORERS) * 32, MINB)
     constexpr int SLICE_BYTES = SLICE * (int)sizeof(T);
     constexpr int NBUF = 3;                    // channel-major ring slots
     constexpr int NST = STAGES + 1;            // staging slots (pixel-major, TMA boxes)
-    constexpr int STAGING_BYTES = (HS * PIX * 16 + 127) / 128 * 128;
+    constexpr int STAGING_BYTES = (HS * PIX * 16 * H + 127) / 128 * 128;
     constexpr int SW = COLS == 1 ? 8 : COLS * 8 + 8;  // output stage row stride, as above
     constexpr int SP = 16 * SW;
     constexpr int OST = 2;                     // output stages
     constexpr int TW = CG * COLS;              // tile warps
-    constexpr int GROUPS = HS * PIX / 8;       // 8-pixel groups a slice
+    constexpr int GROUPS = HS * PIX / 8 * H;   // (8-pixel group, 16-byte vector) pairs a slice
     // Shared memory: staging slots (128-byte aligned for the TMA), ring slots, output
     // stages, then the mbarriers (host: depth_reuse_cl::producer_shared_bytes).
     constexpr int RING_OFFSET = NST * STAGING_BYTES;
@@ -337,7 +350,7 @@ __global__ void __launch_bounds__((8 * COLS + 1 + STORERS) * 32, MINB)
     const unsigned staged = ring_empty + 8 * NBUF, stage_free = staged + 8 * OST;
     T* stages = reinterpret_cast<T*>(smem_raw + STAGE_OFFSET);
     const T* __restrict__ w = static_cast<const T*>(a.w);
-    const ClBlock<COLS, DCHUNK> blk(a);
+    const ClBlock<COLS, DCHUNK, CG> blk(a);
     const int P = blk.P, S = blk.S, nt = blk.nt, col0 = blk.col0, d0 = blk.d0, d1 = blk.d1, h0 = blk.h0;
     const long long n = blk.n, c0 = blk.c0;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -363,7 +376,7 @@ __global__ void __launch_bounds__((8 * COLS + 1 + STORERS) * 32, MINB)
 
     if (warp == TW) {
         // The producer (its transpose: every group of the slice, four a round).
-        const GroupTranspose<T, GROUPS, PIX, WS, PLANE, (GROUPS + 3) / 4> transpose(0, 1, lane);
+        const GroupTranspose<T, GROUPS, PIX, WS, PLANE, (GROUPS + 3) / 4, H> transpose(0, 1, lane);
         const int zw = 8 * col0 - P, zh = h0 - a.ph;
         auto fill = [&](int s) {  // slice s (padded depth d0 + s) into its staging slot
             if (s >= steps) {
@@ -376,16 +389,17 @@ __global__ void __launch_bounds__((8 * COLS + 1 + STORERS) * 32, MINB)
             const unsigned slot = base + (unsigned)((s % NST) * STAGING_BYTES);
 #if __CUDA_ARCH__ >= 900
             if (lane == 0) {
-                mbar_expect_tx(staging_full + 8 * (s % NST), (unsigned)(HS * PIX * 16));
+                mbar_expect_tx(staging_full + 8 * (s % NST), (unsigned)(HS * PIX * 16 * H));
                 tma_load_5d(slot, &maps.input, (int)c0, zw, zh, zd, (int)n, staging_full + 8 * (s % NST));
             }
 #else
             const T* xn = static_cast<const T*>(a.x) + n * a.id * (long long)a.ih * a.iw * a.c + c0;
-            for (int j = lane; j < HS * PIX; j += 32) {
-                const int r = j / PIX, col = j - r * PIX;
+            for (int j = lane; j < HS * PIX * H; j += 32) {
+                const int px = j / H, h = j - px * H;
+                const int r = px / PIX, col = px - r * PIX;
                 const int gh = zh + r, gw = zw + col;
                 if (zd >= 0 && zd < a.id && gh >= 0 && gh < a.ih && gw >= 0 && gw < a.iw) {
-                    cp_async16(slot + j * 16, xn + (((long long)zd * a.ih + gh) * a.iw + gw) * a.c);
+                    cp_async16(slot + j * 16, xn + (((long long)zd * a.ih + gh) * a.iw + gw) * a.c + 8 * h);
                 } else {
                     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(slot + j * 16), "r"(0u));
                 }
@@ -410,10 +424,10 @@ __global__ void __launch_bounds__((8 * COLS + 1 + STORERS) * 32, MINB)
 #if __CUDA_ARCH__ >= 900
             transpose.run(slot, ring);
 #else
-            for (int p = lane; p < HS * PIX / 2; p += 32)
-                transpose_pixel_pair<T, PIX, WS, PLANE>(reinterpret_cast<const uint4*>(smem_raw + st * STAGING_BYTES),
-                                                        2 * p,
-                                                        reinterpret_cast<T*>(smem_raw + RING_OFFSET + rb * SLICE_BYTES));
+            for (int p = lane; p < HS * PIX / 2 * H; p += 32)
+                transpose_pixel_pair<T, PIX, WS, PLANE, H>(
+                    reinterpret_cast<const uint4*>(smem_raw + st * STAGING_BYTES), 2 * (p / H),
+                    reinterpret_cast<T*>(smem_raw + RING_OFFSET + rb * SLICE_BYTES), p % H);
 #endif
             mbar_arrive(ring_full + 8 * rb);  // every lane, after its own stores
             // Every lane has read the staging slot: it takes slice s + NST (the TMA
@@ -435,8 +449,8 @@ __global__ void __launch_bounds__((8 * COLS + 1 + STORERS) * 32, MINB)
         for (int q = 0; q < depths; ++q) {
             const int sb = q % OST;
             mbar_wait(staged + 8 * sb, (unsigned)(q / OST) & 1);
-            store_stage_cl<T, COLS>(a, stages + sb * CG * SP, n, d0 + q, h0, col0, S, c0, (warp - TW - 1) * 32 + lane,
-                                    STORERS * 32);
+            store_stage_cl<T, COLS, H>(a, stages + sb * CG * SP, n, d0 + q, h0, col0, S, c0,
+                                       (warp - TW - 1) * 32 + lane, STORERS * 32);
             mbar_arrive(stage_free + 8 * sb);  // every lane, after its own reads
         }
         return;

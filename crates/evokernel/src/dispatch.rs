@@ -109,7 +109,8 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
         // where the FMA rotation pays taps per output (run 324, the NDHWC seed 0.523 vs
         // depth_reuse_fma_cl 0.584 ms, dgrad 0.534 vs 0.603; f16 0.538 vs 0.590). With
         // 3-wide rows the FMA rotation stays ahead (x3d-ndhwc 0.117 vs 0.200, video-vae-ndhwc
-        // 0.180 vs 0.302).
+        // 0.180 vs 0.302); with 16 channels a block (runs 328-329: the seed 0.336) still
+        // behind there across calls (0.148 and 0.196 vs run 327's 0.117 and 0.185).
         "depth_reuse_cl"
             if rows_fill_tiles
                 && deep

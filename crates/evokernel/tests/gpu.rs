@@ -487,8 +487,8 @@ fn depth_reuse_passes_with_either_slice_handover() {
 /// a producer warp, a storer warp, mbarrier handovers) and the block-barrier form's
 /// stmatrix transposes (`trans=1`): the channels-last suite, the NDHWC seed and random
 /// channels-last specs, one to four staging slots ahead, regions of one and two tile
-/// columns (a last region of fewer tile warps), one to three storer warps, NaN/Inf in a
-/// third.
+/// columns (a last region of fewer tile warps), one to three storer warps, 8 and 16
+/// channels a block (where C allows), NaN/Inf in a third.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn depth_reuse_cl_passes_with_the_producer() {
@@ -502,23 +502,26 @@ fn depth_reuse_cl_passes_with_the_producer() {
         .chain(named_random_specs(300, 2028))
         .filter(|(_, spec)| v.applies(spec).is_ok())
         .map(|(name, spec)| {
-            // (producer, stages, cols, storers)
+            // (producer, stages, cols, storers, channels)
             let configs = [
-                (0, 2, 1, 1),
-                (1, 1, 1, 1),
-                (1, 2, 1, 2),
-                (1, 4, 1, 1),
-                (1, 2, 2, 1),
-                (1, 1, 2, 3),
+                (0, 2, 1, 1, 8),
+                (1, 1, 1, 1, 8),
+                (1, 2, 1, 2, 8),
+                (1, 4, 1, 1, 8),
+                (1, 2, 2, 1, 8),
+                (1, 1, 2, 3, 8),
+                (1, 1, 1, 3, 16),
+                (1, 3, 1, 1, 16),
             ]
             .into_iter()
-            .filter_map(|(producer, stages, cols, storers)| {
+            .filter_map(|(producer, stages, cols, storers, channels)| {
                 let mut cfg = v.default_config(&spec);
                 cfg.values.insert("producer".into(), producer);
                 cfg.values.insert("trans".into(), 1);
                 cfg.values.insert("stages".into(), stages);
                 cfg.values.insert("cols".into(), cols);
                 cfg.values.insert("storers".into(), storers);
+                cfg.values.insert("channels".into(), channels);
                 evokernel::variants::check_config(v, &spec, &cfg)
                     .is_ok()
                     .then_some(cfg)

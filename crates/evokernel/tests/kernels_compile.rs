@@ -313,8 +313,9 @@ fn depth_reuse_builds_for_sm80_in_every_handover() {
 
 /// depth_reuse_cl's producer form (TMA boxes, stmatrix transposes, mbarriers: sm_90) and
 /// its sm_80 fallback (cp.async copies, lane-by-lane transposes, sm_80's mbarrier forms)
-/// build on the NDHWC seed (5 kernel rows, two regions a row at cols 2) and x3d-ndhwc, with
-/// the stmatrix transposes of the block-barrier form beside them.
+/// build on the NDHWC seed (5 kernel rows, two regions a row at cols 2) and x3d-ndhwc, 8
+/// and 16 channels a block, with the stmatrix transposes of the block-barrier form beside
+/// them.
 #[test]
 fn depth_reuse_cl_producer_builds_for_sm90_and_sm80() {
     let v = evokernel::variants::find("depth_reuse_cl").unwrap();
@@ -337,9 +338,29 @@ fn depth_reuse_cl_producer_builds_for_sm90_and_sm80() {
                 &jit,
                 v,
                 spec,
-                &[("producer", 1), ("trans", 1), ("cols", cols)],
+                &[
+                    ("producer", 1),
+                    ("trans", 1),
+                    ("cols", cols),
+                    ("channels", 8),
+                ],
             );
-            builds_for_sm80(&jit, v, spec, &[("trans", 1), ("cols", cols)]);
+            builds_for_sm80(
+                &jit,
+                v,
+                spec,
+                &[
+                    ("producer", 0),
+                    ("trans", 1),
+                    ("cols", cols),
+                    ("channels", 8),
+                    ("storers", 1),
+                ],
+            );
+        }
+        // 16 channels a block (two 16-byte vectors a pixel): the default on both.
+        for spec in [&seed, &x3d] {
+            builds_for_sm80(&jit, v, spec, &[]);
         }
     }
 }

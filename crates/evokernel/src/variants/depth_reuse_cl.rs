@@ -17,6 +17,7 @@ pub struct DepthReuseCl;
 
 typed_params!(Params {
     cols,
+    channels,
     dchunk,
     stages,
     trans,
@@ -61,53 +62,58 @@ fn shared_bytes(spec: &ConvSpec, cols: usize, stages: usize, trans: usize) -> us
     (ring + out_stages) * 2 + staging
 }
 
-/// Staging slot bytes of the producer form: (16 + KH - 1) rows of (cols + 1) x 8 pixel
-/// vectors of 16 bytes, 128-byte aligned for the TMA.
-fn producer_staging_bytes(spec: &ConvSpec, cols: usize) -> usize {
-    ((16 + spec.kernel3()[1] - 1) * (cols + 1) * 8 * 16).next_multiple_of(128)
+/// Staging slot bytes of the producer form: (16 + KH - 1) rows of (cols + 1) x 8 pixels
+/// of `channels` 2-byte elements, 128-byte aligned for the TMA.
+fn producer_staging_bytes(spec: &ConvSpec, cols: usize, channels: usize) -> usize {
+    ((16 + spec.kernel3()[1] - 1) * (cols + 1) * 8 * channels * 2).next_multiple_of(128)
 }
 
-/// Warps of a producer-form block: 8 a tile column, the producer, the storers.
-fn producer_warps(cols: usize, storers: usize) -> usize {
-    CHANNELS * cols + 1 + storers
+/// Warps of a producer-form block: one a (channel, tile column), the producer, the storers.
+fn producer_warps(cols: usize, channels: usize, storers: usize) -> usize {
+    channels * cols + 1 + storers
 }
 
 /// The producer form's shared memory (mirrors depth_reuse_cl_producer_dwconv): `stages + 1`
-/// staging slots, three channel-major ring slots of 8 channel planes (odd 16-byte chunks),
+/// staging slots, three channel-major ring slots of `channels` planes (odd 16-byte chunks),
 /// two output stages, then 8-byte mbarriers (staging, ring full and empty, stages staged
 /// and free).
-fn producer_shared_bytes(spec: &ConvSpec, cols: usize, stages: usize) -> usize {
+fn producer_shared_bytes(spec: &ConvSpec, cols: usize, channels: usize, stages: usize) -> usize {
     const NBUF: usize = 3;
     const OST: usize = 2;
-    let staging = (stages + 1) * producer_staging_bytes(spec, cols);
-    let ring = NBUF * CHANNELS * channel_plane(spec, cols, 1) * 2;
-    let out_stages = OST * CHANNELS * 16 * stage_row(cols) * 2;
+    let staging = (stages + 1) * producer_staging_bytes(spec, cols, channels);
+    let ring = NBUF * channels * channel_plane(spec, cols, 1) * 2;
+    let out_stages = OST * channels * 16 * stage_row(cols) * 2;
     let bars = 8 * ((stages + 1) + 2 * NBUF + 2 * OST);
     (staging + ring + out_stages).next_multiple_of(8) + bars
 }
 
-/// The default where there are depths to walk and two tile columns: the producer form
-/// over two tile columns (18 warps, one block an SM), which beat every block-barrier
-/// config (H100 run 323): the seed 0.523 vs 0.609 ms (dgrad 0.543 vs 0.601),
-/// video-vae-ndhwc 0.288 vs 0.336, x3d-ndhwc 0.192 vs 0.210. One slice staged ahead where
-/// depth chunks are long (seed, video-vae: 1 < 2 < 3 < 4), three on x3d's 16-deep chunks
-/// (0.192 vs 0.201 at one), whose start-up is a larger part. Over one tile column it
-/// loses or ties (seed 0.595, video-vae 0.346 at best); without depths (1-D, 2-D) it is
-/// not yet measured. Three storer warps (run 325, two sweeps): the seed 0.533-0.553 ->
-/// 0.512-0.531 ms (dgrad 0.553 -> 0.531), x3d-ndhwc 0.195 -> 0.189-0.190, video-vae-ndhwc
-/// 0.290 -> 0.286-0.287; two fall between. `None` where the block-barrier form stays the
-/// default.
+/// The default where there are depths to walk and two tile columns: the producer form.
+/// With C a multiple of 16, 16 channels a block over one tile column (20 warps), whose
+/// TMA boxes and stores cover whole 32-byte sectors (H100 run 328, against 8 channels
+/// over two columns in the same call: the seed 0.512 -> 0.381 ms at one staging slot
+/// ahead, 0.339 at two; dgrad 0.532 -> 0.397; x3d-ndhwc 0.180 -> 0.146, video-vae-ndhwc
+/// 0.282 -> 0.239), three slices staged ahead (run 329: the seed 0.336, dgrad 0.348,
+/// video-vae-ndhwc 0.196, x3d-ndhwc 0.148; two: 0.339, 0.351, 0.205, 0.151).
+/// Otherwise 8 channels over two tile columns, which beat every block-barrier config (run
+/// 323: the seed 0.523 vs 0.609, video-vae-ndhwc 0.288 vs 0.336, x3d-ndhwc 0.192 vs 0.210),
+/// one slice staged ahead of long depth chunks (1 < 2 < 3 < 4 there), three ahead of
+/// x3d's 16-deep chunks; one tile column of 8 channels loses or ties (seed 0.595).
+/// Three storer warps (run 325: the seed 0.533-0.553 -> 0.512-0.531 ms with 8 channels).
+/// Without depths (1-D, 2-D) not yet measured. `None` where the block-barrier form stays
+/// the default.
 pub(crate) fn producer_config(spec: &ConvSpec) -> Option<Config> {
     if shifted_tile_columns(spec) < 2 || spec.output3()[0] <= 1 {
         return None;
     }
     let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 64);
+    let sixteen = spec.c().is_multiple_of(16);
     let config = Config::new(
         DepthReuseCl.name(),
         &[
-            ("cols", 2),
+            ("cols", if sixteen { 1 } else { 2 }),
+            ("channels", if sixteen { 16 } else { 8 }),
             ("dchunk", dchunk),
-            ("stages", if dchunk >= 32 { 1 } else { 3 }),
+            ("stages", if sixteen || dchunk < 32 { 3 } else { 1 }),
             ("trans", 1),
             ("producer", 1),
             ("storers", 3),
@@ -140,6 +146,16 @@ impl Variant for DepthReuseCl {
             Param {
                 name: "cols",
                 values: cols,
+            },
+            // Channels a block owns: 8 (one 16-byte vector a pixel), or 16 in the producer
+            // form (32 bytes a pixel: whole sectors in its boxes and stores).
+            Param {
+                name: "channels",
+                values: if spec.c().is_multiple_of(16) {
+                    vec![8, 16]
+                } else {
+                    vec![8]
+                },
             },
             Param {
                 name: "dchunk",
@@ -197,6 +213,7 @@ impl Variant for DepthReuseCl {
             self.name(),
             &[
                 ("cols", 1),
+                ("channels", 8),
                 ("dchunk", dchunk),
                 ("stages", 2),
                 ("trans", 0),
@@ -211,14 +228,27 @@ impl Variant for DepthReuseCl {
     }
     fn fits(&self, spec: &ConvSpec, config: &Config) -> std::result::Result<(), String> {
         let p = Params::read(config).map_err(|e| e.to_string())?;
+        if p.channels != 8 && p.channels != 16 {
+            return Err(format!(
+                "channels={}: a block owns 8 or 16 channels",
+                p.channels
+            ));
+        }
+        if !spec.c().is_multiple_of(p.channels) {
+            return Err(format!(
+                "channels={} needs C a multiple of it (C = {}): take channels=8",
+                p.channels,
+                spec.c()
+            ));
+        }
         if p.producer == 1 {
-            let warps = producer_warps(p.cols, p.storers);
+            let warps = producer_warps(p.cols, p.channels, p.storers);
             if warps > 32 {
                 return Err(format!(
-                    "cols={} storers={} with the producer is {warps} warps a block (8 a \
-                     tile column, a producer and the storers), more than 32: take cols=1 \
-                     or fewer storers",
-                    p.cols, p.storers
+                    "cols={} channels={} storers={} with the producer is {warps} warps a \
+                     block (one a channel and tile column, a producer and the storers), \
+                     more than 32: take fewer columns, channels or storers",
+                    p.cols, p.channels, p.storers
                 ));
             }
             if p.trans == 0 {
@@ -230,8 +260,14 @@ impl Variant for DepthReuseCl {
             }
             return within_shared(
                 "the staging slots, slice ring, output stages and mbarriers",
-                producer_shared_bytes(spec, p.cols, p.stages),
+                producer_shared_bytes(spec, p.cols, p.channels, p.stages),
             );
+        }
+        if p.channels != 8 {
+            return Err(format!(
+                "channels={} is the producer form's: producer=0 takes channels=8",
+                p.channels
+            ));
         }
         if p.storers != 1 {
             return Err(format!(
@@ -252,11 +288,11 @@ impl Variant for DepthReuseCl {
     }
     fn tensor_maps(&self, spec: &ConvSpec, config: &Config) -> Option<TensorMaps> {
         let p = Params::read(config).ok()?;
-        // The producer's box: 8 channels x the region's (cols + 1) x 8 columns x
+        // The producer's box: the block's channels x the region's (cols + 1) x 8 columns x
         // (16 + KH - 1) rows x one depth.
         (p.producer == 1).then(|| TensorMaps::ChannelsLast {
             input: [
-                CHANNELS as u32,
+                p.channels as u32,
                 ((p.cols + 1) * 8) as u32,
                 (16 + spec.kernel3()[1] - 1) as u32,
                 1,
@@ -269,9 +305,10 @@ impl Variant for DepthReuseCl {
         let [kd, kh, kw] = spec.kernel3();
         if p.producer == 1 {
             return Ok(format!(
-                "depth_reuse_cl_producer_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}>",
+                "depth_reuse_cl_producer_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}>",
                 cuda_type(spec.dtype()),
                 p.cols,
+                p.channels,
                 p.dchunk,
                 p.stages,
                 p.storers,
@@ -291,6 +328,7 @@ impl Variant for DepthReuseCl {
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
         let Params {
             cols,
+            channels,
             dchunk,
             stages,
             trans,
@@ -301,8 +339,8 @@ impl Variant for DepthReuseCl {
         // The producer form adds a producer and the storer warps.
         let (warps, shared) = if producer == 1 {
             (
-                producer_warps(cols, storers),
-                producer_shared_bytes(spec, cols, stages),
+                producer_warps(cols, channels, storers),
+                producer_shared_bytes(spec, cols, channels, stages),
             )
         } else {
             (CHANNELS * cols, shared_bytes(spec, cols, stages, trans))
@@ -312,7 +350,7 @@ impl Variant for DepthReuseCl {
             * oh.div_ceil(16)
             * od.div_ceil(dchunk)
             * shifted_tile_columns(spec).div_ceil(cols)
-            * (spec.c() / CHANNELS);
+            * (spec.c() / channels);
         Ok(Launch {
             grid: (grid_x(self, spec, blocks)?, 1, 1),
             block: ((warps * 32) as u32, 1, 1),
@@ -332,12 +370,14 @@ mod tests {
         let spec = public_case("seed-bf16-ndhwc");
         let v = DepthReuseCl;
         assert!(v.applies(&spec).is_ok());
-        // The default: the producer form over two tile columns, one slice staged ahead of
-        // the 64-deep chunks; a 16-deep chunk (x3d) stages three.
+        // The default: the producer form, 16 channels over one tile column, three slices
+        // staged ahead (8 channels over two columns where C is not a multiple of 16:
+        // below).
         let d = v.default_config(&spec);
         let values = |c: &Config| {
             [
                 "cols",
+                "channels",
                 "dchunk",
                 "stages",
                 "trans",
@@ -347,19 +387,20 @@ mod tests {
             ]
             .map(|k| c.get(k))
         };
-        assert_eq!(values(&d), [2, 64, 1, 1, 1, 3, 1].map(Some));
+        assert_eq!(values(&d), [1, 16, 64, 3, 1, 1, 3, 1].map(Some));
         // 16 tile warps, the producer, three storers.
         assert_eq!(v.launch(&spec, &d, 132).unwrap().block.0, 20 * 32);
         let x3d = crate::suite::channels_last_case("x3d-ndhwc");
         assert_eq!(
             values(&v.default_config(&x3d)),
-            [2, 16, 3, 1, 1, 3, 1].map(Some)
+            [1, 16, 16, 3, 1, 1, 3, 1].map(Some)
         );
         // The block-barrier form.
         let d = Config::new(
             v.name(),
             &[
                 ("cols", 1),
+                ("channels", 8),
                 ("dchunk", 64),
                 ("stages", 2),
                 ("trans", 0),
@@ -384,6 +425,7 @@ mod tests {
             v.name(),
             &[
                 ("cols", 1),
+                ("channels", 8),
                 ("dchunk", 64),
                 ("stages", 2),
                 ("trans", 1),
@@ -411,6 +453,7 @@ mod tests {
             v.name(),
             &[
                 ("cols", 1),
+                ("channels", 8),
                 ("dchunk", 64),
                 ("stages", 2),
                 ("trans", 1),
@@ -452,13 +495,62 @@ mod tests {
         assert!(v.fits(&spec, &many).is_ok());
         many.values.insert("storers".into(), 16);
         assert!(v.fits(&spec, &many).unwrap_err().contains("33 warps"));
+        // 16 channels a block over one tile column: 16 tile warps + producer + 3 storers,
+        // half the channel groups, a box of 16 channels (32 bytes a pixel); staging of
+        // 20 x 16 pixels x 32 bytes, ring slots of 16 planes, stages of 16 planes.
+        let mut sixteen = d.clone();
+        for (k, val) in [
+            ("producer", 1),
+            ("trans", 1),
+            ("channels", 16),
+            ("storers", 3),
+        ] {
+            sixteen.values.insert(k.into(), val);
+        }
+        sixteen.values.insert("stages".into(), 1);
+        assert!(check_config(&v, &spec, &sixteen).is_ok());
+        let l16 = v.launch(&spec, &sixteen, 132).unwrap();
+        assert_eq!((l16.block.0, l16.grid.0), (20 * 32, 3 * 11 * 32));
+        assert_eq!(
+            l16.shared_bytes as usize,
+            2 * 20 * 16 * 32 + 3 * 16 * 488 * 2 + 2 * 16 * 16 * 8 * 2 + 8 * 12
+        );
+        match v.tensor_maps(&spec, &sixteen) {
+            Some(TensorMaps::ChannelsLast { input, .. }) => assert_eq!(input, [16, 16, 20, 1]),
+            other => panic!("{other:?}"),
+        }
+        let mut barrier16 = d.clone();
+        barrier16.values.insert("channels".into(), 16);
+        assert!(v.fits(&spec, &barrier16).is_err());
+        let c24 = crate::spec::ConvParams {
+            n: 1,
+            c: 24,
+            input: vec![61, 45, 80],
+            kernel: vec![3, 5, 5],
+            stride: vec![],
+            dilation: vec![],
+            padding: vec![[0, 0], [2, 2], [2, 2]],
+            layout: crate::Layout::ChannelsLast,
+            dtype: crate::spec::DType::Bf16,
+        }
+        .validate()
+        .unwrap();
+        assert!(v.fits(&c24, &sixteen).unwrap_err().contains("multiple"));
+        assert_eq!(
+            values(&v.default_config(&c24)),
+            [2, 8, 64, 1, 1, 1, 3, 1].map(Some)
+        );
+        assert!(!v
+            .space(&c24)
+            .iter()
+            .any(|p| p.name == "channels" && p.values.contains(&16)));
         let mut no_trans = producer.clone();
         no_trans.values.insert("trans".into(), 0);
         assert!(check_config(&v, &spec, &no_trans).is_err());
         // No depths to walk (1-D rows): the block-barrier form.
         let nwc = crate::suite::channels_last_case("causal-conv1d-nwc");
         let d1 = v.default_config(&nwc);
-        assert_eq!(values(&d1)[..6], [1, 4, 2, 0, 0, 1].map(Some));
+        assert_eq!(values(&d1)[..7], [1, 8, 4, 2, 0, 0, 1].map(Some));
         assert!(check_config(&v, &nwc, &d1).is_ok());
         let cf = public_suite().unwrap().remove(0).spec;
         assert!(v.applies(&cf).is_err());
