@@ -1,8 +1,10 @@
 //! `depth_reuse_cl`: depth_reuse's rotation (each input slice feeds all KD output depths
 //! it reaches) on channels-last data, transposing 8-channel pixel vectors into a
 //! channel-major ring and back as streaming_cl does (kernels/depth_reuse_cl.cu). Two
-//! forms: a block barrier a slice (the default), and with `producer` a producer warp (TMA
-//! boxes in, stmatrix transposes) and a storer warp handing slots over by mbarriers.
+//! forms: a block barrier a slice, and with `producer` (the default where there are
+//! depths and two tile columns: `producer_config`) a producer warp (TMA boxes in,
+//! stmatrix transposes) and storer warps handing slots over by mbarriers, 8 or 16
+//! channels a block.
 
 use super::streaming_cl::pixel_vector_applies;
 use super::tensor_core::{row_stride, shifted_tile_columns};
@@ -26,7 +28,8 @@ typed_params!(Params {
     minblocks
 });
 
-/// Channels a block owns: one 16-byte vector of bf16/f16 per pixel (`CG` in the kernel).
+/// Channels a block of the block-barrier form owns: one 16-byte vector of bf16/f16 per
+/// pixel (`CG` in the kernel; the producer form takes `channels`, 8 or 16).
 const CHANNELS: usize = 8;
 
 /// Elements of one channel's slice plane: (16 + KH - 1) rows of the region's row stride,
