@@ -20,11 +20,10 @@
 // fall in distinct bank groups.
 // Stride 1, dilation 1, KW <= 9, C a multiple of 8; T is bf16 or f16.
 // A block's share in both forms: CG channels from c0 (8, or 16 in the producer form; the
-// channel group varies fastest:
-// neighbours share 32-byte sectors in L2), a region of COLS tile columns from col0, output
-// depths [d0, d1) of balanced chunks, 16 output rows from h0, image n. Tiles start at
-// column 8j - S (P = pw rounded up to 8 is input column 0's tile column, S = P - pw), nt
-// of them a row.
+// channel group varies fastest: neighbours share 32-byte sectors in L2), a region of COLS
+// tile columns from col0, output depths [d0, d1) of balanced chunks, 16 output rows from
+// h0, image n. Tiles start at column 8j - S (P = pw rounded up to 8 is input column 0's
+// tile column, S = P - pw), nt of them a row.
 template <int COLS, int DCHUNK, int CG = 8>
 struct ClBlock {
     int P, S, nt, col0, d0, d1, h0;
@@ -123,6 +122,22 @@ struct GroupTranspose {
     }
 };
 
+// Elements of an output stage's row (host: depth_reuse_cl::stage_row): a warp stores 8
+// rows x 4 words of its tile, so rows must land on distinct 4-bank groups (8 elements for
+// one column; 8 more otherwise). ncu measured 24% of shared wavefronts as conflicts with
+// COLS * 8 + 2 (docs/perf.md, run 42).
+__host__ __device__ constexpr int cl_stage_row(int cols) { return cols == 1 ? 8 : cols * 8 + 8; }
+
+// A finished depth's accumulator fragment (tile tj of channel ch) into its stage
+// ([channel][16 rows][SW]) as element pairs, for the storers to move out.
+template <typename T, int COLS>
+__device__ __forceinline__ void stage_fragment_cl(T* stage, int ch, int tj, int lane, const float* done) {
+    constexpr int SW = cl_stage_row(COLS), SP = 16 * SW;
+    T* st = stage + ch * SP + (lane >> 2) * SW + tj * 8 + 2 * (lane & 3);
+    *reinterpret_cast<unsigned*>(st) = pack2(from_f32<T>(done[0]), from_f32<T>(done[1]));
+    *reinterpret_cast<unsigned*>(st + 8 * SW) = pack2(from_f32<T>(done[2]), from_f32<T>(done[3]));
+}
+
 // A depth staged channel-major at `stage` ([8 H channels][16 rows][SW]) leaves as 16-byte
 // pixel vectors of channels c0.., two neighbouring columns a thread, threads `first`,
 // `first + stride`, .. (stage column sc = output column + S - 8 * col0). With H = 2
@@ -131,7 +146,7 @@ struct GroupTranspose {
 template <typename T, int COLS, int H = 1>
 __device__ __forceinline__ void store_stage_cl(const ConvArgs& a, const T* stage, long long n, long long od, int h0,
                                                int col0, int S, long long c0, int first, int stride) {
-    constexpr int SW = COLS == 1 ? 8 : COLS * 8 + 8, SP = 16 * SW, CPAIRS = COLS * 4;
+    constexpr int SW = cl_stage_row(COLS), SP = 16 * SW, CPAIRS = COLS * 4;
     T* __restrict__ y = static_cast<T*>(a.y);
     const int rows = min(16, a.oh - h0);
     for (int ph = first; ph < rows * CPAIRS * H; ph += stride) {
@@ -161,10 +176,7 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
     constexpr int U = (PAIRS + THREADS - 1) / THREADS;  // pairs per thread
     constexpr int NST = STAGES + 1;                     // staging slots
     constexpr int FU = (HS * PIX + THREADS - 1) / THREADS;  // pixels a thread copies
-    // Stage row stride: a warp stores 8 rows x 4 words of its tile, so rows must land on
-    // distinct 4-bank groups (8 elements for one column; 8 more otherwise). ncu measured
-    // 24% of shared wavefronts as conflicts with COLS * 8 + 2 (docs/perf.md, run 42).
-    constexpr int SW = COLS == 1 ? 8 : COLS * 8 + 8;
+    constexpr int SW = cl_stage_row(COLS);
     constexpr int SP = 16 * SW;              // one channel of a stage
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* ring = reinterpret_cast<T*>(smem_raw);
@@ -279,9 +291,7 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
                     probe_fragment(probe, done);
                     epilogue_fragment_cl<T, EPI>(a, e, done, c0 + ch, bias, n, d0 + s - (KD - 1), h0,
                                                  8 * (col0 + tj) + 2 * (lane & 3) - S, lane);
-                    T* st = stages + (s & 1) * CG * SP + ch * SP + (lane >> 2) * SW + tj * 8 + 2 * (lane & 3);
-                    *reinterpret_cast<unsigned*>(st) = pack2(from_f32<T>(done[0]), from_f32<T>(done[1]));
-                    *reinterpret_cast<unsigned*>(st + 8 * SW) = pack2(from_f32<T>(done[2]), from_f32<T>(done[3]));
+                    stage_fragment_cl<T, COLS>(stages + (s & 1) * CG * SP, ch, tj, lane, done);
                     done[0] = done[1] = done[2] = done[3] = 0.f;
                 }
             }
@@ -333,7 +343,7 @@ __global__ void __launch_bounds__((CG * COLS + 1 + STORERS) * 32, MINB)
     constexpr int NBUF = 3;                    // channel-major ring slots
     constexpr int NST = STAGES + 1;            // staging slots (pixel-major, TMA boxes)
     constexpr int STAGING_BYTES = (HS * PIX * 16 * H + 127) / 128 * 128;
-    constexpr int SW = COLS == 1 ? 8 : COLS * 8 + 8;  // output stage row stride, as above
+    constexpr int SW = cl_stage_row(COLS);
     constexpr int SP = 16 * SW;
     constexpr int OST = 2;                     // output stages
     constexpr int TW = CG * COLS;              // tile warps
@@ -489,9 +499,7 @@ __global__ void __launch_bounds__((CG * COLS + 1 + STORERS) * 32, MINB)
                 epilogue_fragment_cl<T, EPI>(a, e, done, c0 + ch, bias, n, d0 + q, h0,
                                              8 * (col0 + tj) + 2 * (lane & 3) - S, lane);
                 if (q >= OST) mbar_wait(stage_free + 8 * sbuf, (unsigned)(q / OST - 1) & 1);
-                T* st = stages + sbuf * CG * SP + ch * SP + (lane >> 2) * SW + tj * 8 + 2 * (lane & 3);
-                *reinterpret_cast<unsigned*>(st) = pack2(from_f32<T>(done[0]), from_f32<T>(done[1]));
-                *reinterpret_cast<unsigned*>(st + 8 * SW) = pack2(from_f32<T>(done[2]), from_f32<T>(done[3]));
+                stage_fragment_cl<T, COLS>(stages + sbuf * CG * SP, ch, tj, lane, done);
                 mbar_arrive(staged + 8 * sbuf);  // every lane, after its own stores
                 done[0] = done[1] = done[2] = done[3] = 0.f;
             }

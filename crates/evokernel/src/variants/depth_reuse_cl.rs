@@ -171,18 +171,19 @@ impl Variant for DepthReuseCl {
                 values: vec![1, 2, 3, 4],
             },
             // 1: slices transposed by ldmatrix.trans + stmatrix (sm_90), a warp's four
-            // 8-pixel groups at once; 0 (the default): each lane moves two pixels'
-            // channels. 1 ran 2.7% slower on the NDHWC seed (both passes), equal on
-            // video-vae-ndhwc (H100 run 321, A/B two rounds): fewer instructions and
-            // wavefronts, but every warp now waits on an LDSM -> STSM chain before its MMAs.
+            // 8-pixel groups at once; 0: each lane moves two pixels' channels. In the
+            // block-barrier form 1 ran 2.7% slower on the NDHWC seed (both passes), equal
+            // on video-vae-ndhwc (H100 run 321, A/B two rounds): fewer instructions and
+            // wavefronts, but every warp then waits on an LDSM -> STSM chain before its
+            // MMAs (that form's default stays 0); the producer form takes 1.
             Param {
                 name: "trans",
                 values: vec![0, 1],
             },
             // 1: a producer warp (TMA boxes into the staging slots, stmatrix transposes
-            // into a ring of three slots) and a storer warp, handing slots over by
-            // mbarriers: no block barrier a step (takes trans=1; the default over two
-            // tile columns, see default_config).
+            // into a ring of three slots) and storer warps, handing slots over by
+            // mbarriers: no block barrier a step (takes trans=1; the default where
+            // `producer_config` gives one).
             Param {
                 name: "producer",
                 values: vec![0, 1],
@@ -206,12 +207,12 @@ impl Variant for DepthReuseCl {
         // With the staging ring (run 303) no register cap where the band fragments are
         // few (video-vae-ndhwc 0.336 vs 0.415 ms at three blocks, x3d-ndhwc 0.207 vs
         // 0.209); two slices in flight (the seed 0.605, one: 0.657, three: 0.616).
-        let [kd, kh, _] = spec.kernel3();
-        let minblocks = if kd * kh <= 9 { 1 } else { 2 };
-        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 64);
         if let Some(producer) = producer_config(spec) {
             return producer;
         }
+        let [kd, kh, _] = spec.kernel3();
+        let minblocks = if kd * kh <= 9 { 1 } else { 2 };
+        let dchunk = depth_chunk_at_most(&depth_chunks(spec, &DEPTH_CHUNKS), 64);
         Config::new(
             self.name(),
             &[
@@ -412,6 +413,14 @@ mod tests {
                 ("minblocks", 2),
             ],
         );
+        // `base` with some parameters changed.
+        let with = |base: &Config, changes: &[(&str, i64)]| {
+            let mut c = base.clone();
+            for &(k, val) in changes {
+                c.values.insert(k.into(), val);
+            }
+            c
+        };
         let l = v.launch(&spec, &d, 132).unwrap();
         // 3 bands x 1 depth chunk x 11 tile columns x 64 channel groups.
         assert_eq!(l.grid.0, 3 * 11 * 64);
@@ -424,19 +433,7 @@ mod tests {
             (2 * 8 * 20 * 24 + 2 * 8 * 16 * 8) * 2 + 3 * 20 * 16 * 16
         );
         // With the stmatrix transpose each plane grows to 61 16-byte chunks (an odd count).
-        let trans = Config::new(
-            v.name(),
-            &[
-                ("cols", 1),
-                ("channels", 8),
-                ("dchunk", 64),
-                ("stages", 2),
-                ("trans", 1),
-                ("producer", 0),
-                ("storers", 1),
-                ("minblocks", 2),
-            ],
-        );
+        let trans = with(&d, &[("trans", 1)]);
         assert_eq!(
             v.launch(&spec, &trans, 132).unwrap().shared_bytes as usize,
             (2 * 8 * (20 * 24 + 8) + 2 * 8 * 16 * 8) * 2 + 3 * 20 * 16 * 16
@@ -452,19 +449,7 @@ mod tests {
         // (5120 bytes, 128-aligned), 3 ring slots of 8 planes of 488 elements, two stages,
         // 13 mbarriers (3 staging, 3 + 3 ring, 2 + 2 stages); a TMA box of 8 channels x
         // 16 columns x 20 rows x 1 depth.
-        let producer = Config::new(
-            v.name(),
-            &[
-                ("cols", 1),
-                ("channels", 8),
-                ("dchunk", 64),
-                ("stages", 2),
-                ("trans", 1),
-                ("producer", 1),
-                ("storers", 1),
-                ("minblocks", 2),
-            ],
-        );
+        let producer = with(&d, &[("trans", 1), ("producer", 1)]);
         assert!(check_config(&v, &spec, &producer).is_ok());
         let lp = v.launch(&spec, &producer, 132).unwrap();
         assert_eq!(lp.block.0, 10 * 32);
@@ -484,33 +469,29 @@ mod tests {
             .specialization(&spec, &producer)
             .unwrap()
             .starts_with(&format!("{}<", v.kernel_function_of(&producer))));
-        let mut wide = producer.clone();
-        wide.values.insert("cols".into(), 4);
+        let wide = with(&producer, &[("cols", 4)]);
         assert!(check_config(&v, &spec, &wide).is_err());
         // Storers belong to the producer form; 8 x 2 tile warps + producer + 15 storers is
         // 32 warps, one more is past a block.
-        let mut barrier_storers = d.clone();
-        barrier_storers.values.insert("storers".into(), 2);
+        let barrier_storers = with(&d, &[("storers", 2)]);
         assert!(v.fits(&spec, &barrier_storers).is_err());
-        let mut many = producer.clone();
-        many.values.insert("cols".into(), 2);
-        many.values.insert("storers".into(), 15);
+        let many = with(&producer, &[("cols", 2), ("storers", 15)]);
         assert!(v.fits(&spec, &many).is_ok());
-        many.values.insert("storers".into(), 16);
-        assert!(v.fits(&spec, &many).unwrap_err().contains("33 warps"));
+        let too_many = with(&many, &[("storers", 16)]);
+        assert!(v.fits(&spec, &too_many).unwrap_err().contains("33 warps"));
         // 16 channels a block over one tile column: 16 tile warps + producer + 3 storers,
         // half the channel groups, a box of 16 channels (32 bytes a pixel); staging of
         // 20 x 16 pixels x 32 bytes, ring slots of 16 planes, stages of 16 planes.
-        let mut sixteen = d.clone();
-        for (k, val) in [
-            ("producer", 1),
-            ("trans", 1),
-            ("channels", 16),
-            ("storers", 3),
-        ] {
-            sixteen.values.insert(k.into(), val);
-        }
-        sixteen.values.insert("stages".into(), 1);
+        let sixteen = with(
+            &d,
+            &[
+                ("producer", 1),
+                ("trans", 1),
+                ("channels", 16),
+                ("storers", 3),
+                ("stages", 1),
+            ],
+        );
         assert!(check_config(&v, &spec, &sixteen).is_ok());
         let l16 = v.launch(&spec, &sixteen, 132).unwrap();
         assert_eq!((l16.block.0, l16.grid.0), (20 * 32, 3 * 11 * 32));
@@ -522,8 +503,7 @@ mod tests {
             Some(TensorMaps::ChannelsLast { input, .. }) => assert_eq!(input, [16, 16, 20, 1]),
             other => panic!("{other:?}"),
         }
-        let mut barrier16 = d.clone();
-        barrier16.values.insert("channels".into(), 16);
+        let barrier16 = with(&d, &[("channels", 16)]);
         assert!(v.fits(&spec, &barrier16).is_err());
         let c24 = crate::spec::ConvParams {
             n: 1,
@@ -547,8 +527,7 @@ mod tests {
             .space(&c24)
             .iter()
             .any(|p| p.name == "channels" && p.values.contains(&16)));
-        let mut no_trans = producer.clone();
-        no_trans.values.insert("trans".into(), 0);
+        let no_trans = with(&producer, &[("trans", 0)]);
         assert!(check_config(&v, &spec, &no_trans).is_err());
         // No depths to walk (1-D rows): the block-barrier form.
         let nwc = crate::suite::channels_last_case("causal-conv1d-nwc");
