@@ -1,21 +1,32 @@
 #!/usr/bin/env bash
-# On the GPU machine: the staged CUDA GPU test binary one test at a time, each timed,
-# within a deadline (the device's 10-minute calls cannot hold the whole binary). Tests
-# named in SKIP_FILE (one per line) are skipped; those the deadline leaves are listed as
-# LEFT, to pass to the next call.
-# Usage: scripts/gpu-tests-timed.sh DEADLINE_S [SKIP_FILE] [PATTERN...]
+# On the GPU machine: the staged CUDA GPU test binary one test a process, each timed,
+# within a deadline (the device's 10-minute calls cannot hold the whole binary one test
+# at a time). JOBS=N runs N tests at once (default 1): the tests share the GPU safely
+# (the kernel cache is written atomically) and much of their time is host work (oracles,
+# NVRTC), so a few at once shorten the call. Tests named in SKIP_FILE (one per line) are
+# skipped; those the deadline leaves are listed as LEFT, to pass to the next call.
+# Usage: [JOBS=N] scripts/gpu-tests-timed.sh DEADLINE_S [SKIP_FILE] [PATTERN...]
 deadline=$1; skip=${2:-/dev/null}; shift 2 2>/dev/null
 T=$(ls .gpu/tests/gpu-* | head -1)
-start=$(date +%s)
-for t in $($T --list --include-ignored 2>/dev/null | sed -n 's/: test$//p'); do
-  if [ $# -gt 0 ] && ! printf '%s\n' "$@" | grep -qx "$t"; then continue; fi
-  grep -qx "$t" "$skip" 2>/dev/null && continue
+export T deadline start=$(date +%s)
+run_one() {
+  local t=$1 left s out rc r
   left=$((deadline - ($(date +%s) - start)))
-  if [ $left -lt 20 ]; then echo "LEFT $t"; continue; fi
+  if [ $left -lt 20 ]; then echo "LEFT $t"; return; fi
   s=$(date +%s)
   out=$(timeout $left $T --include-ignored --test-threads=1 --exact "$t" 2>&1); rc=$?
   r=$(echo "$out" | grep -E "^test result" | cut -c1-40)
   [ $rc -eq 124 ] && r="CUT (deadline)"
-  echo "$t $(( $(date +%s) - s ))s rc=$rc $r"
-  [ $rc -ne 0 ] && [ $rc -ne 124 ] && echo "$out" | tail -30
-done
+  # One write per test so parallel jobs do not interleave their lines.
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ]; then
+    printf '%s\n%s\n' "$t $(( $(date +%s) - s ))s rc=$rc $r" "$(echo "$out" | tail -30)"
+  else
+    echo "$t $(( $(date +%s) - s ))s rc=$rc $r"
+  fi
+}
+export -f run_one
+for t in $($T --list --include-ignored 2>/dev/null | sed -n 's/: test$//p'); do
+  if [ $# -gt 0 ] && ! printf '%s\n' "$@" | grep -qx "$t"; then continue; fi
+  grep -qx "$t" "$skip" 2>/dev/null && continue
+  echo "$t"
+done | xargs -P "${JOBS:-1}" -I{} bash -c 'run_one "$@"' _ {}

@@ -72,11 +72,18 @@ __device__ __forceinline__ void transpose_pixel_pair(const uint4* slot, int e, T
 // 8 columns of the group to write. A round past the last group repeats it (the same
 // values to the same cells). With H 16-byte vectors a pixel (16 channels: H = 2), group g
 // is vector g mod H of pixels 8q .. 8q + 7, q = g / H, into channel planes 8h ..
-template <typename T, int GROUPS, int PIX, int WS, int PLANE, int ROUNDS, int H = 1>
+// SW32: the slot holds the TMA's 32-byte swizzle (CU_TENSOR_MAP_SWIZZLE_32B: a 32-byte
+// pixel's 16-byte halves swapped where shared address bit 7 is set). Unswizzled, the 8
+// rows of one matrix (pixels 32 bytes apart) met in pairs on the same banks; swizzled,
+// pixels 8q + 4 .. 8q + 7 read the other half's banks. `base`: the slots' shared base
+// (128-byte aligned; slots a multiple of 256 bytes, so bit 7 of base + offset is slot +
+// offset's).
+template <typename T, int GROUPS, int PIX, int WS, int PLANE, int ROUNDS, int H = 1, bool SW32 = false>
 struct GroupTranspose {
     unsigned from[ROUNDS], to[ROUNDS];
     int live;  // rounds with a group of their own (warp-uniform)
-    __device__ __forceinline__ GroupTranspose(int first, int step, int lane) {
+    __device__ __forceinline__ GroupTranspose(int first, int step, int lane, unsigned base = 0) {
+        static_assert(!SW32 || H == 2, "the 32-byte swizzle spans one pixel of 16 channels");
         const int k = lane & 7;
         live = 0;
 #pragma unroll
@@ -86,6 +93,7 @@ struct GroupTranspose {
             const int q = g / H, h = g - q * H;
             const int r = (8 * q) / PIX, col = 8 * q - r * PIX;
             from[it] = (unsigned)(((8 * q + k) * H + h) * 16);
+            if (SW32) from[it] ^= ((base + from[it]) >> 3) & 16u;
             to[it] = (unsigned)(((8 * h + k) * PLANE + r * WS + col) * (int)sizeof(T));
         }
     }
@@ -323,12 +331,16 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
 //   round the storers' lanes), release it. One storer warp issued ~310 instructions a
 //   depth (unpacking channel planes into pixel vectors) and held the tile warps on
 //   stage_free (~26 retries a wait, H100 run 324): more storers split that work.
+// NBUF ring slots and OST output stages bound how far the tile warps run ahead of the
+// slowest of them and of the storers (4 and 3 gained nothing on the seed: run 333).
 // Channel planes are an odd number of 16-byte chunks (stmatrix rows on distinct banks).
 // CG = 16: a block owns 16 channels, 32 bytes a pixel, so its TMA boxes and its storers'
 // stores cover whole 32-byte sectors (with 8 channels the box and every store fill half
-// of each sector: the L2 bound of run 327); each pixel is H = 2 16-byte vectors.
-template <typename T, int KD, int KH, int KW, int COLS, int CG, int DCHUNK, int STAGES, int STORERS, int MINB,
-          int EPI>
+// of each sector: the L2 bound of run 327); each pixel is H = 2 16-byte vectors, and the
+// boxes land 32-byte swizzled (GroupTranspose's SW32: run 332 took the ldmatrix bank
+// conflicts away and moved the tile warps' waits from ring_full to stage_free).
+template <typename T, int KD, int KH, int KW, int COLS, int CG, int DCHUNK, int STAGES, int STORERS, int NBUF,
+          int OST, int MINB, int EPI>
 __global__ void __launch_bounds__((CG * COLS + 1 + STORERS) * 32, MINB)
     depth_reuse_cl_producer_dwconv(ConvArgs a, EpiArgs e, const __grid_constant__ TmaMaps maps) {
     static_assert(CG == 8 || CG == 16, "a block owns 8 or 16 channels");
@@ -340,12 +352,12 @@ __global__ void __launch_bounds__((CG * COLS + 1 + STORERS) * 32, MINB)
     constexpr int PLANE = channel_plane_odd_chunks(HS * WS);
     constexpr int SLICE = CG * PLANE;
     constexpr int SLICE_BYTES = SLICE * (int)sizeof(T);
-    constexpr int NBUF = 3;                    // channel-major ring slots
+    static_assert(NBUF >= 3 && OST >= 2, "a slot filling, one read, one free; a stage written, one read");
     constexpr int NST = STAGES + 1;            // staging slots (pixel-major, TMA boxes)
     constexpr int STAGING_BYTES = (HS * PIX * 16 * H + 127) / 128 * 128;
+    static_assert(CG == 8 || STAGING_BYTES % 256 == 0, "swizzled slots: whole 256-byte swizzle atoms");
     constexpr int SW = cl_stage_row(COLS);
     constexpr int SP = 16 * SW;
-    constexpr int OST = 2;                     // output stages
     constexpr int TW = CG * COLS;              // tile warps
     constexpr int GROUPS = HS * PIX / 8 * H;   // (8-pixel group, 16-byte vector) pairs a slice
     // Shared memory: staging slots (128-byte aligned for the TMA), ring slots, output
@@ -386,7 +398,8 @@ __global__ void __launch_bounds__((CG * COLS + 1 + STORERS) * 32, MINB)
 
     if (warp == TW) {
         // The producer (its transpose: every group of the slice, four a round).
-        const GroupTranspose<T, GROUPS, PIX, WS, PLANE, (GROUPS + 3) / 4, H> transpose(0, 1, lane);
+        // 16 channels: the TMA's 32-byte swizzle (host: depth_reuse_cl::tensor_maps).
+        const GroupTranspose<T, GROUPS, PIX, WS, PLANE, (GROUPS + 3) / 4, H, CG == 16> transpose(0, 1, lane, base);
         const int zw = 8 * col0 - P, zh = h0 - a.ph;
         auto fill = [&](int s) {  // slice s (padded depth d0 + s) into its staging slot
             if (s >= steps) {

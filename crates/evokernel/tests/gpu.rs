@@ -487,8 +487,9 @@ fn depth_reuse_passes_with_either_slice_handover() {
 /// a producer warp, a storer warp, mbarrier handovers) and the block-barrier form's
 /// stmatrix transposes (`trans=1`): the channels-last suite, the NDHWC seed and random
 /// channels-last specs, one to four staging slots ahead, regions of one and two tile
-/// columns (a last region of fewer tile warps), one to three storer warps, 8 and 16
-/// channels a block (where C allows), NaN/Inf in a third.
+/// columns (a last region of fewer tile warps), one to four storer warps, 8 and 16
+/// channels a block (where C allows; 16 reads swizzled boxes), three and four ring
+/// slots, two and three output stages, NaN/Inf in a third.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn depth_reuse_cl_passes_with_the_producer() {
@@ -502,30 +503,36 @@ fn depth_reuse_cl_passes_with_the_producer() {
         .chain(named_random_specs(300, 2028))
         .filter(|(_, spec)| v.applies(spec).is_ok())
         .map(|(name, spec)| {
-            // (producer, stages, cols, storers, channels)
+            // (producer, stages, cols, storers, channels, ring, out_stages)
             let configs = [
-                (0, 2, 1, 1, 8),
-                (1, 1, 1, 1, 8),
-                (1, 2, 1, 2, 8),
-                (1, 4, 1, 1, 8),
-                (1, 2, 2, 1, 8),
-                (1, 1, 2, 3, 8),
-                (1, 1, 1, 3, 16),
-                (1, 3, 1, 1, 16),
+                (0, 2, 1, 1, 8, 3, 2),
+                (1, 1, 1, 1, 8, 3, 2),
+                (1, 2, 1, 2, 8, 3, 2),
+                (1, 4, 1, 1, 8, 4, 3),
+                (1, 2, 2, 1, 8, 3, 2),
+                (1, 1, 2, 3, 8, 3, 2),
+                (1, 1, 1, 3, 16, 3, 2),
+                (1, 3, 1, 1, 16, 3, 2),
+                (1, 3, 1, 4, 16, 4, 3),
+                (1, 2, 1, 2, 16, 4, 2),
             ]
             .into_iter()
-            .filter_map(|(producer, stages, cols, storers, channels)| {
-                let mut cfg = v.default_config(&spec);
-                cfg.values.insert("producer".into(), producer);
-                cfg.values.insert("trans".into(), 1);
-                cfg.values.insert("stages".into(), stages);
-                cfg.values.insert("cols".into(), cols);
-                cfg.values.insert("storers".into(), storers);
-                cfg.values.insert("channels".into(), channels);
-                evokernel::variants::check_config(v, &spec, &cfg)
-                    .is_ok()
-                    .then_some(cfg)
-            })
+            .filter_map(
+                |(producer, stages, cols, storers, channels, ring, out_stages)| {
+                    let mut cfg = v.default_config(&spec);
+                    cfg.values.insert("producer".into(), producer);
+                    cfg.values.insert("trans".into(), 1);
+                    cfg.values.insert("stages".into(), stages);
+                    cfg.values.insert("cols".into(), cols);
+                    cfg.values.insert("storers".into(), storers);
+                    cfg.values.insert("channels".into(), channels);
+                    cfg.values.insert("ring".into(), ring);
+                    cfg.values.insert("out_stages".into(), out_stages);
+                    evokernel::variants::check_config(v, &spec, &cfg)
+                        .is_ok()
+                        .then_some(cfg)
+                },
+            )
             .collect();
             (name, spec, configs)
         })

@@ -227,20 +227,23 @@ impl TmaMaps {
     /// 4) in boxes of `input_box` (channels x columns x rows x depths of one image; reads
     /// past the edges give zeros) and, with `output_box`, the output-shaped tensor at
     /// `output` the same way. C * `elem_bytes` and a box's channels' bytes must be
-    /// multiples of 16.
+    /// multiples of 16. `input_swizzled`: the input's boxes land with the 32-byte swizzle
+    /// (a box's channels must be 32 bytes).
     pub fn encode_channels_last(
         args: &ConvArgs,
         elem_bytes: usize,
         input_box: [u32; 4],
         output: u64,
         output_box: Option<[u32; 4]>,
+        input_swizzled: bool,
     ) -> Result<Self> {
-        let map = |ptr, dhw, b| {
-            encode_channels_last_map(ptr, elem_bytes, args.n as u64, args.c as u64, dhw, b)
+        let map = |ptr, dhw, b, swizzled| {
+            let g = ChannelsLastMap::new(elem_bytes as u64, args.n as u64, args.c as u64, dhw, b);
+            encode_channels_last_map(elem_bytes, ptr, g, swizzled)
         };
-        let input = map(args.x, args.input, input_box)?;
+        let input = map(args.x, args.input, input_box, input_swizzled)?;
         let output = match output_box {
-            Some(b) => map(output, args.output, b)?,
+            Some(b) => map(output, args.output, b, false)?,
             None => [0; 16],
         };
         Ok(TmaMaps { input, output })
@@ -248,24 +251,34 @@ impl TmaMaps {
 }
 
 /// A channels-last [n][D][H][W][c] tensor of `elem_bytes`-byte elements at `ptr` as a 5-D
-/// map, innermost first, in boxes of `[channels, cols, rows, depths]` of one image.
+/// map of geometry `g` (innermost first, boxes of `[channels, cols, rows, depths]` of one
+/// image), with the 32-byte swizzle where `swizzled`.
 fn encode_channels_last_map(
-    ptr: u64,
     elem_bytes: usize,
-    n: u64,
-    c: u64,
-    dhw: [i32; 3],
-    boxes: [u32; 4],
+    ptr: u64,
+    g: ChannelsLastMap,
+    swizzled: bool,
 ) -> Result<[u64; 16]> {
+    use cudarc::driver::sys::CUtensorMapSwizzle as Swizzle;
     let data_type = element_type(elem_bytes)?;
-    let g = ChannelsLastMap::new(elem_bytes as u64, n, c, dhw, boxes);
+    if swizzled && g.boxes[0] as usize * elem_bytes != 32 {
+        return Err(Error::NotApplicable {
+            variant: "TMA tensor map".into(),
+            spec: format!("boxes of {} channels of {elem_bytes} bytes", g.boxes[0]),
+            reason: "the 32-byte swizzle needs boxes of 32-byte pixels".into(),
+        });
+    }
     encode_tiled_map(
         data_type,
         ptr,
         &g.dims,
         &g.strides,
         &g.boxes,
-        cudarc::driver::sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+        if swizzled {
+            Swizzle::CU_TENSOR_MAP_SWIZZLE_32B
+        } else {
+            Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE
+        },
         cudarc::driver::sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
     )
 }

@@ -390,12 +390,17 @@ impl CudaPlan {
                 output,
                 output_swizzled,
             } => encode(input, output, output_swizzled)?,
-            TensorMaps::ChannelsLast { input, output } => TmaMaps::encode_channels_last(
+            TensorMaps::ChannelsLast {
+                input,
+                output,
+                input_swizzled,
+            } => TmaMaps::encode_channels_last(
                 args,
                 spec.dtype().size_bytes(),
                 input,
                 shaped,
                 output,
+                input_swizzled,
             )?,
         };
         *last = Some((key, maps));

@@ -25,6 +25,8 @@ typed_params!(Params {
     trans,
     producer,
     storers,
+    ring,
+    out_stages,
     minblocks
 });
 
@@ -80,18 +82,17 @@ fn producer_warps(cols: usize, channels: usize, storers: usize) -> usize {
 /// staging slots, three channel-major ring slots of `channels` planes (odd 16-byte chunks),
 /// two output stages, then 8-byte mbarriers (staging, ring full and empty, stages staged
 /// and free).
-fn producer_shared_bytes(spec: &ConvSpec, cols: usize, channels: usize, stages: usize) -> usize {
-    const NBUF: usize = 3;
-    const OST: usize = 2;
-    let staging = (stages + 1) * producer_staging_bytes(spec, cols, channels);
-    let ring = NBUF * channels * channel_plane(spec, cols, 1) * 2;
-    let out_stages = OST * channels * 16 * stage_row(cols) * 2;
-    let bars = 8 * ((stages + 1) + 2 * NBUF + 2 * OST);
+fn producer_shared_bytes(spec: &ConvSpec, p: &Params) -> usize {
+    let (cols, channels) = (p.cols, p.channels);
+    let staging = (p.stages + 1) * producer_staging_bytes(spec, cols, channels);
+    let ring = p.ring * channels * channel_plane(spec, cols, 1) * 2;
+    let out_stages = p.out_stages * channels * 16 * stage_row(cols) * 2;
+    let bars = 8 * ((p.stages + 1) + 2 * p.ring + 2 * p.out_stages);
     (staging + ring + out_stages).next_multiple_of(8) + bars
 }
 
 /// The default where there are depths to walk and two tile columns: the producer form.
-/// With C a multiple of 16, 16 channels a block over one tile column (20 warps), whose
+/// With C a multiple of 16, 16 channels a block over one tile column (21 warps), whose
 /// TMA boxes and stores cover whole 32-byte sectors (H100 run 328, against 8 channels
 /// over two columns in the same call: the seed 0.512 -> 0.381 ms at one staging slot
 /// ahead, 0.339 at two; dgrad 0.532 -> 0.397; x3d-ndhwc 0.180 -> 0.146, video-vae-ndhwc
@@ -101,8 +102,11 @@ fn producer_shared_bytes(spec: &ConvSpec, cols: usize, channels: usize, stages: 
 /// 323: the seed 0.523 vs 0.609, video-vae-ndhwc 0.288 vs 0.336, x3d-ndhwc 0.192 vs 0.210),
 /// one slice staged ahead of long depth chunks (1 < 2 < 3 < 4 there), three ahead of
 /// x3d's 16-deep chunks; one tile column of 8 channels loses or ties (seed 0.595).
-/// Three storer warps (run 325: the seed 0.533-0.553 -> 0.512-0.531 ms with 8 channels).
-/// Without depths (1-D, 2-D) not yet measured. `None` where the block-barrier form stays
+/// Three storer warps (run 325: the seed 0.533-0.553 -> 0.512-0.531 ms with 8 channels);
+/// four with 16 channels (run 333: the seed 0.3365 -> 0.3262 ms, 0.970x; 21 warps cap
+/// the registers at 80, no spill), whose 128 threads take a depth's 128 half pixel pairs
+/// in one round. A fourth ring slot or a third output stage gained nothing there (1.012x,
+/// 0.996x). Without depths (1-D, 2-D) not yet measured. `None` where the block-barrier form stays
 /// the default.
 pub(crate) fn producer_config(spec: &ConvSpec) -> Option<Config> {
     if shifted_tile_columns(spec) < 2 || spec.output3()[0] <= 1 {
@@ -119,7 +123,9 @@ pub(crate) fn producer_config(spec: &ConvSpec) -> Option<Config> {
             ("stages", if sixteen || dchunk < 32 { 3 } else { 1 }),
             ("trans", 1),
             ("producer", 1),
-            ("storers", 3),
+            ("storers", if sixteen { 4 } else { 3 }),
+            ("ring", 3),
+            ("out_stages", 2),
             ("minblocks", 1),
         ],
     );
@@ -191,7 +197,18 @@ impl Variant for DepthReuseCl {
             // Storer warps of the producer form, pixel pairs dealt round their lanes.
             Param {
                 name: "storers",
-                values: vec![1, 2, 3],
+                values: vec![1, 2, 3, 4],
+            },
+            // The producer form's channel-major ring slots and output stages: how far the
+            // tile warps may run ahead of the slowest of them (every slot waits for all
+            // of them) and of the storers.
+            Param {
+                name: "ring",
+                values: vec![3, 4],
+            },
+            Param {
+                name: "out_stages",
+                values: vec![2, 3],
             },
             Param {
                 name: "minblocks",
@@ -223,6 +240,8 @@ impl Variant for DepthReuseCl {
                 ("trans", 0),
                 ("producer", 0),
                 ("storers", 1),
+                ("ring", 3),
+                ("out_stages", 2),
                 ("minblocks", minblocks),
             ],
         )
@@ -264,7 +283,7 @@ impl Variant for DepthReuseCl {
             }
             return within_shared(
                 "the staging slots, slice ring, output stages and mbarriers",
-                producer_shared_bytes(spec, p.cols, p.channels, p.stages),
+                producer_shared_bytes(spec, &p),
             );
         }
         if p.channels != 8 {
@@ -277,6 +296,13 @@ impl Variant for DepthReuseCl {
             return Err(format!(
                 "storers={} needs the producer form's storer warps: producer=0 takes storers=1",
                 p.storers
+            ));
+        }
+        if (p.ring, p.out_stages) != (3, 2) {
+            return Err(format!(
+                "ring={} out_stages={} size the producer form's ring and stages (the \
+                 block-barrier form has two of each): producer=0 takes ring=3, out_stages=2",
+                p.ring, p.out_stages
             ));
         }
         within_shared(
@@ -293,7 +319,8 @@ impl Variant for DepthReuseCl {
     fn tensor_maps(&self, spec: &ConvSpec, config: &Config) -> Option<TensorMaps> {
         let p = Params::read(config).ok()?;
         // The producer's box: the block's channels x the region's (cols + 1) x 8 columns x
-        // (16 + KH - 1) rows x one depth.
+        // (16 + KH - 1) rows x one depth; 16 channels (32-byte pixels) land swizzled, as
+        // the kernel's transpose reads them (`SW32`).
         (p.producer == 1).then(|| TensorMaps::ChannelsLast {
             input: [
                 p.channels as u32,
@@ -302,6 +329,7 @@ impl Variant for DepthReuseCl {
                 1,
             ],
             output: None,
+            input_swizzled: p.channels == 16,
         })
     }
     fn specialization(&self, spec: &ConvSpec, config: &Config) -> Result<String> {
@@ -309,13 +337,15 @@ impl Variant for DepthReuseCl {
         let [kd, kh, kw] = spec.kernel3();
         if p.producer == 1 {
             return Ok(format!(
-                "depth_reuse_cl_producer_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}>",
+                "depth_reuse_cl_producer_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}>",
                 cuda_type(spec.dtype()),
                 p.cols,
                 p.channels,
                 p.dchunk,
                 p.stages,
                 p.storers,
+                p.ring,
+                p.out_stages,
                 p.minblocks
             ));
         }
@@ -330,6 +360,7 @@ impl Variant for DepthReuseCl {
         ))
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
+        let p = Params::parse(self, spec, config)?;
         let Params {
             cols,
             channels,
@@ -339,12 +370,12 @@ impl Variant for DepthReuseCl {
             producer,
             storers,
             ..
-        } = Params::parse(self, spec, config)?;
+        } = p;
         // The producer form adds a producer and the storer warps.
         let (warps, shared) = if producer == 1 {
             (
                 producer_warps(cols, channels, storers),
-                producer_shared_bytes(spec, cols, channels, stages),
+                producer_shared_bytes(spec, &p),
             )
         } else {
             (CHANNELS * cols, shared_bytes(spec, cols, stages, trans))
@@ -387,17 +418,19 @@ mod tests {
                 "trans",
                 "producer",
                 "storers",
+                "ring",
+                "out_stages",
                 "minblocks",
             ]
             .map(|k| c.get(k))
         };
-        assert_eq!(values(&d), [1, 16, 64, 3, 1, 1, 3, 1].map(Some));
-        // 16 tile warps, the producer, three storers.
-        assert_eq!(v.launch(&spec, &d, 132).unwrap().block.0, 20 * 32);
+        assert_eq!(values(&d), [1, 16, 64, 3, 1, 1, 4, 3, 2, 1].map(Some));
+        // 16 tile warps, the producer, four storers.
+        assert_eq!(v.launch(&spec, &d, 132).unwrap().block.0, 21 * 32);
         let x3d = crate::suite::channels_last_case("x3d-ndhwc");
         assert_eq!(
             values(&v.default_config(&x3d)),
-            [1, 16, 16, 3, 1, 1, 3, 1].map(Some)
+            [1, 16, 16, 3, 1, 1, 4, 3, 2, 1].map(Some)
         );
         // The block-barrier form.
         let d = Config::new(
@@ -410,6 +443,8 @@ mod tests {
                 ("trans", 0),
                 ("producer", 0),
                 ("storers", 1),
+                ("ring", 3),
+                ("out_stages", 2),
                 ("minblocks", 2),
             ],
         );
@@ -459,8 +494,15 @@ mod tests {
             3 * 5120 + 3 * 8 * 488 * 2 + 2 * 8 * 16 * 8 * 2 + 8 * 13
         );
         match v.tensor_maps(&spec, &producer) {
-            Some(TensorMaps::ChannelsLast { input, output }) => {
-                assert_eq!((input, output), ([8, 16, 20, 1], None));
+            Some(TensorMaps::ChannelsLast {
+                input,
+                output,
+                input_swizzled,
+            }) => {
+                assert_eq!(
+                    (input, output, input_swizzled),
+                    ([8, 16, 20, 1], None, false)
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -500,11 +542,33 @@ mod tests {
             2 * 20 * 16 * 32 + 3 * 16 * 488 * 2 + 2 * 16 * 16 * 8 * 2 + 8 * 12
         );
         match v.tensor_maps(&spec, &sixteen) {
-            Some(TensorMaps::ChannelsLast { input, .. }) => assert_eq!(input, [16, 16, 20, 1]),
+            Some(TensorMaps::ChannelsLast {
+                input,
+                input_swizzled,
+                ..
+            }) => assert_eq!((input, input_swizzled), ([16, 16, 20, 1], true)),
             other => panic!("{other:?}"),
         }
         let barrier16 = with(&d, &[("channels", 16)]);
         assert!(v.fits(&spec, &barrier16).is_err());
+        // A fourth ring slot and a third output stage: one 16-channel slice (16 planes of
+        // 488 elements) and one stage (16 channels x 16 rows x 8) more, two mbarriers each.
+        let slack = with(&sixteen, &[("ring", 4), ("out_stages", 3)]);
+        assert!(v.fits(&spec, &slack).is_ok());
+        assert_eq!(
+            v.launch(&spec, &slack, 132).unwrap().shared_bytes
+                - v.launch(&spec, &sixteen, 132).unwrap().shared_bytes,
+            16 * 488 * 2 + 16 * 16 * 8 * 2 + 2 * 8 + 2 * 8
+        );
+        assert!(v
+            .specialization(&spec, &slack)
+            .unwrap()
+            .ends_with(", 3, 4, 3, 2>")); // storers, ring, out_stages, minblocks
+        let barrier_slack = with(&d, &[("ring", 4)]);
+        assert!(v
+            .fits(&spec, &barrier_slack)
+            .unwrap_err()
+            .contains("ring=3"));
         let c24 = crate::spec::ConvParams {
             n: 1,
             c: 24,
@@ -521,7 +585,7 @@ mod tests {
         assert!(v.fits(&c24, &sixteen).unwrap_err().contains("multiple"));
         assert_eq!(
             values(&v.default_config(&c24)),
-            [2, 8, 64, 1, 1, 1, 3, 1].map(Some)
+            [2, 8, 64, 1, 1, 1, 3, 3, 2, 1].map(Some)
         );
         assert!(!v
             .space(&c24)

@@ -655,6 +655,10 @@ pub enum TensorMaps {
     ChannelsLast {
         input: [u32; 4],
         output: Option<[u32; 4]>,
+        /// The input box's 32-byte pixels swizzled in shared memory (their 16-byte halves
+        /// swapped where address bit 7 is set: `CU_TENSOR_MAP_SWIZZLE_32B`), so the 8
+        /// pixels an ldmatrix reads fall on distinct banks; needs boxes of 32-byte pixels.
+        input_swizzled: bool,
     },
 }
 
@@ -1092,7 +1096,7 @@ tensor_core 83f90c54e9f7b9edf15e7210ff6a57a6
 streaming 7c4b5ee70cc97753761129ed78bf4994
 streaming_cl 9b1b71bfd5b7d5520dc3d4f58d4a33f8
 depth_reuse 9c1cc3a337cca65bd1fd658d8ab86e50
-depth_reuse_cl 12d626fe71d92e969ad76aaca3fb89ce
+depth_reuse_cl 4abdd1b0b2d89551e197cb4482b5dc56
 depth_reuse_fma 939cf6c873e465b4328c931bd90724fc
 depth_reuse_fma_cl 98e452d1b47d8904996b76e67eb476e8
 row_rotation_cl fd231dd954be37108afecdae9352b62f

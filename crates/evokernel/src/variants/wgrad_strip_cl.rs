@@ -298,6 +298,7 @@ impl Variant for WgradStripCl {
                     spec.kernel3()[0] as u32,
                 ],
                 output: Some([p.cb as u32, (p.tw * p.segs) as u32, 1, 1]),
+                input_swizzled: false,
             }
         } else {
             TensorMaps::Unused

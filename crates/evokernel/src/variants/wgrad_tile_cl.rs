@@ -453,6 +453,7 @@ impl Variant for WgradTileCl {
                     kd as u32,
                 ],
                 output: Some([p.cb as u32, p.tw as u32, p.th as u32, 1]),
+                input_swizzled: false,
             }
         } else {
             TensorMaps::Unused
