@@ -921,4 +921,12 @@ mod tests {
         assert_eq!(g.strides[3], 2048 * 80 * 45 * 61);
         assert_eq!(g.boxes, [32, 12, 12, 3, 1]);
     }
+
+    #[test]
+    fn the_32_byte_swizzle_is_refused_for_other_pixel_boxes() {
+        // 8 bf16 channels a pixel (16 bytes): refused before any driver call.
+        let g = super::ChannelsLastMap::new(2, 1, 512, [61, 45, 80], [8, 16, 20, 1]);
+        let err = super::encode_channels_last_map(2, 0, g, true).unwrap_err();
+        assert!(err.to_string().contains("32-byte pixels"), "{err}");
+    }
 }

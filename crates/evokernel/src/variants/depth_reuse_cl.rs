@@ -79,9 +79,9 @@ fn producer_warps(cols: usize, channels: usize, storers: usize) -> usize {
 }
 
 /// The producer form's shared memory (mirrors depth_reuse_cl_producer_dwconv): `stages + 1`
-/// staging slots, three channel-major ring slots of `channels` planes (odd 16-byte chunks),
-/// two output stages, then 8-byte mbarriers (staging, ring full and empty, stages staged
-/// and free).
+/// staging slots, `ring` channel-major ring slots of `channels` planes (odd 16-byte
+/// chunks), `out_stages` output stages, then 8-byte mbarriers (staging, ring full and
+/// empty, stages staged and free).
 fn producer_shared_bytes(spec: &ConvSpec, p: &Params) -> usize {
     let (cols, channels) = (p.cols, p.channels);
     let staging = (p.stages + 1) * producer_staging_bytes(spec, cols, channels);
@@ -106,8 +106,8 @@ fn producer_shared_bytes(spec: &ConvSpec, p: &Params) -> usize {
 /// four with 16 channels (run 333: the seed 0.3365 -> 0.3262 ms, 0.970x; 21 warps cap
 /// the registers at 80, no spill), whose 128 threads take a depth's 128 half pixel pairs
 /// in one round. A fourth ring slot or a third output stage gained nothing there (1.012x,
-/// 0.996x). Without depths (1-D, 2-D) not yet measured. `None` where the block-barrier form stays
-/// the default.
+/// 0.996x). Without depths (1-D, 2-D) not yet measured. `None` where the block-barrier
+/// form stays the default.
 pub(crate) fn producer_config(spec: &ConvSpec) -> Option<Config> {
     if shifted_tile_columns(spec) < 2 || spec.output3()[0] <= 1 {
         return None;
