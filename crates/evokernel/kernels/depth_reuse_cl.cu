@@ -339,11 +339,14 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
 // of each sector: the L2 bound of run 327); each pixel is H = 2 16-byte vectors, and the
 // boxes land 32-byte swizzled (GroupTranspose's SW32: run 332 took the ldmatrix bank
 // conflicts away and moved the tile warps' waits from ring_full to stage_free).
+// CPW channels a tile warp (1 or 2): with 2, half the warps each slot and stage waits for,
+// and two independent MMA chains a warp (twice the weight and accumulator registers).
 template <typename T, int KD, int KH, int KW, int COLS, int CG, int DCHUNK, int STAGES, int STORERS, int NBUF,
-          int OST, int MINB, int EPI>
-__global__ void __launch_bounds__((CG * COLS + 1 + STORERS) * 32, MINB)
+          int OST, int CPW, int MINB, int EPI>
+__global__ void __launch_bounds__((CG / CPW * COLS + 1 + STORERS) * 32, MINB)
     depth_reuse_cl_producer_dwconv(ConvArgs a, EpiArgs e, const __grid_constant__ TmaMaps maps) {
     static_assert(CG == 8 || CG == 16, "a block owns 8 or 16 channels");
+    static_assert(CPW == 1 || CPW == 2, "one or two channels a tile warp");
     static_assert(sizeof(T) == 2, "16-byte vectors of 8 channels");
     constexpr int H = CG / 8;  // 16-byte vectors a pixel
     constexpr int HS = 16 + KH - 1;
@@ -358,7 +361,7 @@ __global__ void __launch_bounds__((CG * COLS + 1 + STORERS) * 32, MINB)
     static_assert(CG == 8 || STAGING_BYTES % 256 == 0, "swizzled slots: whole 256-byte swizzle atoms");
     constexpr int SW = cl_stage_row(COLS);
     constexpr int SP = 16 * SW;
-    constexpr int TW = CG * COLS;              // tile warps
+    constexpr int TW = CG / CPW * COLS;        // tile warps
     constexpr int GROUPS = HS * PIX / 8 * H;   // (8-pixel group, 16-byte vector) pairs a slice
     // Shared memory: staging slots (128-byte aligned for the TMA), ring slots, output
     // stages, then the mbarriers (host: depth_reuse_cl::producer_shared_bytes).
@@ -378,7 +381,7 @@ __global__ void __launch_bounds__((CG * COLS + 1 + STORERS) * 32, MINB)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int steps = d1 - d0 + KD - 1;
     const int depths = d1 - d0;
-    const int tile_warps = CG * min(COLS, nt - col0);
+    const int tile_warps = CG / CPW * min(COLS, nt - col0);
 
     if (threadIdx.x == 0) {
         for (int i = 0; i < NST; ++i) mbar_init(staging_full + 8 * i, 1);
@@ -479,19 +482,25 @@ __global__ void __launch_bounds__((CG * COLS + 1 + STORERS) * 32, MINB)
         return;
     }
 
-    // Tile warps.
-    const int ch = warp / COLS, tj = warp - ch * COLS;
+    // Tile warps: channels ch .. ch + CPW - 1 of tile column tj.
+    const int ch = warp / COLS * CPW, tj = warp - warp / COLS * COLS;
     if (col0 + tj >= nt) return;  // not counted in tile_warps
-    unsigned bf[KD * KH][2];
-    band_fragments<T, KD * KH, KW>(w + (c0 + ch) * (KD * KH * KW), lane, bf);
-    const float bias = bias_of<T, EPI>(e, c0 + ch);
+    unsigned bf[CPW][KD * KH][2];
+    float bias[CPW];
+#pragma unroll
+    for (int c = 0; c < CPW; ++c) {
+        band_fragments<T, KD * KH, KW>(w + (c0 + ch + c) * (KD * KH * KW), lane, bf[c]);
+        bias[c] = bias_of<T, EPI>(e, c0 + ch + c);
+    }
     const int mat = lane >> 3;
     const int arow = (lane & 7) + ((mat & 1) << 3), acol = (mat >> 1) << 3;
     const unsigned lane_addr =
         base + (unsigned)(RING_OFFSET + (ch * PLANE + arow * WS + tj * 8 + acol) * (int)sizeof(T));
-    float acc[KD][4];
+    float acc[CPW][KD][4];
 #pragma unroll
-    for (int q = 0; q < KD; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
+    for (int c = 0; c < CPW; ++c)
+#pragma unroll
+        for (int q = 0; q < KD; ++q) acc[c][q][0] = acc[c][q][1] = acc[c][q][2] = acc[c][q][3] = 0.f;
     float probe = 0.f;
     // As in the block-barrier form: steps KD at a time, so depth d0 + s - kd's accumulator
     // (u - kd) mod KD is a compile-time index.
@@ -503,18 +512,28 @@ __global__ void __launch_bounds__((CG * COLS + 1 + STORERS) * 32, MINB)
             if (s >= steps) break;
             const int rb = s % NBUF;
             mbar_wait(ring_full + 8 * rb, (unsigned)(s / NBUF) & 1);
-            rotate_slice<T, KD, KH>(lane_addr + (unsigned)(rb * SLICE_BYTES), WS * sizeof(T), s, u, depths, bf, acc);
+#pragma unroll
+            for (int c = 0; c < CPW; ++c)
+                rotate_slice<T, KD, KH>(lane_addr + (unsigned)(rb * SLICE_BYTES + c * PLANE * (int)sizeof(T)),
+                                        WS * sizeof(T), s, u, depths, bf[c], acc[c]);
             mbar_arrive(ring_empty + 8 * rb);  // every lane, after its own reads
             if (s >= KD - 1) {  // depth d0 + q has had all its slices
                 const int q = s - (KD - 1), sbuf = q % OST;
-                float* done = acc[(u + 1) % KD];
-                probe_fragment(probe, done);
-                epilogue_fragment_cl<T, EPI>(a, e, done, c0 + ch, bias, n, d0 + q, h0,
-                                             8 * (col0 + tj) + 2 * (lane & 3) - S, lane);
+#pragma unroll
+                for (int c = 0; c < CPW; ++c) {
+                    float* done = acc[c][(u + 1) % KD];
+                    probe_fragment(probe, done);
+                    epilogue_fragment_cl<T, EPI>(a, e, done, c0 + ch + c, bias[c], n, d0 + q, h0,
+                                                 8 * (col0 + tj) + 2 * (lane & 3) - S, lane);
+                }
                 if (q >= OST) mbar_wait(stage_free + 8 * sbuf, (unsigned)(q / OST - 1) & 1);
-                stage_fragment_cl<T, COLS>(stages + sbuf * CG * SP, ch, tj, lane, done);
+#pragma unroll
+                for (int c = 0; c < CPW; ++c) {
+                    float* done = acc[c][(u + 1) % KD];
+                    stage_fragment_cl<T, COLS>(stages + sbuf * CG * SP, ch + c, tj, lane, done);
+                    done[0] = done[1] = done[2] = done[3] = 0.f;
+                }
                 mbar_arrive(staged + 8 * sbuf);  // every lane, after its own stores
-                done[0] = done[1] = done[2] = done[3] = 0.f;
             }
         }
     }

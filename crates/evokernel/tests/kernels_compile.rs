@@ -314,8 +314,8 @@ fn depth_reuse_builds_for_sm80_in_every_handover() {
 /// depth_reuse_cl's producer form (TMA boxes, stmatrix transposes, mbarriers: sm_90) and
 /// its sm_80 fallback (cp.async copies, lane-by-lane transposes, sm_80's mbarrier forms)
 /// build on the NDHWC seed (5 kernel rows, two regions a row at cols 2) and x3d-ndhwc, 8
-/// and 16 channels a block, with the stmatrix transposes of the block-barrier form beside
-/// them.
+/// and 16 channels a block, one and two channels a tile warp, with the stmatrix
+/// transposes of the block-barrier form beside them.
 #[test]
 fn depth_reuse_cl_producer_builds_for_sm90_and_sm80() {
     let v = evokernel::variants::find("depth_reuse_cl").unwrap();
@@ -358,9 +358,11 @@ fn depth_reuse_cl_producer_builds_for_sm90_and_sm80() {
                 ],
             );
         }
-        // 16 channels a block (two 16-byte vectors a pixel): the default on both.
+        // 16 channels a block (two 16-byte vectors a pixel): the default on both; and two
+        // channels a tile warp.
         for spec in [&seed, &x3d] {
             builds_for_sm80(&jit, v, spec, &[]);
+            builds_for_sm80(&jit, v, spec, &[("warp_channels", 2)]);
         }
     }
 }

@@ -27,6 +27,7 @@ typed_params!(Params {
     storers,
     ring,
     out_stages,
+    warp_channels,
     minblocks
 });
 
@@ -73,9 +74,10 @@ fn producer_staging_bytes(spec: &ConvSpec, cols: usize, channels: usize) -> usiz
     ((16 + spec.kernel3()[1] - 1) * (cols + 1) * 8 * channels * 2).next_multiple_of(128)
 }
 
-/// Warps of a producer-form block: one a (channel, tile column), the producer, the storers.
-fn producer_warps(cols: usize, channels: usize, storers: usize) -> usize {
-    channels * cols + 1 + storers
+/// Warps of a producer-form block: one a (`warp_channels` channels, tile column), the
+/// producer, the storers.
+fn producer_warps(p: &Params) -> usize {
+    p.channels / p.warp_channels * p.cols + 1 + p.storers
 }
 
 /// The producer form's shared memory (mirrors depth_reuse_cl_producer_dwconv): `stages + 1`
@@ -126,6 +128,7 @@ pub(crate) fn producer_config(spec: &ConvSpec) -> Option<Config> {
             ("storers", if sixteen { 4 } else { 3 }),
             ("ring", 3),
             ("out_stages", 2),
+            ("warp_channels", 1),
             ("minblocks", 1),
         ],
     );
@@ -210,6 +213,13 @@ impl Variant for DepthReuseCl {
                 name: "out_stages",
                 values: vec![2, 3],
             },
+            // Channels a tile warp of the producer form runs (two: half the warps every
+            // slot and stage waits for, two independent MMA chains a warp, twice the
+            // weight and accumulator registers).
+            Param {
+                name: "warp_channels",
+                values: vec![1, 2],
+            },
             Param {
                 name: "minblocks",
                 values: vec![1, 2, 3, 4],
@@ -242,6 +252,7 @@ impl Variant for DepthReuseCl {
                 ("storers", 1),
                 ("ring", 3),
                 ("out_stages", 2),
+                ("warp_channels", 1),
                 ("minblocks", minblocks),
             ],
         )
@@ -265,13 +276,14 @@ impl Variant for DepthReuseCl {
             ));
         }
         if p.producer == 1 {
-            let warps = producer_warps(p.cols, p.channels, p.storers);
+            let warps = producer_warps(&p);
             if warps > 32 {
                 return Err(format!(
-                    "cols={} channels={} storers={} with the producer is {warps} warps a \
-                     block (one a channel and tile column, a producer and the storers), \
-                     more than 32: take fewer columns, channels or storers",
-                    p.cols, p.channels, p.storers
+                    "cols={} channels={} warp_channels={} storers={} with the producer is \
+                     {warps} warps a block (one a warp_channels channels and tile column, a \
+                     producer and the storers), more than 32: take fewer columns, channels or \
+                     storers, or more warp_channels",
+                    p.cols, p.channels, p.warp_channels, p.storers
                 ));
             }
             if p.trans == 0 {
@@ -303,6 +315,12 @@ impl Variant for DepthReuseCl {
                 "ring={} out_stages={} size the producer form's ring and stages (the \
                  block-barrier form has two of each): producer=0 takes ring=3, out_stages=2",
                 p.ring, p.out_stages
+            ));
+        }
+        if p.warp_channels != 1 {
+            return Err(format!(
+                "warp_channels={} is the producer form's: producer=0 takes warp_channels=1",
+                p.warp_channels
             ));
         }
         within_shared(
@@ -337,7 +355,7 @@ impl Variant for DepthReuseCl {
         let [kd, kh, kw] = spec.kernel3();
         if p.producer == 1 {
             return Ok(format!(
-                "depth_reuse_cl_producer_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}>",
+                "depth_reuse_cl_producer_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
                 cuda_type(spec.dtype()),
                 p.cols,
                 p.channels,
@@ -346,6 +364,7 @@ impl Variant for DepthReuseCl {
                 p.storers,
                 p.ring,
                 p.out_stages,
+                p.warp_channels,
                 p.minblocks
             ));
         }
@@ -368,15 +387,11 @@ impl Variant for DepthReuseCl {
             stages,
             trans,
             producer,
-            storers,
             ..
         } = p;
         // The producer form adds a producer and the storer warps.
         let (warps, shared) = if producer == 1 {
-            (
-                producer_warps(cols, channels, storers),
-                producer_shared_bytes(spec, &p),
-            )
+            (producer_warps(&p), producer_shared_bytes(spec, &p))
         } else {
             (CHANNELS * cols, shared_bytes(spec, cols, stages, trans))
         };
@@ -420,17 +435,18 @@ mod tests {
                 "storers",
                 "ring",
                 "out_stages",
+                "warp_channels",
                 "minblocks",
             ]
             .map(|k| c.get(k))
         };
-        assert_eq!(values(&d), [1, 16, 64, 3, 1, 1, 4, 3, 2, 1].map(Some));
+        assert_eq!(values(&d), [1, 16, 64, 3, 1, 1, 4, 3, 2, 1, 1].map(Some));
         // 16 tile warps, the producer, four storers.
         assert_eq!(v.launch(&spec, &d, 132).unwrap().block.0, 21 * 32);
         let x3d = crate::suite::channels_last_case("x3d-ndhwc");
         assert_eq!(
             values(&v.default_config(&x3d)),
-            [1, 16, 16, 3, 1, 1, 4, 3, 2, 1].map(Some)
+            [1, 16, 16, 3, 1, 1, 4, 3, 2, 1, 1].map(Some)
         );
         // The block-barrier form.
         let d = Config::new(
@@ -445,6 +461,7 @@ mod tests {
                 ("storers", 1),
                 ("ring", 3),
                 ("out_stages", 2),
+                ("warp_channels", 1),
                 ("minblocks", 2),
             ],
         );
@@ -563,12 +580,30 @@ mod tests {
         assert!(v
             .specialization(&spec, &slack)
             .unwrap()
-            .ends_with(", 3, 4, 3, 2>")); // storers, ring, out_stages, minblocks
+            .ends_with(", 3, 4, 3, 1, 2>")); // storers, ring, out_stages, warp_channels, minblocks
         let barrier_slack = with(&d, &[("ring", 4)]);
         assert!(v
             .fits(&spec, &barrier_slack)
             .unwrap_err()
             .contains("ring=3"));
+        // Two channels a tile warp: 8 tile warps + producer + 3 storers, the same shared
+        // memory; the block-barrier form keeps one.
+        let paired = with(&sixteen, &[("warp_channels", 2)]);
+        let lp = v.launch(&spec, &paired, 132).unwrap();
+        assert_eq!(
+            (lp.block.0, lp.grid.0, lp.shared_bytes),
+            (12 * 32, l16.grid.0, l16.shared_bytes)
+        );
+        // storers, ring, out_stages, warp_channels, minblocks
+        assert!(v
+            .specialization(&spec, &paired)
+            .unwrap()
+            .ends_with(", 3, 3, 2, 2, 2>"));
+        let barrier_paired = with(&d, &[("warp_channels", 2)]);
+        assert!(v
+            .fits(&spec, &barrier_paired)
+            .unwrap_err()
+            .contains("warp_channels=1"));
         let c24 = crate::spec::ConvParams {
             n: 1,
             c: 24,
@@ -585,7 +620,7 @@ mod tests {
         assert!(v.fits(&c24, &sixteen).unwrap_err().contains("multiple"));
         assert_eq!(
             values(&v.default_config(&c24)),
-            [2, 8, 64, 1, 1, 1, 3, 3, 2, 1].map(Some)
+            [2, 8, 64, 1, 1, 1, 3, 3, 2, 1, 1].map(Some)
         );
         assert!(!v
             .space(&c24)
