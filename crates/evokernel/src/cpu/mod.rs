@@ -433,9 +433,21 @@ fn cf_rows_body<T: Element, const L: usize, const FMA: bool>(
 ) {
     let [_, oh, ow] = spec.output3();
     let [sd, sh, sw] = spec.stride3();
+    let [kd, kh, kw] = spec.kernel3();
+    let [dd, dh, dw] = spec.dilation3();
+    // Rows sharing their input rows in registers (shared_rows_avx512) where it applies.
+    let shared = cfg!(target_arch = "x86_64")
+        && L == 16
+        && FMA
+        && sw == 1
+        && sh == 1
+        && dh == 1
+        && matches!(kh, 3 | 5 | 7);
     // Each row's outputs padded to whole vectors, `group` rows of them.
     let padded = ow.div_ceil(L) * L;
-    let group = if sw == 1 {
+    let group = if shared {
+        SHARED_ROWS
+    } else if sw == 1 {
         rows_together(ow.div_ceil(L).min(8))
     } else {
         1
@@ -448,6 +460,37 @@ fn cf_rows_body<T: Element, const L: usize, const FMA: bool>(
         let rows = if oh - h >= group { group } else { 1 };
         let base = (od * sd * geo.hp + h * sh) * geo.ws;
         let mut b = 0;
+        #[cfg(target_arch = "x86_64")]
+        if shared && rows == SHARED_ROWS {
+            let at = SharedRowsAt {
+                plane_step: dd * geo.hp * geo.ws,
+                ws: geo.ws,
+                kd,
+                kw,
+                dw,
+            };
+            // At most 24 accumulators beside the kernel rows' weights and one input vector.
+            let most = if kh == 7 { 5 } else { 6 };
+            while b < ow {
+                let vectors = (ow - b).div_ceil(L).min(most);
+                let r = &mut row[b..];
+                macro_rules! block {
+                    ($(($k:literal, $span:literal)),*) => {
+                        match (kh, vectors) {
+                            $(($k, 1) => shared_rows::<1, $k, $span>(src, base + b, at, w, r, padded),
+                              ($k, 2) => shared_rows::<2, $k, $span>(src, base + b, at, w, r, padded),
+                              ($k, 3) => shared_rows::<3, $k, $span>(src, base + b, at, w, r, padded),
+                              ($k, 4) => shared_rows::<4, $k, $span>(src, base + b, at, w, r, padded),
+                              ($k, 5) => shared_rows::<5, $k, $span>(src, base + b, at, w, r, padded),
+                              ($k, 6) => shared_rows::<6, $k, $span>(src, base + b, at, w, r, padded),)*
+                            _ => unreachable!(),
+                        }
+                    };
+                }
+                block!((3, 6), (5, 8), (7, 10));
+                b += vectors * L;
+            }
+        }
         while b < ow {
             let vectors = (ow - b).div_ceil(L).min(8);
             let r = &mut row[b..];
@@ -576,6 +619,82 @@ unsafe fn block_unit_avx512<const NV: usize, const R: usize>(
     for (r, acc_r) in acc.iter().enumerate() {
         for (v, a) in acc_r.iter().enumerate() {
             _mm512_storeu_ps(o.add(r * out_stride + v * 16), *a);
+        }
+    }
+}
+
+/// Output rows `shared_rows` computes together.
+const SHARED_ROWS: usize = 4;
+
+/// Where `shared_rows` reads: a kernel depth's step in the padded plane, the row stride,
+/// the kernel's depth and width, the W dilation.
+#[derive(Clone, Copy)]
+struct SharedRowsAt {
+    plane_step: usize,
+    ws: usize,
+    kd: usize,
+    kw: usize,
+    dw: usize,
+}
+
+/// `NV` vectors of stride-1 outputs on each of SHARED_ROWS output rows (H stride and
+/// dilation 1, KH kernel rows; SPAN = SHARED_ROWS + KH - 1 input rows): each input
+/// vector is loaded once a (kernel depth, kernel column) and feeds every output row it
+/// reaches, with that column's KH weights in registers. block_unit loaded one input
+/// vector a multiply-add, most of them across 64-byte lines (docs/perf.md, "CPU backend
+/// forward"); here SHARED_ROWS x KH / SPAN multiply-adds share a load.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn shared_rows<const NV: usize, const KH: usize, const SPAN: usize>(
+    src: &[f32],
+    base: usize,
+    at: SharedRowsAt,
+    w: &[f32],
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    use std::arch::x86_64::*;
+    const { assert!(SPAN == SHARED_ROWS + KH - 1) };
+    let SharedRowsAt {
+        plane_step,
+        ws,
+        kd,
+        kw,
+        dw,
+    } = at;
+    // Every load and store below stays inside its slice, checked once here.
+    assert!(kd >= 1 && kw >= 1 && w.len() >= kd * KH * kw);
+    assert!(base + (kd - 1) * plane_step + (SPAN - 1) * ws + (kw - 1) * dw + NV * 16 <= src.len());
+    assert!((SHARED_ROWS - 1) * out_stride + NV * 16 <= out.len());
+    // SAFETY: only cf_rows_avx512 reaches here (L = 16 with FMA), called where
+    // `Isa::detect` found AVX-512; the pointers stay inside the slices checked above.
+    unsafe {
+        let p = src.as_ptr();
+        let mut acc = [[_mm512_setzero_ps(); NV]; SHARED_ROWS];
+        for a in 0..kd {
+            for e in 0..kw {
+                let mut wv = [_mm512_setzero_ps(); KH];
+                for (b, v) in wv.iter_mut().enumerate() {
+                    *v = _mm512_set1_ps(*w.get_unchecked((a * KH + b) * kw + e));
+                }
+                let pe = p.add(base + a * plane_step + e * dw);
+                for i in 0..SPAN {
+                    for v in 0..NV {
+                        let x = _mm512_loadu_ps(pe.add(i * ws + v * 16));
+                        for (r, acc_r) in acc.iter_mut().enumerate() {
+                            if i >= r && i - r < KH {
+                                acc_r[v] = _mm512_fmadd_ps(x, wv[i - r], acc_r[v]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let o = out.as_mut_ptr();
+        for (r, acc_r) in acc.iter().enumerate() {
+            for (v, a) in acc_r.iter().enumerate() {
+                _mm512_storeu_ps(o.add(r * out_stride + v * 16), *a);
+            }
         }
     }
 }
@@ -919,6 +1038,61 @@ mod tests {
                     let c = compare(&y, &r).unwrap();
                     assert!(c.passes(DType::F32), "{isa:?} {spec}: {c:?}");
                 }
+            }
+        }
+    }
+
+    /// shared_rows' specs (H stride and dilation 1, 3, 5 or 7 kernel rows) on every
+    /// instruction set: groups of four rows and the rows left, 1 to 6 vectors a block
+    /// and a partial one, dilations along D and W, padding on both sides.
+    #[test]
+    fn shared_rows_match_oracle() {
+        let shapes = [
+            (
+                vec![5, 13, 45],
+                vec![3, 7, 3],
+                vec![2, 1, 2],
+                vec![[2, 2], [3, 3], [2, 2]],
+            ),
+            (
+                vec![3, 10, 100],
+                vec![1, 5, 5],
+                vec![1, 1, 3],
+                vec![[0, 0], [2, 1], [6, 6]],
+            ),
+            (
+                vec![4, 7, 17],
+                vec![2, 3, 1],
+                vec![3, 1, 1],
+                vec![[1, 2], [0, 0], [0, 0]],
+            ),
+            (vec![9, 200], vec![7, 2], vec![1, 1], vec![[3, 3], [0, 1]]),
+        ];
+        for isa in [Isa::Portable, Isa::Avx2, Isa::Avx512] {
+            if !isa.supported() {
+                continue;
+            }
+            for (input, kernel, dilation, padding) in &shapes {
+                let spec = ConvParams {
+                    n: 1,
+                    c: 3,
+                    input: input.clone(),
+                    kernel: kernel.clone(),
+                    stride: vec![],
+                    dilation: dilation.clone(),
+                    padding: padding.clone(),
+                    layout: Layout::ChannelsFirst,
+                    dtype: DType::F32,
+                }
+                .validate()
+                .unwrap();
+                let x = HostTensor::random_normal(DType::F32, &spec.input_shape(), 5);
+                let w = HostTensor::random_normal(DType::F32, &spec.weight_shape(), 6);
+                let mut y = HostTensor::nan(DType::F32, &spec.output_shape());
+                conv_cpu_with(isa, &spec, &FusedEpilogue::none(), &x, &w, &mut y).unwrap();
+                let r = conv_reference(&spec, &x, &w).unwrap();
+                let c = compare(&y, &r).unwrap();
+                assert!(c.passes(DType::F32), "{isa:?} {spec}: {c:?}");
             }
         }
     }
