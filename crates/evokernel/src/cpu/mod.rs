@@ -990,8 +990,26 @@ mod tests {
     use crate::spec::{ConvParams, DType};
     use crate::tensor::compare;
 
-    /// Every instruction set this CPU has, on shapes that hit full blocks, partial
-    /// blocks, several 8-vector chunks, strides and both layouts.
+    /// The CPU forward of `params` (f32) on every instruction set this CPU has, against
+    /// the oracle.
+    fn every_isa_matches_oracle_on(params: ConvParams) {
+        let spec = params.validate().unwrap();
+        let x = HostTensor::random_normal(DType::F32, &spec.input_shape(), 3);
+        let w = HostTensor::random_normal(DType::F32, &spec.weight_shape(), 4);
+        let r = conv_reference(&spec, &x, &w).unwrap();
+        for isa in [Isa::Portable, Isa::Avx2, Isa::Avx512] {
+            if !isa.supported() {
+                continue;
+            }
+            let mut y = HostTensor::nan(DType::F32, &spec.output_shape());
+            conv_cpu_with(isa, &spec, &FusedEpilogue::none(), &x, &w, &mut y).unwrap();
+            let c = compare(&y, &r).unwrap();
+            assert!(c.passes(DType::F32), "{isa:?} {spec}: {c:?}");
+        }
+    }
+
+    /// Shapes that hit full blocks, partial blocks, several 8-vector chunks, strides and
+    /// both layouts.
     #[test]
     fn every_isa_matches_oracle() {
         let shapes = [
@@ -1011,40 +1029,26 @@ mod tests {
             ),
             (vec![11, 40], vec![3, 7], vec![1, 1], vec![[1, 1], [3, 3]]),
         ];
-        for isa in [Isa::Portable, Isa::Avx2, Isa::Avx512] {
-            if !isa.supported() {
-                continue;
-            }
-            for (input, kernel, stride, padding) in &shapes {
-                for layout in [Layout::ChannelsFirst, Layout::ChannelsLast] {
-                    let spec = ConvParams {
-                        n: 2,
-                        c: 67,
-                        input: input.clone(),
-                        kernel: kernel.clone(),
-                        stride: stride.clone(),
-                        dilation: vec![],
-                        padding: padding.clone(),
-                        layout,
-                        dtype: DType::F32,
-                    }
-                    .validate()
-                    .unwrap();
-                    let x = HostTensor::random_normal(DType::F32, &spec.input_shape(), 3);
-                    let w = HostTensor::random_normal(DType::F32, &spec.weight_shape(), 4);
-                    let mut y = HostTensor::nan(DType::F32, &spec.output_shape());
-                    conv_cpu_with(isa, &spec, &FusedEpilogue::none(), &x, &w, &mut y).unwrap();
-                    let r = conv_reference(&spec, &x, &w).unwrap();
-                    let c = compare(&y, &r).unwrap();
-                    assert!(c.passes(DType::F32), "{isa:?} {spec}: {c:?}");
-                }
+        for (input, kernel, stride, padding) in shapes {
+            for layout in [Layout::ChannelsFirst, Layout::ChannelsLast] {
+                every_isa_matches_oracle_on(ConvParams {
+                    n: 2,
+                    c: 67,
+                    input: input.clone(),
+                    kernel: kernel.clone(),
+                    stride: stride.clone(),
+                    dilation: vec![],
+                    padding: padding.clone(),
+                    layout,
+                    dtype: DType::F32,
+                });
             }
         }
     }
 
-    /// shared_rows' specs (H stride and dilation 1, 3, 5 or 7 kernel rows) on every
-    /// instruction set: groups of four rows and the rows left, 1 to 6 vectors a block
-    /// and a partial one, dilations along D and W, padding on both sides.
+    /// shared_rows' specs (H stride and dilation 1, 3, 5 or 7 kernel rows): groups of
+    /// four rows and the rows left, 1 to 6 vectors a block and a partial one, dilations
+    /// along D and W, padding on both sides.
     #[test]
     fn shared_rows_match_oracle() {
         let shapes = [
@@ -1068,32 +1072,18 @@ mod tests {
             ),
             (vec![9, 200], vec![7, 2], vec![1, 1], vec![[3, 3], [0, 1]]),
         ];
-        for isa in [Isa::Portable, Isa::Avx2, Isa::Avx512] {
-            if !isa.supported() {
-                continue;
-            }
-            for (input, kernel, dilation, padding) in &shapes {
-                let spec = ConvParams {
-                    n: 1,
-                    c: 3,
-                    input: input.clone(),
-                    kernel: kernel.clone(),
-                    stride: vec![],
-                    dilation: dilation.clone(),
-                    padding: padding.clone(),
-                    layout: Layout::ChannelsFirst,
-                    dtype: DType::F32,
-                }
-                .validate()
-                .unwrap();
-                let x = HostTensor::random_normal(DType::F32, &spec.input_shape(), 5);
-                let w = HostTensor::random_normal(DType::F32, &spec.weight_shape(), 6);
-                let mut y = HostTensor::nan(DType::F32, &spec.output_shape());
-                conv_cpu_with(isa, &spec, &FusedEpilogue::none(), &x, &w, &mut y).unwrap();
-                let r = conv_reference(&spec, &x, &w).unwrap();
-                let c = compare(&y, &r).unwrap();
-                assert!(c.passes(DType::F32), "{isa:?} {spec}: {c:?}");
-            }
+        for (input, kernel, dilation, padding) in shapes {
+            every_isa_matches_oracle_on(ConvParams {
+                n: 1,
+                c: 3,
+                input,
+                kernel,
+                stride: vec![],
+                dilation,
+                padding,
+                layout: Layout::ChannelsFirst,
+                dtype: DType::F32,
+            });
         }
     }
 
