@@ -433,8 +433,8 @@ fn cf_rows_body<T: Element, const L: usize, const FMA: bool>(
 ) {
     let [_, oh, ow] = spec.output3();
     let [sd, sh, sw] = spec.stride3();
-    let [kd, kh, kw] = spec.kernel3();
-    let [dd, dh, dw] = spec.dilation3();
+    let kh = spec.kernel3()[1];
+    let dh = spec.dilation3()[1];
     // Rows sharing their input rows in registers (shared_rows_avx512) where it applies.
     let shared = cfg!(target_arch = "x86_64")
         && L == 16
@@ -462,6 +462,8 @@ fn cf_rows_body<T: Element, const L: usize, const FMA: bool>(
         let mut b = 0;
         #[cfg(target_arch = "x86_64")]
         if shared && rows == SHARED_ROWS {
+            let [kd, _, kw] = spec.kernel3();
+            let [dd, _, dw] = spec.dilation3();
             let at = SharedRowsAt {
                 plane_step: dd * geo.hp * geo.ws,
                 ws: geo.ws,

@@ -173,7 +173,6 @@ impl Variant for DepthReuseCl {
                 name: "dchunk",
                 values: depth_chunks(spec, &DEPTH_CHUNKS),
             },
-            // Blocks per SM the registers are capped for (`__launch_bounds__`).
             // Slices in flight in the staging ring ahead of the one being transposed.
             Param {
                 name: "stages",
@@ -190,7 +189,7 @@ impl Variant for DepthReuseCl {
                 values: vec![0, 1],
             },
             // 1: a producer warp (TMA boxes into the staging slots, stmatrix transposes
-            // into a ring of three slots) and storer warps, handing slots over by
+            // into a ring of `ring` slots) and storer warps, handing slots over by
             // mbarriers: no block barrier a step (takes trans=1; the default where
             // `producer_config` gives one).
             Param {
@@ -220,6 +219,7 @@ impl Variant for DepthReuseCl {
                 name: "warp_channels",
                 values: vec![1, 2],
             },
+            // Blocks per SM the registers are capped for (`__launch_bounds__`).
             Param {
                 name: "minblocks",
                 values: vec![1, 2, 3, 4],
@@ -304,23 +304,13 @@ impl Variant for DepthReuseCl {
                 p.channels
             ));
         }
-        if p.storers != 1 {
+        // The producer form's own parameters, at the values the block-barrier form's
+        // fixed layout (one warp a channel, two ring slots and two stages) is keyed by.
+        if (p.storers, p.ring, p.out_stages, p.warp_channels) != (1, 3, 2, 1) {
             return Err(format!(
-                "storers={} needs the producer form's storer warps: producer=0 takes storers=1",
-                p.storers
-            ));
-        }
-        if (p.ring, p.out_stages) != (3, 2) {
-            return Err(format!(
-                "ring={} out_stages={} size the producer form's ring and stages (the \
-                 block-barrier form has two of each): producer=0 takes ring=3, out_stages=2",
-                p.ring, p.out_stages
-            ));
-        }
-        if p.warp_channels != 1 {
-            return Err(format!(
-                "warp_channels={} is the producer form's: producer=0 takes warp_channels=1",
-                p.warp_channels
+                "storers={} ring={} out_stages={} warp_channels={} belong to the producer \
+                 form: producer=0 takes storers=1, ring=3, out_stages=2, warp_channels=1",
+                p.storers, p.ring, p.out_stages, p.warp_channels
             ));
         }
         within_shared(
