@@ -94,7 +94,7 @@ fn producer_shared_bytes(spec: &ConvSpec, p: &Params) -> usize {
 }
 
 /// The default where there are depths to walk and two tile columns: the producer form.
-/// With C a multiple of 16, 16 channels a block over one tile column (21 warps), whose
+/// With C a multiple of 16, 16 channels a block over one tile column, whose
 /// TMA boxes and stores cover whole 32-byte sectors (H100 run 328, against 8 channels
 /// over two columns in the same call: the seed 0.512 -> 0.381 ms at one staging slot
 /// ahead, 0.339 at two; dgrad 0.532 -> 0.397; x3d-ndhwc 0.180 -> 0.146, video-vae-ndhwc
@@ -108,8 +108,11 @@ fn producer_shared_bytes(spec: &ConvSpec, p: &Params) -> usize {
 /// four with 16 channels (run 333: the seed 0.3365 -> 0.3262 ms, 0.970x; 21 warps cap
 /// the registers at 80, no spill), whose 128 threads take a depth's 128 half pixel pairs
 /// in one round. A fourth ring slot or a third output stage gained nothing there (1.012x,
-/// 0.996x). Without depths (1-D, 2-D) not yet measured. `None` where the block-barrier
-/// form stays the default.
+/// 0.996x). Two channels a tile warp with 16 channels (13 warps, 128 registers; runs
+/// 338-339, A B A B at the whole-depth chunk: the seed 0.3259 -> 0.3170 ms, 0.973x,
+/// grad-input 0.974x, seed-f16-ndhwc 0.963x; stages 2 or 4 and storers 3 less). Without
+/// depths (1-D, 2-D) not yet measured. `None` where the block-barrier form stays the
+/// default.
 pub(crate) fn producer_config(spec: &ConvSpec) -> Option<Config> {
     if shifted_tile_columns(spec) < 2 || spec.output3()[0] <= 1 {
         return None;
@@ -128,7 +131,7 @@ pub(crate) fn producer_config(spec: &ConvSpec) -> Option<Config> {
             ("storers", if sixteen { 4 } else { 3 }),
             ("ring", 3),
             ("out_stages", 2),
-            ("warp_channels", 1),
+            ("warp_channels", if sixteen { 2 } else { 1 }),
             ("minblocks", 1),
         ],
     );
@@ -430,13 +433,13 @@ mod tests {
             ]
             .map(|k| c.get(k))
         };
-        assert_eq!(values(&d), [1, 16, 64, 3, 1, 1, 4, 3, 2, 1, 1].map(Some));
-        // 16 tile warps, the producer, four storers.
-        assert_eq!(v.launch(&spec, &d, 132).unwrap().block.0, 21 * 32);
+        assert_eq!(values(&d), [1, 16, 64, 3, 1, 1, 4, 3, 2, 2, 1].map(Some));
+        // 8 tile warps of two channels, the producer, four storers.
+        assert_eq!(v.launch(&spec, &d, 132).unwrap().block.0, 13 * 32);
         let x3d = crate::suite::channels_last_case("x3d-ndhwc");
         assert_eq!(
             values(&v.default_config(&x3d)),
-            [1, 16, 16, 3, 1, 1, 4, 3, 2, 1, 1].map(Some)
+            [1, 16, 16, 3, 1, 1, 4, 3, 2, 2, 1].map(Some)
         );
         // The block-barrier form.
         let d = Config::new(
