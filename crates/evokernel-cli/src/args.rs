@@ -25,7 +25,7 @@ pub struct Common {
     /// Seed of the random inputs
     #[arg(long, default_value_t = Options::default().seed)]
     pub seed: u64,
-    /// Force a kernel config, e.g. naive:block=128,waves=8 (repeatable; also EVOKERNEL_CONFIG)
+    /// Force a kernel config, e.g. naive:block=128,waves=8 (repeatable; also EVOKERNEL_CONFIG); a convolution variant takes its default for the spec where a parameter is left out, the fp8 GEMM's configs name every one
     #[arg(long, value_name = "VARIANT:K=V,..")]
     pub config: Vec<String>,
     /// Also draw the ladder and roofline plots (PNG and SVG) into DIR

@@ -386,9 +386,11 @@ pub fn config_for(
     let spec = &kernel.spec;
     if let Some(c) = forced
         .iter()
-        .find(|c| c.variant == v.name() && check_config(v, spec, c).is_ok())
+        .filter(|c| c.variant == v.name())
+        .map(|c| crate::variants::forced_over_default(v, spec, c))
+        .find(|c| check_config(v, spec, c).is_ok())
     {
-        return (c.clone(), Source::Forced);
+        return (c, Source::Forced);
     }
     let hash = kernel_hash(v, &target.nvrtc);
     // The plain convolution's key (the spec's alone), whose configs fit any epilogue.
@@ -758,6 +760,28 @@ mod tests {
         let forced: Config = "naive:block=128,waves=8".parse().unwrap();
         let c = choose(&spec.clone().into(), &h100(), &cache, &[forced]).unwrap();
         assert_eq!((c.variant.as_str(), c.reason.as_str()), ("naive", "forced"));
+        // A forced config that names one parameter: the default for the rest.
+        let cl = crate::suite::public_case("seed-bf16-ndhwc");
+        let v = crate::variants::find("depth_reuse_cl").unwrap();
+        let one: Config = "depth_reuse_cl:warp_channels=1".parse().unwrap();
+        let (c, s) = config_for(
+            v,
+            &cl.clone().into(),
+            &h100(),
+            &cache,
+            std::slice::from_ref(&one),
+        );
+        let mut expected = v.default_config(&cl);
+        expected.values.insert("warp_channels".into(), 1);
+        assert_eq!((c, s), (expected, Source::Forced));
+        assert!(crate::variants::check_forced(&[one], &cl).is_ok());
+        // Completed by the defaults it may still be refused, and says why.
+        let barrier: Config = "depth_reuse_cl:producer=0".parse().unwrap();
+        let err = crate::variants::check_forced(&[barrier], &cl)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("producer=0 takes channels=8"), "{err}");
+        assert_eq!(err.matches("does not fit").count(), 1, "{err}");
         std::fs::remove_dir_all(dir).ok();
     }
 

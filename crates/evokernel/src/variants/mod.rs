@@ -791,14 +791,25 @@ pub fn forced_configs(flags: &[String]) -> Result<Vec<Config>> {
     Ok(out)
 }
 
+/// A forced config completed for `spec`: the parameters it names, the variant's default
+/// config for `spec` for the rest, so `--config depth_reuse_cl:warp_channels=2` changes
+/// one parameter of what would run (reports print the whole config).
+pub fn forced_over_default(v: &dyn Variant, spec: &ConvSpec, forced: &Config) -> Config {
+    let mut c = v.default_config(spec);
+    c.values
+        .extend(forced.values.iter().map(|(k, val)| (k.clone(), *val)));
+    c
+}
+
 /// `Err` when a forced config of a variant that applies to `spec` does not fit it (a
-/// value outside the variant's space, a missing parameter): forced means forced, never a
-/// silent fallback to another config.
+/// value outside the variant's space, or, with the defaults for what it leaves out, a
+/// combination the variant refuses): forced means forced, never a silent fallback to
+/// another config.
 pub fn check_forced(forced: &[Config], spec: &ConvSpec) -> Result<()> {
     for c in forced {
         let v = find(&c.variant)?;
         if v.applies(spec).is_ok() {
-            check_config(v, spec, c).map_err(|e| {
+            check_config(v, spec, &forced_over_default(v, spec, c)).map_err(|e| {
                 let origin = match std::env::var("EVOKERNEL_CONFIG") {
                     Ok(env) if env.contains(&c.to_string()) || env.contains(&c.variant) => {
                         "EVOKERNEL_CONFIG"
@@ -809,6 +820,9 @@ pub fn check_forced(forced: &[Config], spec: &ConvSpec) -> Result<()> {
                     Error::Parse { expected, .. } => expected,
                     e => e.to_string(),
                 };
+                // (check_config's own "it does not fit SPEC: " would name the spec twice)
+                let fit = format!("it does not fit {spec}: ");
+                let why = why.strip_prefix(&fit).unwrap_or(&why);
                 Error::parse(
                     if origin == "--config" {
                         "--config"
