@@ -341,12 +341,17 @@ __global__ void __launch_bounds__(8 * COLS * 32, MINB) depth_reuse_cl_dwconv(Con
 // conflicts away and moved the tile warps' waits from ring_full to stage_free).
 // CPW channels a tile warp (1 or 2): with 2, half the warps each slot and stage waits for,
 // and two independent MMA chains a warp (twice the weight and accumulator registers).
+// PRODUCERS producer warps (1 or 2) share each slice's transposes (GroupTranspose rounds
+// dealt alternately); the first issues the TMA boxes once both have read a staging slot
+// (named barrier 1; on sm_80 also once its cp.async copies have landed). Both arrive on
+// ring_full.
 template <typename T, int KD, int KH, int KW, int COLS, int CG, int DCHUNK, int STAGES, int STORERS, int NBUF,
-          int OST, int CPW, int MINB, int EPI>
-__global__ void __launch_bounds__((CG / CPW * COLS + 1 + STORERS) * 32, MINB)
+          int OST, int CPW, int PRODUCERS, int MINB, int EPI>
+__global__ void __launch_bounds__((CG / CPW * COLS + PRODUCERS + STORERS) * 32, MINB)
     depth_reuse_cl_producer_dwconv(ConvArgs a, EpiArgs e, const __grid_constant__ TmaMaps maps) {
     static_assert(CG == 8 || CG == 16, "a block owns 8 or 16 channels");
     static_assert(CPW == 1 || CPW == 2, "one or two channels a tile warp");
+    static_assert(PRODUCERS == 1 || PRODUCERS == 2, "one or two producer warps");
     static_assert(sizeof(T) == 2, "16-byte vectors of 8 channels");
     constexpr int H = CG / 8;  // 16-byte vectors a pixel
     constexpr int HS = 16 + KH - 1;
@@ -386,7 +391,7 @@ __global__ void __launch_bounds__((CG / CPW * COLS + 1 + STORERS) * 32, MINB)
     if (threadIdx.x == 0) {
         for (int i = 0; i < NST; ++i) mbar_init(staging_full + 8 * i, 1);
         for (int i = 0; i < NBUF; ++i) {
-            mbar_init(ring_full + 8 * i, 32);
+            mbar_init(ring_full + 8 * i, 32 * PRODUCERS);
             mbar_init(ring_empty + 8 * i, tile_warps * 32);
         }
         for (int i = 0; i < OST; ++i) {
@@ -399,10 +404,17 @@ __global__ void __launch_bounds__((CG / CPW * COLS + 1 + STORERS) * 32, MINB)
     }
     __syncthreads();
 
-    if (warp == TW) {
-        // The producer (its transpose: every group of the slice, four a round).
-        // 16 channels: the TMA's 32-byte swizzle (host: depth_reuse_cl::tensor_maps).
-        const GroupTranspose<T, GROUPS, PIX, WS, PLANE, (GROUPS + 3) / 4, H, CG == 16> transpose(0, 1, lane, base);
+    if (PRODUCERS == 1 ? warp == TW : warp >= TW && warp < TW + PRODUCERS) {
+        // The producers (producer pi's transpose: rounds pi, pi + PRODUCERS, .. of the
+        // slice's groups, four a round). 16 channels: the TMA's 32-byte swizzle (host:
+        // depth_reuse_cl::tensor_maps). Producer 0 alone fills the staging slots.
+        const int pi = PRODUCERS > 1 ? warp - TW : 0;
+        constexpr int ROUNDS = ((GROUPS + 3) / 4 + PRODUCERS - 1) / PRODUCERS;
+        const GroupTranspose<T, GROUPS, PIX, WS, PLANE, ROUNDS, H, CG == 16> transpose(pi, PRODUCERS, lane, base);
+        // Both producers at one point of the slice walk (a no-op for one).
+        auto producers_meet = [] {
+            if constexpr (PRODUCERS > 1) asm volatile("bar.sync 1, %0;\n" ::"r"(32 * PRODUCERS) : "memory");
+        };
         const int zw = 8 * col0 - P, zh = h0 - a.ph;
         auto fill = [&](int s) {  // slice s (padded depth d0 + s) into its staging slot
             if (s >= steps) {
@@ -433,8 +445,10 @@ __global__ void __launch_bounds__((CG / CPW * COLS + 1 + STORERS) * 32, MINB)
             cp_async_commit();
 #endif
         };
+        if (pi == 0) {
 #pragma unroll 1
-        for (int k = 0; k < NST; ++k) fill(k);
+            for (int k = 0; k < NST; ++k) fill(k);
+        }
 #pragma unroll 1
         for (int s = 0; s < steps; ++s) {
             const int st = s % NST, rb = s % NBUF;
@@ -443,40 +457,43 @@ __global__ void __launch_bounds__((CG / CPW * COLS + 1 + STORERS) * 32, MINB)
 #if __CUDA_ARCH__ >= 900
             mbar_wait(staging_full + 8 * st, (unsigned)(s / NST) & 1);
 #else
-            cp_async_wait<NST - 1>();
+            cp_async_wait<NST - 1>();  // producer 0's copies (producer 1 has none)
             __syncwarp();
+            producers_meet();  // slice s landed, for the other producer too
 #endif
             if (s >= NBUF) mbar_wait(ring_empty + 8 * rb, (unsigned)(s / NBUF - 1) & 1);
 #if __CUDA_ARCH__ >= 900
             transpose.run(slot, ring);
 #else
-            for (int p = lane; p < HS * PIX / 2 * H; p += 32)
+            for (int p = lane + 32 * pi; p < HS * PIX / 2 * H; p += 32 * PRODUCERS)
                 transpose_pixel_pair<T, PIX, WS, PLANE, H>(
                     reinterpret_cast<const uint4*>(smem_raw + st * STAGING_BYTES), 2 * (p / H),
                     reinterpret_cast<T*>(smem_raw + RING_OFFSET + rb * SLICE_BYTES), p % H);
 #endif
             mbar_arrive(ring_full + 8 * rb);  // every lane, after its own stores
-            // Every lane has read the staging slot: it takes slice s + NST (the TMA
-            // writes it through the async proxy after these generic reads).
+            // Every lane (of both producers) has read the staging slot: it takes slice
+            // s + NST (the TMA writes it through the async proxy after these generic reads).
+            // Each producer fences its own reads against the async proxy before they meet.
             __syncwarp();
 #if __CUDA_ARCH__ >= 900
             fence_proxy_async();
 #endif
-            fill(s + NST);
+            producers_meet();
+            if (pi == 0) fill(s + NST);
         }
 #if __CUDA_ARCH__ < 900
         cp_async_wait<0>();
 #endif
         return;
     }
-    if (warp > TW) {
+    if (warp > TW + PRODUCERS - 1) {
         // The storers: depth d0 + q leaves from stage q mod OST.
 #pragma unroll 1
         for (int q = 0; q < depths; ++q) {
             const int sb = q % OST;
             mbar_wait(staged + 8 * sb, (unsigned)(q / OST) & 1);
             store_stage_cl<T, COLS, H>(a, stages + sb * CG * SP, n, d0 + q, h0, col0, S, c0,
-                                       (warp - TW - 1) * 32 + lane, STORERS * 32);
+                                       (warp - TW - PRODUCERS) * 32 + lane, STORERS * 32);
             mbar_arrive(stage_free + 8 * sb);  // every lane, after its own reads
         }
         return;

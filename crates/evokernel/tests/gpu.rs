@@ -489,8 +489,8 @@ fn depth_reuse_passes_with_either_slice_handover() {
 /// channels-last specs, one to four staging slots ahead, regions of one and two tile
 /// columns (a last region of fewer tile warps), one to four storer warps, 8 and 16
 /// channels a block (where C allows; 16 reads swizzled boxes), three and four ring
-/// slots, two and three output stages, one and two channels a tile warp, NaN/Inf in a
-/// third.
+/// slots, two and three output stages, one and two channels a tile warp, one and two
+/// producer warps, NaN/Inf in a third.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn depth_reuse_cl_passes_with_the_producer() {
@@ -504,23 +504,35 @@ fn depth_reuse_cl_passes_with_the_producer() {
         .chain(named_random_specs(300, 2028))
         .filter(|(_, spec)| v.applies(spec).is_ok())
         .map(|(name, spec)| {
-            // (producer, stages, cols, storers, channels, ring, out_stages, warp_channels)
+            // (producer, stages, cols, storers, channels, ring, out_stages, warp_channels,
+            // producers)
             let configs = [
-                (0, 2, 1, 1, 8, 3, 2, 1),
-                (1, 1, 1, 1, 8, 3, 2, 1),
-                (1, 2, 1, 2, 8, 3, 2, 1),
-                (1, 4, 1, 1, 8, 4, 3, 1),
-                (1, 2, 2, 1, 8, 3, 2, 1),
-                (1, 1, 2, 3, 8, 3, 2, 2),
-                (1, 1, 1, 3, 16, 3, 2, 1),
-                (1, 3, 1, 1, 16, 3, 2, 1),
-                (1, 3, 1, 4, 16, 4, 3, 1),
-                (1, 2, 1, 2, 16, 4, 2, 1),
-                (1, 3, 1, 4, 16, 3, 2, 2),
+                (0, 2, 1, 1, 8, 3, 2, 1, 1),
+                (1, 1, 1, 1, 8, 3, 2, 1, 1),
+                (1, 2, 1, 2, 8, 3, 2, 1, 2),
+                (1, 4, 1, 1, 8, 4, 3, 1, 1),
+                (1, 2, 2, 1, 8, 3, 2, 1, 1),
+                (1, 1, 2, 3, 8, 3, 2, 2, 2),
+                (1, 1, 1, 3, 16, 3, 2, 1, 1),
+                (1, 3, 1, 1, 16, 3, 2, 1, 2),
+                (1, 3, 1, 4, 16, 4, 3, 1, 1),
+                (1, 2, 1, 2, 16, 4, 2, 1, 1),
+                (1, 3, 1, 4, 16, 3, 2, 2, 1),
+                (1, 3, 1, 4, 16, 3, 2, 2, 2),
             ]
             .into_iter()
             .filter_map(
-                |(producer, stages, cols, storers, channels, ring, out_stages, warp_channels)| {
+                |(
+                    producer,
+                    stages,
+                    cols,
+                    storers,
+                    channels,
+                    ring,
+                    out_stages,
+                    warp_channels,
+                    producers,
+                )| {
                     let mut cfg = v.default_config(&spec);
                     cfg.values.insert("producer".into(), producer);
                     cfg.values.insert("trans".into(), 1);
@@ -531,6 +543,7 @@ fn depth_reuse_cl_passes_with_the_producer() {
                     cfg.values.insert("ring".into(), ring);
                     cfg.values.insert("out_stages".into(), out_stages);
                     cfg.values.insert("warp_channels".into(), warp_channels);
+                    cfg.values.insert("producers".into(), producers);
                     evokernel::variants::check_config(v, &spec, &cfg)
                         .is_ok()
                         .then_some(cfg)

@@ -361,10 +361,11 @@ fn depth_reuse_cl_producer_builds_for_sm90_and_sm80() {
             );
         }
         // 16 channels a block (two 16-byte vectors a pixel): the default on both (two
-        // channels a tile warp), and one channel a tile warp.
+        // channels a tile warp), one channel a tile warp, and two producer warps.
         for spec in [&seed, &x3d] {
             builds_for_sm80(&jit, v, spec, &[]);
             builds_for_sm80(&jit, v, spec, &[("warp_channels", 1)]);
+            builds_for_sm80(&jit, v, spec, &[("producers", 2)]);
         }
     }
 }

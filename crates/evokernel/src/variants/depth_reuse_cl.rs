@@ -28,6 +28,7 @@ typed_params!(Params {
     ring,
     out_stages,
     warp_channels,
+    producers,
     minblocks
 });
 
@@ -75,9 +76,9 @@ fn producer_staging_bytes(spec: &ConvSpec, cols: usize, channels: usize) -> usiz
 }
 
 /// Warps of a producer-form block: one a (`warp_channels` channels, tile column), the
-/// producer, the storers.
+/// producers, the storers.
 fn producer_warps(p: &Params) -> usize {
-    p.channels / p.warp_channels * p.cols + 1 + p.storers
+    p.channels / p.warp_channels * p.cols + p.producers + p.storers
 }
 
 /// The producer form's shared memory (mirrors depth_reuse_cl_producer_dwconv): `stages + 1`
@@ -132,6 +133,7 @@ pub(crate) fn producer_config(spec: &ConvSpec) -> Option<Config> {
             ("ring", 3),
             ("out_stages", 2),
             ("warp_channels", if sixteen { 2 } else { 1 }),
+            ("producers", 1),
             ("minblocks", 1),
         ],
     );
@@ -222,6 +224,12 @@ impl Variant for DepthReuseCl {
                 name: "warp_channels",
                 values: vec![1, 2],
             },
+            // Producer warps of the producer form sharing each slice's transposes (the
+            // first also issues the TMA boxes).
+            Param {
+                name: "producers",
+                values: vec![1, 2],
+            },
             // Blocks per SM the registers are capped for (`__launch_bounds__`).
             Param {
                 name: "minblocks",
@@ -256,6 +264,7 @@ impl Variant for DepthReuseCl {
                 ("ring", 3),
                 ("out_stages", 2),
                 ("warp_channels", 1),
+                ("producers", 1),
                 ("minblocks", minblocks),
             ],
         )
@@ -282,11 +291,11 @@ impl Variant for DepthReuseCl {
             let warps = producer_warps(&p);
             if warps > 32 {
                 return Err(format!(
-                    "cols={} channels={} warp_channels={} storers={} with the producer is \
-                     {warps} warps a block (one a warp_channels channels and tile column, a \
-                     producer and the storers), more than 32: take fewer columns, channels or \
-                     storers, or more warp_channels",
-                    p.cols, p.channels, p.warp_channels, p.storers
+                    "cols={} channels={} warp_channels={} producers={} storers={} with the \
+                     producer is {warps} warps a block (one a warp_channels channels and tile \
+                     column, the producers and the storers), more than 32: take fewer \
+                     columns, channels, producers or storers, or more warp_channels",
+                    p.cols, p.channels, p.warp_channels, p.producers, p.storers
                 ));
             }
             if p.trans == 0 {
@@ -309,11 +318,19 @@ impl Variant for DepthReuseCl {
         }
         // The producer form's own parameters, at the values the block-barrier form's
         // fixed layout (one warp a channel, two ring slots and two stages) is keyed by.
-        if (p.storers, p.ring, p.out_stages, p.warp_channels) != (1, 3, 2, 1) {
+        if (
+            p.storers,
+            p.ring,
+            p.out_stages,
+            p.warp_channels,
+            p.producers,
+        ) != (1, 3, 2, 1, 1)
+        {
             return Err(format!(
-                "storers={} ring={} out_stages={} warp_channels={} belong to the producer \
-                 form: producer=0 takes storers=1, ring=3, out_stages=2, warp_channels=1",
-                p.storers, p.ring, p.out_stages, p.warp_channels
+                "storers={} ring={} out_stages={} warp_channels={} producers={} belong to the \
+                 producer form: producer=0 takes storers=1, ring=3, out_stages=2, \
+                 warp_channels=1, producers=1",
+                p.storers, p.ring, p.out_stages, p.warp_channels, p.producers
             ));
         }
         within_shared(
@@ -348,7 +365,7 @@ impl Variant for DepthReuseCl {
         let [kd, kh, kw] = spec.kernel3();
         if p.producer == 1 {
             return Ok(format!(
-                "depth_reuse_cl_producer_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
+                "depth_reuse_cl_producer_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
                 cuda_type(spec.dtype()),
                 p.cols,
                 p.channels,
@@ -358,6 +375,7 @@ impl Variant for DepthReuseCl {
                 p.ring,
                 p.out_stages,
                 p.warp_channels,
+                p.producers,
                 p.minblocks
             ));
         }
@@ -429,17 +447,18 @@ mod tests {
                 "ring",
                 "out_stages",
                 "warp_channels",
+                "producers",
                 "minblocks",
             ]
             .map(|k| c.get(k))
         };
-        assert_eq!(values(&d), [1, 16, 64, 3, 1, 1, 4, 3, 2, 2, 1].map(Some));
+        assert_eq!(values(&d), [1, 16, 64, 3, 1, 1, 4, 3, 2, 2, 1, 1].map(Some));
         // 8 tile warps of two channels, the producer, four storers.
         assert_eq!(v.launch(&spec, &d, 132).unwrap().block.0, 13 * 32);
         let x3d = crate::suite::channels_last_case("x3d-ndhwc");
         assert_eq!(
             values(&v.default_config(&x3d)),
-            [1, 16, 16, 3, 1, 1, 4, 3, 2, 2, 1].map(Some)
+            [1, 16, 16, 3, 1, 1, 4, 3, 2, 2, 1, 1].map(Some)
         );
         // The block-barrier form.
         let d = Config::new(
@@ -455,6 +474,7 @@ mod tests {
                 ("ring", 3),
                 ("out_stages", 2),
                 ("warp_channels", 1),
+                ("producers", 1),
                 ("minblocks", 2),
             ],
         );
@@ -573,7 +593,7 @@ mod tests {
         assert!(v
             .specialization(&spec, &slack)
             .unwrap()
-            .ends_with(", 3, 4, 3, 1, 2>")); // storers, ring, out_stages, warp_channels, minblocks
+            .ends_with(", 3, 4, 3, 1, 1, 2>")); // storers, ring, out_stages, warp_channels, producers, minblocks
         let barrier_slack = with(&d, &[("ring", 4)]);
         assert!(v
             .fits(&spec, &barrier_slack)
@@ -587,16 +607,35 @@ mod tests {
             (lp.block.0, lp.grid.0, lp.shared_bytes),
             (12 * 32, l16.grid.0, l16.shared_bytes)
         );
-        // storers, ring, out_stages, warp_channels, minblocks
+        // storers, ring, out_stages, warp_channels, producers, minblocks
         assert!(v
             .specialization(&spec, &paired)
             .unwrap()
-            .ends_with(", 3, 3, 2, 2, 2>"));
+            .ends_with(", 3, 3, 2, 2, 1, 2>"));
         let barrier_paired = with(&d, &[("warp_channels", 2)]);
         assert!(v
             .fits(&spec, &barrier_paired)
             .unwrap_err()
             .contains("warp_channels=1"));
+        // Two producer warps: one warp more, the same shared memory; the block-barrier
+        // form has none; 16 x 1 tile warps + 2 producers + 15 storers is 33 warps.
+        let two = with(&paired, &[("producers", 2)]);
+        let lp = v.launch(&spec, &two, 132).unwrap();
+        assert_eq!(
+            (lp.block.0, lp.grid.0, lp.shared_bytes),
+            (13 * 32, l16.grid.0, l16.shared_bytes)
+        );
+        assert!(v
+            .specialization(&spec, &two)
+            .unwrap()
+            .ends_with(", 3, 3, 2, 2, 2, 2>"));
+        let barrier_two = with(&d, &[("producers", 2)]);
+        assert!(v
+            .fits(&spec, &barrier_two)
+            .unwrap_err()
+            .contains("producers=1"));
+        let crowded = with(&sixteen, &[("producers", 2), ("storers", 15)]);
+        assert!(v.fits(&spec, &crowded).unwrap_err().contains("33 warps"));
         let c24 = crate::spec::ConvParams {
             n: 1,
             c: 24,
@@ -613,7 +652,7 @@ mod tests {
         assert!(v.fits(&c24, &sixteen).unwrap_err().contains("multiple"));
         assert_eq!(
             values(&v.default_config(&c24)),
-            [2, 8, 64, 1, 1, 1, 3, 3, 2, 1, 1].map(Some)
+            [2, 8, 64, 1, 1, 1, 3, 3, 2, 1, 1, 1].map(Some)
         );
         assert!(!v
             .space(&c24)
