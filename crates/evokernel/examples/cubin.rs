@@ -68,8 +68,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .into_iter()
         .find(|v| v.name() == name)
         .ok_or_else(|| format!("no variant '{name}'"))?;
+    // As --config: the parameters named, the default for the rest.
     let config: Config = if config.contains(':') {
-        config.parse()?
+        evokernel::variants::forced_over_default(v, &spec, &config.parse()?)
     } else {
         v.default_config(&spec)
     };

@@ -404,10 +404,13 @@ __global__ void __launch_bounds__((CG / CPW * COLS + PRODUCERS + STORERS) * 32, 
     }
     __syncthreads();
 
+    // (One producer tested as `warp == TW`: the code of the GPU-tested one-producer kernel.)
     if (PRODUCERS == 1 ? warp == TW : warp >= TW && warp < TW + PRODUCERS) {
         // The producers (producer pi's transpose: rounds pi, pi + PRODUCERS, .. of the
         // slice's groups, four a round). 16 channels: the TMA's 32-byte swizzle (host:
         // depth_reuse_cl::tensor_maps). Producer 0 alone fills the staging slots.
+        // (pi spelled out as 0 for one producer: with `warp - TW` ptxas did not fold the
+        // refill's `pi == 0` tests, and the one-producer kernel grew by 400 instructions)
         const int pi = PRODUCERS > 1 ? warp - TW : 0;
         constexpr int ROUNDS = ((GROUPS + 3) / 4 + PRODUCERS - 1) / PRODUCERS;
         const GroupTranspose<T, GROUPS, PIX, WS, PLANE, ROUNDS, H, CG == 16> transpose(pi, PRODUCERS, lane, base);
@@ -486,7 +489,7 @@ __global__ void __launch_bounds__((CG / CPW * COLS + PRODUCERS + STORERS) * 32, 
 #endif
         return;
     }
-    if (warp > TW + PRODUCERS - 1) {
+    if (warp >= TW + PRODUCERS) {
         // The storers: depth d0 + q leaves from stage q mod OST.
 #pragma unroll 1
         for (int q = 0; q < depths; ++q) {

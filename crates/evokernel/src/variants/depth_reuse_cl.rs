@@ -400,7 +400,7 @@ impl Variant for DepthReuseCl {
             producer,
             ..
         } = p;
-        // The producer form adds a producer and the storer warps.
+        // The producer form adds the producer and storer warps.
         let (warps, shared) = if producer == 1 {
             (producer_warps(&p), producer_shared_bytes(spec, &p))
         } else {
