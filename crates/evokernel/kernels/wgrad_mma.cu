@@ -105,7 +105,12 @@ __device__ __forceinline__ unsigned pack_pair(const unsigned short* h) {
     return h[0] | ((unsigned)h[1] << 16);
 }
 
-template <typename T, int KD, int KH, int KW, int DW, int KS, int NT, int BK, int R, bool VEC, bool TMA, int RPS, int SW>
+// CLG > 0: channels-last data (wgrad_mma_cl.cu), a block of CLG channels, a warp each,
+// all on the same item. One TMA box a tensor a slot lands [rows][columns][CLG channels]
+// in a block-wide staging ring; once in, the block's warps transpose it (ldmatrix.trans
+// + stmatrix, 8 columns x 8 channels a matrix) into each warp's one slot of the
+// channels-first layout, which the MMA rows below then read unchanged.
+template <typename T, int KD, int KH, int KW, int DW, int KS, int NT, int BK, int R, bool VEC, bool TMA, int RPS, int SW, int CLG = 0>
 __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short* smem, const TmaMaps& maps) {
     constexpr int ROWS = KD * KH;
     constexpr int TAPS = ROWS * KW;
@@ -129,29 +134,43 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const int g = lane >> 2, q = lane & 3;
-    const long long c = blockIdx.x;
+    constexpr bool CL = CLG > 0;
+    static_assert(!CL || (TMA && SW == 0 && (CLG == 8 || CLG == 16)), "channels-last: TMA boxes of 8 or 16 channels");
+    // The warp's channel (channels-last: the block's CLG channels from c0, a warp each).
+    const long long c0 = (long long)blockIdx.x * (CL ? CLG : 1);
+    const long long c = CL ? c0 + warp : c0;
     const int split = blockIdx.y, splits = gridDim.y;
     // Shared memory: every warp's ring (SW: the block's one ring), then every warp's f32
     // sums, then (TMA) every ring's R slot barriers, 8-byte aligned.
     constexpr bool SHARED = SW > 0;
+    // Channels-last: every warp's one slot (TSLOT apart: the 8 rows of an stmatrix, a
+    // channel each, on distinct bank groups), then the block's staging ring of R slots.
+    constexpr int TSLOT = Ring::SLOT + 8;
+    constexpr int SG = (RPS * Ring::GYBOX * CLG + 63) / 64 * 64;  // staging: the input box's start
+    constexpr int STG = (SG + KD * RPS * Ring::XROW * CLG + 63) / 64 * 64;
     const int rings = SHARED ? 1 : warps, my_ring = SHARED ? 0 : warp;
-    unsigned short* ring = smem + my_ring * (R * Ring::SLOT);
-    float* wacc_all = reinterpret_cast<float*>(smem + rings * (R * Ring::SLOT));
+    unsigned short* ring = CL ? smem + warp * TSLOT : smem + my_ring * (R * Ring::SLOT);
+    unsigned short* staging = smem + (warps * TSLOT + 63) / 64 * 64;  // 128-byte aligned TMA boxes
+    float* wacc_all = reinterpret_cast<float*>(CL ? staging + R * STG : smem + rings * (R * Ring::SLOT));
     float* wacc = wacc_all + warp * (TAPS + 1);
     const unsigned bars = ((unsigned)__cvta_generic_to_shared(wacc_all + warps * (TAPS + 1)) + 7u) / 8u * 8u +
-                          (unsigned)(my_ring * R * 8);
+                          (unsigned)((CL ? 0 : my_ring) * R * 8);
     // This warp's grad-output rows and input depths in a slot (SW: its part of the block's).
     const int gy_at = SHARED ? warp * RPS * Ring::GYROW : 0, x_at = SHARED ? warp * Ring::XKD : 0;
     // The ring's owners: the warp, or the block. A ring's leader issues its TMA boxes.
-    const int owner = SHARED ? (int)threadIdx.x : lane, owners = SHARED ? (int)blockDim.x : 32;
+    const int owner = SHARED || CL ? (int)threadIdx.x : lane, owners = SHARED || CL ? (int)blockDim.x : 32;
     auto sync_owners = [&]() {
-        if constexpr (SHARED)
+        if constexpr (SHARED || CL)
             __syncthreads();
         else
             __syncwarp();
     };
     // Zero margins once: the copies only ever write the rows and the row's TW values.
-    for (int i = 4 * owner; i < R * Ring::SLOT; i += 4 * owners) *reinterpret_cast<uint2*>(ring + i) = make_uint2(0u, 0u);
+    if constexpr (CL) {
+        for (int i = 4 * owner; i < warps * TSLOT; i += 4 * owners) *reinterpret_cast<uint2*>(smem + i) = make_uint2(0u, 0u);
+    } else {
+        for (int i = 4 * owner; i < R * Ring::SLOT; i += 4 * owners) *reinterpret_cast<uint2*>(ring + i) = make_uint2(0u, 0u);
+    }
     for (int i = lane; i < TAPS + 1; i += 32) wacc[i] = 0.f;
 #if __CUDA_ARCH__ >= 900
     if constexpr (COPY_TMA) {
@@ -163,6 +182,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
 #endif
     sync_owners();
     const unsigned ring_s = (unsigned)__cvta_generic_to_shared(ring);
+    const unsigned smem_s = (unsigned)__cvta_generic_to_shared(smem), stage_s = (unsigned)__cvta_generic_to_shared(staging);
     // Each slot's barrier completes once per row copied into it: the parity to wait
     // for is bit `slot` here, flipped per wait (warp-uniform).
     unsigned phases = 0;
@@ -211,7 +231,9 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
     float bacc = 0.f;
     const unsigned one = IsBf16<T>::value ? 0x3F803F80u : 0x3C003C00u;
 
-    for (long long it = lo + (SHARED ? 0 : warp); it < hi; it += SHARED ? 1 : warps) {
+    // An element's offset from its channel's first: channels-last data steps C a pixel.
+    const long long es = CL ? a.c : 1;
+    for (long long it = lo + (SHARED || CL ? 0 : warp); it < hi; it += SHARED || CL ? 1 : warps) {
         const int tile = (int)(it % tiles);
         long long r = it / tiles;
         const int band = (int)(r % bands);
@@ -221,11 +243,12 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
         // SW: a warp past the last output depth still fills and waits with the block, and
         // sums nothing (its grad-output rows are zeros; its input rows serve the others).
         const int od = SHARED ? odg * SW + warp : odg;
-        const bool live = !SHARED || od < a.od;
+        const bool live = CL ? c < a.c : !SHARED || od < a.od;
         const int ow0 = tile * TW, oh0 = band * BH, oh1 = min(oh0 + BH, a.oh);
         const int cb = ow0 + off - a.pw;  // first input column of the item's K range
-        const T* xc = x + (n * a.c + c) * (long long)a.id * plane;
-        const T* gyp = gy + ((n * a.c + c) * a.od + od) * (long long)a.oh * a.ow;
+        const T* xc = CL ? x + n * a.id * plane * a.c + c : x + (n * a.c + c) * (long long)a.id * plane;
+        const T* gyp = CL ? gy + (n * a.od + od) * (long long)a.oh * a.ow * a.c + c
+                          : gy + ((n * a.c + c) * a.od + od) * (long long)a.oh * a.ow;
         // Per chunk: its source at the band's first new input row (advanced one row per
         // issued row: issue() is called for rows 0, 1, 2, ... in order) and whether its
         // depth and columns exist; the same for the grad-output chunk.
@@ -255,7 +278,45 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                 const int ih = oh - a.ph + KH - 1;
                 const bool ihok = ih >= 0 && ih < a.ih;
                 const int slot = (gi & (R - 1)) * Ring::SLOT;
-                if constexpr (COPY_TMA) {
+                if constexpr (CL) {
+                    const int st = (gi & (R - 1)) * STG;
+#if __CUDA_ARCH__ >= 900
+                    // The block's leader: the CLG channels' grad-output rows and their KD
+                    // depths of input rows, one box each ([rows][columns][channels]).
+                    if (owner == 0) {
+                        const unsigned bar = bars + 8u * (unsigned)(gi & (R - 1)), dst = stage_s + 2u * st;
+                        mbar_expect_tx(bar, (unsigned)(RPS * (Ring::GYBOX + KD * Ring::XROW) * CLG * sizeof(T)));
+                        tma_load_5d(dst, &maps.output, (int)c0, ow0, oh, od, (int)n, bar);
+                        tma_load_5d(dst + 2u * SG, &maps.input, (int)c0, cb, ih, id0, (int)n, bar);
+                    }
+#else
+                    // Off Hopper the same boxes by 16-byte loads of 8 channels, zeros past
+                    // the edges (synchronous: the syncs around each slot order them).
+                    constexpr int HG = CLG / 8, GCHK = RPS * Ring::GYBOX * HG;
+                    const T* gyn = gy + (n * a.od + od) * (long long)a.oh * a.ow * a.c + c0;
+                    const T* xn = x + n * a.id * plane * a.c + c0;
+                    for (int i = owner; i < GCHK + KD * RPS * Ring::XROW * HG; i += owners) {
+                        const int h = i % HG;
+                        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+                        int at;
+                        if (i < GCHK) {
+                            const int col = (i / HG) % Ring::GYBOX, r = i / (HG * Ring::GYBOX);
+                            const int oo = oh + r, ow = ow0 + col;
+                            if (oo < a.oh && ow < a.ow)
+                                v = __ldg(reinterpret_cast<const uint4*>(gyn + ((long long)oo * a.ow + ow) * a.c + 8 * h));
+                            at = (r * Ring::GYBOX + col) * CLG + 8 * h;
+                        } else {
+                            const int j = i - GCHK, col = (j / HG) % Ring::XROW, rr = j / (HG * Ring::XROW);
+                            const int id = id0 + rr / RPS, ihh = ih + rr % RPS, iw = cb + col;
+                            if (id >= 0 && id < a.id && ihh >= 0 && ihh < a.ih && iw >= 0 && iw < a.iw)
+                                v = __ldg(reinterpret_cast<const uint4*>(
+                                    xn + ((id * (long long)a.ih + ihh) * a.iw + iw) * a.c + 8 * h));
+                            at = SG + (rr * Ring::XROW + col) * CLG + 8 * h;
+                        }
+                        *reinterpret_cast<uint4*>(staging + st + at) = v;
+                    }
+#endif
+                } else if constexpr (COPY_TMA) {
 #if __CUDA_ARCH__ >= 900
                     // The ring's leader: the grad-output rows (GYBOX columns from the tile's
                     // first output; SW depths from the block's first) and the KD (SW + KD -
@@ -346,18 +407,18 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
 #pragma unroll
         for (int gi = 0; gi < R - 1; ++gi) issue(gi);
         // The band's first output row also reads input rows oh0 - ph + 0..KH-2 (slots
-        // 0..KH-2): straight from global memory into A.
+        // 0..KH-2): straight from global memory into A (channels-last: element by element).
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             if (!live || !row_live[j] || slot_r[j] >= KH - 1) continue;
             const int id = od * a.sd - a.pd + kd_r[j] * a.dd, ih = oh0 - a.ph + slot_r[j];
             const bool ok = id >= 0 && id < a.id && ih >= 0 && ih < a.ih;
-            const T* src = xc + id * plane + (long long)ih * a.iw;
+            const T* src = CL ? xc + (id * plane + (long long)ih * a.iw) * es : xc + id * plane + (long long)ih * a.iw;
 #pragma unroll
             for (int s = 0; s < KS; ++s) {
                 const int col = cb + wgrad_mma_kcol(s, KS, q);
                 unsigned short h[4];
-                if (VEC && ok && col >= 0 && col < a.iw) {
+                if (VEC && !CL && ok && col >= 0 && col < a.iw) {
                     const uint2 v = __ldg(reinterpret_cast<const uint2*>(src + col));
                     af[s][j] = v.x;
                     af[s][j + 2] = v.y;
@@ -365,8 +426,8 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                 }
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
-                    h[e] = !VEC && ok && col + e >= 0 && col + e < a.iw
-                        ? __ldg(reinterpret_cast<const unsigned short*>(src + col + e))
+                    h[e] = (!VEC || CL) && ok && col + e >= 0 && col + e < a.iw
+                        ? __ldg(reinterpret_cast<const unsigned short*>(CL ? src + (col + e) * es : src + col + e))
                         : (unsigned short)0;
                 af[s][j] = pack_pair(h);
                 af[s][j + 2] = pack_pair(h + 2);
@@ -446,13 +507,66 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                 }
             }
         };
+        // Channels-last: staging slot gi's boxes into every warp's slot, 8 columns x 8
+        // channels a matrix, four matrices a round, the block's warps taking turns. A lane
+        // names row k of matrix lane / 8 twice: column k of the staged block to load
+        // (transposed: lane t then holds channel t / 4's columns 2 (t % 4), + 1) and
+        // channel k's row of 8 columns to store.
+        auto transpose = [&](int gi) {
+            if constexpr (CL) {
+                constexpr int HG = CLG / 8, GB = Ring::GYBOX / 8, XB = Ring::XROW / 8;
+                constexpr int NB = HG * (RPS * GB + KD * RPS * XB), ROUNDS = (NB + 3) / 4;
+                static_assert(Ring::GYBOX % 8 == 0 && Ring::XROW % 8 == 0, "whole 8-column blocks");
+                const unsigned from0 = stage_s + 2u * (unsigned)((gi & (R - 1)) * STG), to0 = smem_s;
+                const int k = lane & 7;
+                for (int ri = warp; ri < ROUNDS; ri += warps) {
+                    const int b = min(4 * ri + (lane >> 3), NB - 1), h = b % HG, bb = b / HG;
+                    int from, to;
+                    if (bb < RPS * GB) {
+                        const int r = bb / GB, w8 = bb - r * GB;
+                        from = (r * Ring::GYBOX + 8 * w8 + k) * CLG + 8 * h;
+                        to = Ring::GY + r * Ring::GYROW + 8 * w8;
+                    } else {
+                        const int x8 = bb - RPS * GB, rr = x8 / XB, w8 = x8 - rr * XB;
+                        from = SG + (rr * Ring::XROW + 8 * w8 + k) * CLG + 8 * h;
+                        to = Ring::XOFF + rr * Ring::XROW + 8 * w8;
+                    }
+                    to += (8 * h + k) * TSLOT;
+                    unsigned f[4];
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                                 : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3])
+                                 : "r"(from0 + 2u * from)
+                                 : "memory");
+#if __CUDA_ARCH__ >= 900
+                    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(to0 + 2u * to),
+                                 "r"(f[0]), "r"(f[1]), "r"(f[2]), "r"(f[3])
+                                 : "memory");
+#else
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const int row = __shfl_sync(0xffffffffu, to, 8 * i + (lane >> 2));
+                        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(to0 + 2u * row + 4u * (lane & 3)), "r"(f[i])
+                                     : "memory");
+                    }
+#endif
+                }
+            }
+        };
         // Slot group gi's rows are in: slot (gi - 1) mod R was read by the rows before,
         // so it is refilled R - 1 ahead first.
         int gi = 0, sub = 0;
         auto enter_slot = [&]() {
             sync_owners();
             issue(gi + R - 1);
-            if constexpr (COPY_TMA) {
+            if constexpr (CL) {
+#if __CUDA_ARCH__ >= 900
+                const unsigned sl = (unsigned)(gi & (R - 1));
+                mbar_wait(bars + 8u * sl, (phases >> sl) & 1u);
+                phases ^= 1u << sl;
+#endif
+                transpose(gi);
+                sync_owners();
+            } else if constexpr (COPY_TMA) {
                 const unsigned sl = (unsigned)(gi & (R - 1));
                 mbar_wait(bars + 8u * sl, (phases >> sl) & 1u);
                 phases ^= 1u << sl;
@@ -467,7 +581,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                 // tests or branches between them, so ptxas can overlap one row's MMA
                 // chain with the next row's (each phase has its own accumulators).
                 if (sub == 0) enter_slot();
-                const unsigned short* slot = ring + (gi & (R - 1)) * Ring::SLOT;
+                const unsigned short* slot = ring + (CL ? 0 : (gi & (R - 1)) * Ring::SLOT);
                 const unsigned short* src = slot + gy_at + sub * Ring::GYROW;
                 const unsigned short* xsub = slot + Ring::XOFF + x_at + sub * Ring::XROW;
                 if (live) {
@@ -485,7 +599,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
             for (int p = 0; p < KH; ++p) {
                 if (ohb + p >= oh1) break;
                 if (sub == 0) enter_slot();
-                const unsigned short* slot = ring + (gi & (R - 1)) * Ring::SLOT;
+                const unsigned short* slot = ring + (CL ? 0 : (gi & (R - 1)) * Ring::SLOT);
                 const unsigned short* src = slot + gy_at + sub * Ring::GYROW;
                 const unsigned short* xsub = slot + Ring::XOFF + x_at + sub * Ring::XROW;
                 if (++sub == RPS) {
@@ -514,11 +628,11 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                     for (int oh = oh0; oh < oh1; ++oh) {
                         const int ih = oh - a.ph + kh;
                         if (ih < 0 || ih >= a.ih) continue;
-                        const T* xr = xc + id * plane + (long long)ih * a.iw;
-                        const T* gr = gyp + (long long)oh * a.ow;
+                        const T* xr = CL ? xc + (id * plane + (long long)ih * a.iw) * es : xc + id * plane + (long long)ih * a.iw;
+                        const T* gr = CL ? gyp + (long long)oh * a.ow * es : gyp + (long long)oh * a.ow;
                         for (int ow = ow0; ow < owe; ++ow) {
                             const int iw = ow - a.pw + kw * DW;
-                            if (iw >= 0 && iw < a.iw) s = fmaf(to_f32(gr[ow]), to_f32(xr[iw]), s);
+                            if (iw >= 0 && iw < a.iw) s = fmaf(to_f32(CL ? gr[ow * es] : gr[ow]), to_f32(CL ? xr[iw * es] : xr[iw]), s);
                         }
                     }
                 }
@@ -527,7 +641,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
             if constexpr (ONES) {
                 for (int oh = oh0; oh < oh1; ++oh)
                     for (int ow = ow0 + lane; ow < owe; ow += 32)
-                        bacc += to_f32(gyp[(long long)oh * a.ow + ow]);
+                        bacc += to_f32(CL ? gyp[((long long)oh * a.ow + ow) * es] : gyp[(long long)oh * a.ow + ow]);
             }
         } else {
             // Unrotate: output row phase p found tap kh in slot (p + kh) mod KH. Within
@@ -561,8 +675,16 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
     for (int o = 16; o > 0; o >>= 1) bacc += __shfl_xor_sync(0xffffffffu, bacc, o);
     if (lane == 0) wacc[TAPS] += bacc;
     __syncthreads();
-    // The block's warps in order.
     pdl_launch_dependents();  // the finalize may launch (it waits for this grid)
+    if constexpr (CL) {
+        // A warp a channel: its own sums.
+        if (c < a.c) {
+            float* out = partials + ((long long)split * a.c + c) * (TAPS + 1);
+            for (int t = lane; t < TAPS + 1; t += 32) out[t] = wacc[t];
+        }
+        return;
+    }
+    // The block's warps in order.
     float* out = partials + ((long long)split * a.c + c) * (TAPS + 1);
     for (int t = threadIdx.x; t < TAPS + 1; t += blockDim.x) {
         float s = 0.f;

@@ -69,8 +69,9 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
     // where the FMA kernels have many taps a row and depths to sum (runs 258-260).
     if on_copies {
         return match v.name() {
+            // Behind wgrad_mma_cl where it applies (below).
             "wgrad_mma" if wide_rows_3d => (
-                0,
+                1,
                 "grad-weight on tensor cores (3-D, kernel rows of >= 5 taps)",
             ),
             _ => (4, "grad-weight behind the channels-last kernels"),
@@ -217,6 +218,19 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
             "grad-weight on tensor cores (input rows kept in registers)",
         ),
         "wgrad_mma" => (2, "grad-weight on tensor cores (few tap rows or narrow rows)"),
+        // wgrad_mma's rows on channels-last data, each slot transposed in shared memory
+        // (run 345, same call): ahead of wgrad_mma on channels-first copies on 3-D rows of
+        // >= 5 taps (the NDHWC seed 0.560 vs 0.626 ms, seed-f16-ndhwc 0.559 vs 0.622, and
+        // no copies' workspace), behind wgrad_tile_cl on 3-wide rows (x3d-ndhwc 0.232 vs
+        // 0.175, video-vae-ndhwc 0.371 vs 0.276).
+        "wgrad_mma_cl" if wide_rows_3d => (
+            0,
+            "grad-weight on tensor cores, channels-last slots transposed in shared memory (3-D, kernel rows of >= 5 taps)",
+        ),
+        "wgrad_mma_cl" => (
+            5,
+            "grad-weight on tensor cores from channels-last slots (FMA tiles ahead here)",
+        ),
         // Channels-last grad-weight from shared-memory tiles (docs/perf.md, runs 106-110):
         // wins on every 2-D and 3-D case against wgrad and wgrad_cl (mobilenet-s1-nhwc
         // 0.063 vs 0.149 ms, convnext-nhwc 0.217 vs 0.417, x3d-ndhwc 0.358 vs 0.823, the
@@ -656,13 +670,13 @@ mod tests {
             ("replknet-31x31", "wgrad_tile"),
             ("video-vae-decoder", "wgrad_mma"),
             ("x3d-m-res4", "wgrad"),
-            ("seed-bf16-ndhwc", "wgrad_mma"),
+            ("seed-bf16-ndhwc", "wgrad_mma_cl"),
             ("mobilenet-s2", "wgrad_strip_cl"),
             ("x3d-ndhwc", "wgrad_tile_cl"),
             ("video-vae-ndhwc", "wgrad_tile_cl"),
             ("convnext-nhwc", "wgrad_strip_cl"),
             ("mobilenet-s1-nhwc", "wgrad_tile_cl"),
-            ("seed-f16-ndhwc", "wgrad_mma"),
+            ("seed-f16-ndhwc", "wgrad_mma_cl"),
             ("causal-conv1d-nwc", "wgrad_strip_cl"),
             ("mamba2-conv1d", "wgrad_cl"),
             ("hybrid-shortconv", "wgrad_cl"),

@@ -1294,6 +1294,95 @@ fn wgrad_mma_passes_with_either_ring_fill() {
     assert!(shared >= 15, "only {shared} shared-ring configs");
 }
 
+/// wgrad_mma_cl (wgrad_mma on channels-last data, its slots transposed in shared memory)
+/// on the suites' channels-last cases it takes and on random channels-last specs: 1-3
+/// dims, rows of any width (the boxes' zero fill past the edges), asymmetric padding, D
+/// stride, W dilation, 8 to 48 channels (16-channel blocks with a ragged last group),
+/// slots of one row and of several, rings of 2 and 4, NaN/Inf in a third, grad-bias in
+/// every check.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn wgrad_mma_cl_passes_on_channels_last_specs() {
+    let engine = Engine::cuda(0).unwrap();
+    let v = evokernel::variants::find("wgrad_mma_cl").unwrap();
+    let mut rng = SplitMix64::new(2041);
+    let mut pick = |lo: u64, hi: u64| (lo + rng.next_u64() % (hi - lo + 1)) as i64;
+    let mut specs = named_specs(
+        [public_suite(), channels_last_suite(), models_suite()],
+        Some(Layout::ChannelsLast),
+    );
+    for i in 0..48 {
+        let (kd, kh, kw, dw) = (pick(1, 3), pick(1, 5), pick(1, 9), pick(1, 2));
+        let mut p = ConvParams::seed();
+        p.layout = Layout::ChannelsLast;
+        p.n = pick(1, 2);
+        p.c = 8 * pick(1, 6);
+        p.dtype = if i % 2 == 0 { DType::Bf16 } else { DType::F16 };
+        let dims = match i % 3 {
+            0 => vec![(kw, 1, dw, pick(kw as u64, 90))],
+            1 => vec![
+                (kh, 1, 1, pick(kh as u64, 30)),
+                (kw, 1, dw, pick(kw as u64, 90)),
+            ],
+            _ => vec![
+                (kd, pick(1, 2), 1, pick(kd as u64, 7)),
+                (kh, 1, 1, pick(kh as u64, 24)),
+                (kw, 1, dw, pick(kw as u64, 90)),
+            ],
+        };
+        set_dims(&mut p, &dims, &mut pick);
+        if let Ok(spec) = p.validate() {
+            specs.push((format!("random #{i}"), spec));
+        }
+    }
+    let mut cases = Vec::new();
+    for (name, spec) in specs {
+        if v.applies(&spec).is_err() {
+            continue;
+        }
+        let configs = launchable_overrides(
+            v,
+            &spec,
+            &[
+                &[],
+                &[("rows", 1)],
+                &[("rows", 1), ("ks", 3), ("ring", 4)],
+                &[("channels", 16), ("minblocks", 1)],
+                &[("rows", 2), ("ring", 4), ("splits", 1)],
+                &[("channels", 16), ("rows", 1), ("minblocks", 1)],
+            ],
+        );
+        cases.push((name, spec, configs));
+    }
+    let several_rows = cases
+        .iter()
+        .flat_map(|c| &c.2)
+        .filter(|c| c.values["rows"] > 1)
+        .count();
+    let sixteen = cases
+        .iter()
+        .flat_map(|c| &c.2)
+        .filter(|c| c.values["channels"] == 16)
+        .count();
+    let checked = check_cases(&engine, v, &cases, |_, spec| {
+        ConvProblem::new(spec.clone())
+            .with_epilogue(Epilogue {
+                bias: true,
+                ..Epilogue::NONE
+            })
+            .with_pass(Pass::Wgrad)
+    });
+    eprintln!(
+        "{checked} wgrad_mma_cl checks on {} specs, {several_rows} with several rows a slot, {sixteen} with 16 channels a block",
+        cases.len()
+    );
+    assert!(cases.len() >= 30, "only {} specs", cases.len());
+    assert!(
+        several_rows >= 20 && sixteen >= 30,
+        "{several_rows} / {sixteen}"
+    );
+}
+
 /// The cases of `suites` (of `layout` only, where given) as (name, spec): the random-spec
 /// fill tests start from them.
 fn named_specs<const N: usize>(

@@ -389,6 +389,33 @@ fn wgrad_mma_builds_for_sm80_with_either_ring_fill() {
     }
 }
 
+/// wgrad_mma_cl off Hopper: its staging slots filled by 16-byte loads instead of TMA
+/// boxes and its transposes stored lane by lane instead of by stmatrix (sm_90 only):
+/// slots of one and five rows, 8 and 16 channels, build for sm_80.
+#[test]
+fn wgrad_mma_cl_builds_for_sm80() {
+    let jit = Jit::new("sm_80").unwrap().without_cache();
+    let v = evokernel::variants::find("wgrad_mma_cl").unwrap();
+    let suite = evokernel::suite::public_suite().unwrap();
+    let spec = &suite
+        .iter()
+        .find(|c| c.name == "seed-bf16-ndhwc")
+        .unwrap()
+        .spec;
+    for (rows, channels, minblocks) in [(5, 8, 2), (1, 16, 1)] {
+        builds_for_sm80(
+            &jit,
+            v,
+            spec,
+            &[
+                ("rows", rows),
+                ("channels", channels),
+                ("minblocks", minblocks),
+            ],
+        );
+    }
+}
+
 /// wgrad_tile_cl and wgrad_strip_cl off Hopper: a `tma=1` config fills the same
 /// 128-byte-aligned buffers with cp.async (the TMA and mbarrier forms are sm_90 only);
 /// both fills build for sm_80, 2-D and 3-D, f16 and f32.

@@ -65,6 +65,7 @@ mod tensor_core;
 mod wgrad;
 mod wgrad_cl;
 mod wgrad_mma;
+mod wgrad_mma_cl;
 mod wgrad_strip_cl;
 mod wgrad_tile;
 mod wgrad_tile_cl;
@@ -88,6 +89,7 @@ pub use tensor_core::TensorCore;
 pub use wgrad::Wgrad;
 pub use wgrad_cl::WgradCl;
 pub use wgrad_mma::WgradMma;
+pub use wgrad_mma_cl::WgradMmaCl;
 pub use wgrad_strip_cl::WgradStripCl;
 pub use wgrad_tile::WgradTile;
 pub use wgrad_tile_cl::WgradTileCl;
@@ -705,6 +707,7 @@ pub fn registry() -> Vec<&'static dyn Variant> {
         &Wgrad,
         &WgradCl,
         &WgradMma,
+        &WgradMmaCl,
         &WgradTile,
         &WgradTileCl,
         &WgradStripCl,
@@ -1120,6 +1123,7 @@ dgrad_cell_cl af555efdf2b633c8bea80c7226f4f6b7
 wgrad 12c90f7774f54ed0166b7d6ae9a858a1
 wgrad_cl cf8a747ae51c53e28b3f060ab1a9199a
 wgrad_mma caf782eacd970a65c4c0932ce440032b
+wgrad_mma_cl ee67d1e02e9b02b1701b8c3c4cad36a0
 wgrad_tile 1f13126d011bb35613a0b2decee03689
 wgrad_tile_cl 31bd0ce11b6259ab0f8a7b173aa6fdb4
 wgrad_strip_cl 9bd7af0ab11763df959b098f8e80b3b6

@@ -34,17 +34,17 @@ typed_params!(Params {
 });
 
 /// Most tap rows (KD*KH): one 16-row MMA tile; mirrors the kernel's static_assert.
-const MAX_TAP_ROWS: usize = 16;
+pub(super) const MAX_TAP_ROWS: usize = 16;
 /// Widest kernel row: two 8-column MMA tiles.
-const MAX_KW: usize = 16;
+pub(super) const MAX_KW: usize = 16;
 // Up to 12 (192 columns): video-vae-decoder's 160-wide rows as whole-row slots (11).
-const KSTEPS: [i64; 11] = [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
-const BANDS: [i64; 10] = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16];
+pub(super) const KSTEPS: [i64; 11] = [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
+pub(super) const BANDS: [i64; 10] = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16];
 
 impl WgradMma {
     /// Alignment of a tile's first column and width: TMA copies start at multiples of 16
     /// bytes (the kernel's WgradMmaTile::ALIGN).
-    fn align(tma: bool) -> usize {
+    pub(super) fn align(tma: bool) -> usize {
         if tma {
             8
         } else {
@@ -53,7 +53,7 @@ impl WgradMma {
     }
 
     /// Outputs of a W tile with `ks` k-steps (the kernel's WgradMmaTile::TW).
-    fn tile_width(spec: &ConvSpec, ks: usize, tma: bool) -> usize {
+    pub(super) fn tile_width(spec: &ConvSpec, ks: usize, tma: bool) -> usize {
         let (kw, dw) = (spec.kernel3()[2], spec.dilation3()[2]);
         let align = Self::align(tma);
         let cols = 16 * ks;
@@ -76,7 +76,7 @@ impl WgradMma {
             && Self::left(spec, true) <= 64
     }
 
-    fn n_tiles(spec: &ConvSpec) -> usize {
+    pub(super) fn n_tiles(spec: &ConvSpec) -> usize {
         spec.kernel3()[2].div_ceil(8)
     }
 
@@ -100,7 +100,7 @@ impl WgradMma {
 
     /// Columns of a slot's grad-output rows with `rows` > 1 (the kernel's
     /// WgradMmaRing::GYROW): its k-range's reads and the next row's left margin.
-    fn gy_row(spec: &ConvSpec, ks: usize) -> usize {
+    pub(super) fn gy_row(spec: &ConvSpec, ks: usize) -> usize {
         (16 * ks + 4)
             .max(Self::tile_width(spec, ks, true) + Self::left(spec, true))
             .div_ceil(8)
@@ -109,7 +109,7 @@ impl WgradMma {
 
     /// Rows a slot of whole-row tiles holds by default: KH (one wait a phase cycle, no
     /// tests between its rows) where it is 2-8, else 4 (run 184).
-    fn whole_row_slot(spec: &ConvSpec) -> i64 {
+    pub(super) fn whole_row_slot(spec: &ConvSpec) -> i64 {
         match spec.kernel3()[1] {
             kh @ 2..=8 => kh as i64,
             _ => 4,
@@ -118,7 +118,7 @@ impl WgradMma {
 
     /// Output rows a slot may hold: 1, 2, 4, and KH and 2 KH up to 16 (whole phase
     /// cycles: the kernel runs a cycle's rows without tests between them).
-    fn rows_choices(spec: &ConvSpec) -> Vec<i64> {
+    pub(super) fn rows_choices(spec: &ConvSpec) -> Vec<i64> {
         let kh = spec.kernel3()[1] as i64;
         let mut rows = vec![1, 2, 4];
         for r in [kh, 2 * kh] {
@@ -131,7 +131,7 @@ impl WgradMma {
     }
 
     /// Zeros left of a grad-output row (the kernel's WgradMmaRing::LEFT).
-    fn left(spec: &ConvSpec, tma: bool) -> usize {
+    pub(super) fn left(spec: &ConvSpec, tma: bool) -> usize {
         (Self::align(tma) + (8 * Self::n_tiles(spec) - 1) * spec.dilation3()[2]).div_ceil(4) * 4
     }
 
