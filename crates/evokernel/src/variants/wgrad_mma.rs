@@ -130,6 +130,69 @@ impl WgradMma {
         rows
     }
 
+    /// The default's k-steps and band (`ks_values`, `bk_values`: the space's) and whether
+    /// its tile is the whole row; `wgrad_mma_cl` takes the same with TMA boxes.
+    pub(super) fn tile_and_band(
+        spec: &ConvSpec,
+        ks_values: &[i64],
+        bk_values: &[i64],
+        tma: bool,
+    ) -> (i64, i64, bool) {
+        let [_, oh, ow] = spec.output3();
+        let kh = spec.kernel3()[1];
+        // A tile that is the whole row where at most 12 k-steps hold it (one box a slot
+        // of several rows; run 184's tuning), else the tile that wastes fewest columns
+        // (k-steps x tiles), fewer tiles on a tie (each tile reloads its band's first
+        // KH - 1 rows), at most 8 k-steps (the input rows held take 4 registers a k-step).
+        let fits = |k: i64| Self::tile_width(spec, k as usize, tma) > 0;
+        let ks = ks_values
+            .iter()
+            .copied()
+            .find(|&k| fits(k) && Self::tile_width(spec, k as usize, tma) >= ow)
+            .or_else(|| {
+                ks_values
+                    .iter()
+                    .copied()
+                    .filter(|&k| k <= 8 && fits(k))
+                    .min_by_key(|&k| {
+                        let tiles = ow.div_ceil(Self::tile_width(spec, k as usize, tma));
+                        (tiles * k as usize, tiles)
+                    })
+            })
+            .unwrap_or(ks_values[0]);
+        let whole_rows = tma && Self::tile_width(spec, ks as usize, true) >= ow;
+        // Whole-row tiles: the plane in equal bands of at most 12 phase cycles (run 204's
+        // tuning: bands of 45, 30, 36 and 56 rows on the seed, x3d, video-vae-causal and
+        // convnext; each band's start waits for its first rows). Narrower TMA tiles: bands
+        // of about half the plane (run 184's tuning picked 2-3 bands). Else the band whose
+        // row steps, each band's KH - 1 filling rows included, are fewest.
+        let bands = oh.div_ceil(12 * kh);
+        let bk = bk_values
+            .iter()
+            .copied()
+            .find(|&b| {
+                if whole_rows {
+                    b as usize * kh * bands >= oh
+                } else {
+                    tma && 2 * b as usize * kh >= oh && oh > 2 * kh
+                }
+            })
+            .unwrap_or_else(|| {
+                bk_values
+                    .iter()
+                    .copied()
+                    .min_by_key(|&b| {
+                        let bh = b as usize * kh;
+                        (
+                            oh.div_ceil(bh) * (bh.min(oh) + kh - 1),
+                            usize::MAX - b as usize,
+                        )
+                    })
+                    .unwrap_or(1)
+            });
+        (ks, bk, whole_rows)
+    }
+
     /// Zeros left of a grad-output row (the kernel's WgradMmaRing::LEFT).
     pub(super) fn left(spec: &ConvSpec, tma: bool) -> usize {
         (Self::align(tma) + (8 * Self::n_tiles(spec) - 1) * spec.dilation3()[2]).div_ceil(4) * 4
@@ -278,64 +341,10 @@ impl Variant for WgradMma {
         ]
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
-        let [_, oh, ow] = spec.output3();
-        let kh = spec.kernel3()[1];
         let space = self.space(spec);
         let tma = Self::tma_applies(spec);
-        // A tile that is the whole row where at most 12 k-steps hold it (one box a slot
-        // of several rows; run 184's tuning), else the tile that wastes fewest columns
-        // (k-steps x tiles), fewer tiles on a tie (each tile reloads its band's first
-        // KH - 1 rows), at most 8 k-steps (the input rows held take 4 registers a k-step).
-        let fits = |k: i64| Self::tile_width(spec, k as usize, tma) > 0;
-        let ks = space[0]
-            .values
-            .iter()
-            .copied()
-            .find(|&k| fits(k) && Self::tile_width(spec, k as usize, tma) >= ow)
-            .or_else(|| {
-                space[0]
-                    .values
-                    .iter()
-                    .copied()
-                    .filter(|&k| k <= 8 && fits(k))
-                    .min_by_key(|&k| {
-                        let tiles = ow.div_ceil(Self::tile_width(spec, k as usize, tma));
-                        (tiles * k as usize, tiles)
-                    })
-            })
-            .unwrap_or(space[0].values[0]);
-        let whole_rows = tma && Self::tile_width(spec, ks as usize, true) >= ow;
-        // Whole-row tiles: the plane in equal bands of at most 12 phase cycles (run 204's
-        // tuning: bands of 45, 30, 36 and 56 rows on the seed, x3d, video-vae-causal and
-        // convnext; each band's start waits for its first rows). Narrower TMA tiles: bands
-        // of about half the plane (run 184's tuning picked 2-3 bands). Else the band whose
-        // row steps, each band's KH - 1 filling rows included, are fewest.
-        let bands = oh.div_ceil(12 * kh);
-        let bk = space[1]
-            .values
-            .iter()
-            .copied()
-            .find(|&b| {
-                if whole_rows {
-                    b as usize * kh * bands >= oh
-                } else {
-                    tma && 2 * b as usize * kh >= oh && oh > 2 * kh
-                }
-            })
-            .unwrap_or_else(|| {
-                space[1]
-                    .values
-                    .iter()
-                    .copied()
-                    .min_by_key(|&b| {
-                        let bh = b as usize * kh;
-                        (
-                            oh.div_ceil(bh) * (bh.min(oh) + kh - 1),
-                            usize::MAX - b as usize,
-                        )
-                    })
-                    .unwrap_or(1)
-            });
+        let (ks, bk, whole_rows) =
+            Self::tile_and_band(spec, &space[0].values, &space[1].values, tma);
         // TMA boxes of narrower tiles (one row a slot): more, smaller blocks with a deeper
         // ring and up to 204 registers (run 184's tuning of video-vae-decoder: 2 warps,
         // 8 slots, 5 blocks, 32 splits). cp.async: run 76's defaults.

@@ -168,42 +168,10 @@ impl Variant for WgradMmaCl {
         ]
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
-        let [_, oh, ow] = spec.output3();
-        let kh = spec.kernel3()[1];
         let space = self.space(spec);
-        // wgrad_mma's choice of tile and band (its runs 184 and 204): the whole row where
-        // a tile holds it, else the tile wasting fewest columns, at most 8 k-steps.
-        let ks = space[0]
-            .values
-            .iter()
-            .copied()
-            .find(|&k| Self::tile_width(spec, k as usize) >= ow)
-            .or_else(|| {
-                space[0]
-                    .values
-                    .iter()
-                    .copied()
-                    .filter(|&k| k <= 8)
-                    .min_by_key(|&k| {
-                        let tiles = ow.div_ceil(Self::tile_width(spec, k as usize));
-                        (tiles * k as usize, tiles)
-                    })
-            })
-            .unwrap_or(space[0].values[0]);
-        let whole_rows = Self::tile_width(spec, ks as usize) >= ow;
-        let bands = oh.div_ceil(12 * kh);
-        let bk = space[1]
-            .values
-            .iter()
-            .copied()
-            .find(|&b| {
-                if whole_rows {
-                    b as usize * kh * bands >= oh
-                } else {
-                    2 * b as usize * kh >= oh && oh > 2 * kh
-                }
-            })
-            .unwrap_or(*space[1].values.last().unwrap_or(&1));
+        // wgrad_mma's choice of tile and band (its runs 184 and 204).
+        let (ks, bk, whole_rows) =
+            WgradMma::tile_and_band(spec, &space[0].values, &space[1].values, true);
         let rows = if whole_rows {
             WgradMma::whole_row_slot(spec)
         } else {
