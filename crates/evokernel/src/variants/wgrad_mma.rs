@@ -81,7 +81,7 @@ impl WgradMma {
     }
 
     /// Work items of one channel: (n, a group of `depths` output depths, band, W tile).
-    fn items(spec: &ConvSpec, ks: usize, bk: usize, tma: bool, depths: usize) -> usize {
+    pub(super) fn items(spec: &ConvSpec, ks: usize, bk: usize, tma: bool, depths: usize) -> usize {
         let [od, oh, ow] = spec.output3();
         let bh = bk * spec.kernel3()[1];
         spec.n()
@@ -198,6 +198,26 @@ impl WgradMma {
         (Self::align(tma) + (8 * Self::n_tiles(spec) - 1) * spec.dilation3()[2]).div_ceil(4) * 4
     }
 
+    /// Elements of one ring slot (the kernel's WgradMmaRing::SLOT) holding `rows` output
+    /// rows of `depths` output depths: their grad-output rows between zero margins and the
+    /// KD + depths - 1 input depths they read.
+    pub(super) fn slot(spec: &ConvSpec, ks: usize, rows: usize, tma: bool, depths: usize) -> usize {
+        let xrows = (spec.kernel3()[0] + depths - 1) * 16 * ks;
+        let left = Self::left(spec, tma);
+        let up64 = |v: usize| v.div_ceil(64) * 64;
+        if tma {
+            let gy = up64(left);
+            let gy_rows = if rows > 1 {
+                depths * rows * Self::gy_row(spec, ks)
+            } else {
+                16 * ks + 4
+            };
+            up64(up64(gy + gy_rows) + rows * xrows)
+        } else {
+            xrows + left + 16 * ks + 8
+        }
+    }
+
     /// Shared bytes of a block: per warp a ring of `ring` slots (KD input rows and a
     /// grad-output row between zero margins, for each of `rows` output rows) and the f32
     /// sums, and with `tma` a barrier a slot (mirrors the kernel's WgradMmaRing and its
@@ -205,23 +225,8 @@ impl WgradMma {
     fn shared_bytes(spec: &ConvSpec, p: &Params) -> usize {
         let (ks, ring, warps, tma, rows) = (p.ks, p.ring, p.warps, p.tma != 0, p.rows);
         // Depths of grad-output rows and input rows a slot holds, and rings a block.
-        let gdep = p.depths();
-        let xdep = spec.kernel3()[0] + gdep - 1;
         let rings = if p.share != 0 { 1 } else { warps };
-        let xrows = xdep * 16 * ks;
-        let left = Self::left(spec, tma);
-        let up64 = |v: usize| v.div_ceil(64) * 64;
-        let slot = if tma {
-            let gy = up64(left);
-            let gy_rows = if rows > 1 {
-                gdep * rows * Self::gy_row(spec, ks)
-            } else {
-                16 * ks + 4
-            };
-            up64(up64(gy + gy_rows) + rows * xrows)
-        } else {
-            xrows + left + 16 * ks + 8
-        };
+        let slot = Self::slot(spec, ks, rows, tma, p.depths());
         let sums = rings * ring * slot * 2 + warps * (spec.taps() + 1) * 4;
         if tma {
             sums.div_ceil(8) * 8 + rings * ring * 8

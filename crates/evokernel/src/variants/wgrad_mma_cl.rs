@@ -49,38 +49,17 @@ impl WgradMmaCl {
         }
     }
 
-    /// Elements of one warp's channels-first slot (the kernel's WgradMmaRing::SLOT with
-    /// TMA, no shared depths).
-    fn slot(spec: &ConvSpec, ks: usize, rows: usize) -> usize {
-        let gy = up64(WgradMma::left(spec, true));
-        let gy_rows = if rows > 1 {
-            rows * WgradMma::gy_row(spec, ks)
-        } else {
-            16 * ks + 4
-        };
-        up64(up64(gy + gy_rows) + rows * spec.kernel3()[0] * 16 * ks)
-    }
-
     /// Shared bytes of a block (mirrors the kernel's layout): each warp's slot (8
     /// elements apart for the transposes' banks), the staging ring 128-byte aligned, the
     /// warps' f32 sums, a barrier a staging slot.
     fn shared_bytes(spec: &ConvSpec, p: &Params) -> usize {
         let warps = p.channels;
-        let tslot = Self::slot(spec, p.ks, p.rows) + 8;
+        let tslot = WgradMma::slot(spec, p.ks, p.rows, true, 1) + 8;
         let sg = up64(p.rows * Self::gy_box(spec, p.ks, p.rows) * p.channels);
         let stg = up64(sg + spec.kernel3()[0] * p.rows * 16 * p.ks * p.channels);
         let elems = up64(warps * tslot) + p.ring * stg;
         let sums = elems * 2 + warps * (spec.taps() + 1) * 4;
         sums.div_ceil(8) * 8 + p.ring * 8
-    }
-
-    /// Work items of one channel group.
-    fn items(spec: &ConvSpec, ks: usize, bk: usize) -> usize {
-        let [od, oh, ow] = spec.output3();
-        spec.n()
-            * od
-            * oh.div_ceil(bk * spec.kernel3()[1])
-            * ow.div_ceil(Self::tile_width(spec, ks).max(1))
     }
 }
 
@@ -200,7 +179,7 @@ impl Variant for WgradMmaCl {
         // About 4 waves of blocks over a 132-SM H100, each block with an item or more.
         let groups = spec.c().div_ceil(p.channels);
         let want = (4 * 132 * p.minblocks).div_ceil(groups.max(1));
-        let cap = Self::items(spec, p.ks, p.bk).clamp(1, 64);
+        let cap = WgradMma::items(spec, p.ks, p.bk, true, 1).clamp(1, 64);
         while p.splits < want && p.splits * 2 <= cap {
             p.splits *= 2;
         }
@@ -303,7 +282,7 @@ mod tests {
         // Slot: GY 64 + 5 rows of 104 -> 640, + 3 depths x 5 rows x 96 = 2080, to 64:
         // 2112 elements; staging 4160 + 11520 elements a slot.
         let p = Params::read(&c).unwrap();
-        assert_eq!(WgradMmaCl::slot(&seed, 6, 5), 2112);
+        assert_eq!(WgradMma::slot(&seed, 6, 5, true, 1), 2112);
         // 16 channels: staging 8320 + 23040 elements a slot, one block an SM.
         let bytes = WgradMmaCl::shared_bytes(&seed, &p);
         assert_eq!(bytes, 2 * (up64(16 * 2120) + 2 * 31360) + 16 * 76 * 4 + 16);
