@@ -110,7 +110,11 @@ __device__ __forceinline__ unsigned pack_pair(const unsigned short* h) {
 // in a block-wide staging ring; once in, the block's warps transpose it (ldmatrix.trans
 // + stmatrix, 8 columns x 8 channels a matrix) into each warp's one slot of the
 // channels-first layout, which the MMA rows below then read unchanged.
-template <typename T, int KD, int KH, int KW, int DW, int KS, int NT, int BK, int R, bool VEC, bool TMA, int RPS, int SW, int CLG = 0>
+// GRP (channels-last, 16 channels, Hopper): the block's warps in GRP groups of 8 channels,
+// each transposing its own channels and meeting at its own barrier, so one group can run
+// its MMA rows while the other transposes; a staging slot is refilled once every group
+// has arrived on its empty barrier.
+template <typename T, int KD, int KH, int KW, int DW, int KS, int NT, int BK, int R, bool VEC, bool TMA, int RPS, int SW, int CLG = 0, int GRP = 1>
 __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short* smem, const TmaMaps& maps) {
     constexpr int ROWS = KD * KH;
     constexpr int TAPS = ROWS * KW;
@@ -136,6 +140,12 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
     const int g = lane >> 2, q = lane & 3;
     constexpr bool CL = CLG > 0;
     static_assert(!CL || (TMA && SW == 0 && (CLG == 8 || CLG == 16)), "channels-last: TMA boxes of 8 or 16 channels");
+    static_assert(GRP == 1 || (CLG == 16 && GRP == 2), "groups of 8 channels");
+    // Off Hopper the block fills each staging slot together: one group.
+    constexpr int GROUPS = CL && COPY_TMA ? GRP : 1;
+    constexpr bool SPLIT = GROUPS > 1;
+    constexpr int GWARPS = CL ? CLG / GROUPS : 1;  // a group's warps
+    const int group = warp / GWARPS, gwarp = warp - group * GWARPS;
     // The warp's channel (channels-last: the block's CLG channels from c0, a warp each).
     const long long c0 = (long long)blockIdx.x * (CL ? CLG : 1);
     const long long c = CL ? c0 + warp : c0;
@@ -165,6 +175,13 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
         else
             __syncwarp();
     };
+    // A group's warps (barriers 1, 2: 0 is __syncthreads').
+    auto sync_group = [&]() {
+        if constexpr (SPLIT)
+            asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "n"(32 * GWARPS) : "memory");
+        else
+            sync_owners();
+    };
     // Zero margins once: the copies only ever write the rows and the row's TW values.
     if constexpr (CL) {
         for (int i = 4 * owner; i < warps * TSLOT; i += 4 * owners) *reinterpret_cast<uint2*>(smem + i) = make_uint2(0u, 0u);
@@ -176,8 +193,12 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
     if constexpr (COPY_TMA) {
         // The zeros are written before any TMA copy lands in the same slots.
         fence_proxy_async();
-        if (owner == 0)
+        if (owner == 0) {
             for (int i = 0; i < R; ++i) mbar_init(bars + 8 * i, 1);
+            // SPLIT: R empty barriers after the full ones, one arrival a group.
+            if constexpr (SPLIT)
+                for (int i = 0; i < R; ++i) mbar_init(bars + 8 * (R + i), GROUPS);
+        }
     }
 #endif
     sync_owners();
@@ -186,6 +207,9 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
     // Each slot's barrier completes once per row copied into it: the parity to wait
     // for is bit `slot` here, flipped per wait (warp-uniform).
     unsigned phases = 0;
+    // SPLIT, the leader: the empty barriers' parities to wait for (1 first: a fresh
+    // barrier's previous phase counts as complete).
+    unsigned empties = ~0u;
 
     const int bands = (a.oh + BH - 1) / BH, tiles = (a.ow + TW - 1) / TW;
     // Output depths of an item: 1 a warp, or SW for the block (warp w takes the w-th).
@@ -284,7 +308,13 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                     // The block's leader: the CLG channels' grad-output rows and their KD
                     // depths of input rows, one box each ([rows][columns][channels]).
                     if (owner == 0) {
-                        const unsigned bar = bars + 8u * (unsigned)(gi & (R - 1)), dst = stage_s + 2u * st;
+                        const unsigned sl = (unsigned)(gi & (R - 1));
+                        if constexpr (SPLIT) {
+                            // Every group has transposed the slot's last boxes.
+                            mbar_wait(bars + 8u * (R + sl), (empties >> sl) & 1u);
+                            empties ^= 1u << sl;
+                        }
+                        const unsigned bar = bars + 8u * sl, dst = stage_s + 2u * st;
                         mbar_expect_tx(bar, (unsigned)(RPS * (Ring::GYBOX + KD * Ring::XROW) * CLG * sizeof(T)));
                         tma_load_5d(dst, &maps.output, (int)c0, ow0, oh, od, (int)n, bar);
                         tma_load_5d(dst + 2u * SG, &maps.input, (int)c0, cb, ih, id0, (int)n, bar);
@@ -402,8 +432,9 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
         for (int s = 0; s < KS; ++s)
 #pragma unroll
             for (int e = 0; e < 4; ++e) af[s][e] = (ONES && e % 2 == 1 && g == 7) ? one : 0u;
-        // The previous item's readers of the ring are done before it is refilled.
-        sync_owners();
+        // The previous item's readers of the ring are done before it is refilled (SPLIT:
+        // the empty barriers say so for the staging, the groups' barriers for their slots).
+        if constexpr (!SPLIT) sync_owners();
 #pragma unroll
         for (int gi = 0; gi < R - 1; ++gi) issue(gi);
         // The band's first output row also reads input rows oh0 - ph + 0..KH-2 (slots
@@ -515,12 +546,14 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
         auto transpose = [&](int gi) {
             if constexpr (CL) {
                 constexpr int HG = CLG / 8, GB = Ring::GYBOX / 8, XB = Ring::XROW / 8;
-                constexpr int NB = HG * (RPS * GB + KD * RPS * XB), ROUNDS = (NB + 3) / 4;
+                // SPLIT: only the group's 8 channels (h = group), by its warps.
+                constexpr int NB = (SPLIT ? 1 : HG) * (RPS * GB + KD * RPS * XB), ROUNDS = (NB + 3) / 4;
                 static_assert(Ring::GYBOX % 8 == 0 && Ring::XROW % 8 == 0, "whole 8-column blocks");
                 const unsigned from0 = stage_s + 2u * (unsigned)((gi & (R - 1)) * STG), to0 = smem_s;
                 const int k = lane & 7;
-                for (int ri = warp; ri < ROUNDS; ri += warps) {
-                    const int b = min(4 * ri + (lane >> 3), NB - 1), h = b % HG, bb = b / HG;
+                for (int ri = SPLIT ? gwarp : warp; ri < ROUNDS; ri += SPLIT ? GWARPS : warps) {
+                    const int b = min(4 * ri + (lane >> 3), NB - 1);
+                    const int h = SPLIT ? group : b % HG, bb = SPLIT ? b : b / HG;
                     int from, to;
                     if (bb < RPS * GB) {
                         const int r = bb / GB, w8 = bb - r * GB;
@@ -556,7 +589,7 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
         // so it is refilled R - 1 ahead first.
         int gi = 0, sub = 0;
         auto enter_slot = [&]() {
-            sync_owners();
+            sync_group();
             issue(gi + R - 1);
             if constexpr (CL) {
 #if __CUDA_ARCH__ >= 900
@@ -565,7 +598,10 @@ __device__ __forceinline__ void wgrad_mma_body(const ConvArgs& a, unsigned short
                 phases ^= 1u << sl;
 #endif
                 transpose(gi);
-                sync_owners();
+                sync_group();
+                // SPLIT: this group is done with the staging slot.
+                if constexpr (SPLIT)
+                    if (gwarp == 0 && lane == 0) mbar_arrive(bars + 8u * (R + (unsigned)(gi & (R - 1))));
             } else if constexpr (COPY_TMA) {
                 const unsigned sl = (unsigned)(gi & (R - 1));
                 mbar_wait(bars + 8u * sl, (phases >> sl) & 1u);

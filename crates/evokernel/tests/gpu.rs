@@ -1298,8 +1298,8 @@ fn wgrad_mma_passes_with_either_ring_fill() {
 /// on the suites' channels-last cases it takes and on random channels-last specs: 1-3
 /// dims, rows of any width (the boxes' zero fill past the edges), asymmetric padding, D
 /// stride, W dilation, 8 to 48 channels (16-channel blocks with a ragged last group),
-/// slots of one row and of several, rings of 2 and 4, NaN/Inf in a third, grad-bias in
-/// every check.
+/// slots of one row and of several, rings of 2 and 4, 16 channels in one barrier group and
+/// in two, NaN/Inf in a third, grad-bias in every check.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn wgrad_mma_cl_passes_on_channels_last_specs() {
@@ -1350,6 +1350,8 @@ fn wgrad_mma_cl_passes_on_channels_last_specs() {
                 &[("channels", 16), ("minblocks", 1)],
                 &[("rows", 2), ("ring", 4), ("splits", 1)],
                 &[("channels", 16), ("rows", 1), ("minblocks", 1)],
+                &[("channels", 16), ("groups", 2), ("minblocks", 1)],
+                &[("channels", 16), ("groups", 2), ("rows", 1), ("ring", 4), ("minblocks", 1)],
             ],
         );
         cases.push((name, spec, configs));
@@ -1364,6 +1366,11 @@ fn wgrad_mma_cl_passes_on_channels_last_specs() {
         .flat_map(|c| &c.2)
         .filter(|c| c.values["channels"] == 16)
         .count();
+    let grouped = cases
+        .iter()
+        .flat_map(|c| &c.2)
+        .filter(|c| c.values["groups"] == 2)
+        .count();
     let checked = check_cases(&engine, v, &cases, |_, spec| {
         ConvProblem::new(spec.clone())
             .with_epilogue(Epilogue {
@@ -1373,13 +1380,13 @@ fn wgrad_mma_cl_passes_on_channels_last_specs() {
             .with_pass(Pass::Wgrad)
     });
     eprintln!(
-        "{checked} wgrad_mma_cl checks on {} specs, {several_rows} with several rows a slot, {sixteen} with 16 channels a block",
+        "{checked} wgrad_mma_cl checks on {} specs, {several_rows} with several rows a slot, {sixteen} with 16 channels a block, {grouped} in two groups",
         cases.len()
     );
     assert!(cases.len() >= 30, "only {} specs", cases.len());
     assert!(
-        several_rows >= 20 && sixteen >= 30,
-        "{several_rows} / {sixteen}"
+        several_rows >= 20 && sixteen >= 30 && grouped >= 20,
+        "{several_rows} / {sixteen} / {grouped}"
     );
 }
 

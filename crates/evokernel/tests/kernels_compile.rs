@@ -391,7 +391,7 @@ fn wgrad_mma_builds_for_sm80_with_either_ring_fill() {
 
 /// wgrad_mma_cl off Hopper: its staging slots filled by 16-byte loads instead of TMA
 /// boxes and its transposes stored lane by lane instead of by stmatrix (sm_90 only):
-/// slots of one and five rows, 8 and 16 channels, build for sm_80.
+/// slots of one and five rows, 8 and 16 channels (one and two groups), build for sm_80.
 #[test]
 fn wgrad_mma_cl_builds_for_sm80() {
     let jit = Jit::new("sm_80").unwrap().without_cache();
@@ -402,7 +402,8 @@ fn wgrad_mma_cl_builds_for_sm80() {
         .find(|c| c.name == "seed-bf16-ndhwc")
         .unwrap()
         .spec;
-    for (rows, channels, minblocks) in [(5, 8, 2), (1, 16, 1)] {
+    // (Two groups off Hopper: the block fills each slot together, as one group.)
+    for (rows, channels, groups, minblocks) in [(5, 8, 1, 2), (1, 16, 2, 1)] {
         builds_for_sm80(
             &jit,
             v,
@@ -410,6 +411,7 @@ fn wgrad_mma_cl_builds_for_sm80() {
             &[
                 ("rows", rows),
                 ("channels", channels),
+                ("groups", groups),
                 ("minblocks", minblocks),
             ],
         );
