@@ -65,6 +65,14 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
     // 3-D kernel rows of 5 and more taps on channels-last data: wgrad_mma on
     // channels-first copies ahead (below).
     let wide_rows_3d = od > 1 && spec.kernel3()[2] >= 5 && spec.layout() == Layout::ChannelsLast;
+    // 2-D channels-last rows of >= 5 taps on planes past 28 x 28 where wgrad_mma_cl
+    // takes the spec: its 16 channels in two barrier groups ahead of wgrad_strip_cl (H200
+    // runs 352-353, same calls: convnext-nhwc, 56 x 56, 0.0755-0.0848 vs 0.106-0.114 ms);
+    // on 28 x 28 behind it (convnext-t-nhwc 0.0762-0.0803 vs 0.0623-0.0643).
+    let mma_cl_2d = wide_rows_2d
+        && !small_plane
+        && spec.layout() == Layout::ChannelsLast
+        && crate::variants::WgradMmaCl.applies(spec).is_ok();
     // The copies cost a read and a write of both tensors, which tensor cores pay back
     // where the FMA kernels have many taps a row and depths to sum (runs 258-260).
     if on_copies {
@@ -223,9 +231,9 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
         // >= 5 taps (the NDHWC seed 0.560 vs 0.626 ms, seed-f16-ndhwc 0.559 vs 0.622, and
         // no copies' workspace), behind wgrad_tile_cl on 3-wide rows (x3d-ndhwc 0.232 vs
         // 0.175, video-vae-ndhwc 0.371 vs 0.276).
-        "wgrad_mma_cl" if wide_rows_3d => (
+        "wgrad_mma_cl" if wide_rows_3d || mma_cl_2d => (
             0,
-            "grad-weight on tensor cores, channels-last slots transposed in shared memory (3-D, kernel rows of >= 5 taps)",
+            "grad-weight on tensor cores, channels-last slots transposed in shared memory (2-D and 3-D, kernel rows of >= 5 taps)",
         ),
         "wgrad_mma_cl" => (
             5,
@@ -246,6 +254,10 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
         // runs of up to 14 outputs put it ahead (run 253: convnext-t-nhwc 0.065 vs 0.093,
         // convnext-nhwc 0.113 vs 0.144, efficientnet-k5s2 0.055 vs 0.068); on 3-D ones not
         // (seed-f16-ndhwc 0.885 vs 0.818).
+        "wgrad_strip_cl" if mma_cl_2d => (
+            1,
+            "grad-weight on channels-last rows streamed through a ring (tensor cores ahead here)",
+        ),
         "wgrad_strip_cl"
             if (one_d && spec.c() < 4096) || (strided_3_rows && od == 1) || wide_rows_2d =>
         {
@@ -655,7 +667,8 @@ mod tests {
         // same calls on every channels-last case; 1-D rows from run 91; x3d-m-res4 (W 14)
         // from run 101: wgrad 0.347 vs wgrad_mma 0.428 ms.
         // wgrad_strip_cl against all three on every channels-last case, run 217; its wide
-        // runs on 2-D rows of >= 5 taps, run 251.
+        // runs on 2-D rows of >= 5 taps, run 251; wgrad_mma_cl ahead of it on convnext-nhwc
+        // and behind on convnext-t-nhwc, H200 runs 352-353.
         // Channels-first: wgrad_tile against wgrad_mma and wgrad at defaults, run 197;
         // video-vae-causal from run 208 (wgrad_mma's shared ring).
         let winners = [
@@ -674,7 +687,7 @@ mod tests {
             ("mobilenet-s2", "wgrad_strip_cl"),
             ("x3d-ndhwc", "wgrad_tile_cl"),
             ("video-vae-ndhwc", "wgrad_tile_cl"),
-            ("convnext-nhwc", "wgrad_strip_cl"),
+            ("convnext-nhwc", "wgrad_mma_cl"),
             ("mobilenet-s1-nhwc", "wgrad_tile_cl"),
             ("seed-f16-ndhwc", "wgrad_mma_cl"),
             ("causal-conv1d-nwc", "wgrad_strip_cl"),
