@@ -1351,7 +1351,13 @@ fn wgrad_mma_cl_passes_on_channels_last_specs() {
                 &[("rows", 2), ("ring", 4), ("splits", 1)],
                 &[("channels", 16), ("rows", 1), ("minblocks", 1)],
                 &[("channels", 16), ("groups", 2), ("minblocks", 1)],
-                &[("channels", 16), ("groups", 2), ("rows", 1), ("ring", 4), ("minblocks", 1)],
+                &[
+                    ("channels", 16),
+                    ("groups", 2),
+                    ("rows", 1),
+                    ("ring", 4),
+                    ("minblocks", 1),
+                ],
             ],
         );
         cases.push((name, spec, configs));

@@ -301,7 +301,10 @@ mod tests {
         // 16 channels: staging 8320 + 23040 elements a slot, one block an SM; a full and
         // an empty barrier a staging slot (two groups).
         let bytes = WgradMmaCl::shared_bytes(&seed, &p);
-        assert_eq!(bytes, 2 * (up64(16 * 2120) + 2 * 31360) + 16 * 76 * 4 + 2 * 16);
+        assert_eq!(
+            bytes,
+            2 * (up64(16 * 2120) + 2 * 31360) + 16 * 76 * 4 + 2 * 16
+        );
         assert!(bytes <= crate::variants::MAX_SHARED);
         // 8 channels: two blocks an SM.
         let eight = Params {
