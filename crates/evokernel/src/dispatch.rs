@@ -69,10 +69,9 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
     // takes the spec: its 16 channels in two barrier groups ahead of wgrad_strip_cl (H200
     // runs 352-353, same calls: convnext-nhwc, 56 x 56, 0.0755-0.0848 vs 0.106-0.114 ms);
     // on 28 x 28 behind it (convnext-t-nhwc 0.0762-0.0803 vs 0.0623-0.0643).
-    let mma_cl_2d = wide_rows_2d
-        && !small_plane
-        && spec.layout() == Layout::ChannelsLast
-        && crate::variants::WgradMmaCl.applies(spec).is_ok();
+    // (Asked only by the two grad-weight arms below: `applies` walks wgrad_mma_cl's space.)
+    let mma_cl_2d =
+        || wide_rows_2d && !small_plane && crate::variants::WgradMmaCl.applies(spec).is_ok();
     // The copies cost a read and a write of both tensors, which tensor cores pay back
     // where the FMA kernels have many taps a row and depths to sum (runs 258-260).
     if on_copies {
@@ -231,7 +230,7 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
         // >= 5 taps (the NDHWC seed 0.560 vs 0.626 ms, seed-f16-ndhwc 0.559 vs 0.622, and
         // no copies' workspace), behind wgrad_tile_cl on 3-wide rows (x3d-ndhwc 0.232 vs
         // 0.175, video-vae-ndhwc 0.371 vs 0.276).
-        "wgrad_mma_cl" if wide_rows_3d || mma_cl_2d => (
+        "wgrad_mma_cl" if wide_rows_3d || mma_cl_2d() => (
             0,
             "grad-weight on tensor cores, channels-last slots transposed in shared memory (2-D and 3-D, kernel rows of >= 5 taps)",
         ),
@@ -254,7 +253,7 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
         // runs of up to 14 outputs put it ahead (run 253: convnext-t-nhwc 0.065 vs 0.093,
         // convnext-nhwc 0.113 vs 0.144, efficientnet-k5s2 0.055 vs 0.068); on 3-D ones not
         // (seed-f16-ndhwc 0.885 vs 0.818).
-        "wgrad_strip_cl" if mma_cl_2d => (
+        "wgrad_strip_cl" if mma_cl_2d() => (
             1,
             "grad-weight on channels-last rows streamed through a ring (tensor cores ahead here)",
         ),

@@ -797,21 +797,6 @@ fn channels_last<T: Element>(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn cl_row_avx512<T: Element>(
-    spec: &ConvSpec,
-    x: &[T],
-    wt: &[f32],
-    ndh: (usize, usize, usize),
-    out: &mut [T],
-    acc: &mut [f32],
-    epi_at: (&FusedEpilogue, usize),
-) {
-    cl_row_blocked_avx512(spec, x, wt, ndh, out, acc, epi_at)
-}
-
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn cl_row_avx2<T: Element>(
@@ -842,56 +827,69 @@ fn cl_row_body<T: Element, const FMA: bool>(
     (epi, at): (&FusedEpilogue, usize),
 ) {
     let c = spec.c();
+    let windows = cl_row_windows(spec, ndh);
     for o in 0..spec.output3()[2] {
-        cl_pixel::<T, FMA>(spec, x, wt, ndh, o, 0, &mut acc[..c]);
+        cl_pixel::<T, FMA>(spec, x, wt, &windows, o, 0, &mut acc[..c]);
         epi.apply_pixel(&mut acc[..c], at + o * c);
         T::store_f32_slice(&acc[..c], &mut out[o * c..][..c]);
     }
 }
 
-/// Channels `from..` of output `o` of row (n, d, h) into `px[from..]` (`px` one pixel's
-/// channels), every tap checked against the edges.
+/// The kernel depths and rows of output row (n, d, h) that land inside the input: each
+/// one's input row (its first pixel) and weight row (its first tap).
+fn cl_row_windows(spec: &ConvSpec, (n, d, h): (usize, usize, usize)) -> Vec<(usize, usize)> {
+    let ([id, ih, iw], [kd, kh, kw]) = (spec.input3(), spec.kernel3());
+    let ([sd, sh, _], [dd, dh, _]) = (spec.stride3(), spec.dilation3());
+    let pb = spec.pad_before3();
+    let (d0, d1) = valid_taps(d, sd, dd, pb[0], id, kd);
+    let (h0, h1) = valid_taps(h, sh, dh, pb[1], ih, kh);
+    let mut windows = Vec::with_capacity((d1 - d0) * (h1 - h0));
+    for a_ in d0..d1 {
+        let zd = d * sd + a_ * dd - pb[0];
+        for b_ in h0..h1 {
+            let zh = h * sh + b_ * dh - pb[1];
+            windows.push((((n * id + zd) * ih + zh) * iw, (a_ * kh + b_) * kw));
+        }
+    }
+    windows
+}
+
+/// Channels `from..` of output `o` of a row (its `windows`) into `px[from..]` (`px` one
+/// pixel's channels), the W taps checked against the row's edges.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn cl_pixel<T: Element, const FMA: bool>(
     spec: &ConvSpec,
     x: &[T],
     wt: &[f32],
-    (n, d, h): (usize, usize, usize),
+    windows: &[(usize, usize)],
     o: usize,
     from: usize,
     px: &mut [f32],
 ) {
     let c = spec.c();
-    let [id, ih, iw] = spec.input3();
-    let [kd, kh, kw] = spec.kernel3();
-    let [sd, sh, sw] = spec.stride3();
-    let [dd, dh, dw] = spec.dilation3();
-    let pb = spec.pad_before3();
-    let (d0, d1) = valid_taps(d, sd, dd, pb[0], id, kd);
-    let (h0, h1) = valid_taps(h, sh, dh, pb[1], ih, kh);
-    let (w0, w1) = valid_taps(o, sw, dw, pb[2], iw, kw);
+    let (iw, kw) = (spec.input3()[2], spec.kernel3()[2]);
+    let (sw, dw, pw) = (
+        spec.stride3()[2],
+        spec.dilation3()[2],
+        spec.pad_before3()[2],
+    );
+    let (w0, w1) = valid_taps(o, sw, dw, pw, iw, kw);
     let mut cb = from;
     while cb < c {
         let len = (c - cb).min(CL_BLOCK);
         let mut a = [0.0f32; CL_BLOCK];
-        for a_ in d0..d1 {
-            let zd = d * sd + a_ * dd - pb[0];
-            for b_ in h0..h1 {
-                let zh = h * sh + b_ * dh - pb[1];
-                let row = ((n * id + zd) * ih + zh) * iw;
-                for e in w0..w1 {
-                    let zw = o * sw + e * dw - pb[2];
-                    let xs = &x[(row + zw) * c + cb..][..len];
-                    let ws = &wt[((a_ * kh + b_) * kw + e) * c + cb..][..len];
-                    if len == CL_BLOCK {
-                        for i in 0..CL_BLOCK {
-                            a[i] = fma::<FMA>(xs[i].to_f32(), ws[i], a[i]);
-                        }
-                    } else {
-                        for i in 0..len {
-                            a[i] = fma::<FMA>(xs[i].to_f32(), ws[i], a[i]);
-                        }
+        for &(row, tap0) in windows {
+            for e in w0..w1 {
+                let zw = o * sw + e * dw - pw;
+                let xs = &x[(row + zw) * c + cb..][..len];
+                let ws = &wt[(tap0 + e) * c + cb..][..len];
+                if len == CL_BLOCK {
+                    for i in 0..CL_BLOCK {
+                        a[i] = fma::<FMA>(xs[i].to_f32(), ws[i], a[i]);
+                    }
+                } else {
+                    for i in 0..len {
+                        a[i] = fma::<FMA>(xs[i].to_f32(), ws[i], a[i]);
                     }
                 }
             }
@@ -901,7 +899,7 @@ fn cl_pixel<T: Element, const FMA: bool>(
     }
 }
 
-/// Outputs along W that `cl_row_blocked_avx512` computes together.
+/// Outputs along W that `cl_row_avx512` computes together.
 const CL_OUTPUTS: usize = 4;
 
 /// One output row of a channels-last spec in AVX-512 intrinsics: runs of CL_OUTPUTS
@@ -912,44 +910,40 @@ const CL_OUTPUTS: usize = 4;
 /// Edge outputs, the row's last outputs short of a run and channels past the last
 /// 16 take `cl_pixel`.
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn cl_row_blocked_avx512<T: Element>(
+unsafe fn cl_row_avx512<T: Element>(
     spec: &ConvSpec,
     x: &[T],
     wt: &[f32],
-    (n, d, h): (usize, usize, usize),
+    ndh: (usize, usize, usize),
     out: &mut [T],
     acc: &mut [f32],
     (epi, at): (&FusedEpilogue, usize),
 ) {
-    let c = spec.c();
-    let [id, ih, iw] = spec.input3();
-    let [kd, kh, kw] = spec.kernel3();
-    let [sd, sh, sw] = spec.stride3();
-    let [dd, dh, dw] = spec.dilation3();
-    let pb = spec.pad_before3();
-    let ow = spec.output3()[2];
-    let (d0, d1) = valid_taps(d, sd, dd, pb[0], id, kd);
-    let (h0, h1) = valid_taps(h, sh, dh, pb[1], ih, kh);
+    let (c, iw, kw, ow) = (
+        spec.c(),
+        spec.input3()[2],
+        spec.kernel3()[2],
+        spec.output3()[2],
+    );
+    let (sw, dw, pw) = (
+        spec.stride3()[2],
+        spec.dilation3()[2],
+        spec.pad_before3()[2],
+    );
+    let windows = cl_row_windows(spec, ndh);
     // The row's taps: (input element offset from output 0's window at column -pw, weight
     // offset); an output o adds (o * sw) * c.
-    let mut taps = Vec::with_capacity((d1 - d0) * (h1 - h0) * kw);
-    for a_ in d0..d1 {
-        let zd = d * sd + a_ * dd - pb[0];
-        for b_ in h0..h1 {
-            let zh = h * sh + b_ * dh - pb[1];
-            let row = ((n * id + zd) * ih + zh) * iw;
-            for e in 0..kw {
-                taps.push(((row + e * dw) * c, ((a_ * kh + b_) * kw + e) * c));
-            }
-        }
-    }
+    let taps: Vec<(usize, usize)> = windows
+        .iter()
+        .flat_map(|&(row, tap0)| (0..kw).map(move |e| ((row + e * dw) * c, (tap0 + e) * c)))
+        .collect();
     // Outputs whose W taps all lie inside the row: o * sw >= pw and
     // o * sw + (kw - 1) * dw - pw < iw.
-    let o_lo = pb[2].div_ceil(sw);
-    let o_hi = if iw + pb[2] > (kw - 1) * dw {
-        ((iw + pb[2] - (kw - 1) * dw - 1) / sw + 1).min(ow)
+    let o_lo = pw.div_ceil(sw);
+    let o_hi = if iw + pw > (kw - 1) * dw {
+        ((iw + pw - (kw - 1) * dw - 1) / sw + 1).min(ow)
     } else {
         0
     };
@@ -961,7 +955,7 @@ unsafe fn cl_row_blocked_avx512<T: Element>(
     let mut o = 0;
     while o < ow {
         if o >= o_lo && o + CL_OUTPUTS <= o_hi && c16 > 0 {
-            let first = (o * sw - pb[2]) * c;
+            let first = (o * sw - pw) * c;
             assert!(first + last_tap + (CL_OUTPUTS - 1) * sw * c + c16 <= x.len());
             let mut cb = 0;
             while cb + 64 <= c16 {
@@ -975,7 +969,7 @@ unsafe fn cl_row_blocked_avx512<T: Element>(
             for r in 0..CL_OUTPUTS {
                 let px = &mut acc[r * c..][..c];
                 if c16 < c {
-                    cl_pixel::<T, true>(spec, x, wt, (n, d, h), o + r, c16, px);
+                    cl_pixel::<T, true>(spec, x, wt, &windows, o + r, c16, px);
                 }
                 epi.apply_pixel(px, at + (o + r) * c);
                 T::store_f32_slice(px, &mut out[(o + r) * c..][..c]);
@@ -983,7 +977,7 @@ unsafe fn cl_row_blocked_avx512<T: Element>(
             o += CL_OUTPUTS;
         } else {
             let px = &mut acc[..c];
-            cl_pixel::<T, true>(spec, x, wt, (n, d, h), o, 0, px);
+            cl_pixel::<T, true>(spec, x, wt, &windows, o, 0, px);
             epi.apply_pixel(px, at + o * c);
             T::store_f32_slice(px, &mut out[o * c..][..c]);
             o += 1;
@@ -1211,7 +1205,7 @@ mod tests {
         }
     }
 
-    /// The AVX-512 channels-last row's runs (cl_row_blocked_avx512): every dtype's vector
+    /// The AVX-512 channels-last row's runs (cl_row_avx512): every dtype's vector
     /// loads, 64- and 16-channel vectors with channels past them, W stride and dilation,
     /// asymmetric padding (edge outputs and the row's last outputs short of a run), a
     /// row too narrow for any run, and NaN / Inf in the input reaching the right outputs.
