@@ -23,10 +23,12 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
     suite)
       # PyTorch's forward on the three suites first, then each suite against the best of
       # it and cuDNN in process (backend API search and legacy), all in this one call.
+      # Every row with the L2 swept before each launch (cuDNN's engines leave L2 full of
+      # dirty lines that the next row's launch pays for: docs/perf.md, runs 263 and 357).
       LIMIT=300 step torch_ref python3 scripts/torch_reference.py "$out/torch-ref.json" suite/public.json suite/channels-last.json suite/models.json --passes forward
-      LIMIT=400 step suite .gpu/evokernel bench --suite public --reference "$out/torch-ref.json" --json "$out/suite.json"
-      LIMIT=300 step suite_cl .gpu/evokernel bench --suite channels-last --reference "$out/torch-ref.json" --json "$out/suite-cl.json"
-      LIMIT=300 step suite_models .gpu/evokernel bench --suite models --reference "$out/torch-ref.json" --json "$out/suite-models.json"
+      LIMIT=400 step suite .gpu/evokernel bench --suite public --sweep-l2 --reference "$out/torch-ref.json" --json "$out/suite.json"
+      LIMIT=300 step suite_cl .gpu/evokernel bench --suite channels-last --sweep-l2 --reference "$out/torch-ref.json" --json "$out/suite-cl.json"
+      LIMIT=300 step suite_models .gpu/evokernel bench --suite models --sweep-l2 --reference "$out/torch-ref.json" --json "$out/suite-models.json"
       # The bench's own line per suite: geometric mean against the best reference, the
       # cases slower than it, the cases at 50% and 60% of their floors.
       grep -h "auto vs the best reference" "$out"/suite*.log >> "$out/summary.txt" ;;

@@ -88,12 +88,27 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
     // of 16-byte multiples for its stores); f32 has no tensor-core path.
     let plane_walk =
         crate::variants::depth_reuse::walks_planes_by_default(spec) && spec.dtype() != DType::F32;
+    // 3-wide rows over depths whose output rows make one producer region of 16-21 tiles:
+    // depth_reuse's tensor cores ahead of the FMA rotation on the H200 (runs 350, 355:
+    // video-vae-causal forward 0.120 vs 0.131 ms, grad-input 0.125 vs 0.137, three rounds
+    // in one call; a tie on the H100, run 315: 0.132 vs 0.133). Narrower rows keep the FMA
+    // rotation (x3d, 8 tiles: 0.101 vs 0.146).
+    let wide_tc_rows = deep
+        && rows_fill_tiles
+        && spec.dtype() != DType::F32
+        && crate::variants::depth_reuse::one_wide_region_by_default(spec);
     let rotates_rows = crate::variants::row_rotation_cl::rotates_rows_by_default(spec);
+    // 1-D channels-last rows that row_window_cl takes (below).
+    let window_1d = one_d && crate::variants::RowWindowCl.applies(spec).is_ok();
     match v.name() {
         // With one kernel depth too, where there are depths to walk (run 237, 4 x 192 x
         // 16 x 56 x 56, 1x3x3: 0.067 vs depth_reuse's plane walk 0.085 ms; in 2-D, 3x3,
         // the plane walk wins: 0.042 vs 0.059). Rows that are not whole 16-byte chunks
         // come in 4-byte pieces (x3d-m-res4, W 14: 0.061 vs row_reuse 0.132 ms, run 298).
+        "depth_reuse" if wide_tc_rows => (
+            0,
+            "tensor cores, each slice feeding every output depth (one producer region a row)",
+        ),
         "depth_reuse_fma" if (deep || (plane_walk && od >= 8)) && fma_rows => (
             0,
             "FMA rotation, each slice feeding every output depth (short kernel rows or f32)",
@@ -109,6 +124,11 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
         // Kernels of >= 5 rows and one depth on channels-last data: each input row read
         // once by a block, where output-row tiles re-read their halo rows (see
         // rotates_rows_by_default).
+        // Channels-last 1-D rows (Mamba's short conv1d): nothing to share between
+        // threads, so a register window a thread and no shared memory (H200, run 357, two
+        // rounds: mamba2-conv1d 0.056 vs depth_reuse_fma_cl 0.072 ms, hybrid-shortconv
+        // 0.223 vs 0.325, causal-conv1d-nwc 0.045 vs 0.052; grad-input alike).
+        "row_window_cl" if window_1d => (0, "1-D channels-last rows, a register window a thread"),
         "row_rotation_cl" if rotates_rows => (
             0,
             "input rows rotated through the output rows they feed (one kernel depth, >= 5 kernel rows)",
@@ -132,6 +152,7 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
         }
         "depth_reuse_fma_cl"
             if !rotates_rows
+                && !window_1d
                 && (fma_rows
                 || deep
                 || spec.taps() <= 9
@@ -191,6 +212,8 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
         "depth_reuse_fma_cl" => (8, "FMA rotation on channels-last data"),
         "channels_last" => (9, "channels-last kernel"),
         "row_rotation_cl" => (9, "input rows rotated through the output rows they feed"),
+        // Unmeasured on 1xK rows of 2-D and 3-D tensors: behind the rotations there.
+        "row_window_cl" => (9, "one-row kernels, a register window a thread"),
         "streaming_cl" => (11, "tensor cores on channels-last data (few taps)"),
         "tensor_core" | "streaming" | "depth_reuse" | "depth_reuse_cl" if narrow => {
             (16, "tensor cores on rows narrower than a tile")
@@ -535,7 +558,7 @@ mod tests {
             ("seed-f16", "depth_reuse"),
             ("seed-f32", "depth_reuse_fma"),
             ("x3d-3x3x3", "depth_reuse_fma"),
-            ("video-vae-causal", "depth_reuse_fma"),
+            ("video-vae-causal", "depth_reuse"),
             ("convnext-7x7", "depth_reuse"),
             ("mobilenet-s2", "depth_reuse_fma_cl"),
             ("causal-conv1d", "depth_reuse_fma"),
@@ -547,7 +570,7 @@ mod tests {
             ("convnext-nhwc", "row_rotation_cl"),
             ("mobilenet-s1-nhwc", "depth_reuse_fma_cl"),
             ("seed-f16-ndhwc", "depth_reuse_cl"),
-            ("causal-conv1d-nwc", "depth_reuse_fma_cl"),
+            ("causal-conv1d-nwc", "row_window_cl"),
         ];
         let cl_suite = crate::suite::channels_last_suite().unwrap();
         let cache = empty_cache();
@@ -566,8 +589,8 @@ mod tests {
         // by depth_reuse_fma from run 247.
         let models = [
             ("conformer-k31", "depth_reuse_fma"),
-            ("mamba2-conv1d", "depth_reuse_fma_cl"),
-            ("hybrid-shortconv", "depth_reuse_fma_cl"),
+            ("mamba2-conv1d", "row_window_cl"),
+            ("hybrid-shortconv", "row_window_cl"),
             ("lfm-shortconv-k3", "depth_reuse_fma"),
             ("replknet-31x31", "large_kernel"),
             ("efficientnet-k5s2", "row_rotation_cl"),

@@ -222,6 +222,10 @@ fn random_specs(count: usize, seed: u64) -> Vec<ConvSpec> {
                 3 => 64,
                 _ => pick(41, 130),
             };
+            // One spec in six has a one-row kernel (1 x .. x KW, Mamba's conv1d and 1xK
+            // rows) over whole 16-byte channel vectors: row_window_cl's domain.
+            let one_row = i % 6 == 1;
+            let c = if one_row { c.div_ceil(8) * 8 } else { c };
             let mut p = ConvParams {
                 n: pick(1, 3) as i64,
                 c: c as i64,
@@ -240,6 +244,7 @@ fn random_specs(count: usize, seed: u64) -> Vec<ConvSpec> {
             for d in 0..dims {
                 let last = d + 1 == dims;
                 let k = pick(1, if last { 9 } else { 5 }) as i64;
+                let k = if one_row && !last { 1 } else { k };
                 let (dl, s) = if unit {
                     (1, 1)
                 } else {
@@ -2742,4 +2747,97 @@ fn gemm_tuner_records_a_config_the_bench_can_pick() {
     let again = tune_scaled_mm(dev, &spec, &plan, &protocol, 3, &mut cache, &mut |_| {}).unwrap();
     assert!(again.from_cache && again.timed == 0);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `row_window_cl` against the oracle: the suites' one-row channels-last cases, forward
+/// and grad-input, and random one-row specs (1-D rows, 1xK rows of 2-D and 3-D tensors
+/// with D and H strides and padding, so whole rows lie in the padding; W dilation,
+/// asymmetric padding wider than the run, rows shorter than a run; every dtype, channel
+/// counts of one vector and up), every run length on some, the fused epilogue in turn,
+/// NaN and Inf in every third case.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn row_window_cl_passes_on_one_row_specs() {
+    let engine = Engine::cuda(0).unwrap();
+    let v = evokernel::variants::find("row_window_cl").unwrap();
+    let mut rng = SplitMix64::new(2071);
+    let mut pick = |lo: u64, hi: u64| (lo + rng.next_u64() % (hi - lo + 1)) as i64;
+    let mut specs: Vec<(String, ConvSpec)> = named_specs(
+        [public_suite(), channels_last_suite(), models_suite()],
+        Some(Layout::ChannelsLast),
+    );
+    for i in 0..60 {
+        let mut p = ConvParams::seed();
+        p.layout = Layout::ChannelsLast;
+        p.n = pick(1, 3);
+        p.dtype = DType::ALL[i % 3];
+        let vec = p.dtype.per_16_bytes() as i64;
+        p.c = vec * pick(1, 40);
+        let (kw, dw) = (pick(1, 8), pick(1, 3));
+        let row = (kw, 1, dw, pick(1, 70));
+        let dims = match i % 3 {
+            0 => vec![row],
+            1 => vec![(1, pick(1, 2), 1, pick(1, 9)), row],
+            _ => vec![
+                (1, pick(1, 2), 1, pick(1, 4)),
+                (1, pick(1, 3), 1, pick(1, 6)),
+                row,
+            ],
+        };
+        set_dims(&mut p, &dims, &mut pick);
+        // Padding along D and H (kernel 1: set_dims leaves none), so rows lie in it.
+        let dims_n = p.padding.len();
+        for d in 0..dims_n - 1 {
+            p.padding[d] = [pick(0, 1), pick(0, 1)];
+        }
+        if let Ok(spec) = p.validate() {
+            specs.push((format!("random #{i}"), spec));
+        }
+    }
+    let mut cases = Vec::new();
+    for (name, spec) in specs {
+        // Grad-input runs the forward of its twin (the flipped kernel, the padding
+        // swapped): the suites' cases as twins too.
+        let twin = (!name.starts_with("random"))
+            .then(|| spec.dgrad_twin())
+            .flatten();
+        for (name, spec) in std::iter::once((name.clone(), spec))
+            .chain(twin.map(|t| (format!("{name} grad-input twin"), t)))
+        {
+            if v.applies(&spec).is_err() {
+                continue;
+            }
+            let configs = launchable_overrides(
+                v,
+                &spec,
+                &[
+                    &[],
+                    &[("run", 2), ("block", 128)],
+                    &[("run", 16), ("minblocks", 1)],
+                ],
+            );
+            cases.push((name, spec, configs));
+        }
+    }
+    let all = epilogues();
+    let checked = check_cases(&engine, v, &cases, |i, spec| {
+        ConvProblem::new(spec.clone()).with_epilogue(if i % 2 == 0 {
+            Epilogue::NONE
+        } else {
+            all[i % all.len()]
+        })
+    });
+    let padded_rows = cases
+        .iter()
+        .filter(|(_, s, _)| {
+            let (before, after) = (s.pad_before3(), s.pad_after3());
+            before[0] + before[1] + after[0] + after[1] > 0
+        })
+        .count();
+    eprintln!(
+        "{checked} row_window_cl checks on {} specs, {padded_rows} with rows in the padding",
+        cases.len()
+    );
+    assert!(cases.len() >= 40, "only {} specs", cases.len());
+    assert!(padded_rows >= 5, "{padded_rows}");
 }

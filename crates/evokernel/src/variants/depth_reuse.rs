@@ -132,6 +132,14 @@ pub(crate) fn walks_planes_by_default(spec: &ConvSpec) -> bool {
     spec.output3()[2].is_multiple_of(8) && walks_planes(spec)
 }
 
+/// Whether the default runs a whole output row of 16 to 21 tiles as one region with the
+/// producer warp (TMA slices in, whole-row TMA stores out): rows of 121-168 columns
+/// (video-vae-causal's 128). The dispatch ranks by this.
+pub(crate) fn one_wide_region_by_default(spec: &ConvSpec) -> bool {
+    let nt = tile_grid(spec).1;
+    spec.output3()[2].is_multiple_of(8) && !walks_planes(spec) && (16..=21).contains(&nt)
+}
+
 /// The depth chunk a plane walk takes: it does not use one, so the space's smallest (one
 /// value, no twins in the space).
 fn plane_walk_dchunk(spec: &ConvSpec) -> i64 {
