@@ -568,7 +568,7 @@ mod tests {
             ("x3d-ndhwc", "depth_reuse_fma_cl"),
             ("video-vae-ndhwc", "depth_reuse_fma_cl"),
             ("convnext-nhwc", "row_rotation_cl"),
-            ("mobilenet-s1-nhwc", "depth_reuse_fma_cl"),
+            ("mobilenet-s1-nhwc", "row_rotation_cl"),
             ("seed-f16-ndhwc", "depth_reuse_cl"),
             ("causal-conv1d-nwc", "row_window_cl"),
         ];

@@ -39,9 +39,16 @@ fn live_rows(spec: &ConvSpec) -> usize {
 /// more rows, where each output-row tile's halo rows are most of what it reads (H100,
 /// runs 300-301, same calls: efficientnet-k5s2 0.040-0.046 vs 0.057 ms, convnext-t-nhwc
 /// 0.050 vs 0.060, convnext-nhwc 0.088 vs 0.088; with 3 rows it loses or ties:
-/// mobilenet-s2 0.067 vs 0.061, mobilenet-s1-nhwc 0.032-0.035 vs 0.034).
+/// mobilenet-s2 0.067 vs 0.061, mobilenet-s1-nhwc 0.032-0.035 vs 0.034). On the H200 it
+/// is ahead on 2-D 3-row kernels at unit steps too (mobilenet-s1-nhwc forward 0.029 vs
+/// 0.030 and 0.024 vs 0.026 ms, runs 350 and 359; grad-input 0.027 vs 0.029, run 360; each
+/// the same call); strided 3-row kernels stay (mobilenet-s2).
 pub(crate) fn rotates_rows_by_default(spec: &ConvSpec) -> bool {
-    spec.kernel3()[1] >= 5 && RowRotationCl.applies(spec).is_ok()
+    let unit_3_rows = spec.kernel3()[1] == 3
+        && spec.output3()[0] == 1
+        && spec.stride3() == [1, 1, 1]
+        && spec.dilation3() == [1, 1, 1];
+    (spec.kernel3()[1] >= 5 || unit_3_rows) && RowRotationCl.applies(spec).is_ok()
 }
 
 fn runs(spec: &ConvSpec, out_w: usize) -> usize {
