@@ -113,6 +113,11 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
             0,
             "FMA rotation, each slice feeding every output depth (short kernel rows or f32)",
         ),
+        // Channels-last 1-D rows (Mamba's short conv1d): nothing to share between
+        // threads, so a register window a thread and no shared memory (H200, run 357, two
+        // rounds: mamba2-conv1d 0.056 vs depth_reuse_fma_cl 0.072 ms, hybrid-shortconv
+        // 0.223 vs 0.325, causal-conv1d-nwc 0.045 vs 0.052; grad-input alike).
+        "row_window_cl" if window_1d => (0, "1-D channels-last rows, a register window a thread"),
         // On channels-last data the FMA rotation needs no transposes (run 52): x3d 0.110 vs
         // depth_reuse_cl 0.205 ms, video-vae 0.184 vs 0.333, the seed 0.606 vs 0.650,
         // mobilenet-s2 0.061 vs channels_last 0.112, causal-conv1d-nwc 0.063 vs 0.082. With
@@ -121,17 +126,12 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
         // 28x28: 0.128 vs streaming_cl 0.158 ms; convnext-nhwc, 56x56, stays with
         // streaming_cl: 0.172 vs 0.194; runs 98-99). Walking planes it takes convnext-nhwc
         // too (run 240: 0.087-0.094 vs streaming_cl 0.172 ms in run 99).
-        // Kernels of >= 5 rows and one depth on channels-last data: each input row read
-        // once by a block, where output-row tiles re-read their halo rows (see
-        // rotates_rows_by_default).
-        // Channels-last 1-D rows (Mamba's short conv1d): nothing to share between
-        // threads, so a register window a thread and no shared memory (H200, run 357, two
-        // rounds: mamba2-conv1d 0.056 vs depth_reuse_fma_cl 0.072 ms, hybrid-shortconv
-        // 0.223 vs 0.325, causal-conv1d-nwc 0.045 vs 0.052; grad-input alike).
-        "row_window_cl" if window_1d => (0, "1-D channels-last rows, a register window a thread"),
+        // Kernels of >= 5 rows (3 at unit steps in 2-D) and one depth on channels-last
+        // data: each input row read once by a block, where output-row tiles re-read their
+        // halo rows (see rotates_rows_by_default).
         "row_rotation_cl" if rotates_rows => (
             0,
-            "input rows rotated through the output rows they feed (one kernel depth, >= 5 kernel rows)",
+            "input rows rotated through the output rows they feed (one kernel depth, >= 5 kernel rows or 3 at unit steps)",
         ),
         // Kernel rows of 5 taps and more over depths: depth_reuse_cl's producer form,
         // where the FMA rotation pays taps per output (run 324, the NDHWC seed 0.523 vs

@@ -79,8 +79,10 @@ impl Variant for RowWindowCl {
         ]
     }
     fn default_config(&self, _spec: &ConvSpec) -> Config {
-        // Not measured yet: eight outputs a thread (11 loads for 8 outputs of a 4-tap
-        // row), two resident blocks (<= 128 registers).
+        // Eight outputs a thread (11 loads for 8 outputs of a 4-tap row), two resident
+        // blocks (<= 128 registers: 106 on mamba2-conv1d). The exhaustive tune found a
+        // plateau around it (H200, run 357: best 1.04x on mamba2-conv1d, 1.01x on
+        // causal-conv1d-nwc; runs of 2 1.4x slower, four blocks an SM spill).
         Params {
             run: 8,
             block: 256,
