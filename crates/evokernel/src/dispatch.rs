@@ -337,6 +337,8 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
             "grad-weight from shared-memory tiles (rows narrower than 16: behind wgrad)",
         ),
         "wgrad" => (2, "the grad-weight kernel"),
+        // Written after run 360, not yet run on a GPU: behind every measured kernel.
+        "wgrad_window_cl" => (10, "grad-weight of one-row channels-last kernels (unmeasured)"),
         "wgrad_cl" => (
             2,
             "grad-weight on channels-last data (few channels or one depth: wgrad wins)",

@@ -2749,17 +2749,11 @@ fn gemm_tuner_records_a_config_the_bench_can_pick() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `row_window_cl` against the oracle: the suites' one-row channels-last cases, forward
-/// and grad-input, and random one-row specs (1-D rows, 1xK rows of 2-D and 3-D tensors
-/// with D and H strides and padding, so whole rows lie in the padding; W dilation,
-/// asymmetric padding wider than the run, rows shorter than a run; every dtype, channel
-/// counts of one vector and up), every run length on some, the fused epilogue in turn,
-/// NaN and Inf in every third case.
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn row_window_cl_passes_on_one_row_specs() {
-    let engine = Engine::cuda(0).unwrap();
-    let v = evokernel::variants::find("row_window_cl").unwrap();
+/// The suites' channels-last cases and 60 random one-row channels-last specs (1-D rows,
+/// 1xK rows of 2-D and 3-D tensors with D and H strides and padding, so whole rows lie in
+/// the padding; W dilation, asymmetric padding, rows shorter than a run; every dtype,
+/// channel counts of one 16-byte vector and up): the window kernels' tests filter them.
+fn one_row_specs() -> Vec<(String, ConvSpec)> {
     let mut rng = SplitMix64::new(2071);
     let mut pick = |lo: u64, hi: u64| (lo + rng.next_u64() % (hi - lo + 1)) as i64;
     let mut specs: Vec<(String, ConvSpec)> = named_specs(
@@ -2794,6 +2788,21 @@ fn row_window_cl_passes_on_one_row_specs() {
             specs.push((format!("random #{i}"), spec));
         }
     }
+    specs
+}
+
+/// `row_window_cl` against the oracle: the suites' one-row channels-last cases, forward
+/// and grad-input, and random one-row specs (1-D rows, 1xK rows of 2-D and 3-D tensors
+/// with D and H strides and padding, so whole rows lie in the padding; W dilation,
+/// asymmetric padding wider than the run, rows shorter than a run; every dtype, channel
+/// counts of one vector and up), every run length on some, the fused epilogue in turn,
+/// NaN and Inf in every third case.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn row_window_cl_passes_on_one_row_specs() {
+    let engine = Engine::cuda(0).unwrap();
+    let v = evokernel::variants::find("row_window_cl").unwrap();
+    let specs = one_row_specs();
     let mut cases = Vec::new();
     for (name, spec) in specs {
         // Grad-input runs the forward of its twin (the flipped kernel, the padding
@@ -2840,4 +2849,39 @@ fn row_window_cl_passes_on_one_row_specs() {
     );
     assert!(cases.len() >= 40, "only {} specs", cases.len());
     assert!(padded_rows >= 5, "{padded_rows}");
+}
+
+/// `wgrad_window_cl` (grad-weight and grad-bias) against the oracle on `one_row_specs`:
+/// the default, runs of 2 and 8, one split and many, NaN and Inf in every third case.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn wgrad_window_cl_passes_on_one_row_specs() {
+    let engine = Engine::cuda(0).unwrap();
+    let v = evokernel::variants::find("wgrad_window_cl").unwrap();
+    let mut cases = Vec::new();
+    for (name, spec) in one_row_specs() {
+        if v.applies(&spec).is_err() {
+            continue;
+        }
+        let configs = launchable_overrides(
+            v,
+            &spec,
+            &[
+                &[],
+                &[("run", 2), ("splits", 1), ("block", 128)],
+                &[("run", 8), ("splits", 256)],
+            ],
+        );
+        cases.push((name, spec, configs));
+    }
+    let checked = check_cases(&engine, v, &cases, |_, spec| {
+        ConvProblem::new(spec.clone())
+            .with_epilogue(Epilogue {
+                bias: true,
+                ..Epilogue::NONE
+            })
+            .with_pass(Pass::Wgrad)
+    });
+    eprintln!("{checked} wgrad_window_cl checks on {} specs", cases.len());
+    assert!(cases.len() >= 40, "only {} specs", cases.len());
 }

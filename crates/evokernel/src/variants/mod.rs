@@ -58,7 +58,7 @@ mod large_kernel;
 mod naive;
 mod row_reuse;
 pub(crate) mod row_rotation_cl;
-mod row_window_cl;
+pub(crate) mod row_window_cl;
 mod smem_tile;
 mod streaming;
 mod streaming_cl;
@@ -70,6 +70,7 @@ mod wgrad_mma_cl;
 mod wgrad_strip_cl;
 mod wgrad_tile;
 mod wgrad_tile_cl;
+mod wgrad_window_cl;
 
 pub use channels_last::ChannelsLast;
 pub use depth_reuse::DepthReuse;
@@ -95,6 +96,7 @@ pub use wgrad_mma_cl::WgradMmaCl;
 pub use wgrad_strip_cl::WgradStripCl;
 pub use wgrad_tile::WgradTile;
 pub use wgrad_tile_cl::WgradTileCl;
+pub use wgrad_window_cl::WgradWindowCl;
 
 /// Dynamic shared memory a block may opt into on sm_90 (227 KiB).
 pub(crate) const MAX_SHARED: usize = 227 * 1024;
@@ -714,6 +716,7 @@ pub fn registry() -> Vec<&'static dyn Variant> {
         &WgradTile,
         &WgradTileCl,
         &WgradStripCl,
+        &WgradWindowCl,
     ]
 }
 
@@ -1131,6 +1134,7 @@ wgrad_mma_cl 433b789c340257e34c3d84072d69d454
 wgrad_tile 1f13126d011bb35613a0b2decee03689
 wgrad_tile_cl 31bd0ce11b6259ab0f8a7b173aa6fdb4
 wgrad_strip_cl 9bd7af0ab11763df959b098f8e80b3b6
+wgrad_window_cl e223d68ffcbea8bfb5081acfef3ebc25
 ";
 
     #[test]

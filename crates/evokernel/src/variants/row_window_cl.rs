@@ -24,6 +24,38 @@ fn span(spec: &ConvSpec) -> usize {
 const MAX_SPAN: usize = 32;
 const MAX_WEIGHTS: usize = 64;
 
+/// `Err` unless a thread can slide a register window along `spec`'s rows: channels-last,
+/// a kernel of one row (1 x 1 x KW) at W stride 1, whole 16-byte channel vectors, a window
+/// and weights (or grad-weight sums) within the registers. Shared with wgrad_window_cl.
+pub(crate) fn one_row_window(spec: &ConvSpec) -> std::result::Result<(), String> {
+    if spec.layout() != Layout::ChannelsLast {
+        return Err("needs a channels-last layout".into());
+    }
+    let [kd, kh, kw] = spec.kernel3();
+    if kd != 1 || kh != 1 {
+        return Err(format!(
+            "needs a kernel of one row (1 x 1 x KW), not {kd} x {kh} x {kw}"
+        ));
+    }
+    if spec.stride3()[2] != 1 {
+        return Err("needs W stride 1 (outputs slide the window by one input)".into());
+    }
+    whole_chunk_pixels(spec)?;
+    if span(spec) > MAX_SPAN {
+        return Err(format!(
+            "a window of {} input vectors (KW x dilation), more than the {MAX_SPAN} a thread holds",
+            span(spec)
+        ));
+    }
+    let weights = kw * spec.dtype().per_16_bytes();
+    if weights > MAX_WEIGHTS {
+        return Err(format!(
+            "{weights} weights a thread, more than the {MAX_WEIGHTS} registers allow"
+        ));
+    }
+    Ok(())
+}
+
 impl Variant for RowWindowCl {
     fn name(&self) -> &'static str {
         "row_window_cl"
@@ -32,32 +64,7 @@ impl Variant for RowWindowCl {
         include_str!("../../kernels/row_window_cl.cu")
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
-        if spec.layout() != Layout::ChannelsLast {
-            return Err("needs a channels-last layout".into());
-        }
-        let [kd, kh, kw] = spec.kernel3();
-        if kd != 1 || kh != 1 {
-            return Err(format!(
-                "needs a kernel of one row (1 x 1 x KW), not {kd} x {kh} x {kw}"
-            ));
-        }
-        if spec.stride3()[2] != 1 {
-            return Err("needs W stride 1 (outputs slide the window by one input)".into());
-        }
-        whole_chunk_pixels(spec)?;
-        if span(spec) > MAX_SPAN {
-            return Err(format!(
-                "a window of {} input vectors (KW x dilation), more than the {MAX_SPAN} a thread holds",
-                span(spec)
-            ));
-        }
-        let weights = kw * spec.dtype().per_16_bytes();
-        if weights > MAX_WEIGHTS {
-            return Err(format!(
-                "{weights} weights a thread, more than the {MAX_WEIGHTS} registers allow"
-            ));
-        }
-        Ok(())
+        one_row_window(spec)
     }
     fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
         vec![

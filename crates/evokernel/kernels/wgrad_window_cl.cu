@@ -1,0 +1,102 @@
+// wgrad_window_cl: grad-weight and grad-bias of channels-last one-row kernels (KD = KH = 1)
+// at W stride 1, row_window_cl's shape on the backward: a thread owns one 16-byte vector of
+// VEC channels and, for its split, every splits-th run of RUN outputs (a fixed order: the
+// same bits every run), loads each run's RUN + SPAN - 1 input vectors and RUN grad_output
+// vectors up front (SPAN = (KW - 1) * DW + 1) and sums input x grad_output into VEC x KW
+// f32 accumulators in registers, grad_output alone into VEC more (grad-bias). wgrad_cl
+// splits its work by rows and segments of rows, and 1-D layers of few rows left it few
+// threads (mamba2-conv1d 0.111 ms, 38% of the floor: H200, run 360).
+// Writes wgrad's partials [splits][C][KW + 1] (the last slot grad-bias), which
+// wgrad_finalize adds in split order. No atomics, no shared memory. Taps in the padding
+// are skipped, never multiplied by 0 (a non-finite grad_output times a padded 0 would be
+// NaN where PyTorch has none); only runs that touch a row's ends (or rows in the D or H
+// padding, which add to grad-bias alone) test them.
+// Arguments: a.x = input, a.w = grad_output, a.y = the f32 partials; C % VEC == 0 and
+// 16-byte aligned activations (the engine checks).
+
+// One run's sums into acc[k * VEC + v] (tap k, channel v) and bacc[v].
+template <typename T, int KW, int DW, int RUN, bool EDGE>
+__device__ __forceinline__ void wgrad_window_run(const ConvArgs& a, const T* xrun, const T* gyrun, bool row_inside,
+                                                 int iw0, int ow0, float* acc, float* bacc) {
+    constexpr int VEC = 16 / (int)sizeof(T);
+    constexpr int SPAN = (KW - 1) * DW + 1;
+    constexpr int LOADS = RUN + SPAN - 1;
+    auto in_row = [&](int i) { return !EDGE || (row_inside && iw0 + i >= 0 && iw0 + i < a.iw); };
+    auto output = [&](int o) { return !EDGE || ow0 + o < a.ow; };
+    // The loads first, so they are all in flight together.
+    uint4 raw[LOADS], graw[RUN];
+#pragma unroll
+    for (int i = 0; i < LOADS; ++i)
+        raw[i] = in_row(i) ? __ldg(reinterpret_cast<const uint4*>(xrun + (long long)i * a.c)) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int o = 0; o < RUN; ++o)
+        graw[o] = output(o) ? __ldg(reinterpret_cast<const uint4*>(gyrun + (long long)o * a.c)) : make_uint4(0u, 0u, 0u, 0u);
+    // Input vector i as floats once, in a ring of SPAN (indices fold at compile time).
+    float win[SPAN][VEC];
+#pragma unroll
+    for (int i = 0; i < SPAN - 1; ++i) unpack16(raw[i], T(), win[i]);
+#pragma unroll
+    for (int o = 0; o < RUN; ++o) {
+        unpack16(raw[o + SPAN - 1], T(), win[(o + SPAN - 1) % SPAN]);
+        if (!output(o)) continue;
+        float g[VEC];
+        unpack16(graw[o], T(), g);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) bacc[v] += g[v];
+#pragma unroll
+        for (int k = 0; k < KW; ++k) {
+            if (!in_row(o + k * DW)) continue;
+            const float* xv = win[(o + k * DW) % SPAN];
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) acc[k * VEC + v] = fmaf(xv[v], g[v], acc[k * VEC + v]);
+        }
+    }
+}
+
+template <typename T, int KW, int DW, int RUN, int EPI>
+__global__ void __launch_bounds__(256) wgrad_window_cl_dwconv(ConvArgs a, EpiArgs) {
+    constexpr int VEC = 16 / (int)sizeof(T);
+    constexpr int SPAN = (KW - 1) * DW + 1;
+    constexpr int LOADS = RUN + SPAN - 1;
+    const T* __restrict__ x = static_cast<const T*>(a.x);
+    const T* __restrict__ gy = static_cast<const T*>(a.w);
+    float* __restrict__ partials = static_cast<float*>(a.y);
+    const long long vectors = a.c / VEC;
+    const long long cv = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const int split = blockIdx.y, splits = gridDim.y;
+    const int runs = (a.ow + RUN - 1) / RUN;
+    const long long items = a.n * a.od * a.oh * runs;
+    const long long c0 = cv * VEC;
+
+    float acc[KW * VEC], bacc[VEC];
+#pragma unroll
+    for (int i = 0; i < KW * VEC; ++i) acc[i] = 0.f;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) bacc[v] = 0.f;
+    for (long long it = split; cv < vectors && it < items; it += splits) {
+        const long long row = it / runs;  // output row (n, od, oh)
+        const int run = (int)(it - row * runs);
+        const int oh = (int)(row % a.oh);
+        const int od = (int)((row / a.oh) % a.od);
+        const long long n = row / ((long long)a.oh * a.od);
+        const int zd = od * a.sd - a.pd, zh = oh * a.sh - a.ph;
+        const bool row_inside = zd >= 0 && zd < a.id && zh >= 0 && zh < a.ih;
+        const int ow0 = run * RUN, iw0 = ow0 - a.pw;  // the run's first output, its first input
+        const T* xrun = x + (((n * a.id + (row_inside ? zd : 0)) * a.ih + (row_inside ? zh : 0)) * (long long)a.iw + iw0) * a.c + c0;
+        const T* gyrun = gy + (row * a.ow + ow0) * a.c + c0;
+        if (row_inside && iw0 >= 0 && iw0 + LOADS <= a.iw && ow0 + RUN <= a.ow)
+            wgrad_window_run<T, KW, DW, RUN, false>(a, xrun, gyrun, row_inside, iw0, ow0, acc, bacc);
+        else
+            wgrad_window_run<T, KW, DW, RUN, true>(a, xrun, gyrun, row_inside, iw0, ow0, acc, bacc);
+    }
+
+    pdl_launch_dependents();  // the finalize may launch (it waits for this grid)
+    if (cv >= vectors) return;
+    float* out = partials + ((long long)split * a.c + c0) * (KW + 1);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+#pragma unroll
+        for (int k = 0; k < KW; ++k) out[v * (KW + 1) + k] = acc[k * VEC + v];
+        out[v * (KW + 1) + KW] = bacc[v];
+    }
+}
