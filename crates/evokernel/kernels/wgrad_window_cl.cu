@@ -12,7 +12,8 @@
 // NaN where PyTorch has none); only runs that touch a row's ends (or rows in the D or H
 // padding, which add to grad-bias alone) test them.
 // Arguments: a.x = input, a.w = grad_output, a.y = the f32 partials; C % VEC == 0 and
-// 16-byte aligned activations (the engine checks).
+// 16-byte aligned activations (the engine checks). Compiled after row_window_cl.cu, whose
+// WindowRun and window_loads it uses.
 
 // One run's sums into acc[k * VEC + v] (tap k, channel v) and bacc[v].
 template <typename T, int KW, int DW, int RUN, bool EDGE>
@@ -21,13 +22,11 @@ __device__ __forceinline__ void wgrad_window_run(const ConvArgs& a, const T* xru
     constexpr int VEC = 16 / (int)sizeof(T);
     constexpr int SPAN = (KW - 1) * DW + 1;
     constexpr int LOADS = RUN + SPAN - 1;
-    auto in_row = [&](int i) { return !EDGE || (row_inside && iw0 + i >= 0 && iw0 + i < a.iw); };
+    auto in_row = [&](int i) { return window_in_row<EDGE>(a, row_inside, iw0, i); };
     auto output = [&](int o) { return !EDGE || ow0 + o < a.ow; };
     // The loads first, so they are all in flight together.
     uint4 raw[LOADS], graw[RUN];
-#pragma unroll
-    for (int i = 0; i < LOADS; ++i)
-        raw[i] = in_row(i) ? __ldg(reinterpret_cast<const uint4*>(xrun + (long long)i * a.c)) : make_uint4(0u, 0u, 0u, 0u);
+    window_loads<T, LOADS, EDGE>(a, xrun, row_inside, iw0, raw);
 #pragma unroll
     for (int o = 0; o < RUN; ++o)
         graw[o] = output(o) ? __ldg(reinterpret_cast<const uint4*>(gyrun + (long long)o * a.c)) : make_uint4(0u, 0u, 0u, 0u);
@@ -56,8 +55,6 @@ __device__ __forceinline__ void wgrad_window_run(const ConvArgs& a, const T* xru
 template <typename T, int KW, int DW, int RUN, int EPI>
 __global__ void __launch_bounds__(256) wgrad_window_cl_dwconv(ConvArgs a, EpiArgs) {
     constexpr int VEC = 16 / (int)sizeof(T);
-    constexpr int SPAN = (KW - 1) * DW + 1;
-    constexpr int LOADS = RUN + SPAN - 1;
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ gy = static_cast<const T*>(a.w);
     float* __restrict__ partials = static_cast<float*>(a.y);
@@ -75,19 +72,12 @@ __global__ void __launch_bounds__(256) wgrad_window_cl_dwconv(ConvArgs a, EpiArg
     for (int v = 0; v < VEC; ++v) bacc[v] = 0.f;
     for (long long it = split; cv < vectors && it < items; it += splits) {
         const long long row = it / runs;  // output row (n, od, oh)
-        const int run = (int)(it - row * runs);
-        const int oh = (int)(row % a.oh);
-        const int od = (int)((row / a.oh) % a.od);
-        const long long n = row / ((long long)a.oh * a.od);
-        const int zd = od * a.sd - a.pd, zh = oh * a.sh - a.ph;
-        const bool row_inside = zd >= 0 && zd < a.id && zh >= 0 && zh < a.ih;
-        const int ow0 = run * RUN, iw0 = ow0 - a.pw;  // the run's first output, its first input
-        const T* xrun = x + (((n * a.id + (row_inside ? zd : 0)) * a.ih + (row_inside ? zh : 0)) * (long long)a.iw + iw0) * a.c + c0;
-        const T* gyrun = gy + (row * a.ow + ow0) * a.c + c0;
-        if (row_inside && iw0 >= 0 && iw0 + LOADS <= a.iw && ow0 + RUN <= a.ow)
-            wgrad_window_run<T, KW, DW, RUN, false>(a, xrun, gyrun, row_inside, iw0, ow0, acc, bacc);
+        const WindowRun<T, KW, DW, RUN> r(a, x, row, (int)(it - row * runs), cv);
+        const T* gyrun = gy + (row * a.ow + r.ow0) * a.c + r.c0;
+        if (r.inside)
+            wgrad_window_run<T, KW, DW, RUN, false>(a, r.xrun(a), gyrun, r.row_inside, r.iw0, r.ow0, acc, bacc);
         else
-            wgrad_window_run<T, KW, DW, RUN, true>(a, xrun, gyrun, row_inside, iw0, ow0, acc, bacc);
+            wgrad_window_run<T, KW, DW, RUN, true>(a, r.xrun(a), gyrun, r.row_inside, r.iw0, r.ow0, acc, bacc);
     }
 
     pdl_launch_dependents();  // the finalize may launch (it waits for this grid)

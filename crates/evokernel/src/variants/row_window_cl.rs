@@ -24,6 +24,18 @@ fn span(spec: &ConvSpec) -> usize {
 const MAX_SPAN: usize = 32;
 const MAX_WEIGHTS: usize = 64;
 
+/// 16-byte channel vectors of a pixel: the threads along C.
+pub(crate) fn channel_vectors(spec: &ConvSpec) -> usize {
+    spec.c() / spec.dtype().per_16_bytes()
+}
+
+/// Runs of `run` outputs over every output row (n, od, oh): the work items of both window
+/// kernels.
+pub(crate) fn window_runs(spec: &ConvSpec, run: usize) -> usize {
+    let [od, oh, ow] = spec.output3();
+    spec.n() * od * oh * ow.div_ceil(run)
+}
+
 /// `Err` unless a thread can slide a register window along `spec`'s rows: channels-last,
 /// a kernel of one row (1 x 1 x KW) at W stride 1, whole 16-byte channel vectors, a window
 /// and weights (or grad-weight sums) within the registers. Shared with wgrad_window_cl.
@@ -110,9 +122,7 @@ impl Variant for RowWindowCl {
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
         let p = Params::parse(self, spec, config)?;
-        let [od, oh, ow] = spec.output3();
-        let vectors = spec.c() / spec.dtype().per_16_bytes();
-        let threads = vectors * ow.div_ceil(p.run) * spec.n() * od * oh;
+        let threads = channel_vectors(spec) * window_runs(spec, p.run);
         Ok(Launch {
             grid: (grid_x(self, spec, threads.div_ceil(p.block))?, 1, 1),
             block: (p.block as u32, 1, 1),

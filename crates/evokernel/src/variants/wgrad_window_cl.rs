@@ -3,7 +3,7 @@
 //! a thread a 16-byte channel vector, its split's runs of outputs in a fixed order, wgrad's
 //! partials and finalize (kernels/wgrad_window_cl.cu). Deterministic.
 
-use super::row_window_cl::one_row_window;
+use super::row_window_cl::{channel_vectors, one_row_window, window_runs};
 use super::wgrad::Wgrad;
 use super::{cuda_type, grid_x, Config, Launch, Param, Variant};
 use crate::error::Result;
@@ -17,14 +17,6 @@ typed_params!(Params { run, block, splits });
 /// Split counts the space offers (grid y).
 const SPLITS: [i64; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
 
-impl WgradWindowCl {
-    /// Runs of `run` outputs over every output row: the work items the splits share.
-    fn items(spec: &ConvSpec, run: usize) -> usize {
-        let [od, oh, ow] = spec.output3();
-        spec.n() * od * oh * ow.div_ceil(run)
-    }
-}
-
 impl Variant for WgradWindowCl {
     fn name(&self) -> &'static str {
         "wgrad_window_cl"
@@ -33,7 +25,11 @@ impl Variant for WgradWindowCl {
         Pass::Wgrad
     }
     fn source(&self) -> &'static str {
-        include_str!("../../kernels/wgrad_window_cl.cu")
+        // Over row_window_cl.cu's run decoding and window loads.
+        concat!(
+            include_str!("../../kernels/row_window_cl.cu"),
+            include_str!("../../kernels/wgrad_window_cl.cu")
+        )
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
         one_row_window(spec)
@@ -61,9 +57,8 @@ impl Variant for WgradWindowCl {
         // window, the sums); splits for ~64 K threads, each at least two items, the
         // partials under 1/16 of the bytes the pass reads (as wgrad_cl's rule).
         let run = 4;
-        let vectors = spec.c() / spec.dtype().per_16_bytes();
-        let want = (65536 / vectors.max(1)).max(1);
-        let by_items = (Self::items(spec, run) / 2).max(1);
+        let want = (65536 / channel_vectors(spec).max(1)).max(1);
+        let by_items = (window_runs(spec, run) / 2).max(1);
         let read = (spec.input_len() + spec.output_len()) * spec.dtype().size_bytes();
         let by_bytes = (read / 16 / Wgrad::partial_bytes(spec, 1)).max(1);
         let cap = want.min(by_items).min(by_bytes);
@@ -92,10 +87,9 @@ impl Variant for WgradWindowCl {
     }
     fn launch(&self, spec: &ConvSpec, config: &Config, _sms: u32) -> Result<Launch> {
         let p = Params::parse(self, spec, config)?;
-        let vectors = spec.c() / spec.dtype().per_16_bytes();
         Ok(Launch {
             grid: (
-                grid_x(self, spec, vectors.div_ceil(p.block))?,
+                grid_x(self, spec, channel_vectors(spec).div_ceil(p.block))?,
                 p.splits as u32,
                 1,
             ),
