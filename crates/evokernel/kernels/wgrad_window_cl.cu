@@ -1,16 +1,17 @@
 // wgrad_window_cl: grad-weight and grad-bias of channels-last one-row kernels (KD = KH = 1)
 // at W stride 1, row_window_cl's shape on the backward: a thread owns one 16-byte vector of
-// VEC channels and, for its split, every splits-th run of RUN outputs (a fixed order: the
-// same bits every run), loads each run's RUN + SPAN - 1 input vectors and RUN grad_output
-// vectors up front (SPAN = (KW - 1) * DW + 1) and sums input x grad_output into VEC x KW
-// f32 accumulators in registers, grad_output alone into VEC more (grad-bias). wgrad_cl
-// splits its work by rows and segments of rows, and 1-D layers of few rows left it few
-// threads (mamba2-conv1d 0.111 ms, 38% of the floor: H200, run 360).
+// VEC channels and, for its split and group, every (splits x groups)-th run of RUN outputs
+// (a fixed order: the same bits every run), loads each run's RUN + SPAN - 1 input vectors
+// and RUN grad_output vectors up front (SPAN = (KW - 1) * DW + 1) and sums input x
+// grad_output into VEC x KW f32 accumulators in registers, grad_output alone into VEC more
+// (grad-bias). wgrad_cl splits its work by rows and segments of rows, and 1-D layers of
+// few rows left it few threads (mamba2-conv1d 0.111 ms, 38% of the floor: H200, run 360).
 // Writes wgrad's partials [splits][C][KW + 1] (the last slot grad-bias), which
-// wgrad_finalize adds in split order. No atomics, no shared memory. Taps in the padding
-// are skipped, never multiplied by 0 (a non-finite grad_output times a padded 0 would be
-// NaN where PyTorch has none); only runs that touch a row's ends (or rows in the D or H
-// padding, which add to grad-bias alone) test them.
+// wgrad_finalize adds in split order; a block's groups add theirs first, in group order,
+// through shared memory. No atomics. Taps in the padding are skipped, never multiplied by
+// 0 (a non-finite grad_output times a padded 0 would be NaN where PyTorch has none); only
+// runs that touch a row's ends (or rows in the D or H padding, which add to grad-bias
+// alone) test them.
 // Arguments: a.x = input, a.w = grad_output, a.y = the f32 partials; C % VEC == 0 and
 // 16-byte aligned activations (the engine checks). Compiled after row_window_cl.cu, whose
 // WindowRun and window_loads it uses.
@@ -59,7 +60,11 @@ __global__ void __launch_bounds__(256) wgrad_window_cl_dwconv(ConvArgs a, EpiArg
     const T* __restrict__ gy = static_cast<const T*>(a.w);
     float* __restrict__ partials = static_cast<float*>(a.y);
     const long long vectors = a.c / VEC;
+    // Block (vectors, groups): threadIdx.x a channel vector, threadIdx.y a group of the
+    // split's runs. Groups let a few splits (few partials) still fill the SMs with threads;
+    // their sums meet in shared memory at the end, in group order.
     const long long cv = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const int groups = blockDim.y;
     const int split = blockIdx.y, splits = gridDim.y;
     const int runs = (a.ow + RUN - 1) / RUN;
     const long long items = a.n * a.od * a.oh * runs;
@@ -70,7 +75,8 @@ __global__ void __launch_bounds__(256) wgrad_window_cl_dwconv(ConvArgs a, EpiArg
     for (int i = 0; i < KW * VEC; ++i) acc[i] = 0.f;
 #pragma unroll
     for (int v = 0; v < VEC; ++v) bacc[v] = 0.f;
-    for (long long it = split; cv < vectors && it < items; it += splits) {
+    const long long step = (long long)splits * groups;
+    for (long long it = (long long)split * groups + threadIdx.y; cv < vectors && it < items; it += step) {
         const long long row = it / runs;  // output row (n, od, oh)
         const WindowRun<T, KW, DW, RUN> r(a, x, row, (int)(it - row * runs), cv);
         const T* gyrun = gy + (row * a.ow + r.ow0) * a.c + r.c0;
@@ -81,12 +87,35 @@ __global__ void __launch_bounds__(256) wgrad_window_cl_dwconv(ConvArgs a, EpiArg
     }
 
     pdl_launch_dependents();  // the finalize may launch (it waits for this grid)
-    if (cv >= vectors) return;
     float* out = partials + ((long long)split * a.c + c0) * (KW + 1);
+    if (groups == 1) {
+        if (cv >= vectors) return;
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) {
+        for (int v = 0; v < VEC; ++v) {
 #pragma unroll
-        for (int k = 0; k < KW; ++k) out[v * (KW + 1) + k] = acc[k * VEC + v];
-        out[v * (KW + 1) + KW] = bacc[v];
+            for (int k = 0; k < KW; ++k) out[v * (KW + 1) + k] = acc[k * VEC + v];
+            out[v * (KW + 1) + KW] = bacc[v];
+        }
+        return;
+    }
+    // One slot (a tap, then grad-bias) at a time through shared memory: [VEC][threads],
+    // consecutive threads on consecutive words both ways. Every thread reaches the
+    // barriers (those past the channels wrote zeros).
+    __shared__ float red[VEC][256];
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+#pragma unroll
+    for (int k = 0; k <= KW; ++k) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) red[v][tid] = k < KW ? acc[k * VEC + v] : bacc[v];
+        __syncthreads();
+        if (threadIdx.y == 0 && cv < vectors) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                float sum = red[v][threadIdx.x];
+                for (int g = 1; g < groups; ++g) sum += red[v][g * blockDim.x + threadIdx.x];
+                out[v * (KW + 1) + k] = sum;
+            }
+        }
+        __syncthreads();
     }
 }

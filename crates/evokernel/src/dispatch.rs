@@ -281,7 +281,9 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
             "grad-weight on channels-last rows streamed through a ring (tensor cores ahead here)",
         ),
         "wgrad_strip_cl"
-            if (one_d && spec.c() < 4096) || (strided_3_rows && od == 1) || wide_rows_2d =>
+            if (one_d && spec.c() < 4096 && !window_1d)
+                || (strided_3_rows && od == 1)
+                || wide_rows_2d =>
         {
             (
                 0,
@@ -313,7 +315,7 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
         // wgrad_cl wins on 1-D specs with thousands of channels (mamba2 0.121 vs 0.148,
         // hybrid-shortconv 0.428 vs 0.548); it loses elsewhere (causal-conv1d-nwc, 2048
         // channels, 0.178 vs 0.122).
-        "wgrad_cl" if one_d && spec.c() >= 4096 => (
+        "wgrad_cl" if one_d && spec.c() >= 4096 && !window_1d => (
             0,
             "grad-weight on channels-last 1-D data, several channels a lane",
         ),
@@ -337,8 +339,18 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
             "grad-weight from shared-memory tiles (rows narrower than 16: behind wgrad)",
         ),
         "wgrad" => (2, "the grad-weight kernel"),
-        // Written after run 360, not yet run on a GPU: behind every measured kernel.
-        "wgrad_window_cl" => (10, "grad-weight of one-row channels-last kernels (unmeasured)"),
+        // 1-D channels-last rows, row_window_cl's register window on the backward (run
+        // 363, H200, same call): mamba2-conv1d 0.062 ms vs wgrad_cl 0.109, hybrid-shortconv
+        // 0.214 vs 0.395, causal-conv1d-nwc 0.049 vs wgrad_strip_cl 0.065. Unmeasured on
+        // one-row kernels of 2-D and 3-D tensors.
+        "wgrad_window_cl" if window_1d => (
+            0,
+            "1-D channels-last grad-weight, a register window a thread",
+        ),
+        "wgrad_window_cl" => (
+            10,
+            "grad-weight of one-row channels-last kernels (unmeasured on 2-D and 3-D tensors)",
+        ),
         "wgrad_cl" => (
             2,
             "grad-weight on channels-last data (few channels or one depth: wgrad wins)",
@@ -692,7 +704,8 @@ mod tests {
         // from run 101: wgrad 0.347 vs wgrad_mma 0.428 ms.
         // wgrad_strip_cl against all three on every channels-last case, run 217; its wide
         // runs on 2-D rows of >= 5 taps, run 251; wgrad_mma_cl ahead of it on convnext-nhwc
-        // and behind on convnext-t-nhwc, H200 runs 352-353.
+        // and behind on convnext-t-nhwc, H200 runs 352-353; wgrad_window_cl on the 1-D rows,
+        // H200 run 363.
         // Channels-first: wgrad_tile against wgrad_mma and wgrad at defaults, run 197;
         // video-vae-causal from run 208 (wgrad_mma's shared ring).
         let winners = [
@@ -714,9 +727,9 @@ mod tests {
             ("convnext-nhwc", "wgrad_mma_cl"),
             ("mobilenet-s1-nhwc", "wgrad_tile_cl"),
             ("seed-f16-ndhwc", "wgrad_mma_cl"),
-            ("causal-conv1d-nwc", "wgrad_strip_cl"),
-            ("mamba2-conv1d", "wgrad_cl"),
-            ("hybrid-shortconv", "wgrad_cl"),
+            ("causal-conv1d-nwc", "wgrad_window_cl"),
+            ("mamba2-conv1d", "wgrad_window_cl"),
+            ("hybrid-shortconv", "wgrad_window_cl"),
             ("convnext-t-nhwc", "wgrad_strip_cl"),
             ("efficientnet-k5s2", "wgrad_strip_cl"),
         ];

@@ -2132,12 +2132,17 @@ fn run_pass(plan: &evokernel::Plan, data: &ProblemData) -> HostTensor {
     }
 }
 
-/// grad-weight and grad-bias are the same bits on every run (no atomics; fixed order).
+/// grad-weight and grad-bias are the same bits on every run (no atomics; fixed order), on
+/// the plans of the public and channels-last suites.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn grad_weight_is_bit_identical_across_runs() {
     let engine = Engine::cuda(0).unwrap();
-    for case in public_suite().unwrap() {
+    let cases = public_suite()
+        .unwrap()
+        .into_iter()
+        .chain(channels_last_suite().unwrap());
+    for case in cases {
         let conv = ConvProblem::new(case.spec.clone())
             .with_epilogue(Epilogue {
                 bias: true,
@@ -2868,8 +2873,11 @@ fn wgrad_window_cl_passes_on_one_row_specs() {
             &spec,
             &[
                 &[],
-                &[("run", 2), ("splits", 1), ("block", 128)],
-                &[("run", 8), ("splits", 256)],
+                // One group: partials written straight from registers.
+                &[("run", 2), ("splits", 1), ("block", 128), ("groups", 1)],
+                &[("run", 8), ("splits", 256), ("groups", 1)],
+                // Warps across 8 groups of 4 vectors, an odd split count.
+                &[("run", 2), ("block", 128), ("groups", 32), ("splits", 7)],
             ],
         );
         cases.push((name, spec, configs));

@@ -1134,7 +1134,7 @@ wgrad_mma_cl 433b789c340257e34c3d84072d69d454
 wgrad_tile 1f13126d011bb35613a0b2decee03689
 wgrad_tile_cl 31bd0ce11b6259ab0f8a7b173aa6fdb4
 wgrad_strip_cl 9bd7af0ab11763df959b098f8e80b3b6
-wgrad_window_cl e223d68ffcbea8bfb5081acfef3ebc25
+wgrad_window_cl 64799bb1992bc70da7ca64e6fc6e21c7
 ";
 
     #[test]
