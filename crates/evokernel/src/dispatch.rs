@@ -100,6 +100,10 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
     let rotates_rows = crate::variants::row_rotation_cl::rotates_rows_by_default(spec);
     // 1-D channels-last rows that row_window_cl takes (below).
     let window_1d = one_d && crate::variants::RowWindowCl.applies(spec).is_ok();
+    // 1-D channels-first rows of few taps that row_window takes (below); Conformer's 31
+    // taps stay on the rotation (0.027 vs 0.037 ms, run 364).
+    let window_1d_cf =
+        one_d && spec.kernel3()[2] <= 8 && crate::variants::RowWindow.applies(spec).is_ok();
     match v.name() {
         // With one kernel depth too, where there are depths to walk (run 237, 4 x 192 x
         // 16 x 56 x 56, 1x3x3: 0.067 vs depth_reuse's plane walk 0.085 ms; in 2-D, 3x3,
@@ -164,10 +168,19 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
                 "FMA rotation on channels-last data (several depths, short rows, few taps, f32, a small plane, or planes walked)",
             )
         }
+        // 1-D channels-first rows of <= 8 taps, a register window a thread (H200, run 364,
+        // same call, two rounds): causal-conv1d 0.039 vs depth_reuse_fma 0.047 ms
+        // (grad-input 0.042 vs 0.049), lfm-shortconv-k3 0.072 vs 0.086 (0.069 vs 0.088).
+        "row_window" if window_1d_cf => (
+            0,
+            "1-D channels-first rows of few taps, a register window a thread",
+        ),
         // 1-D rows walked as a sequence of planes (run 247): conformer-k31 0.029 vs
         // smem_tile 0.042 ms, causal-conv1d 0.056 vs 0.073, lfm-shortconv-k3 0.105 vs 0.136.
         "depth_reuse_fma"
-            if one_d && crate::variants::depth_reuse_fma::walks_planes_by_default(spec) =>
+            if one_d
+                && !window_1d_cf
+                && crate::variants::depth_reuse_fma::walks_planes_by_default(spec) =>
         {
             (0, "FMA tiles walking the rows of a 1-D layer through a slice ring")
         }
@@ -214,6 +227,8 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
         "row_rotation_cl" => (9, "input rows rotated through the output rows they feed"),
         // Unmeasured on 1xK rows of 2-D and 3-D tensors: behind the rotations there.
         "row_window_cl" => (9, "one-row kernels, a register window a thread"),
+        // Unmeasured on 1xK rows of 2-D and 3-D tensors; behind the rotation on many taps.
+        "row_window" => (9, "one-row channels-first kernels, a register window a thread"),
         "streaming_cl" => (11, "tensor cores on channels-last data (few taps)"),
         "tensor_core" | "streaming" | "depth_reuse" | "depth_reuse_cl" if narrow => {
             (16, "tensor cores on rows narrower than a tile")
@@ -575,7 +590,7 @@ mod tests {
             ("video-vae-causal", "depth_reuse"),
             ("convnext-7x7", "depth_reuse"),
             ("mobilenet-s2", "depth_reuse_fma_cl"),
-            ("causal-conv1d", "depth_reuse_fma"),
+            ("causal-conv1d", "row_window"),
             ("odd-dilated", "row_reuse"),
         ];
         let channels_last = [
@@ -600,12 +615,13 @@ mod tests {
             assert!(c.reason.starts_with("ranked"));
         }
         // The models suite, runs 98-99 (default configs, same call); the 1-D rows walked
-        // by depth_reuse_fma from run 247.
+        // by depth_reuse_fma from run 247; the few-tap ones in row_window's registers from
+        // run 364 (H200).
         let models = [
             ("conformer-k31", "depth_reuse_fma"),
             ("mamba2-conv1d", "row_window_cl"),
             ("hybrid-shortconv", "row_window_cl"),
-            ("lfm-shortconv-k3", "depth_reuse_fma"),
+            ("lfm-shortconv-k3", "row_window"),
             ("replknet-31x31", "large_kernel"),
             ("efficientnet-k5s2", "row_rotation_cl"),
             ("x3d-m-res4", "depth_reuse_fma"),

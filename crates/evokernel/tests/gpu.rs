@@ -2758,16 +2758,16 @@ fn gemm_tuner_records_a_config_the_bench_can_pick() {
 /// 1xK rows of 2-D and 3-D tensors with D and H strides and padding, so whole rows lie in
 /// the padding; W dilation, asymmetric padding, rows shorter than a run; every dtype,
 /// channel counts of one 16-byte vector and up): the window kernels' tests filter them.
-fn one_row_specs() -> Vec<(String, ConvSpec)> {
+fn one_row_specs(layout: Layout) -> Vec<(String, ConvSpec)> {
     let mut rng = SplitMix64::new(2071);
     let mut pick = |lo: u64, hi: u64| (lo + rng.next_u64() % (hi - lo + 1)) as i64;
     let mut specs: Vec<(String, ConvSpec)> = named_specs(
         [public_suite(), channels_last_suite(), models_suite()],
-        Some(Layout::ChannelsLast),
+        Some(layout),
     );
     for i in 0..60 {
         let mut p = ConvParams::seed();
-        p.layout = Layout::ChannelsLast;
+        p.layout = layout;
         p.n = pick(1, 3);
         p.dtype = DType::ALL[i % 3];
         let vec = p.dtype.per_16_bytes() as i64;
@@ -2789,6 +2789,16 @@ fn one_row_specs() -> Vec<(String, ConvSpec)> {
         for d in 0..dims_n - 1 {
             p.padding[d] = [pick(0, 1), pick(0, 1)];
         }
+        if layout == Layout::ChannelsFirst {
+            // Channels-first rows of whole 16-byte vectors in and out (row_window's
+            // domain): W a multiple of VEC, the padding after topped up to one.
+            let span = (kw - 1) * dw + 1;
+            let iw = vec * pick(1, 12);
+            let before = p.padding[dims_n - 1][0];
+            let short = (vec - (iw + before - span + 1).rem_euclid(vec)) % vec;
+            p.input[dims_n - 1] = iw;
+            p.padding[dims_n - 1][1] = short + vec * pick(0, 1);
+        }
         if let Ok(spec) = p.validate() {
             specs.push((format!("random #{i}"), spec));
         }
@@ -2807,7 +2817,7 @@ fn one_row_specs() -> Vec<(String, ConvSpec)> {
 fn row_window_cl_passes_on_one_row_specs() {
     let engine = Engine::cuda(0).unwrap();
     let v = evokernel::variants::find("row_window_cl").unwrap();
-    let specs = one_row_specs();
+    let specs = one_row_specs(Layout::ChannelsLast);
     let mut cases = Vec::new();
     for (name, spec) in specs {
         // Grad-input runs the forward of its twin (the flipped kernel, the padding
@@ -2856,6 +2866,63 @@ fn row_window_cl_passes_on_one_row_specs() {
     assert!(padded_rows >= 5, "{padded_rows}");
 }
 
+/// `row_window` against the oracle: the suites' one-row channels-first cases, forward and
+/// grad-input, and random channels-first one-row specs (rows of whole 16-byte vectors; 1xK
+/// rows of 2-D and 3-D tensors with whole rows in the D and H padding, W dilation,
+/// asymmetric padding, rows shorter than a run; every dtype), runs of one, two and four
+/// vectors, the fused epilogue in turn, NaN and Inf in every third case.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn row_window_passes_on_one_row_specs() {
+    let engine = Engine::cuda(0).unwrap();
+    let v = evokernel::variants::find("row_window").unwrap();
+    let mut cases = Vec::new();
+    for (name, spec) in one_row_specs(Layout::ChannelsFirst) {
+        let twin = (!name.starts_with("random"))
+            .then(|| spec.dgrad_twin())
+            .flatten();
+        for (name, spec) in std::iter::once((name.clone(), spec))
+            .chain(twin.map(|t| (format!("{name} grad-input twin"), t)))
+        {
+            if v.applies(&spec).is_err() {
+                continue;
+            }
+            let vec = spec.dtype().per_16_bytes() as i64;
+            let configs = launchable_overrides(
+                v,
+                &spec,
+                &[
+                    &[],
+                    &[("run", vec), ("block", 128)],
+                    &[("run", 4 * vec), ("minblocks", 1)],
+                ],
+            );
+            cases.push((name, spec, configs));
+        }
+    }
+    let all = epilogues();
+    let checked = check_cases(&engine, v, &cases, |i, spec| {
+        ConvProblem::new(spec.clone()).with_epilogue(if i % 2 == 0 {
+            Epilogue::NONE
+        } else {
+            all[i % all.len()]
+        })
+    });
+    let padded_rows = cases
+        .iter()
+        .filter(|(_, s, _)| {
+            let (before, after) = (s.pad_before3(), s.pad_after3());
+            before[0] + before[1] + after[0] + after[1] > 0
+        })
+        .count();
+    eprintln!(
+        "{checked} row_window checks on {} specs, {padded_rows} with rows in the padding",
+        cases.len()
+    );
+    assert!(cases.len() >= 40, "only {} specs", cases.len());
+    assert!(padded_rows >= 5, "{padded_rows}");
+}
+
 /// `wgrad_window_cl` (grad-weight and grad-bias) against the oracle on `one_row_specs`:
 /// the default, runs of 2 and 8, one split and many, NaN and Inf in every third case.
 #[test]
@@ -2864,7 +2931,7 @@ fn wgrad_window_cl_passes_on_one_row_specs() {
     let engine = Engine::cuda(0).unwrap();
     let v = evokernel::variants::find("wgrad_window_cl").unwrap();
     let mut cases = Vec::new();
-    for (name, spec) in one_row_specs() {
+    for (name, spec) in one_row_specs(Layout::ChannelsLast) {
         if v.applies(&spec).is_err() {
             continue;
         }

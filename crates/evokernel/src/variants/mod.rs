@@ -58,6 +58,7 @@ mod large_kernel;
 mod naive;
 mod row_reuse;
 pub(crate) mod row_rotation_cl;
+pub(crate) mod row_window;
 pub(crate) mod row_window_cl;
 mod smem_tile;
 mod streaming;
@@ -84,6 +85,7 @@ pub use large_kernel::LargeKernel;
 pub use naive::Naive;
 pub use row_reuse::RowReuse;
 pub use row_rotation_cl::RowRotationCl;
+pub use row_window::RowWindow;
 pub use row_window_cl::RowWindowCl;
 pub use smem_tile::SmemTile;
 pub use streaming::Streaming;
@@ -706,6 +708,7 @@ pub fn registry() -> Vec<&'static dyn Variant> {
         &DepthReuseFmaCl,
         &RowRotationCl,
         &RowWindowCl,
+        &RowWindow,
         &DgradGather,
         &DgradGatherCl,
         &DgradCellCl,
@@ -1124,6 +1127,7 @@ depth_reuse_fma 939cf6c873e465b4328c931bd90724fc
 depth_reuse_fma_cl 98e452d1b47d8904996b76e67eb476e8
 row_rotation_cl fd231dd954be37108afecdae9352b62f
 row_window_cl cd4e5e9ae61e17ffb8e70e5e8da001fe
+row_window 72db8463fcd701b0c4d38955e3fd039e
 dgrad_gather 5fc50c8418cde94ba899e1ae3e272897
 dgrad_gather_cl 5b6d1fea50bd0b8cbc0b7c851fc0049c
 dgrad_cell_cl af555efdf2b633c8bea80c7226f4f6b7
