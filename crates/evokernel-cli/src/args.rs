@@ -40,7 +40,7 @@ pub struct Common {
     /// Fuse a residual add (a random tensor of the output's shape) after the activation
     #[arg(long)]
     pub residual: bool,
-    /// Run only these implementations (repeatable): naive, row_reuse, channels_last, smem_tile, large_kernel, tensor_core, streaming, streaming_cl, depth_reuse, depth_reuse_cl, depth_reuse_fma, depth_reuse_fma_cl, row_rotation_cl, row_window, row_window_cl, dgrad_gather, dgrad_gather_cl, dgrad_cell_cl, wgrad, wgrad_cl, wgrad_mma, wgrad_mma_cl, wgrad_tile, wgrad_tile_cl, wgrad_strip_cl, wgrad_window_cl, cudnn (the backend API's best engine), cudnn-legacy
+    /// Run only these implementations (repeatable): naive, row_reuse, channels_last, smem_tile, large_kernel, tensor_core, streaming, streaming_cl, depth_reuse, depth_reuse_cl, depth_reuse_fma, depth_reuse_fma_cl, row_rotation_cl, row_window, row_window_cl, dgrad_gather, dgrad_gather_cl, dgrad_cell_cl, wgrad, wgrad_cl, wgrad_mma, wgrad_mma_cl, wgrad_tile, wgrad_tile_cl, wgrad_strip_cl, wgrad_window, wgrad_window_cl, cudnn (the backend API's best engine), cudnn-legacy
     #[arg(long = "only", value_name = "NAME")]
     pub only: Vec<String>,
     /// The pass to measure: forward, dgrad (grad-input), wgrad (grad-weight, with

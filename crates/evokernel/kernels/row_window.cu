@@ -18,6 +18,33 @@
 // leaves the output alone, as in the oracle); only runs whose loads leave the row, or
 // rows wholly in the D or H padding, test them.
 
+// Input row (n, c) at output row (od, oh) of a one-row kernel: its column 0 (a valid row
+// where it lies in the D or H padding, which nothing is loaded from) and whether it
+// exists. Shared by row_window and wgrad_window.
+template <typename T>
+__device__ __forceinline__ const T* one_row_input(const ConvArgs& a, const T* x, long long nc, int od, int oh,
+                                                  bool& row_inside) {
+    const int zd = od * a.sd - a.pd, zh = oh * a.sh - a.ph;
+    row_inside = zd >= 0 && zd < a.id && zh >= 0 && zh < a.ih;
+    return x + ((nc * a.id + (row_inside ? zd : 0)) * a.ih + (row_inside ? zh : 0)) * (long long)a.iw;
+}
+
+// Whether column col of a row lies in it (EDGE; inside the row every one does), and the
+// LOADS aligned vectors from column v0, all in flight together (zeros outside the row).
+template <bool EDGE>
+__device__ __forceinline__ bool column_in_row(const ConvArgs& a, bool row_inside, int col) {
+    return !EDGE || (row_inside && col >= 0 && col < a.iw);
+}
+template <typename T, int LOADS, bool EDGE>
+__device__ __forceinline__ void row_vector_loads(const ConvArgs& a, const T* xrow, bool row_inside, int v0,
+                                                 uint4 (&raw)[LOADS]) {
+    constexpr int VEC = 16 / (int)sizeof(T);
+#pragma unroll
+    for (int i = 0; i < LOADS; ++i)
+        raw[i] = column_in_row<EDGE>(a, row_inside, v0 + i * VEC) ? __ldg(reinterpret_cast<const uint4*>(xrow + v0 + i * VEC))
+                                                                 : make_uint4(0u, 0u, 0u, 0u);
+}
+
 // One thread's run from its LOADS vectors starting at column v0 of the input row xrow.
 // EDGE: some load leaves the row (or the row is padding), so each load and tap is tested.
 template <typename T, int KW, int DW, int RUN, int M, int EPI, bool EDGE>
@@ -27,11 +54,8 @@ __device__ __forceinline__ void window_row_run(const ConvArgs& a, const EpiArgs&
     constexpr int VEC = 16 / (int)sizeof(T);
     constexpr int SPAN = (KW - 1) * DW + 1;
     constexpr int LOADS = (M + RUN + SPAN - 1 + VEC - 1) / VEC;
-    auto in_row = [&](int col) { return !EDGE || (row_inside && col >= 0 && col < a.iw); };
     uint4 raw[LOADS];
-#pragma unroll
-    for (int i = 0; i < LOADS; ++i)
-        raw[i] = in_row(v0 + i * VEC) ? __ldg(reinterpret_cast<const uint4*>(xrow + v0 + i * VEC)) : make_uint4(0u, 0u, 0u, 0u);
+    row_vector_loads<T, LOADS, EDGE>(a, xrow, row_inside, v0, raw);
     float xf[LOADS * VEC];
 #pragma unroll
     for (int i = 0; i < LOADS; ++i) unpack16(raw[i], T(), xf + i * VEC);
@@ -42,7 +66,7 @@ __device__ __forceinline__ void window_row_run(const ConvArgs& a, const EpiArgs&
 #pragma unroll
         for (int k = 0; k < KW; ++k) {
             const int j = M + o + k * DW;  // window element: column v0 + j
-            if (!in_row(v0 + j)) continue;
+            if (!column_in_row<EDGE>(a, row_inside, v0 + j)) continue;
             acc[o] = fmaf(xf[j], wf[k], acc[o]);
         }
     }
@@ -73,12 +97,10 @@ __global__ void __launch_bounds__(256, MINB) row_window_dwconv(ConvArgs a, EpiAr
     const int od = (int)((row / a.oh) % a.od);
     const long long nc = row / ((long long)a.oh * a.od);
     const long long c = nc % a.c;
-    const int zd = od * a.sd - a.pd, zh = oh * a.sh - a.ph;
-    const bool row_inside = zd >= 0 && zd < a.id && zh >= 0 && zh < a.ih;
+    bool row_inside;
+    const T* xrow = one_row_input(a, x, nc, od, oh, row_inside);
     const int ow0 = run * RUN;
     const int v0 = ow0 - a.pw - M;  // the first loaded column, a multiple of VEC
-    // A valid row where the output row's input is padding (nothing is loaded from it).
-    const T* xrow = x + ((nc * a.id + (row_inside ? zd : 0)) * a.ih + (row_inside ? zh : 0)) * (long long)a.iw;
     float wf[KW];
 #pragma unroll
     for (int k = 0; k < KW; ++k) wf[k] = to_f32(__ldg(w + c * KW + k));

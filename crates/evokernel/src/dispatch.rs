@@ -362,6 +362,18 @@ fn rank(v: &dyn Variant, spec: &ConvSpec, on_copies: bool) -> (u32, &'static str
             0,
             "1-D channels-last grad-weight, a register window a thread",
         ),
+        // 1-D channels-first rows of <= 8 taps, row_window's register window on the
+        // backward (H200, run 366, same call, two rounds): causal-conv1d 0.044 ms vs
+        // wgrad_tile 0.053, lfm-shortconv-k3 0.072 vs 0.092; behind on conformer-k31's 31
+        // taps (0.076 vs 0.035, run 365). Unmeasured on 2-D and 3-D tensors.
+        "wgrad_window" if window_1d_cf => (
+            0,
+            "1-D channels-first grad-weight of few taps, a register window a thread",
+        ),
+        "wgrad_window" => (
+            10,
+            "grad-weight of one-row channels-first kernels (many taps, or 2-D and 3-D: unmeasured)",
+        ),
         "wgrad_window_cl" => (
             10,
             "grad-weight of one-row channels-last kernels (unmeasured on 2-D and 3-D tensors)",
@@ -721,7 +733,7 @@ mod tests {
         // wgrad_strip_cl against all three on every channels-last case, run 217; its wide
         // runs on 2-D rows of >= 5 taps, run 251; wgrad_mma_cl ahead of it on convnext-nhwc
         // and behind on convnext-t-nhwc, H200 runs 352-353; wgrad_window_cl on the 1-D rows,
-        // H200 run 363.
+        // H200 run 363; wgrad_window on channels-first 1-D rows of few taps, run 366.
         // Channels-first: wgrad_tile against wgrad_mma and wgrad at defaults, run 197;
         // video-vae-causal from run 208 (wgrad_mma's shared ring).
         let winners = [
@@ -730,9 +742,9 @@ mod tests {
             ("x3d-3x3x3", "wgrad_tile"),
             ("video-vae-causal", "wgrad_mma"),
             ("convnext-7x7", "wgrad_mma"),
-            ("causal-conv1d", "wgrad_tile"),
+            ("causal-conv1d", "wgrad_window"),
             ("conformer-k31", "wgrad_tile"),
-            ("lfm-shortconv-k3", "wgrad_tile"),
+            ("lfm-shortconv-k3", "wgrad_window"),
             ("replknet-31x31", "wgrad_tile"),
             ("video-vae-decoder", "wgrad_mma"),
             ("x3d-m-res4", "wgrad"),

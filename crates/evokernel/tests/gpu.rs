@@ -2960,3 +2960,43 @@ fn wgrad_window_cl_passes_on_one_row_specs() {
     eprintln!("{checked} wgrad_window_cl checks on {} specs", cases.len());
     assert!(cases.len() >= 40, "only {} specs", cases.len());
 }
+
+/// `wgrad_window` (grad-weight and grad-bias) against the oracle on the channels-first
+/// `one_row_specs`: the default, runs of one and four vectors, one split and many, blocks
+/// of 128 and 256, NaN and Inf in every third case.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn wgrad_window_passes_on_one_row_specs() {
+    let engine = Engine::cuda(0).unwrap();
+    let v = evokernel::variants::find("wgrad_window").unwrap();
+    let mut cases = Vec::new();
+    for (name, spec) in one_row_specs(Layout::ChannelsFirst) {
+        if v.applies(&spec).is_err() {
+            continue;
+        }
+        let vec = spec.dtype().per_16_bytes() as i64;
+        let configs = launchable_overrides(
+            v,
+            &spec,
+            &[
+                &[],
+                &[("run", vec), ("splits", 1), ("block", 256)],
+                &[("run", 4 * vec), ("splits", 64), ("block", 128)],
+                // The next item's loads ahead of the sums.
+                &[("ahead", 1)],
+                &[("ahead", 1), ("splits", 1), ("run", vec)],
+            ],
+        );
+        cases.push((name, spec, configs));
+    }
+    let checked = check_cases(&engine, v, &cases, |_, spec| {
+        ConvProblem::new(spec.clone())
+            .with_epilogue(Epilogue {
+                bias: true,
+                ..Epilogue::NONE
+            })
+            .with_pass(Pass::Wgrad)
+    });
+    eprintln!("{checked} wgrad_window checks on {} specs", cases.len());
+    assert!(cases.len() >= 40, "only {} specs", cases.len());
+}

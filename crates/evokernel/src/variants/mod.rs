@@ -71,6 +71,7 @@ mod wgrad_mma_cl;
 mod wgrad_strip_cl;
 mod wgrad_tile;
 mod wgrad_tile_cl;
+mod wgrad_window;
 mod wgrad_window_cl;
 
 pub use channels_last::ChannelsLast;
@@ -98,6 +99,7 @@ pub use wgrad_mma_cl::WgradMmaCl;
 pub use wgrad_strip_cl::WgradStripCl;
 pub use wgrad_tile::WgradTile;
 pub use wgrad_tile_cl::WgradTileCl;
+pub use wgrad_window::WgradWindow;
 pub use wgrad_window_cl::WgradWindowCl;
 
 /// Dynamic shared memory a block may opt into on sm_90 (227 KiB).
@@ -720,6 +722,7 @@ pub fn registry() -> Vec<&'static dyn Variant> {
         &WgradTileCl,
         &WgradStripCl,
         &WgradWindowCl,
+        &WgradWindow,
     ]
 }
 
@@ -1127,7 +1130,7 @@ depth_reuse_fma 939cf6c873e465b4328c931bd90724fc
 depth_reuse_fma_cl 98e452d1b47d8904996b76e67eb476e8
 row_rotation_cl fd231dd954be37108afecdae9352b62f
 row_window_cl cd4e5e9ae61e17ffb8e70e5e8da001fe
-row_window 72db8463fcd701b0c4d38955e3fd039e
+row_window 8f23ddc66436328493c4e5f257faa6ba
 dgrad_gather 5fc50c8418cde94ba899e1ae3e272897
 dgrad_gather_cl 5b6d1fea50bd0b8cbc0b7c851fc0049c
 dgrad_cell_cl af555efdf2b633c8bea80c7226f4f6b7
@@ -1139,6 +1142,7 @@ wgrad_tile 1f13126d011bb35613a0b2decee03689
 wgrad_tile_cl 31bd0ce11b6259ab0f8a7b173aa6fdb4
 wgrad_strip_cl 9bd7af0ab11763df959b098f8e80b3b6
 wgrad_window_cl 64799bb1992bc70da7ca64e6fc6e21c7
+wgrad_window bd5727ce93f6b5c5ac8928539dc5fe22
 ";
 
     #[test]

@@ -25,12 +25,43 @@ fn rows(spec: &ConvSpec) -> usize {
     spec.n() * spec.c() * od * oh
 }
 
-impl Params {
-    /// The window's first element within its first aligned vector: (-PW) mod VEC.
-    fn first_offset(spec: &ConvSpec) -> usize {
-        let vec = spec.dtype().per_16_bytes();
-        (vec - spec.pad_before3()[2] % vec) % vec
+/// The window's first element within its first aligned vector: (-PW) mod VEC (a template
+/// parameter of both window kernels).
+pub(crate) fn window_offset(spec: &ConvSpec) -> usize {
+    let vec = spec.dtype().per_16_bytes();
+    (vec - spec.pad_before3()[2] % vec) % vec
+}
+
+/// `Err` unless a thread can slide a register window along `spec`'s rows: channels-first,
+/// a kernel of one row (1 x 1 x KW) at W stride 1, input and output rows of whole 16-byte
+/// vectors, a window and taps within the registers. Shared with wgrad_window.
+pub(crate) fn one_row_channels_first(spec: &ConvSpec) -> std::result::Result<(), String> {
+    if spec.layout() != Layout::ChannelsFirst {
+        return Err("needs a channels-first layout".into());
     }
+    let [kd, kh, kw] = spec.kernel3();
+    if kd != 1 || kh != 1 {
+        return Err(format!(
+            "needs a kernel of one row (1 x 1 x KW), not {kd} x {kh} x {kw}"
+        ));
+    }
+    if spec.stride3()[2] != 1 {
+        return Err("needs W stride 1 (outputs slide the window by one input)".into());
+    }
+    let vec = spec.dtype().per_16_bytes();
+    let (iw, ow) = (spec.input3()[2], spec.output3()[2]);
+    if !iw.is_multiple_of(vec) || !ow.is_multiple_of(vec) {
+        return Err(format!(
+            "needs input and output rows of whole 16-byte vectors ({vec} elements), not {iw} and {ow}"
+        ));
+    }
+    let span = (kw - 1) * spec.dilation3()[2] + 1;
+    if span > MAX_SPAN || kw > MAX_TAPS {
+        return Err(format!(
+            "a window of {span} inputs and {kw} taps, more than the {MAX_SPAN} and {MAX_TAPS} a thread holds"
+        ));
+    }
+    Ok(())
 }
 
 impl Variant for RowWindow {
@@ -41,31 +72,7 @@ impl Variant for RowWindow {
         include_str!("../../kernels/row_window.cu")
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
-        if spec.layout() != Layout::ChannelsFirst {
-            return Err("needs a channels-first layout".into());
-        }
-        let [kd, kh, kw] = spec.kernel3();
-        if kd != 1 || kh != 1 {
-            return Err(format!(
-                "needs a kernel of one row (1 x 1 x KW), not {kd} x {kh} x {kw}"
-            ));
-        }
-        if spec.stride3()[2] != 1 {
-            return Err("needs W stride 1 (outputs slide the window by one input)".into());
-        }
-        let vec = spec.dtype().per_16_bytes();
-        let (iw, ow) = (spec.input3()[2], spec.output3()[2]);
-        if !iw.is_multiple_of(vec) || !ow.is_multiple_of(vec) {
-            return Err(format!(
-                "needs input and output rows of whole 16-byte vectors ({vec} elements), not {iw} and {ow}"
-            ));
-        }
-        let span = (kw - 1) * spec.dilation3()[2] + 1;
-        if span > MAX_SPAN || kw > MAX_TAPS {
-            return Err(format!(
-                "a window of {span} inputs and {kw} taps, more than the {MAX_SPAN} and {MAX_TAPS} a thread holds"
-            ));
-        }
+        one_row_channels_first(spec)?;
         grid_x(self, spec, rows(spec).div_ceil(256))
             .map(|_| ())
             .map_err(|e| e.to_string())
@@ -111,7 +118,7 @@ impl Variant for RowWindow {
             spec.kernel3()[2],
             spec.dilation3()[2],
             p.run,
-            Params::first_offset(spec),
+            window_offset(spec),
             p.minblocks
         ))
     }
@@ -175,19 +182,16 @@ mod tests {
             .applies(&causal.with_layout(Layout::ChannelsLast))
             .is_err());
         // The window's first element within its vector: (-PW) mod VEC.
-        assert_eq!(Params::first_offset(&causal), 5);
+        assert_eq!(window_offset(&causal), 5);
         assert_eq!(
-            Params::first_offset(&spec(64, vec![1, 31], [15, 15], DType::F16)),
+            window_offset(&spec(64, vec![1, 31], [15, 15], DType::F16)),
             1
         );
         assert_eq!(
-            Params::first_offset(&spec(64, vec![1, 1, 5], [2, 2], DType::F32)),
+            window_offset(&spec(64, vec![1, 1, 5], [2, 2], DType::F32)),
             2
         );
-        assert_eq!(
-            Params::first_offset(&spec(64, vec![4], [0, 3], DType::Bf16)),
-            0
-        );
+        assert_eq!(window_offset(&spec(64, vec![4], [0, 3], DType::Bf16)), 0);
         // Threads cover every (row, run) once: 2 x 24 rows of 64 outputs in runs of 16.
         let l = v.launch(&causal, &v.default_config(&causal), 132).unwrap();
         assert_eq!((l.grid.0, l.block.0), (2, 128));
