@@ -2806,41 +2806,33 @@ fn one_row_specs(layout: Layout) -> Vec<(String, ConvSpec)> {
     specs
 }
 
-/// `row_window_cl` against the oracle: the suites' one-row channels-last cases, forward
-/// and grad-input, and random one-row specs (1-D rows, 1xK rows of 2-D and 3-D tensors
-/// with D and H strides and padding, so whole rows lie in the padding; W dilation,
-/// asymmetric padding wider than the run, rows shorter than a run; every dtype, channel
-/// counts of one vector and up), every run length on some, the fused epilogue in turn,
-/// NaN and Inf in every third case.
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn row_window_cl_passes_on_one_row_specs() {
+/// A window kernel's forward against the oracle on `one_row_specs(layout)`: the suites'
+/// cases and their grad-input twins (the forward of the flipped kernel, the padding
+/// swapped), the random specs, each spec's default and `overrides(spec)`, the fused
+/// epilogue in turn, NaN and Inf in every third case.
+fn window_forward_passes(
+    name: &str,
+    layout: Layout,
+    overrides: impl Fn(&ConvSpec) -> Vec<Vec<(&'static str, i64)>>,
+) {
     let engine = Engine::cuda(0).unwrap();
-    let v = evokernel::variants::find("row_window_cl").unwrap();
-    let specs = one_row_specs(Layout::ChannelsLast);
+    let v = evokernel::variants::find(name).unwrap();
     let mut cases = Vec::new();
-    for (name, spec) in specs {
-        // Grad-input runs the forward of its twin (the flipped kernel, the padding
-        // swapped): the suites' cases as twins too.
-        let twin = (!name.starts_with("random"))
+    for (case, spec) in one_row_specs(layout) {
+        let twin = (!case.starts_with("random"))
             .then(|| spec.dgrad_twin())
             .flatten();
-        for (name, spec) in std::iter::once((name.clone(), spec))
-            .chain(twin.map(|t| (format!("{name} grad-input twin"), t)))
+        for (case, spec) in std::iter::once((case.clone(), spec))
+            .chain(twin.map(|t| (format!("{case} grad-input twin"), t)))
         {
             if v.applies(&spec).is_err() {
                 continue;
             }
-            let configs = launchable_overrides(
-                v,
-                &spec,
-                &[
-                    &[],
-                    &[("run", 2), ("block", 128)],
-                    &[("run", 16), ("minblocks", 1)],
-                ],
-            );
-            cases.push((name, spec, configs));
+            let sets = overrides(&spec);
+            let mut refs: Vec<&[(&str, i64)]> = vec![&[]];
+            refs.extend(sets.iter().map(|s| s.as_slice()));
+            let configs = launchable_overrides(v, &spec, &refs);
+            cases.push((case, spec, configs));
         }
     }
     let all = epilogues();
@@ -2859,11 +2851,28 @@ fn row_window_cl_passes_on_one_row_specs() {
         })
         .count();
     eprintln!(
-        "{checked} row_window_cl checks on {} specs, {padded_rows} with rows in the padding",
+        "{checked} {name} checks on {} specs, {padded_rows} with rows in the padding",
         cases.len()
     );
     assert!(cases.len() >= 40, "only {} specs", cases.len());
     assert!(padded_rows >= 5, "{padded_rows}");
+}
+
+/// `row_window_cl` against the oracle: the suites' one-row channels-last cases, forward
+/// and grad-input, and random one-row specs (1-D rows, 1xK rows of 2-D and 3-D tensors
+/// with D and H strides and padding, so whole rows lie in the padding; W dilation,
+/// asymmetric padding wider than the run, rows shorter than a run; every dtype, channel
+/// counts of one vector and up), every run length on some, the fused epilogue in turn,
+/// NaN and Inf in every third case.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn row_window_cl_passes_on_one_row_specs() {
+    window_forward_passes("row_window_cl", Layout::ChannelsLast, |_| {
+        vec![
+            vec![("run", 2), ("block", 128)],
+            vec![("run", 16), ("minblocks", 1)],
+        ]
+    });
 }
 
 /// `row_window` against the oracle: the suites' one-row channels-first cases, forward and
@@ -2874,80 +2883,35 @@ fn row_window_cl_passes_on_one_row_specs() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn row_window_passes_on_one_row_specs() {
-    let engine = Engine::cuda(0).unwrap();
-    let v = evokernel::variants::find("row_window").unwrap();
-    let mut cases = Vec::new();
-    for (name, spec) in one_row_specs(Layout::ChannelsFirst) {
-        let twin = (!name.starts_with("random"))
-            .then(|| spec.dgrad_twin())
-            .flatten();
-        for (name, spec) in std::iter::once((name.clone(), spec))
-            .chain(twin.map(|t| (format!("{name} grad-input twin"), t)))
-        {
-            if v.applies(&spec).is_err() {
-                continue;
-            }
-            let vec = spec.dtype().per_16_bytes() as i64;
-            let configs = launchable_overrides(
-                v,
-                &spec,
-                &[
-                    &[],
-                    &[("run", vec), ("block", 128)],
-                    &[("run", 4 * vec), ("minblocks", 1)],
-                ],
-            );
-            cases.push((name, spec, configs));
-        }
-    }
-    let all = epilogues();
-    let checked = check_cases(&engine, v, &cases, |i, spec| {
-        ConvProblem::new(spec.clone()).with_epilogue(if i % 2 == 0 {
-            Epilogue::NONE
-        } else {
-            all[i % all.len()]
-        })
+    window_forward_passes("row_window", Layout::ChannelsFirst, |spec| {
+        let vec = spec.dtype().per_16_bytes() as i64;
+        vec![
+            vec![("run", vec), ("block", 128)],
+            vec![("run", 4 * vec), ("minblocks", 1)],
+        ]
     });
-    let padded_rows = cases
-        .iter()
-        .filter(|(_, s, _)| {
-            let (before, after) = (s.pad_before3(), s.pad_after3());
-            before[0] + before[1] + after[0] + after[1] > 0
-        })
-        .count();
-    eprintln!(
-        "{checked} row_window checks on {} specs, {padded_rows} with rows in the padding",
-        cases.len()
-    );
-    assert!(cases.len() >= 40, "only {} specs", cases.len());
-    assert!(padded_rows >= 5, "{padded_rows}");
 }
 
-/// `wgrad_window_cl` (grad-weight and grad-bias) against the oracle on `one_row_specs`:
-/// the default, runs of 2 and 8, one split and many, NaN and Inf in every third case.
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn wgrad_window_cl_passes_on_one_row_specs() {
+/// A window kernel's grad-weight and grad-bias against the oracle on
+/// `one_row_specs(layout)`: each spec's default and `overrides(spec)`, NaN and Inf in
+/// every third case.
+fn window_grad_weight_passes(
+    name: &str,
+    layout: Layout,
+    overrides: impl Fn(&ConvSpec) -> Vec<Vec<(&'static str, i64)>>,
+) {
     let engine = Engine::cuda(0).unwrap();
-    let v = evokernel::variants::find("wgrad_window_cl").unwrap();
+    let v = evokernel::variants::find(name).unwrap();
     let mut cases = Vec::new();
-    for (name, spec) in one_row_specs(Layout::ChannelsLast) {
+    for (case, spec) in one_row_specs(layout) {
         if v.applies(&spec).is_err() {
             continue;
         }
-        let configs = launchable_overrides(
-            v,
-            &spec,
-            &[
-                &[],
-                // One group: partials written straight from registers.
-                &[("run", 2), ("splits", 1), ("block", 128), ("groups", 1)],
-                &[("run", 8), ("splits", 256), ("groups", 1)],
-                // Warps across 8 groups of 4 vectors, an odd split count.
-                &[("run", 2), ("block", 128), ("groups", 32), ("splits", 7)],
-            ],
-        );
-        cases.push((name, spec, configs));
+        let sets = overrides(&spec);
+        let mut refs: Vec<&[(&str, i64)]> = vec![&[]];
+        refs.extend(sets.iter().map(|s| s.as_slice()));
+        let configs = launchable_overrides(v, &spec, &refs);
+        cases.push((case, spec, configs));
     }
     let checked = check_cases(&engine, v, &cases, |_, spec| {
         ConvProblem::new(spec.clone())
@@ -2957,46 +2921,40 @@ fn wgrad_window_cl_passes_on_one_row_specs() {
             })
             .with_pass(Pass::Wgrad)
     });
-    eprintln!("{checked} wgrad_window_cl checks on {} specs", cases.len());
+    eprintln!("{checked} {name} checks on {} specs", cases.len());
     assert!(cases.len() >= 40, "only {} specs", cases.len());
+}
+
+/// `wgrad_window_cl` (grad-weight and grad-bias) against the oracle on `one_row_specs`:
+/// the default, runs of 2 and 8, one split and many, one group and 32.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn wgrad_window_cl_passes_on_one_row_specs() {
+    window_grad_weight_passes("wgrad_window_cl", Layout::ChannelsLast, |_| {
+        vec![
+            // One group: partials written straight from registers.
+            vec![("run", 2), ("splits", 1), ("block", 128), ("groups", 1)],
+            vec![("run", 8), ("splits", 256), ("groups", 1)],
+            // Warps across 8 groups of 4 vectors, an odd split count.
+            vec![("run", 2), ("block", 128), ("groups", 32), ("splits", 7)],
+        ]
+    });
 }
 
 /// `wgrad_window` (grad-weight and grad-bias) against the oracle on the channels-first
 /// `one_row_specs`: the default, runs of one and four vectors, one split and many, blocks
-/// of 128 and 256, NaN and Inf in every third case.
+/// of 128 and 256, the next item's loads ahead.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn wgrad_window_passes_on_one_row_specs() {
-    let engine = Engine::cuda(0).unwrap();
-    let v = evokernel::variants::find("wgrad_window").unwrap();
-    let mut cases = Vec::new();
-    for (name, spec) in one_row_specs(Layout::ChannelsFirst) {
-        if v.applies(&spec).is_err() {
-            continue;
-        }
+    window_grad_weight_passes("wgrad_window", Layout::ChannelsFirst, |spec| {
         let vec = spec.dtype().per_16_bytes() as i64;
-        let configs = launchable_overrides(
-            v,
-            &spec,
-            &[
-                &[],
-                &[("run", vec), ("splits", 1), ("block", 256)],
-                &[("run", 4 * vec), ("splits", 64), ("block", 128)],
-                // The next item's loads ahead of the sums.
-                &[("ahead", 1)],
-                &[("ahead", 1), ("splits", 1), ("run", vec)],
-            ],
-        );
-        cases.push((name, spec, configs));
-    }
-    let checked = check_cases(&engine, v, &cases, |_, spec| {
-        ConvProblem::new(spec.clone())
-            .with_epilogue(Epilogue {
-                bias: true,
-                ..Epilogue::NONE
-            })
-            .with_pass(Pass::Wgrad)
+        vec![
+            vec![("run", vec), ("splits", 1), ("block", 256)],
+            vec![("run", 4 * vec), ("splits", 64), ("block", 128)],
+            // The next item's loads ahead of the sums.
+            vec![("ahead", 1)],
+            vec![("ahead", 1), ("splits", 1), ("run", vec)],
+        ]
     });
-    eprintln!("{checked} wgrad_window checks on {} specs", cases.len());
-    assert!(cases.len() >= 40, "only {} specs", cases.len());
 }

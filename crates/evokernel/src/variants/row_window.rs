@@ -32,6 +32,17 @@ pub(crate) fn window_offset(spec: &ConvSpec) -> usize {
     (vec - spec.pad_before3()[2] % vec) % vec
 }
 
+/// Outputs a thread's run, whole 16-byte vectors of one to four: the window's extra loads
+/// are spread over more outputs as it grows, and so are the registers. Shared with
+/// wgrad_window.
+pub(crate) fn vector_runs(spec: &ConvSpec) -> Param {
+    let vec = spec.dtype().per_16_bytes() as i64;
+    Param {
+        name: "run",
+        values: vec![vec, 2 * vec, 4 * vec],
+    }
+}
+
 /// `Err` unless a thread can slide a register window along `spec`'s rows: channels-first,
 /// a kernel of one row (1 x 1 x KW) at W stride 1, input and output rows of whole 16-byte
 /// vectors, a window and taps within the registers. Shared with wgrad_window.
@@ -78,14 +89,8 @@ impl Variant for RowWindow {
             .map_err(|e| e.to_string())
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
-        let vec = spec.dtype().per_16_bytes() as i64;
         vec![
-            // Outputs a thread, whole vectors: the window's extra loads are spread over
-            // more outputs as it grows, and so are the registers.
-            Param {
-                name: "run",
-                values: vec![vec, 2 * vec, 4 * vec],
-            },
+            vector_runs(spec),
             Param {
                 name: "block",
                 values: vec![128, 256],

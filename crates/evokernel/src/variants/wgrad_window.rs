@@ -3,7 +3,7 @@
 //! and a split of its runs, the threads' sums added in a fixed tree, wgrad's partials and
 //! finalize (kernels/wgrad_window.cu). Deterministic.
 
-use super::row_window::{one_row_channels_first, window_offset};
+use super::row_window::{one_row_channels_first, vector_runs, window_offset};
 use super::wgrad::Wgrad;
 use super::{cuda_type, grid_x, Config, Launch, Param, Variant};
 use crate::error::Result;
@@ -49,13 +49,8 @@ impl Variant for WgradWindow {
             .map_err(|e| e.to_string())
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
-        let vec = spec.dtype().per_16_bytes() as i64;
         vec![
-            // Outputs a work item, whole vectors.
-            Param {
-                name: "run",
-                values: vec![vec, 2 * vec, 4 * vec],
-            },
+            vector_runs(spec),
             Param {
                 name: "block",
                 values: vec![128, 256],
