@@ -223,7 +223,8 @@ fn random_specs(count: usize, seed: u64) -> Vec<ConvSpec> {
                 _ => pick(41, 130),
             };
             // One spec in six has a one-row kernel (1 x .. x KW, Mamba's conv1d and 1xK
-            // rows) over whole 16-byte channel vectors: row_window_cl's domain.
+            // rows) over whole 16-byte channel vectors: row_window_cl's domain (and, with
+            // the rows below, row_window's).
             let one_row = i % 6 == 1;
             let c = if one_row { c.div_ceil(8) * 8 } else { c };
             let mut p = ConvParams {
@@ -264,6 +265,16 @@ fn random_specs(count: usize, seed: u64) -> Vec<ConvSpec> {
                 p.dilation.push(dl);
                 p.stride.push(s);
                 p.padding.push([pb, pa]);
+            }
+            if one_row && p.layout == Layout::ChannelsFirst {
+                // Channels-first one-row specs get rows of whole 16-byte vectors in and out
+                // (row_window's domain; one-row specs have unit steps): W rounded up, the
+                // padding after topped up. No draws, so every other spec is as before.
+                let (vec, last) = (p.dtype.per_16_bytes() as i64, dims - 1);
+                let span = (p.kernel[last] - 1) * p.dilation[last] + 1;
+                p.input[last] = (p.input[last] + vec - 1) / vec * vec;
+                let ow = p.input[last] + p.padding[last][0] + p.padding[last][1] - span + 1;
+                p.padding[last][1] += (vec - ow.rem_euclid(vec)) % vec;
             }
             p.validate().unwrap()
         })
