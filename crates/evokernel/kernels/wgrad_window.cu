@@ -15,15 +15,16 @@
 // rows of whole vectors (the descriptor checks). Compiled after row_window.cu, whose
 // one_row_input and row_vector_loads it uses.
 
-// One work item: run `run` of output row q = (n, od, oh) of the block's channel c.
-template <typename T>
+// One work item: run `run` of output row q = (n, od, oh) of the block's channel c, for a
+// kernel of RUN outputs an item whose window starts at element M of its LOADS vectors.
+template <typename T, int RUN, int M, int LOADS>
 struct WgradRowItem {
     const T* xrow;   // the input row's column 0
     const T* gyrun;  // the run's first grad_output
     int v0, ow0;     // the first loaded input column (a multiple of VEC), the first output
     bool row_inside, inside;  // the row exists; every load and output lies inside it
     __device__ __forceinline__ WgradRowItem(const ConvArgs& a, const T* x, const T* gy, long long c, long long it,
-                                            int runs, int rows, int run_len, int m, int loads) {
+                                            int runs, int rows) {
         const long long q = it / runs;
         const int run = (int)(it - q * runs);
         const int oh = (int)(q % a.oh);
@@ -31,19 +32,19 @@ struct WgradRowItem {
         const long long nc = (q / rows) * a.c + c;
         constexpr int VEC = 16 / (int)sizeof(T);
         xrow = one_row_input(a, x, nc, od, oh, row_inside);
-        ow0 = run * run_len;
-        v0 = ow0 - a.pw - m;
+        ow0 = run * RUN;
+        v0 = ow0 - a.pw - M;
         gyrun = gy + (nc * rows + (long long)od * a.oh + oh) * a.ow + ow0;
-        inside = row_inside && v0 >= 0 && v0 + loads * VEC <= a.iw && ow0 + run_len <= a.ow;
+        inside = row_inside && v0 >= 0 && v0 + LOADS * VEC <= a.iw && ow0 + RUN <= a.ow;
     }
 };
 
 // The item's loads (EDGE: each one tested; zeros outside the row and past its last
 // output). AHEAD issues them an item ahead of the sums, tested, so a thread's next loads
 // fly while it adds.
-template <typename T, int LOADS, int GLOADS, bool EDGE>
-__device__ __forceinline__ void wgrad_row_loads(const ConvArgs& a, const WgradRowItem<T>& r, uint4 (&raw)[LOADS],
-                                                uint4 (&graw)[GLOADS]) {
+template <typename T, int RUN, int M, int LOADS, int GLOADS, bool EDGE>
+__device__ __forceinline__ void wgrad_row_loads(const ConvArgs& a, const WgradRowItem<T, RUN, M, LOADS>& r,
+                                                uint4 (&raw)[LOADS], uint4 (&graw)[GLOADS]) {
     constexpr int VEC = 16 / (int)sizeof(T);
     row_vector_loads<T, LOADS, EDGE>(a, r.xrow, r.row_inside, r.v0, raw);
 #pragma unroll
@@ -54,7 +55,8 @@ __device__ __forceinline__ void wgrad_row_loads(const ConvArgs& a, const WgradRo
 
 // One run's sums into acc[k] (tap k) and acc[KW] (grad-bias) from its loaded vectors.
 template <typename T, int KW, int DW, int RUN, int M, bool EDGE, int LOADS>
-__device__ __forceinline__ void wgrad_row_sums(const ConvArgs& a, const WgradRowItem<T>& r, const uint4 (&raw)[LOADS],
+__device__ __forceinline__ void wgrad_row_sums(const ConvArgs& a, const WgradRowItem<T, RUN, M, LOADS>& r,
+                                               const uint4 (&raw)[LOADS],
                                                const uint4 (&graw)[RUN * sizeof(T) / 16], float* acc) {
     constexpr int VEC = 16 / (int)sizeof(T);
     float xf[LOADS * VEC], g[RUN];
@@ -82,6 +84,7 @@ __global__ void __launch_bounds__(256) wgrad_window_dwconv(ConvArgs a, EpiArgs) 
     constexpr int LOADS = (M + RUN + SPAN - 1 + VEC - 1) / VEC;
     constexpr int GLOADS = RUN / VEC;
     static_assert(RUN % VEC == 0, "a run is whole grad_output vectors");
+    using Item = WgradRowItem<T, RUN, M, LOADS>;
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const T* __restrict__ gy = static_cast<const T*>(a.w);
     float* __restrict__ partials = static_cast<float*>(a.y);
@@ -99,26 +102,26 @@ __global__ void __launch_bounds__(256) wgrad_window_dwconv(ConvArgs a, EpiArgs) 
     if constexpr (AHEAD == 0) {
         // Each item's loads, then its sums (40 registers: every SM holds 2048 threads).
         for (; it < items; it += step) {
-            const WgradRowItem<T> cur(a, x, gy, c, it, runs, rows, RUN, M, LOADS);
+            const Item cur(a, x, gy, c, it, runs, rows);
             uint4 raw[LOADS], graw[GLOADS];
             if (cur.inside) {
-                wgrad_row_loads<T, LOADS, GLOADS, false>(a, cur, raw, graw);
+                wgrad_row_loads<T, RUN, M, LOADS, GLOADS, false>(a, cur, raw, graw);
                 wgrad_row_sums<T, KW, DW, RUN, M, false>(a, cur, raw, graw, acc);
             } else {
-                wgrad_row_loads<T, LOADS, GLOADS, true>(a, cur, raw, graw);
+                wgrad_row_loads<T, RUN, M, LOADS, GLOADS, true>(a, cur, raw, graw);
                 wgrad_row_sums<T, KW, DW, RUN, M, true>(a, cur, raw, graw, acc);
             }
         }
     } else if (it < items) {
         // The next item's loads in flight during this one's sums (twice the registers).
-        WgradRowItem<T> cur(a, x, gy, c, it, runs, rows, RUN, M, LOADS);
+        Item cur(a, x, gy, c, it, runs, rows);
         uint4 raw[LOADS], graw[GLOADS];
-        wgrad_row_loads<T, LOADS, GLOADS, true>(a, cur, raw, graw);
+        wgrad_row_loads<T, RUN, M, LOADS, GLOADS, true>(a, cur, raw, graw);
         for (;;) {
             const long long next = it + step;
-            const WgradRowItem<T> nxt(a, x, gy, c, next < items ? next : it, runs, rows, RUN, M, LOADS);
+            const Item nxt(a, x, gy, c, next < items ? next : it, runs, rows);
             uint4 nraw[LOADS], ngraw[GLOADS];
-            if (next < items) wgrad_row_loads<T, LOADS, GLOADS, true>(a, nxt, nraw, ngraw);
+            if (next < items) wgrad_row_loads<T, RUN, M, LOADS, GLOADS, true>(a, nxt, nraw, ngraw);
             if (cur.inside)
                 wgrad_row_sums<T, KW, DW, RUN, M, false>(a, cur, raw, graw, acc);
             else

@@ -203,6 +203,15 @@ fn named_random_specs(count: usize, seed: u64) -> Vec<(String, ConvSpec)> {
         .collect()
 }
 
+/// Raises the last dim's padding after by the least that makes a unit-stride output row
+/// whole 16-byte vectors (with a W of whole vectors: row_window's domain).
+fn whole_vector_output_rows(p: &mut ConvParams) {
+    let (vec, last) = (p.dtype.per_16_bytes() as i64, p.input.len() - 1);
+    let span = (p.kernel[last] - 1) * p.dilation[last] + 1;
+    let ow = p.input[last] + p.padding[last][0] + p.padding[last][1] - span + 1;
+    p.padding[last][1] += (vec - ow.rem_euclid(vec)) % vec;
+}
+
 /// Seeded random specs over every dimension issue 5 names: 1-3 dims, strides,
 /// dilations, asymmetric padding, batch, C from 1 to 130 (not only multiples of 8),
 /// tiny and degenerate sizes (inputs of 1, kernels as wide as the padded input), wide
@@ -271,10 +280,8 @@ fn random_specs(count: usize, seed: u64) -> Vec<ConvSpec> {
                 // (row_window's domain; one-row specs have unit steps): W rounded up, the
                 // padding after topped up. No draws, so every other spec is as before.
                 let (vec, last) = (p.dtype.per_16_bytes() as i64, dims - 1);
-                let span = (p.kernel[last] - 1) * p.dilation[last] + 1;
                 p.input[last] = (p.input[last] + vec - 1) / vec * vec;
-                let ow = p.input[last] + p.padding[last][0] + p.padding[last][1] - span + 1;
-                p.padding[last][1] += (vec - ow.rem_euclid(vec)) % vec;
+                whole_vector_output_rows(&mut p);
             }
             p.validate().unwrap()
         })
@@ -2803,12 +2810,9 @@ fn one_row_specs(layout: Layout) -> Vec<(String, ConvSpec)> {
         if layout == Layout::ChannelsFirst {
             // Channels-first rows of whole 16-byte vectors in and out (row_window's
             // domain): W a multiple of VEC, the padding after topped up to one.
-            let span = (kw - 1) * dw + 1;
-            let iw = vec * pick(1, 12);
-            let before = p.padding[dims_n - 1][0];
-            let short = (vec - (iw + before - span + 1).rem_euclid(vec)) % vec;
-            p.input[dims_n - 1] = iw;
-            p.padding[dims_n - 1][1] = short + vec * pick(0, 1);
+            p.input[dims_n - 1] = vec * pick(1, 12);
+            p.padding[dims_n - 1][1] = vec * pick(0, 1);
+            whole_vector_output_rows(&mut p);
         }
         if let Ok(spec) = p.validate() {
             specs.push((format!("random #{i}"), spec));
@@ -2817,20 +2821,18 @@ fn one_row_specs(layout: Layout) -> Vec<(String, ConvSpec)> {
     specs
 }
 
-/// A window kernel's forward against the oracle on `one_row_specs(layout)`: the suites'
-/// cases and their grad-input twins (the forward of the flipped kernel, the padding
-/// swapped), the random specs, each spec's default and `overrides(spec)`, the fused
-/// epilogue in turn, NaN and Inf in every third case.
-fn window_forward_passes(
-    name: &str,
+/// `v`'s cases on `one_row_specs(layout)` (with `twins`, the suites' cases' grad-input
+/// twins too: the forward of the flipped kernel, the padding swapped), each with its
+/// default and `overrides(spec)` that launch.
+fn window_cases(
+    v: &dyn evokernel::variants::Variant,
     layout: Layout,
+    twins: bool,
     overrides: impl Fn(&ConvSpec) -> Vec<Vec<(&'static str, i64)>>,
-) {
-    let engine = Engine::cuda(0).unwrap();
-    let v = evokernel::variants::find(name).unwrap();
+) -> Vec<(String, ConvSpec, Vec<evokernel::variants::Config>)> {
     let mut cases = Vec::new();
     for (case, spec) in one_row_specs(layout) {
-        let twin = (!case.starts_with("random"))
+        let twin = (twins && !case.starts_with("random"))
             .then(|| spec.dgrad_twin())
             .flatten();
         for (case, spec) in std::iter::once((case.clone(), spec))
@@ -2846,6 +2848,20 @@ fn window_forward_passes(
             cases.push((case, spec, configs));
         }
     }
+    cases
+}
+
+/// A window kernel's forward against the oracle on `one_row_specs(layout)` and the
+/// suites' grad-input twins, each spec's default and `overrides(spec)`, the fused
+/// epilogue in turn, NaN and Inf in every third case.
+fn window_forward_passes(
+    name: &str,
+    layout: Layout,
+    overrides: impl Fn(&ConvSpec) -> Vec<Vec<(&'static str, i64)>>,
+) {
+    let engine = Engine::cuda(0).unwrap();
+    let v = evokernel::variants::find(name).unwrap();
+    let cases = window_cases(v, layout, true, overrides);
     let all = epilogues();
     let checked = check_cases(&engine, v, &cases, |i, spec| {
         ConvProblem::new(spec.clone()).with_epilogue(if i % 2 == 0 {
@@ -2913,17 +2929,7 @@ fn window_grad_weight_passes(
 ) {
     let engine = Engine::cuda(0).unwrap();
     let v = evokernel::variants::find(name).unwrap();
-    let mut cases = Vec::new();
-    for (case, spec) in one_row_specs(layout) {
-        if v.applies(&spec).is_err() {
-            continue;
-        }
-        let sets = overrides(&spec);
-        let mut refs: Vec<&[(&str, i64)]> = vec![&[]];
-        refs.extend(sets.iter().map(|s| s.as_slice()));
-        let configs = launchable_overrides(v, &spec, &refs);
-        cases.push((case, spec, configs));
-    }
+    let cases = window_cases(v, layout, false, overrides);
     let checked = check_cases(&engine, v, &cases, |_, spec| {
         ConvProblem::new(spec.clone())
             .with_epilogue(Epilogue {

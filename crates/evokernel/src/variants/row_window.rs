@@ -2,7 +2,8 @@
 //! each thread a run of whole 16-byte output vectors of one row, its window's aligned input
 //! vectors in registers (kernels/row_window.cu). `row_window_cl`'s channels-first twin.
 
-use super::{cuda_type, grid_x, Config, Launch, Param, Variant};
+use super::row_window_cl::{window_blocks, window_minblocks};
+use super::{cuda_type, default_launches, grid_x, Config, Launch, Param, Variant};
 use crate::error::Result;
 use crate::spec::{ConvSpec, Layout};
 
@@ -84,23 +85,10 @@ impl Variant for RowWindow {
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
         one_row_channels_first(spec)?;
-        grid_x(self, spec, rows(spec).div_ceil(256))
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        default_launches(self, spec)
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
-        vec![
-            vector_runs(spec),
-            Param {
-                name: "block",
-                values: vec![128, 256],
-            },
-            // Resident 256-thread blocks the register allocation must allow.
-            Param {
-                name: "minblocks",
-                values: vec![1, 2, 4],
-            },
-        ]
+        vec![vector_runs(spec), window_blocks(), window_minblocks()]
     }
     fn default_config(&self, spec: &ConvSpec) -> Config {
         // Two output vectors a thread (causal-conv1d: 3 loads for 2 stores; 40 registers),

@@ -2,7 +2,9 @@
 //! 1, each thread a 16-byte channel vector sliding a register window along its run of
 //! outputs (kernels/row_window_cl.cu).
 
-use super::{cuda_type, grid_x, whole_chunk_pixels, Config, Launch, Param, Variant};
+use super::{
+    cuda_type, default_launches, grid_x, whole_chunk_pixels, Config, Launch, Param, Variant,
+};
 use crate::error::Result;
 use crate::spec::{ConvSpec, Layout};
 
@@ -27,6 +29,23 @@ const MAX_WEIGHTS: usize = 64;
 /// 16-byte channel vectors of a pixel: the threads along C.
 pub(crate) fn channel_vectors(spec: &ConvSpec) -> usize {
     spec.c() / spec.dtype().per_16_bytes()
+}
+
+/// Threads a block of the window kernels (all four share these).
+pub(crate) fn window_blocks() -> Param {
+    Param {
+        name: "block",
+        values: vec![128, 256],
+    }
+}
+
+/// Resident 256-thread blocks the register allocation of a forward window kernel must
+/// allow (`__launch_bounds__(256, MINB)`).
+pub(crate) fn window_minblocks() -> Param {
+    Param {
+        name: "minblocks",
+        values: vec![1, 2, 4],
+    }
 }
 
 /// Runs of `run` outputs over every output row (n, od, oh): the work items of both window
@@ -76,7 +95,8 @@ impl Variant for RowWindowCl {
         include_str!("../../kernels/row_window_cl.cu")
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
-        one_row_window(spec)
+        one_row_window(spec)?;
+        default_launches(self, spec)
     }
     fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
         vec![
@@ -86,15 +106,8 @@ impl Variant for RowWindowCl {
                 name: "run",
                 values: vec![2, 4, 8, 16],
             },
-            Param {
-                name: "block",
-                values: vec![128, 256],
-            },
-            // Resident 256-thread blocks the register allocation must allow.
-            Param {
-                name: "minblocks",
-                values: vec![1, 2, 4],
-            },
+            window_blocks(),
+            window_minblocks(),
         ]
     }
     fn default_config(&self, _spec: &ConvSpec) -> Config {

@@ -61,6 +61,13 @@ impl Wgrad {
     pub fn partial_bytes(spec: &ConvSpec, splits: usize) -> usize {
         splits * spec.c() * (spec.taps() + 1) * 4
     }
+
+    /// The most splits whose partials stay within 1 / `fraction` of the bytes the pass
+    /// reads (input and grad-output), at least 1: the split-count defaults' cap.
+    pub(crate) fn splits_within(spec: &ConvSpec, fraction: usize) -> usize {
+        let read = (spec.input_len() + spec.output_len()) * spec.dtype().size_bytes();
+        (read / fraction / Self::partial_bytes(spec, 1)).max(1)
+    }
 }
 
 impl Variant for Wgrad {

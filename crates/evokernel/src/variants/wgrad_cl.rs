@@ -200,8 +200,7 @@ impl Variant for WgradCl {
         let blocks = (spec.c() / Self::vector(spec, bytes)).div_ceil(cv);
         let want = (4 * 132usize).div_ceil(blocks);
         let by_rows = (items / (4 * workers)).max(1);
-        let read = (spec.input_len() + spec.output_len()) * spec.dtype().size_bytes();
-        let by_bytes = (read / 16 / Wgrad::partial_bytes(spec, 1)).max(1);
+        let by_bytes = Wgrad::splits_within(spec, 16);
         let mut splits = 1usize;
         while splits < want && splits * 2 <= by_rows.min(by_bytes).min(256) {
             splits *= 2;

@@ -323,8 +323,7 @@ impl Variant for WgradTile {
         // bytes the pass reads.
         let want = (16 * 132usize).div_ceil(spec.c());
         let by_items = (Self::items(spec, th, tw) / 4).max(1);
-        let read = (spec.input_len() + spec.output_len()) * spec.dtype().size_bytes();
-        let by_bytes = (read / 4 / Wgrad::partial_bytes(spec, 1)).max(1);
+        let by_bytes = Wgrad::splits_within(spec, 4);
         let mut splits = 1usize;
         while splits < want && splits * 2 <= by_items.min(by_bytes).min(256) {
             splits *= 2;

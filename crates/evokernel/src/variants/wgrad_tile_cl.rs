@@ -400,8 +400,7 @@ impl Variant for WgradTileCl {
         let blocks = spec.c().div_ceil(cb);
         let want = (4 * 132usize).div_ceil(blocks);
         let by_items = (Self::items(spec, th, tw) / 4).max(1);
-        let read = (spec.input_len() + spec.output_len()) * spec.dtype().size_bytes();
-        let by_bytes = (read / 4 / Wgrad::partial_bytes(spec, 1)).max(1);
+        let by_bytes = Wgrad::splits_within(spec, 4);
         let mut splits = 1usize;
         while splits < want && splits * 2 <= by_items.min(by_bytes).min(512) {
             splits *= 2;

@@ -4,8 +4,9 @@
 //! finalize (kernels/wgrad_window.cu). Deterministic.
 
 use super::row_window::{one_row_channels_first, vector_runs, window_offset};
+use super::row_window_cl::window_blocks;
 use super::wgrad::Wgrad;
-use super::{cuda_type, grid_x, Config, Launch, Param, Variant};
+use super::{cuda_type, default_launches, grid_x, Config, Launch, Param, Variant};
 use crate::error::Result;
 use crate::pass::Pass;
 use crate::spec::ConvSpec;
@@ -44,17 +45,12 @@ impl Variant for WgradWindow {
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
         one_row_channels_first(spec)?;
-        grid_x(self, spec, spec.c())
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        default_launches(self, spec)
     }
     fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         vec![
             vector_runs(spec),
-            Param {
-                name: "block",
-                values: vec![128, 256],
-            },
+            window_blocks(),
             Param {
                 name: "splits",
                 values: SPLITS.to_vec(),
@@ -78,8 +74,7 @@ impl Variant for WgradWindow {
         let block = 128;
         // Items a thread / 3, rounded.
         let by_items = ((2 * channel_runs(spec, run) + 3 * block) / (6 * block)).max(1);
-        let read = (spec.input_len() + spec.output_len()) * spec.dtype().size_bytes();
-        let by_bytes = (read / 16 / Wgrad::partial_bytes(spec, 1)).max(1);
+        let by_bytes = Wgrad::splits_within(spec, 16);
         let cap = by_items.min(by_bytes);
         let splits = SPLITS
             .iter()

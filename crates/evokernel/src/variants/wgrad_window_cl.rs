@@ -3,9 +3,9 @@
 //! a thread a 16-byte channel vector, its split's runs of outputs in a fixed order, wgrad's
 //! partials and finalize (kernels/wgrad_window_cl.cu). Deterministic.
 
-use super::row_window_cl::{channel_vectors, one_row_window, window_runs};
+use super::row_window_cl::{channel_vectors, one_row_window, window_blocks, window_runs};
 use super::wgrad::Wgrad;
-use super::{cuda_type, grid_x, Config, Launch, Param, Variant};
+use super::{cuda_type, default_launches, grid_x, Config, Launch, Param, Variant};
 use crate::error::Result;
 use crate::pass::Pass;
 use crate::spec::ConvSpec;
@@ -56,7 +56,8 @@ impl Variant for WgradWindowCl {
         )
     }
     fn applies(&self, spec: &ConvSpec) -> std::result::Result<(), String> {
-        one_row_window(spec)
+        one_row_window(spec)?;
+        default_launches(self, spec)
     }
     fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
         vec![
@@ -66,10 +67,7 @@ impl Variant for WgradWindowCl {
                 name: "run",
                 values: vec![2, 4, 8],
             },
-            Param {
-                name: "block",
-                values: vec![128, 256],
-            },
+            window_blocks(),
             // Groups of a block's threads on the same channel vectors, each its own runs,
             // added in shared memory at the end: threads without more partials.
             Param {
@@ -101,8 +99,7 @@ impl Variant for WgradWindowCl {
         };
         let columns = p.column_blocks(spec);
         let by_items = (window_runs(spec, run) / (2 * p.groups)).max(1);
-        let read = (spec.input_len() + spec.output_len()) * spec.dtype().size_bytes();
-        let by_bytes = (read / 16 / Wgrad::partial_bytes(spec, 1)).max(1);
+        let by_bytes = Wgrad::splits_within(spec, 16);
         let cap = by_items.min(by_bytes);
         // Fill of the slots by the last wave (one or two waves), the fewer blocks on a tie.
         let fill = |s: usize| {
