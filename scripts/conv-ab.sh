@@ -5,7 +5,8 @@
 # FILE lines: "CASE PASS VARIANT CONFIG" (CASE of the public suite, or SUITE/CASE, e.g.
 # models/video-vae-decoder; PASS forward|dgrad|wgrad; CONFIG a --config text for
 # VARIANT or "-" for its default; "OLD|NEW" gives each side its own). Prints "CASE
-# round old_ms new_ms" and, last, each line's median new / old.
+# round old_ms new_ms" and, last, each line's median new / old. BENCH_ARGS (e.g.
+# --sweep-l2) go to every bench.
 old=$1 new=$2 list=$3 rounds=${4:-3}
 tmp=$(mktemp -d)
 scripts/gpu-monitor.sh start "$tmp"  # a throttled round is no A/B
@@ -13,7 +14,7 @@ ms() { # binary case pass variant config -> ms (or FAIL)
   local suite=public c=$2
   [[ $c == */* ]] && suite=${c%%/*} c=${c#*/}
   local cfg=(); [ "$5" != - ] && cfg=(--config "$4:$5")
-  timeout 120 "$1" bench --suite "$suite" --case "$c" --pass "$3" --only "$4" "${cfg[@]}" \
+  timeout 120 "$1" bench --suite "$suite" --case "$c" --pass "$3" --only "$4" "${cfg[@]}" ${BENCH_ARGS:-} \
     --json "$tmp/r.json" > "$tmp/r.log" 2>&1 || { echo FAIL; return; }
   python3 - "$tmp/r.json" "$4" <<'PY'
 import json, sys

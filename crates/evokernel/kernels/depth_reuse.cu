@@ -79,7 +79,12 @@ struct PlaneWalk {
 // aligned inside of the region and its edge columns go from registers; 0 where the region
 // is the whole row (the box from column 0 covers it; the edge code cost the seed 14%,
 // run 178).
-template <typename T, int KD, int KH, int KW, int BANDS, int COLS, int DCHUNK, int STAGES, int MINB, int PRODUCER, int SPLIT, int PLANES, int EPI>
+// STAGED (with the producer, on sm_90, where output rows are 16-byte multiples and the box
+// has columns; the host decides, mirroring tensor_maps): 0 where depths leave from
+// registers; else through the stages and a TMA store, 1 where the tiles' shift S is even
+// (a lane's two columns are one 4-byte word), 2 where it is odd (two 2-byte halves).
+// Known at compile time, the steady step carries neither the other path nor the parity test.
+template <typename T, int KD, int KH, int KW, int BANDS, int COLS, int DCHUNK, int STAGES, int MINB, int PRODUCER, int SPLIT, int STAGED, int PLANES, int EPI>
 __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB) depth_reuse_dwconv(ConvArgs a, EpiArgs e, const __grid_constant__ TmaMaps maps) {
     static_assert(!PLANES || (KD == 1 && PRODUCER), "PLANES walks planes of KD = 1 with the producer");
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -182,13 +187,14 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB)
     const unsigned full = ring + NBUF * SLOT_BYTES, empty = full + 8 * NBUF;
     const unsigned staged = empty + 8 * NBUF, stage_free = staged + 8 * OST;
     const int BW = COLS * 8 - (SPLIT && S > 0 ? 8 : 0);  // the stored box's columns (host: tensor_maps)
+    static_assert(STAGED == 0 || PRODUCER, "staged output depths need the producer");
 #if __CUDA_ARCH__ >= 900
     // Whole output depths of the region leave by one TMA store each (full 32-byte sectors:
     // a warp's 8-column fragment rows are 16 bytes, two sectors where the tiles are
     // shifted, and the partial writes kept L2 at 83% of its peak, run 167's ncu).
-    const bool tma_out = PRODUCER != 0 && (a.ow & 7) == 0 && BW > 0;
+    constexpr bool tma_out = STAGED != 0;
 #else
-    const bool tma_out = false;
+    constexpr bool tma_out = false;
 #endif
     // This lane's two columns relative to the box (odd where S is) and whether each is
     // inside it; the stage holds the box's rows BW apart. Walking planes with rows of
@@ -202,6 +208,9 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB)
     const bool swizzled = PLANES && BW * (int)sizeof(T) == 128;
     auto stage_addr = [&](unsigned addr) { return swizzled ? addr ^ (((addr >> 7) & 7u) << 4) : addr; };
     const unsigned lane_stage = ring + STAGE_OFFSET + (unsigned)(((tb * 16 + (lane >> 2)) * BW + stage_col) * (int)sizeof(T));
+    // Whether every steady step's slice (depths d0 + KD - 1 - pd to d1 - 1 - pd) is inside
+    // the input, so steady steps skip the per-slice test (padding within the kernel).
+    const bool steady_inside = d0 + KD - 1 - a.pd >= 0 && d1 - 1 - a.pd < a.id;
     // (Called with a literal `steady`: after inlining the predicates fold away.)
     auto step = [&](int s, int u, int cur, bool steady) {
         // Depth d0 + s - KD + 1 completes in this step: its residuals load first, so
@@ -227,18 +236,20 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB)
         // With the producer a slice of depth padding is never copied (it adds nothing);
         // the block-barrier walk copies zeros and multiplies them (as measured before).
         const int zd = d0 + s - a.pd;
-        if (PRODUCER == 0 || PLANES || (zd >= 0 && zd < a.id))
+        if (PRODUCER == 0 || PLANES || (steady && steady_inside) || (zd >= 0 && zd < a.id))
             rotate_slice<T, KD, KH>(lane_addr + (unsigned)(cur * SLOT_BYTES), WS * sizeof(T), s, u, d1 - d0, bf, acc, steady);
         if (steady || s >= KD - 1) {  // depth d0 + s - KD + 1 has had all its slices
             float* done = acc[(u + 1) % KD];
             probe_fragment(probe, done);
-            if (tma_out) {
+            if constexpr (tma_out) {
                 // Depth q of the chunk into stage q mod OST, once the store of depth
                 // q - OST has read it; the producer (walking planes, the storer) stores the
                 // depth when every tile is in.
                 const int q = s - (KD - 1);
                 const unsigned b = (unsigned)q % OST;
-                if (q >= OST) mbar_wait(stage_free + 8 * b, ((unsigned)q / OST - 1) & 1);
+                // (Use k = q / OST of a stage waits for the phase of use k - 1; for k = 0 the
+                // parity 1 of a fresh mbarrier's "previous" phase passes at once.)
+                mbar_wait(stage_free + 8 * b, (((unsigned)q / OST) & 1) ^ 1);
                 const unsigned dst = lane_stage + b * STAGE_BYTES;
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
@@ -247,7 +258,7 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB)
                     const unsigned row = dst + half * 8 * BW * (int)sizeof(T);
                     if constexpr (SPLIT == 0) {
                         // The whole row: every column of the region right of 0 is in the box.
-                        if ((stage_col & 1) == 0) {
+                        if constexpr (STAGED == 1) {
                             if (stage_col >= 0)
                                 asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(stage_addr(row)), "r"(pack2(lo, hi)));
                         } else {
@@ -255,7 +266,7 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB)
                             if (stage_col + 1 >= 0)
                                 asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(stage_addr(row + 2)), "h"(bits16(hi)));
                         }
-                    } else if (in0 && in1 && (stage_col & 1) == 0) {
+                    } else if (STAGED == 1 && in0 && in1) {
                         asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(stage_addr(row)), "r"(pack2(lo, hi)));
                     } else {
                         if (in0) asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(stage_addr(row)), "h"(bits16(lo)));

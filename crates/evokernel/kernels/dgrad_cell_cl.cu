@@ -37,7 +37,7 @@ struct CellAxis {
     }
 };
 
-template <typename I, typename T, bool W_SMEM, int KD, int KH, int KW, int SD, int SH, int SW,
+template <typename I, typename T, bool W_SMEM, bool WHOLE, int KD, int KH, int KW, int SD, int SH, int SW,
           class AD, class AH, class AW>
 __device__ __forceinline__ void dgrad_cell_cl_body(const ConvArgs& a, float* ws) {
     constexpr int VEC = 16 / sizeof(T);
@@ -61,6 +61,88 @@ __device__ __forceinline__ void dgrad_cell_cl_body(const ConvArgs& a, float* ws)
         const int cd = (int)(p2 - n * (I)cdn);
         const T* gyn = gy + (long long)n * a.od * a.oh * a.ow * a.c + c0;
         const T* wc = w + (long long)c0 * TAPS;
+        T* gxn = gx + (long long)n * a.id * a.ih * a.iw * a.c + c0;
+        // o += weight[tap] * g over the thread's VEC channels.
+        auto add_tap = [&](float* o, const float* g, int tap) {
+            if (W_SMEM) {
+                const float4* wv = reinterpret_cast<const float4*>(ws + tap * (int)a.c + c0);
+#pragma unroll
+                for (int x = 0; x < VEC / 4; ++x) {
+                    const float4 f = wv[x];
+                    o[4 * x] = fmaf(f.x, g[4 * x], o[4 * x]);
+                    o[4 * x + 1] = fmaf(f.y, g[4 * x + 1], o[4 * x + 1]);
+                    o[4 * x + 2] = fmaf(f.z, g[4 * x + 2], o[4 * x + 2]);
+                    o[4 * x + 3] = fmaf(f.w, g[4 * x + 3], o[4 * x + 3]);
+                }
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) o[v] = fmaf(to_f32(__ldg(wc + v * TAPS + tap)), g[v], o[v]);
+            }
+        };
+        auto store_position = [&](int rd, int rh, int rw, const float* o) {
+            const int id = cd * SD + rd, ih = ch * SH + rh, iw = cw * SW + rw;
+            if (id < a.id && ih < a.ih && iw < a.iw)
+                Vec16<T, VEC>::store(gxn + (((long long)id * a.ih + ih) * a.iw + iw) * a.c, o);
+        };
+        // A window row of grad_output vectors as raw 16-byte words, each loaded once (zero
+        // outside grad_output along W: zero bits are 0 in every T).
+        auto load_row = [&](int qd, int qh, uint4* raw) {
+            const int od = cd + qd, oh = ch + qh;
+            const bool in = od >= 0 && od < a.od && oh >= 0 && oh < a.oh;
+            const T* row = gyn + ((long long)od * a.oh + oh) * a.ow * a.c;
+#pragma unroll
+            for (int qw = 0; qw < AW::Q; ++qw) {
+                const int ow = cw + AW::QMIN + qw;
+                raw[qw] = in && AW::used(AW::QMIN + qw) && ow >= 0 && ow < a.ow
+                              ? __ldg(reinterpret_cast<const uint4*>(row + (long long)ow * a.c))
+                              : make_uint4(0, 0, 0, 0);
+            }
+        };
+        auto row_inside = [&](int qd, int qh) {
+            const int od = cd + qd, oh = ch + qh;
+            return od >= 0 && od < a.od && oh >= 0 && oh < a.oh;
+        };
+        if (WHOLE) {
+            // Every row of the window in flight at once, before the first multiply (one load
+            // latency a cell, not one a row: mobilenet-s2 waited on each row's loads, docs/perf.md
+            // run 365), then a position at a time: its taps summed, then stored, so a thread
+            // holds the raw window and one position's sums (the row form holds every position's).
+            uint4 win[WHOLE ? AD::Q * AH::Q : 1][AW::Q];
+#pragma unroll
+            for (int qd = AD::QMIN; qd <= AD::QMAX; ++qd)
+#pragma unroll
+                for (int qh = AH::QMIN; qh <= AH::QMAX; ++qh)
+                    if (AD::used(qd) && AH::used(qh)) load_row(qd, qh, win[(qd - AD::QMIN) * AH::Q + qh - AH::QMIN]);
+#pragma unroll
+            for (int rd = 0; rd < SD; ++rd)
+#pragma unroll
+                for (int rh = 0; rh < SH; ++rh)
+#pragma unroll
+                    for (int rw = 0; rw < SW; ++rw) {
+                        float o[VEC];
+#pragma unroll
+                        for (int v = 0; v < VEC; ++v) o[v] = 0.f;
+#pragma unroll
+                        for (int kd = 0; kd < KD; ++kd) {
+                            if (!AD::feeds(rd, kd)) continue;
+#pragma unroll
+                            for (int kh = 0; kh < KH; ++kh) {
+                                if (!AH::feeds(rh, kh) || !row_inside(AD::q(rd, kd), AH::q(rh, kh))) continue;
+                                const uint4* raw = win[(AD::q(rd, kd) - AD::QMIN) * AH::Q + AH::q(rh, kh) - AH::QMIN];
+#pragma unroll
+                                for (int kw = 0; kw < KW; ++kw) {
+                                    if (!AW::feeds(rw, kw)) continue;
+                                    float g[VEC];
+                                    unpack16(raw[AW::q(rw, kw) - AW::QMIN], T(), g);
+                                    add_tap(o, g, (kd * KH + kh) * KW + kw);
+                                }
+                            }
+                        }
+                        store_position(rd, rh, rw, o);
+                    }
+            continue;
+        }
+        // A row at a time (fewer registers for wide windows): every position's sums held.
         float acc[CELL][VEC];
 #pragma unroll
         for (int e = 0; e < CELL; ++e)
@@ -68,24 +150,14 @@ __device__ __forceinline__ void dgrad_cell_cl_body(const ConvArgs& a, float* ws)
             for (int v = 0; v < VEC; ++v) acc[e][v] = 0.f;
 #pragma unroll
         for (int qd = AD::QMIN; qd <= AD::QMAX; ++qd) {
-            const int od = cd + qd;
-            if (!AD::used(qd) || od < 0 || od >= a.od) continue;
 #pragma unroll
             for (int qh = AH::QMIN; qh <= AH::QMAX; ++qh) {
-                const int oh = ch + qh;
-                if (!AH::used(qh) || oh < 0 || oh >= a.oh) continue;
-                // The window's row of grad_output vectors, each loaded once.
+                if (!AD::used(qd) || !AH::used(qh) || !row_inside(qd, qh)) continue;
+                uint4 raw[AW::Q];
+                load_row(qd, qh, raw);
                 float g[AW::Q][VEC];
-                const T* row = gyn + ((long long)od * a.oh + oh) * a.ow * a.c;
 #pragma unroll
-                for (int qw = 0; qw < AW::Q; ++qw) {
-                    const int ow = cw + AW::QMIN + qw;
-                    if (AW::used(AW::QMIN + qw) && ow >= 0 && ow < a.ow)
-                        Vec16<T, VEC>::load(row + (long long)ow * a.c, g[qw]);
-                    else
-#pragma unroll
-                        for (int v = 0; v < VEC; ++v) g[qw][v] = 0.f;
-                }
+                for (int qw = 0; qw < AW::Q; ++qw) unpack16(raw[qw], T(), g[qw]);
 #pragma unroll
                 for (int rd = 0; rd < SD; ++rd)
 #pragma unroll
@@ -101,50 +173,27 @@ __device__ __forceinline__ void dgrad_cell_cl_body(const ConvArgs& a, float* ws)
 #pragma unroll
                                     for (int kw = 0; kw < KW; ++kw) {
                                         if (!AW::feeds(rw, kw)) continue;
-                                        const int qw = AW::q(rw, kw) - AW::QMIN;
-                                        const int tap = (kd * KH + kh) * KW + kw;
-                                        float* o = acc[(rd * SH + rh) * SW + rw];
-                                        if (W_SMEM) {
-                                            const float4* wv =
-                                                reinterpret_cast<const float4*>(ws + tap * (int)a.c + c0);
-#pragma unroll
-                                            for (int x = 0; x < VEC / 4; ++x) {
-                                                const float4 f = wv[x];
-                                                o[4 * x] = fmaf(f.x, g[qw][4 * x], o[4 * x]);
-                                                o[4 * x + 1] = fmaf(f.y, g[qw][4 * x + 1], o[4 * x + 1]);
-                                                o[4 * x + 2] = fmaf(f.z, g[qw][4 * x + 2], o[4 * x + 2]);
-                                                o[4 * x + 3] = fmaf(f.w, g[qw][4 * x + 3], o[4 * x + 3]);
-                                            }
-                                        } else {
-#pragma unroll
-                                            for (int v = 0; v < VEC; ++v)
-                                                o[v] = fmaf(to_f32(__ldg(wc + v * TAPS + tap)), g[qw][v], o[v]);
-                                        }
+                                        add_tap(acc[(rd * SH + rh) * SW + rw], g[AW::q(rw, kw) - AW::QMIN],
+                                                (kd * KH + kh) * KW + kw);
                                     }
                             }
                     }
             }
         }
-        T* gxn = gx + (long long)n * a.id * a.ih * a.iw * a.c + c0;
 #pragma unroll
         for (int rd = 0; rd < SD; ++rd)
 #pragma unroll
             for (int rh = 0; rh < SH; ++rh)
 #pragma unroll
-                for (int rw = 0; rw < SW; ++rw) {
-                    const int id = cd * SD + rd, ih = ch * SH + rh, iw = cw * SW + rw;
-                    if (id < a.id && ih < a.ih && iw < a.iw)
-                        Vec16<T, VEC>::store(gxn + (((long long)id * a.ih + ih) * a.iw + iw) * a.c,
-                                             acc[(rd * SH + rh) * SW + rw]);
-                }
+                for (int rw = 0; rw < SW; ++rw) store_position(rd, rh, rw, acc[(rd * SH + rh) * SW + rw]);
     }
 }
 
 // MINB: blocks of 256 threads an SM the registers are capped for; 0 gives ptxas no
 // minimum (mobilenet-s2: 85 registers, 2 blocks, latency-bound at 25% occupancy, run 288;
 // an explicit 1 or 2 takes 109).
-template <typename T, bool W_SMEM, int KD, int KH, int KW, int SD, int SH, int SW, int DD, int DH, int DW,
-          int PD, int PH, int PW, int MINB, int EPI>
+template <typename T, bool W_SMEM, bool WHOLE, int KD, int KH, int KW, int SD, int SH, int SW, int DD, int DH,
+          int DW, int PD, int PH, int PW, int MINB, int EPI>
 __global__ void __launch_bounds__(256, MINB) dgrad_cell_cl_dwconv(ConvArgs a, EpiArgs) {
     static_assert(EPI == 0, "grad-input has no fused epilogue");
     using AD = CellAxis<KD, SD, DD, PD>;
@@ -152,11 +201,12 @@ __global__ void __launch_bounds__(256, MINB) dgrad_cell_cl_dwconv(ConvArgs a, Ep
     using AW = CellAxis<KW, SW, DW, PW>;
     static_assert(SD * SH * SW * (16 / sizeof(T)) <= 64, "a cell's accumulators past 64 registers");
     static_assert(AW::Q * (16 / sizeof(T)) <= 64, "a window row past 64 registers");
+    static_assert(!WHOLE || AD::Q * AH::Q * AW::Q <= 12, "a whole window past 48 registers of raw words");
     extern __shared__ __align__(16) float ws[];  // W_SMEM: the weight, [taps][C]
     const long long cells = (long long)((a.id + SD - 1) / SD) * ((a.ih + SH - 1) / SH) * ((a.iw + SW - 1) / SW);
     const long long total = a.n * cells * (a.c / (16 / sizeof(T)));
     if (total + (long long)gridDim.x * blockDim.x < 2147483647LL)
-        dgrad_cell_cl_body<unsigned, T, W_SMEM, KD, KH, KW, SD, SH, SW, AD, AH, AW>(a, ws);
+        dgrad_cell_cl_body<unsigned, T, W_SMEM, WHOLE, KD, KH, KW, SD, SH, SW, AD, AH, AW>(a, ws);
     else
-        dgrad_cell_cl_body<long long, T, W_SMEM, KD, KH, KW, SD, SH, SW, AD, AH, AW>(a, ws);
+        dgrad_cell_cl_body<long long, T, W_SMEM, WHOLE, KD, KH, KW, SD, SH, SW, AD, AH, AW>(a, ws);
 }

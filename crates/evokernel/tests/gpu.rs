@@ -2043,12 +2043,17 @@ fn dgrad_cell_cl_passes_on_strided_channels_last_specs() {
         if v.applies(&spec).is_err() {
             continue;
         }
-        let mut configs = vec![v.default_config(&spec)];
-        push_launchable(
+        // The default, smaller blocks and grids, and both window forms (a row at a time;
+        // the whole window up front where the kernel takes it, under the tightest cap).
+        let configs = launchable_overrides(
             v,
             &spec,
-            "dgrad_cell_cl:block=128,waves=4".parse().unwrap(),
-            &mut configs,
+            &[
+                &[],
+                &[("block", 128), ("waves", 4)],
+                &[("window", 0)],
+                &[("window", 1), ("minblocks", 5)],
+            ],
         );
         cases.push((name, spec, configs));
     }

@@ -107,6 +107,17 @@ fn stored_columns(spec: &ConvSpec, cols: usize) -> usize {
     })
 }
 
+/// The kernel's STAGED: output depths leave through the stages and one TMA store each
+/// where the producer runs, output rows are 16-byte multiples and the stored box has
+/// columns (the output map of `tensor_maps`); 1 where the tiles' shift S = (-pw) mod 8 is
+/// even (a lane's two columns one 4-byte word), 2 where odd; 0: from registers.
+fn staged_output(spec: &ConvSpec, producer: bool, cols: usize) -> usize {
+    if !producer || !spec.output3()[2].is_multiple_of(8) || stored_columns(spec, cols) == 0 {
+        return 0;
+    }
+    1 + spec.pad_before3()[2] % 2
+}
+
 /// The TMA's limit on each side of a box.
 const MAX_BOX: usize = 256;
 
@@ -358,7 +369,7 @@ impl Variant for DepthReuse {
         let p = Params::parse(self, spec, config)?;
         let [kd, kh, kw] = spec.kernel3();
         Ok(format!(
-            "depth_reuse_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}>",
+            "depth_reuse_dwconv<{}, {kd}, {kh}, {kw}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
             cuda_type(spec.dtype()),
             p.bands,
             p.cols,
@@ -367,6 +378,7 @@ impl Variant for DepthReuse {
             p.minblocks,
             p.producer,
             usize::from(p.producer != 0 && split_rows(spec, p.cols)),
+            staged_output(spec, p.producer != 0, p.cols),
             usize::from(p.planes > 0)
         ))
     }
@@ -375,9 +387,7 @@ impl Variant for DepthReuse {
         let (rows, cols) = slice_shape(spec, p.bands, p.cols);
         let out_rows = output_box(p.bands, p.cols)[1];
         let out_cols = stored_columns(spec, p.cols);
-        // Stores through the TMA where output rows are 16-byte multiples (mirrors tma_out
-        // in the kernel).
-        let tma_out = spec.output3()[2].is_multiple_of(8) && out_cols > 0;
+        let tma_out = staged_output(spec, p.producer != 0, p.cols) != 0;
         Some(if p.producer != 0 {
             TensorMaps::Boxes {
                 input: [cols as u32, rows as u32, 1],

@@ -16,7 +16,8 @@ pub struct DgradCellCl;
 typed_params!(Params {
     block,
     waves,
-    minblocks
+    minblocks,
+    window
 });
 
 /// Floats a thread may hold for a cell's accumulators, and again for one window row of
@@ -48,14 +49,44 @@ fn row_window(spec: &ConvSpec) -> usize {
     )
 }
 
-/// The register cap from the floats a thread holds (a cell's accumulators and a window
-/// row): 4 blocks (64 registers) where they are <= 48 (mobilenet-s2, 32 + 16: 0.089 ->
-/// 0.078 ms, 32 bytes spilled), 3 (80) where <= 64 (efficientnet-k5s2, 32 + 24: 0.092 ->
-/// 0.089, 40 bytes spilled; at 64 registers 88 bytes and 0.110), else ptxas's choice
-/// (run 289).
+/// Grad-output vectors of a cell's whole window (gaps included, as the kernel's array).
+fn whole_window(spec: &ConvSpec) -> usize {
+    let (k, s, d, p) = (
+        spec.kernel3(),
+        spec.stride3(),
+        spec.dilation3(),
+        spec.pad_before3(),
+    );
+    (0..3).map(|a| window(k[a], s[a], d[a], p[a])).product()
+}
+
+/// Whole windows the kernel takes (its static_assert: 12 raw 16-byte words, 48 registers).
+const WHOLE_WINDOW_VECTORS: usize = 12;
+
+/// The whole window up front wherever the kernel takes it (provisional: run 370 measures
+/// it against a row at a time).
+fn default_window(spec: &ConvSpec) -> i64 {
+    i64::from(whole_window(spec) <= WHOLE_WINDOW_VECTORS)
+}
+
+/// The register cap. A row at a time, from the floats a thread holds (a cell's
+/// accumulators and a window row): 4 blocks (64 registers) where they are <= 48
+/// (mobilenet-s2, 32 + 16: 0.089 -> 0.078 ms, 32 bytes spilled), 3 (80) where <= 64
+/// (efficientnet-k5s2, 32 + 24: 0.092 -> 0.089, 40 bytes spilled; at 64 registers 88
+/// bytes and 0.110), else ptxas's choice (run 289). The whole window, from its raw words
+/// and one position's sums and inputs (2 x VEC floats): mobilenet-s2's 16 + 16 take 59
+/// registers unspilled, efficientnet-k5s2's 36 + 16 take 80 (ptxas, both unspilled).
 fn default_minblocks(spec: &ConvSpec) -> i64 {
+    let v = spec.dtype().per_16_bytes();
+    if default_window(spec) == 1 {
+        return match 4 * whole_window(spec) + 2 * v {
+            0..=32 => 4,
+            33..=56 => 3,
+            _ => 0,
+        };
+    }
     let cell: usize = spec.stride3().iter().product();
-    match (cell + row_window(spec)) * spec.dtype().per_16_bytes() {
+    match (cell + row_window(spec)) * v {
         0..=48 => 4,
         49..=64 => 3,
         _ => 0,
@@ -95,13 +126,22 @@ impl Variant for DgradCellCl {
         }
         Ok(())
     }
-    fn space(&self, _spec: &ConvSpec) -> Vec<Param> {
+    fn space(&self, spec: &ConvSpec) -> Vec<Param> {
         let mut space = grid_stride_space();
         // Blocks of 256 threads an SM the registers are capped for (`__launch_bounds__`);
         // 0 names no minimum.
         space.push(Param {
             name: "minblocks",
-            values: vec![0, 1, 2, 3, 4],
+            values: vec![0, 1, 2, 3, 4, 5, 6],
+        });
+        // 1: the whole window's loads in flight before the first multiply; 0: a row at a time.
+        space.push(Param {
+            name: "window",
+            values: if whole_window(spec) <= WHOLE_WINDOW_VECTORS {
+                vec![0, 1]
+            } else {
+                vec![0]
+            },
         });
         space
     }
@@ -112,6 +152,7 @@ impl Variant for DgradCellCl {
                 ("block", 256),
                 ("waves", 16),
                 ("minblocks", default_minblocks(spec)),
+                ("window", default_window(spec)),
             ],
         )
     }
@@ -122,9 +163,10 @@ impl Variant for DgradCellCl {
         let [dd, dh, dw] = spec.dilation3();
         let [pd, ph, pw] = spec.pad_before3();
         Ok(format!(
-            "dgrad_cell_cl_dwconv<{}, {}, {kd}, {kh}, {kw}, {sd}, {sh}, {sw}, {dd}, {dh}, {dw}, {pd}, {ph}, {pw}, {}>",
+            "dgrad_cell_cl_dwconv<{}, {}, {}, {kd}, {kh}, {kw}, {sd}, {sh}, {sw}, {dd}, {dh}, {dw}, {pd}, {ph}, {pw}, {}>",
             cuda_type(spec.dtype()),
             weight_smem_bytes(spec).is_some(),
+            p.window == 1,
             p.minblocks,
         ))
     }
@@ -152,6 +194,39 @@ mod tests {
         assert_eq!(window(5, 1, 1, 2), 5);
         // 7 taps dilated by 2 at stride 2, padding 6: offsets -3..=3.
         assert_eq!(window(7, 2, 2, 6), 7);
+    }
+
+    #[test]
+    fn whole_windows_up_front_where_the_kernel_takes_them() {
+        let mut p = ConvParams::seed();
+        p.layout = Layout::ChannelsLast;
+        p.c = 24;
+        p.kernel = vec![1, 3, 3];
+        p.stride = vec![1, 2, 2];
+        p.padding = vec![[0, 0], [1, 1], [1, 1]];
+        // mobilenet-s2's 3x3 at stride 2: offsets 0 and 1 on H and W.
+        let spec = p.clone().validate().unwrap();
+        assert_eq!(whole_window(&spec), 4);
+        assert_eq!(DgradCellCl.default_config(&spec).get("window"), Some(1));
+        assert_eq!(DgradCellCl.default_config(&spec).get("minblocks"), Some(4));
+        // 3x3x3 at stride 2 on every axis: 8 vectors, still whole, 3 blocks.
+        p.kernel = vec![3, 3, 3];
+        p.stride = vec![2, 2, 2];
+        p.padding = vec![[1, 1]; 3];
+        let spec = p.clone().validate().unwrap();
+        assert_eq!(whole_window(&spec), 8);
+        assert_eq!(DgradCellCl.default_config(&spec).get("minblocks"), Some(3));
+        // 5x5x5 at stride 2: 27 vectors, a row at a time only.
+        p.kernel = vec![5, 5, 5];
+        p.padding = vec![[2, 2]; 3];
+        let spec = p.validate().unwrap();
+        assert_eq!(whole_window(&spec), 27);
+        assert_eq!(DgradCellCl.default_config(&spec).get("window"), Some(0));
+        let space = DgradCellCl.space(&spec);
+        assert_eq!(
+            space.iter().find(|q| q.name == "window").unwrap().values,
+            vec![0]
+        );
     }
 
     #[test]
