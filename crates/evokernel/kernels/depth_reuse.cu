@@ -104,8 +104,11 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB)
     // stage is free once the store OST - 3 planes later is issued. (With four stages and
     // three reading, a stage was freed only once the next plane was staged and every step
     // waited for all tile warps' previous one, run 227; waiting for each read left the
-    // storer behind, runs 230-232.)
-    constexpr int OST = PLANES ? 8 : 2;
+    // storer behind, runs 230-232.) Walking depths, KD stages where KD is 2-4 (else 2, the
+    // shared memory of deeper kernels' stages kept): the tile warps take KD steps a round,
+    // so a step's stage, (u + 1) mod KD, and its wait's parity are known without
+    // arithmetic (see `step`).
+    constexpr int OST = PLANES ? 8 : (KD >= 2 && KD <= 4 ? KD : 2);
     constexpr int STORES_READING = OST - 3;  // PLANES: the storer's stores left reading
     // (PLANES: stages 1024-byte aligned, a 128-byte swizzle's atom.)
     constexpr int STAGE_ALIGN = PLANES ? 1024 : 128;
@@ -212,7 +215,9 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB)
     // the input, so steady steps skip the per-slice test (padding within the kernel).
     const bool steady_inside = d0 + KD - 1 - a.pd >= 0 && d1 - 1 - a.pd < a.id;
     // (Called with a literal `steady`: after inlining the predicates fold away.)
-    auto step = [&](int s, int u, int cur, bool steady) {
+    // round: the parity of the consumer's round of KD steps (s = round * KD + u), 0 where
+    // there are no rounds (the block-barrier walk stores from registers).
+    auto step = [&](int s, int u, int cur, bool steady, unsigned round) {
         // Depth d0 + s - KD + 1 completes in this step: its residuals load first, so
         // their latency hides behind the slice's MMAs.
         const long long plane_out = (PLANES ? walk.plane(a) : nc * a.od + d0 + s - (KD - 1)) * plane;
@@ -245,11 +250,15 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB)
                 // Depth q of the chunk into stage q mod OST, once the store of depth
                 // q - OST has read it; the producer (walking planes, the storer) stores the
                 // depth when every tile is in.
+                // Use k = q / OST of a stage waits for the phase of use k - 1 (for k = 0 the
+                // parity 1 of a fresh mbarrier's "previous" phase passes at once). Walking
+                // depths with OST = KD (KD >= 2) and s = round * KD + u: q = (round - 1) * KD + u + 1, so
+                // the stage is (u + 1) mod KD and the parity round's, flipped where u + 1 = KD.
                 const int q = s - (KD - 1);
-                const unsigned b = (unsigned)q % OST;
-                // (Use k = q / OST of a stage waits for the phase of use k - 1; for k = 0 the
-                // parity 1 of a fresh mbarrier's "previous" phase passes at once.)
-                mbar_wait(stage_free + 8 * b, (((unsigned)q / OST) & 1) ^ 1);
+                constexpr bool BY_ROUND = !PLANES && OST == KD;
+                const unsigned b = BY_ROUND ? (unsigned)(u + 1) % OST : (unsigned)q % OST;
+                const unsigned parity = BY_ROUND ? (round ^ (u + 1 == KD)) & 1 : (((unsigned)q / OST) & 1) ^ 1;
+                mbar_wait(stage_free + 8 * b, parity);
                 const unsigned dst = lane_stage + b * STAGE_BYTES;
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
@@ -294,7 +303,7 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB)
     };
     if constexpr (PRODUCER == 0) {
         walk_slices<KD, STAGES>(steps, fetch, [&](int s, int u, int cur) {
-            if (has_tile) step(s, u, cur, false);
+            if (has_tile) step(s, u, cur, false, 0);
         });
     } else {
         const int tile_warps = min(BANDS, mt - band0) * min(COLS, nt - col0);
@@ -434,19 +443,25 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB)
             return;
         }
         if (!has_tile) return;
-        int cur = 0;
+        // Slots in turn; where the ring holds whole rounds of KD slices (NBUF a multiple of
+        // KD >= 2), a round's slots are base + u, base moving a round at a time, so a step's
+        // slot is an immediate offset and only a round updates the ring's state.
+        constexpr bool RING_BY_ROUND = KD >= 2 && NBUF % KD == 0;
+        int cur = 0, base = 0;
         unsigned parity = 0;
+        unsigned round = 0;
         auto consume = [&](int s, int u, bool steady) {
-            mbar_wait(full + 8 * cur, parity);
-            step(s, u, cur, steady);
+            const int slot = RING_BY_ROUND ? base + u : cur;
+            mbar_wait(full + 8 * slot, parity);
+            step(s, u, slot, steady, round);
             __syncwarp();
-            if (PLANES || lane == 0) mbar_arrive(empty + 8 * cur);
-            if (++cur == NBUF) {
+            if (PLANES || lane == 0) mbar_arrive(empty + 8 * slot);
+            if (!RING_BY_ROUND && ++cur == NBUF) {
                 cur = 0;
                 parity ^= 1;
             }
         };
-        for (int sb = 0; sb < steps; sb += KD) {
+        for (int sb = 0; sb < steps; sb += KD, round ^= 1) {
             if (sb >= KD - 1 && sb + KD <= d1 - d0) {
 #pragma unroll
                 for (int u = 0; u < KD; ++u) consume(sb + u, u, true);
@@ -455,6 +470,13 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB)
                 for (int u = 0; u < KD; ++u) {
                     if (sb + u >= steps) break;
                     consume(sb + u, u, false);
+                }
+            }
+            if (RING_BY_ROUND) {
+                base += KD;
+                if (base == NBUF) {
+                    base = 0;
+                    parity ^= 1;
                 }
             }
         }

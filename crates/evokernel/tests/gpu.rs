@@ -475,12 +475,15 @@ fn depth_reuse_passes_with_either_slice_handover() {
         .filter(|(_, spec)| v.applies(spec).is_ok())
         .map(|(name, spec)| {
             // (producer, stages, one tile column a block): with the producer, regions that
-            // are whole rows store through the TMA, narrower ones from registers.
+            // are whole rows store through the TMA, narrower ones from registers; rings of
+            // 3 and 6 slots hold whole rounds of KD = 3 slices (the ring walked by rounds).
             let configs = [
                 (0, 1, false),
                 (0, 4, false),
                 (1, 1, false),
+                (1, 2, false),
                 (1, 4, false),
+                (1, 5, false),
                 (1, 4, true),
             ]
             .into_iter()
