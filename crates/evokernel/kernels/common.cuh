@@ -853,6 +853,28 @@ __device__ __forceinline__ void weight_to_taps_major(const T* __restrict__ w, in
     __syncthreads();
 }
 
+// o += weight[tap] * g over a thread's VEC channels c0..: from the f32 [taps][C] copy in
+// shared memory (W_SMEM, weight_to_taps_major) or from the weight's [C][taps] rows (wc =
+// the weight at channel c0) in global memory. The channels-last grad-input gathers' tap.
+template <typename T, int VEC, int TAPS, bool W_SMEM>
+__device__ __forceinline__ void add_weighted_tap(float* o, const float* g, int tap, const float* ws, const T* wc,
+                                                 int c, int c0) {
+    if (W_SMEM) {
+        const float4* wv = reinterpret_cast<const float4*>(ws + tap * c + c0);
+#pragma unroll
+        for (int x = 0; x < VEC / 4; ++x) {
+            const float4 f = wv[x];
+            o[4 * x] = fmaf(f.x, g[4 * x], o[4 * x]);
+            o[4 * x + 1] = fmaf(f.y, g[4 * x + 1], o[4 * x + 1]);
+            o[4 * x + 2] = fmaf(f.z, g[4 * x + 2], o[4 * x + 2]);
+            o[4 * x + 3] = fmaf(f.w, g[4 * x + 3], o[4 * x + 3]);
+        }
+    } else {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) o[v] = fmaf(to_f32(__ldg(wc + v * TAPS + tap)), g[v], o[v]);
+    }
+}
+
 // walk_slices with one barrier per KD slices: group g (slices g KD .. g KD + KD - 1) sits
 // in buffers (g mod 2) KD + u, the next group's copies in flight under this group's
 // FMAs (2 KD buffers). walk_slices' barrier a slice held x3d's FMA rotation 31% of its

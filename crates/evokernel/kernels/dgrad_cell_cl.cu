@@ -62,22 +62,8 @@ __device__ __forceinline__ void dgrad_cell_cl_body(const ConvArgs& a, float* ws)
         const T* gyn = gy + (long long)n * a.od * a.oh * a.ow * a.c + c0;
         const T* wc = w + (long long)c0 * TAPS;
         T* gxn = gx + (long long)n * a.id * a.ih * a.iw * a.c + c0;
-        // o += weight[tap] * g over the thread's VEC channels.
         auto add_tap = [&](float* o, const float* g, int tap) {
-            if (W_SMEM) {
-                const float4* wv = reinterpret_cast<const float4*>(ws + tap * (int)a.c + c0);
-#pragma unroll
-                for (int x = 0; x < VEC / 4; ++x) {
-                    const float4 f = wv[x];
-                    o[4 * x] = fmaf(f.x, g[4 * x], o[4 * x]);
-                    o[4 * x + 1] = fmaf(f.y, g[4 * x + 1], o[4 * x + 1]);
-                    o[4 * x + 2] = fmaf(f.z, g[4 * x + 2], o[4 * x + 2]);
-                    o[4 * x + 3] = fmaf(f.w, g[4 * x + 3], o[4 * x + 3]);
-                }
-            } else {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) o[v] = fmaf(to_f32(__ldg(wc + v * TAPS + tap)), g[v], o[v]);
-            }
+            add_weighted_tap<T, VEC, TAPS, W_SMEM>(o, g, tap, ws, wc, (int)a.c, c0);
         };
         auto store_position = [&](int rd, int rh, int rw, const float* o) {
             const int id = cd * SD + rd, ih = ch * SH + rh, iw = cw * SW + rw;

@@ -58,22 +58,7 @@ __device__ __forceinline__ void dgrad_gather_cl_body(const ConvArgs& a, float* w
                     if (!tap_output_cl<SW>(iw, kw, a.dw, a.pw, a.ow, ow)) continue;
                     float g[VEC];
                     Vec16<T, VEC>::load(gyn + (((long long)od * a.oh + oh) * a.ow + ow) * a.c, g);
-                    const int tap = (kd * KH + kh) * KW + kw;
-                    if (W_SMEM) {
-                        const float4* wv = reinterpret_cast<const float4*>(ws + tap * (int)a.c + c0);
-#pragma unroll
-                        for (int q = 0; q < VEC / 4; ++q) {
-                            const float4 f = wv[q];
-                            acc[4 * q] = fmaf(f.x, g[4 * q], acc[4 * q]);
-                            acc[4 * q + 1] = fmaf(f.y, g[4 * q + 1], acc[4 * q + 1]);
-                            acc[4 * q + 2] = fmaf(f.z, g[4 * q + 2], acc[4 * q + 2]);
-                            acc[4 * q + 3] = fmaf(f.w, g[4 * q + 3], acc[4 * q + 3]);
-                        }
-                    } else {
-#pragma unroll
-                        for (int v = 0; v < VEC; ++v)
-                            acc[v] = fmaf(to_f32(__ldg(wc + v * TAPS + tap)), g[v], acc[v]);
-                    }
+                    add_weighted_tap<T, VEC, TAPS, W_SMEM>(acc, g, (kd * KH + kh) * KW + kw, ws, wc, (int)a.c, c0);
                 }
             }
         }
