@@ -252,8 +252,9 @@ __global__ void __launch_bounds__((BANDS * COLS + PRODUCER + PLANES) * 32, MINB)
                 // depth when every tile is in.
                 // Use k = q / OST of a stage waits for the phase of use k - 1 (for k = 0 the
                 // parity 1 of a fresh mbarrier's "previous" phase passes at once). Walking
-                // depths with OST = KD (KD >= 2) and s = round * KD + u: q = (round - 1) * KD + u + 1, so
-                // the stage is (u + 1) mod KD and the parity round's, flipped where u + 1 = KD.
+                // depths with OST = KD, step s = r * KD + u of round r: q = (r - 1) * KD +
+                // u + 1, so the stage is (u + 1) mod KD and the parity r's (`round`),
+                // flipped where u + 1 = KD.
                 const int q = s - (KD - 1);
                 constexpr bool BY_ROUND = !PLANES && OST == KD;
                 const unsigned b = BY_ROUND ? (unsigned)(u + 1) % OST : (unsigned)q % OST;

@@ -12,6 +12,9 @@
 // Arguments (the forward's geometry): a.x = grad_output, a.w = weight [C, taps],
 // a.y = grad_input. C % VEC == 0 (the launcher checks). EPI must be 0.
 // W_SMEM: the weight as f32 [taps][C] in shared memory, as in dgrad_gather_cl.
+// WHOLE: the cell's whole window is loaded up front (raw 16-byte words) and the positions
+// are summed and stored one at a time (mobilenet-s2 0.070 -> 0.058 ms, docs/perf.md run
+// 370); else a window row at a time with every position's sums held (wide windows).
 template <int K, int S, int D, int P>
 struct CellAxis {
     __device__ static constexpr int fdiv(int a) { return a >= 0 ? a / S : -((-a + S - 1) / S); }
