@@ -73,11 +73,16 @@ __device__ __forceinline__ void dgrad_cell_cl_body(const ConvArgs& a, float* ws)
             if (id < a.id && ih < a.ih && iw < a.iw)
                 Vec16<T, VEC>::store(gxn + (((long long)id * a.ih + ih) * a.iw + iw) * a.c, o);
         };
+        // Whether window row (qd, qh) lies inside grad_output (rows outside add nothing).
+        auto row_inside = [&](int qd, int qh) {
+            const int od = cd + qd, oh = ch + qh;
+            return od >= 0 && od < a.od && oh >= 0 && oh < a.oh;
+        };
         // A window row of grad_output vectors as raw 16-byte words, each loaded once (zero
         // outside grad_output along W: zero bits are 0 in every T).
         auto load_row = [&](int qd, int qh, uint4* raw) {
             const int od = cd + qd, oh = ch + qh;
-            const bool in = od >= 0 && od < a.od && oh >= 0 && oh < a.oh;
+            const bool in = row_inside(qd, qh);
             const T* row = gyn + ((long long)od * a.oh + oh) * a.ow * a.c;
 #pragma unroll
             for (int qw = 0; qw < AW::Q; ++qw) {
@@ -87,16 +92,12 @@ __device__ __forceinline__ void dgrad_cell_cl_body(const ConvArgs& a, float* ws)
                               : make_uint4(0, 0, 0, 0);
             }
         };
-        auto row_inside = [&](int qd, int qh) {
-            const int od = cd + qd, oh = ch + qh;
-            return od >= 0 && od < a.od && oh >= 0 && oh < a.oh;
-        };
-        if (WHOLE) {
+        if constexpr (WHOLE) {
             // Every row of the window in flight at once, before the first multiply (one load
             // latency a cell, not one a row: mobilenet-s2 waited on each row's loads, docs/perf.md
             // run 365), then a position at a time: its taps summed, then stored, so a thread
             // holds the raw window and one position's sums (the row form holds every position's).
-            uint4 win[WHOLE ? AD::Q * AH::Q : 1][AW::Q];
+            uint4 win[AD::Q * AH::Q][AW::Q];
 #pragma unroll
             for (int qd = AD::QMIN; qd <= AD::QMAX; ++qd)
 #pragma unroll

@@ -314,7 +314,11 @@ impl Variant for DepthReuse {
         let by_rounds = producer == 1
             && planes == 0
             && spec.kernel3()[0] == 3
-            && within_shared("", shared_bytes(spec, bands, cols, 5, true, false)).is_ok();
+            && within_shared(
+                "a ring of 6 slices",
+                shared_bytes(spec, bands, cols, 5, true, false),
+            )
+            .is_ok();
         Config::new(
             self.name(),
             &[

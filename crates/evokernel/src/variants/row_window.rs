@@ -2,7 +2,7 @@
 //! each thread a run of whole 16-byte output vectors of one row, its window's aligned input
 //! vectors in registers (kernels/row_window.cu). `row_window_cl`'s channels-first twin.
 
-use super::row_window_cl::{window_blocks, window_minblocks};
+use super::row_window_cl::{one_row_kernel, window_blocks, window_minblocks};
 use super::{cuda_type, default_launches, grid_x, Config, Launch, Param, Variant};
 use crate::error::Result;
 use crate::spec::{ConvSpec, Layout};
@@ -51,15 +51,8 @@ pub(crate) fn one_row_channels_first(spec: &ConvSpec) -> std::result::Result<(),
     if spec.layout() != Layout::ChannelsFirst {
         return Err("needs a channels-first layout".into());
     }
-    let [kd, kh, kw] = spec.kernel3();
-    if kd != 1 || kh != 1 {
-        return Err(format!(
-            "needs a kernel of one row (1 x 1 x KW), not {kd} x {kh} x {kw}"
-        ));
-    }
-    if spec.stride3()[2] != 1 {
-        return Err("needs W stride 1 (outputs slide the window by one input)".into());
-    }
+    one_row_kernel(spec)?;
+    let kw = spec.kernel3()[2];
     let vec = spec.dtype().per_16_bytes();
     let (iw, ow) = (spec.input3()[2], spec.output3()[2]);
     if !iw.is_multiple_of(vec) || !ow.is_multiple_of(vec) {

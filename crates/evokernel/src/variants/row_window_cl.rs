@@ -55,13 +55,9 @@ pub(crate) fn window_runs(spec: &ConvSpec, run: usize) -> usize {
     spec.n() * od * oh * ow.div_ceil(run)
 }
 
-/// `Err` unless a thread can slide a register window along `spec`'s rows: channels-last,
-/// a kernel of one row (1 x 1 x KW) at W stride 1, whole 16-byte channel vectors, a window
-/// and weights (or grad-weight sums) within the registers. Shared with wgrad_window_cl.
-pub(crate) fn one_row_window(spec: &ConvSpec) -> std::result::Result<(), String> {
-    if spec.layout() != Layout::ChannelsLast {
-        return Err("needs a channels-last layout".into());
-    }
+/// `Err` unless the kernel is one row (1 x 1 x KW) at W stride 1, what every window
+/// kernel slides along a row (both layouts).
+pub(crate) fn one_row_kernel(spec: &ConvSpec) -> std::result::Result<(), String> {
     let [kd, kh, kw] = spec.kernel3();
     if kd != 1 || kh != 1 {
         return Err(format!(
@@ -71,6 +67,17 @@ pub(crate) fn one_row_window(spec: &ConvSpec) -> std::result::Result<(), String>
     if spec.stride3()[2] != 1 {
         return Err("needs W stride 1 (outputs slide the window by one input)".into());
     }
+    Ok(())
+}
+
+/// `Err` unless a thread can slide a register window along `spec`'s rows: channels-last,
+/// a kernel of one row (1 x 1 x KW) at W stride 1, whole 16-byte channel vectors, a window
+/// and weights (or grad-weight sums) within the registers. Shared with wgrad_window_cl.
+pub(crate) fn one_row_window(spec: &ConvSpec) -> std::result::Result<(), String> {
+    if spec.layout() != Layout::ChannelsLast {
+        return Err("needs a channels-last layout".into());
+    }
+    one_row_kernel(spec)?;
     whole_chunk_pixels(spec)?;
     if span(spec) > MAX_SPAN {
         return Err(format!(
@@ -78,7 +85,7 @@ pub(crate) fn one_row_window(spec: &ConvSpec) -> std::result::Result<(), String>
             span(spec)
         ));
     }
-    let weights = kw * spec.dtype().per_16_bytes();
+    let weights = spec.kernel3()[2] * spec.dtype().per_16_bytes();
     if weights > MAX_WEIGHTS {
         return Err(format!(
             "{weights} weights a thread, more than the {MAX_WEIGHTS} registers allow"

@@ -4,7 +4,7 @@
 //! finalize (kernels/wgrad_window.cu). Deterministic.
 
 use super::row_window::{one_row_channels_first, vector_runs, window_offset};
-use super::row_window_cl::window_blocks;
+use super::row_window_cl::{window_blocks, window_runs};
 use super::wgrad::Wgrad;
 use super::{cuda_type, default_launches, grid_x, Config, Launch, Param, Variant};
 use crate::error::Result;
@@ -22,12 +22,6 @@ typed_params!(Params {
 
 /// Split counts the space offers (grid y).
 const SPLITS: [i64; 10] = [1, 2, 3, 4, 6, 8, 12, 16, 32, 64];
-
-/// Runs of `run` outputs in one channel's rows (every image's): a block's items.
-fn channel_runs(spec: &ConvSpec, run: usize) -> usize {
-    let [od, oh, ow] = spec.output3();
-    spec.n() * od * oh * ow.div_ceil(run)
-}
 
 impl Variant for WgradWindow {
     fn name(&self) -> &'static str {
@@ -72,8 +66,8 @@ impl Variant for WgradWindow {
         // 0.047; 32 splits, a quarter of the threads idle, 0.109).
         let run = 2 * spec.dtype().per_16_bytes();
         let block = 128;
-        // Items a thread / 3, rounded.
-        let by_items = ((2 * channel_runs(spec, run) + 3 * block) / (6 * block)).max(1);
+        // Items a thread / 3, rounded (a block's items: the runs of one channel's rows).
+        let by_items = ((2 * window_runs(spec, run) + 3 * block) / (6 * block)).max(1);
         let by_bytes = Wgrad::splits_within(spec, 16);
         let cap = by_items.min(by_bytes);
         let splits = SPLITS
