@@ -310,9 +310,15 @@ impl Variant for DepthReuse {
         };
         // With the producer walking depths of KD = 3, six slots: two whole rounds, the ring
         // walked by rounds without per-step arithmetic (run 371: seed 0.2016 -> 0.1985 ms,
-        // video-vae-decoder 0.968x; video-vae-causal 1.017x slower); else four.
+        // video-vae-decoder 0.968x; x3d best at 5, run 374), where the registers are not
+        // capped under 64: video-vae-causal's 18 warps at two blocks an SM (56) ran 2%
+        // faster at four (run 378, three rounds: forward 0.1052 -> 0.1030, grad-input
+        // 0.1077 -> 0.1060); else four.
+        let register_cap =
+            65536 / (minblocks as usize * block_threads(bands, cols, producer == 1, planes > 0));
         let by_rounds = producer == 1
             && planes == 0
+            && register_cap >= 64
             && spec.kernel3()[0] == 3
             && within_shared(
                 "a ring of 6 slices",
