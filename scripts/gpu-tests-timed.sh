@@ -5,8 +5,9 @@
 # (the kernel cache is written atomically) and much of their time is host work (oracles,
 # NVRTC), so a few at once shorten the call. Tests named in SKIP_FILE (one per line) are
 # skipped; those the deadline leaves are listed as LEFT, to pass to the next call.
-# TIMES=FILE (an earlier run's output, "NAME Ns ..." lines) starts the longest tests
-# first, so the parallel jobs finish together.
+# TIMES=FILE (an earlier run's output, "NAME Ns ..." lines; default
+# scripts/gpu-test-times.txt) starts the longest tests first, so the parallel jobs finish
+# together.
 # Usage: [JOBS=N] [TIMES=FILE] scripts/gpu-tests-timed.sh DEADLINE_S [SKIP_FILE] [PATTERN...]
 deadline=$1; skip=${2:-/dev/null}; shift 2 2>/dev/null
 T=$(ls .gpu/tests/gpu-* | head -1)
@@ -32,5 +33,5 @@ for t in $($T --list --include-ignored 2>/dev/null | sed -n 's/: test$//p'); do
   grep -qx "$t" "$skip" 2>/dev/null && continue
   # Unknown tests first (as if long), then by the earlier run's seconds, longest first.
   echo "$(awk -v t="$t" '$1 == t && $2 ~ /s$/ && $2 + 0 >= m {m = $2 + 0; f = 1}
-    END {print f ? m : 99999}' "${TIMES:-/dev/null}") $t"
+    END {print f ? m : 99999}' "${TIMES:-scripts/gpu-test-times.txt}") $t"
 done | sort -k1,1 -n -r -s | cut -d' ' -f2 | xargs -P "${JOBS:-1}" -I{} bash -c 'run_one "$@"' _ {}
