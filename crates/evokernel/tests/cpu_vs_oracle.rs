@@ -150,6 +150,14 @@ proptest! {
         let mut again = HostTensor::nan(spec.dtype(), &spec.weight_shape());
         wgrad_cpu(&spec, &x, &gy, &mut again).unwrap();
         prop_assert_eq!(gw.as_bytes(), again.as_bytes());
+        // And whatever the thread count: the tasks follow it (a channel each on one
+        // thread, a channel's kernel depths or tap rows each on 16), the sums do not.
+        for threads in [1, 16] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let mut split = HostTensor::nan(spec.dtype(), &spec.weight_shape());
+            pool.install(|| wgrad_cpu(&spec, &x, &gy, &mut split)).unwrap();
+            prop_assert_eq!(split.as_bytes(), again.as_bytes(), "{} threads", threads);
+        }
         // Every vector width this CPU runs (AVX-512's masked tails, AVX2, portable).
         for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable] {
             if !isa.supported() {

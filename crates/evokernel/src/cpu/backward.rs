@@ -56,7 +56,8 @@ pub fn dgrad_cpu(
 
 /// grad-weight: `grad_w[c, k]` sums `x[n, c, o * stride + k * dilation - pad] * gy[n, c, o]`
 /// over the batch and the outputs whose tap k lands in the input; both layouts read in
-/// place. Channels-first: a task per channel and kernel depth (`wgrad_tasks`) multiplies
+/// place. Channels-first: a task per channel (`wgrad_tasks`; per kernel depth too where
+/// channels are few) multiplies
 /// each grad_output row with the input rows of its KH tap rows shifted by each kw into
 /// `L` f32 lanes a tap; channels-last: a task per 16 channels and kernel depth
 /// (`wgrad_cl_tasks`), lanes over channels. Lanes are added into f64 totals every `FOLD`
@@ -241,31 +242,49 @@ fn wgrad_cl_task<T: Element, const FMA: bool>(
 /// Every task's weights, in weight order, from channels-first `x` and `gy`.
 fn wgrad_tasks<T: Element>(isa: Isa, spec: &ConvSpec, x: &[T], gy: &[T]) -> Vec<Vec<f32>> {
     let [kd, kh, _] = spec.kernel3();
-    // A task per channel, kernel depth and group of tap rows: all KH rows together where
-    // there are tasks enough for the threads (each grad_output row is then read once for
-    // KH x KW taps), else one row a task.
-    let groups = if spec.c() * kd >= 4 * rayon::current_num_threads() {
-        1
+    let threads = rayon::current_num_threads();
+    // A task per channel where there are tasks enough for the threads (each grad_output
+    // and input plane then widened once for every kernel depth, not once a depth: x3d's
+    // grad-weight 73.0 -> 67.8 ms by the medians of four alternating rounds, the seed's
+    // 408-434 -> 390-406 ms; build machine, 2026-11-28), else per channel and kernel depth, and where even those
+    // are too few, per channel, kernel depth and tap row. The sums of each weight are
+    // the same in every split (each kernel depth's in (image, depth, row) order).
+    let (depth_tasks, groups) = if spec.c() >= 4 * threads {
+        (1, 1)
+    } else if spec.c() * kd >= 4 * threads {
+        (kd, 1)
     } else {
-        kh
+        (kd, kh)
     };
-    (0..spec.c() * kd * groups)
+    (0..spec.c() * depth_tasks * groups)
         .into_par_iter()
         .map(|task| {
-            let (c, a, q) = (task / (kd * groups), (task / groups) % kd, task % groups);
+            let c = task / (depth_tasks * groups);
+            let depths = if depth_tasks == 1 {
+                0..kd
+            } else {
+                let a = (task / groups) % kd;
+                a..a + 1
+            };
+            let q = task % groups;
             let taps = q * kh / groups..(q + 1) * kh / groups;
             // SAFETY: each wrapper is called only when `isa.check` found its features.
             match isa {
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => unsafe { wgrad_task_avx512(spec, x, gy, c, a, taps) },
+                Isa::Avx512 => unsafe { wgrad_task_avx512(spec, x, gy, c, depths, taps) },
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => unsafe { wgrad_task_avx2(spec, x, gy, c, a, taps) },
-                _ => wgrad_task::<T, 8, false>(spec, x, gy, c, a, taps),
+                Isa::Avx2 => depths
+                    .flat_map(|a| unsafe { wgrad_task_avx2(spec, x, gy, c, a, taps.clone()) })
+                    .collect(),
+                _ => depths
+                    .flat_map(|a| wgrad_task::<T, 8, false>(spec, x, gy, c, a, taps.clone()))
+                    .collect(),
             }
         })
         .collect()
 }
 
+/// The weights of channel `c`, kernel depths `depths` and tap rows `taps`, in weight order.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 unsafe fn wgrad_task_avx512<T: Element>(
@@ -273,16 +292,22 @@ unsafe fn wgrad_task_avx512<T: Element>(
     x: &[T],
     gy: &[T],
     c: usize,
-    a: usize,
+    depths: std::ops::Range<usize>,
     taps: std::ops::Range<usize>,
 ) -> Vec<f32> {
     let ([_, ih, iw], [_, oh, ow]) = (spec.input3(), spec.output3());
     if spec.stride3()[2] == 1 && oh >= 8 && oh * ow + ih * iw <= ROWS_IN_REGISTERS_MAX_FLOATS {
-        if let Some(t) = wgrad_task_rows_avx512(spec, x, gy, c, a, taps.clone()) {
+        if let Some(t) = wgrad_task_rows_avx512(spec, x, gy, c, depths.clone(), taps.clone()) {
             return t;
         }
     }
-    wgrad_task::<T, 16, true>(spec, x, gy, c, a, taps)
+    // (A loop, not a closure: a closure would not inherit this function's target
+    // features, and the inlined task would lose AVX-512.)
+    let mut values = Vec::with_capacity(depths.len() * taps.len() * spec.kernel3()[2]);
+    for a in depths {
+        values.extend(wgrad_task::<T, 16, true>(spec, x, gy, c, a, taps.clone()));
+    }
+    values
 }
 
 /// Taps of a kernel row whose sums stay in registers together (of AVX-512's 32).
@@ -301,8 +326,8 @@ const ROW_TAPS: usize = 8;
 const ROWS_IN_REGISTERS_MAX_FLOATS: usize = 8192;
 
 /// [`wgrad_task`] for unit W stride in AVX-512, with each kernel row's sums in registers
-/// across the output rows: per (image, output depth) the grad-output and input planes are
-/// widened once; then for each tap row and group of up to [`ROW_TAPS`] taps, each
+/// across the output rows: per image the channel's input volume, and per output depth
+/// its grad-output plane, are widened once for every kernel depth of the task; then for each tap row and group of up to [`ROW_TAPS`] taps, each
 /// 16-wide piece of an output row's grad-output is loaded once and met by every tap's
 /// shifted input piece, masked to the outputs whose input that tap reads (the masks are
 /// the same on every row). The dot-product form loaded both operands for every FMA and
@@ -315,7 +340,7 @@ unsafe fn wgrad_task_rows_avx512<T: Element>(
     x: &[T],
     gy: &[T],
     c: usize,
-    a: usize,
+    depths: std::ops::Range<usize>,
     taps: std::ops::Range<usize>,
 ) -> Option<Vec<f32>> {
     let (dil, pad) = (spec.dilation3(), spec.pad_before3());
@@ -339,36 +364,41 @@ unsafe fn wgrad_task_rows_avx512<T: Element>(
         }
     }
     let rows = taps.len();
-    let mut total = vec![0f64; rows * kw];
-    let (mut gplane, mut xplane) = (vec![0f32; oh_ * ow_], vec![0f32; ih_ * iw_]);
+    let mut total = vec![0f64; depths.len() * rows * kw];
+    // The image's input volume of the channel widened once (each plane serves every kernel
+    // depth that reads it), a grad-output plane once a depth.
+    let (mut gplane, mut xvolume) = (vec![0f32; oh_ * ow_], vec![0f32; ispatial]);
     for n in 0..spec.n() {
         let xb = &x[(n * spec.c() + c) * ispatial..][..ispatial];
         let gb = &gy[(n * spec.c() + c) * ospatial..][..ospatial];
+        widen_row(xb, &mut xvolume);
         for d in 0..od_ {
-            let Some(zd) = spec.tap_input(0, d, a) else {
-                continue;
-            };
             widen_row(&gb[d * oh_ * ow_..][..oh_ * ow_], &mut gplane);
-            widen_row(&xb[zd * ih_ * iw_..][..ih_ * iw_], &mut xplane);
-            let planes = RowPlanes {
-                spec,
-                g: &gplane,
-                x: &xplane,
-                off: &off,
-                masks: &masks,
-            };
-            for (bi, b) in taps.clone().enumerate() {
-                for e0 in (0..kw).step_by(ROW_TAPS) {
-                    let sums = &mut total[bi * kw + e0..(bi + 1) * kw];
-                    match (kw - e0).min(ROW_TAPS) {
-                        1 => planes.tap_row::<1>(b, e0, sums),
-                        2 => planes.tap_row::<2>(b, e0, sums),
-                        3 => planes.tap_row::<3>(b, e0, sums),
-                        4 => planes.tap_row::<4>(b, e0, sums),
-                        5 => planes.tap_row::<5>(b, e0, sums),
-                        6 => planes.tap_row::<6>(b, e0, sums),
-                        7 => planes.tap_row::<7>(b, e0, sums),
-                        _ => planes.tap_row::<8>(b, e0, sums),
+            for (ai, a) in depths.clone().enumerate() {
+                let Some(zd) = spec.tap_input(0, d, a) else {
+                    continue;
+                };
+                let planes = RowPlanes {
+                    spec,
+                    g: &gplane,
+                    x: &xvolume[zd * ih_ * iw_..][..ih_ * iw_],
+                    off: &off,
+                    masks: &masks,
+                };
+                for (bi, b) in taps.clone().enumerate() {
+                    for e0 in (0..kw).step_by(ROW_TAPS) {
+                        let at = (ai * rows + bi) * kw;
+                        let sums = &mut total[at + e0..at + kw];
+                        match (kw - e0).min(ROW_TAPS) {
+                            1 => planes.tap_row::<1>(b, e0, sums),
+                            2 => planes.tap_row::<2>(b, e0, sums),
+                            3 => planes.tap_row::<3>(b, e0, sums),
+                            4 => planes.tap_row::<4>(b, e0, sums),
+                            5 => planes.tap_row::<5>(b, e0, sums),
+                            6 => planes.tap_row::<6>(b, e0, sums),
+                            7 => planes.tap_row::<7>(b, e0, sums),
+                            _ => planes.tap_row::<8>(b, e0, sums),
+                        }
                     }
                 }
             }
