@@ -57,15 +57,14 @@ pub fn dgrad_cpu(
 /// grad-weight: `grad_w[c, k]` sums `x[n, c, o * stride + k * dilation - pad] * gy[n, c, o]`
 /// over the batch and the outputs whose tap k lands in the input; both layouts read in
 /// place. Channels-first: a task per channel (`wgrad_tasks`; per kernel depth too where
-/// channels are few) multiplies
-/// each grad_output row with the input rows of its KH tap rows shifted by each kw into
-/// `L` f32 lanes a tap; channels-last: a task per 16 channels and kernel depth
-/// (`wgrad_cl_tasks`), lanes over channels. Lanes are added into f64 totals every `FOLD`
-/// output rows (every row, channels-last). The order is fixed: the same bits every run
-/// on a machine, whatever its thread count (FMA or not follows the detected ISA, as the
-/// forward). (One task per weight element took 825 ms on the seed's shape with 64
-/// channels; a dot product per row and tap on operands widened up front, 132-140 ms;
-/// this form 40 ms.)
+/// channels are few) multiplies each grad_output row with the input rows of its KH tap rows
+/// shifted by each kw into `L` f32 lanes a tap; channels-last: a task per 16 channels and
+/// kernel depth (`wgrad_cl_tasks`), lanes over channels. Lanes are added into f64 totals
+/// every `FOLD` output rows (every row, channels-last). The order is fixed: the same bits
+/// every run on a machine, whatever its thread count (FMA or not follows the detected ISA,
+/// as the forward). (One task per weight element took 825 ms on the seed's shape with 64
+/// channels; a dot product per row and tap on operands widened up front, 132-140 ms; this
+/// form 40 ms.)
 pub fn wgrad_cpu(
     spec: &ConvSpec,
     input: &HostTensor,
@@ -243,12 +242,13 @@ fn wgrad_cl_task<T: Element, const FMA: bool>(
 fn wgrad_tasks<T: Element>(isa: Isa, spec: &ConvSpec, x: &[T], gy: &[T]) -> Vec<Vec<f32>> {
     let [kd, kh, _] = spec.kernel3();
     let threads = rayon::current_num_threads();
-    // A task per channel where there are tasks enough for the threads (each grad_output
-    // and input plane then widened once for every kernel depth, not once a depth: x3d's
+    // A task per channel where there are tasks enough for the threads (each grad_output and
+    // input plane then widened once for every kernel depth, not once a depth: x3d's
     // grad-weight 73.0 -> 67.8 ms by the medians of four alternating rounds, the seed's
-    // 408-434 -> 390-406 ms; build machine, 2026-11-28), else per channel and kernel depth, and where even those
-    // are too few, per channel, kernel depth and tap row. The sums of each weight are
-    // the same in every split (each kernel depth's in (image, depth, row) order).
+    // 408-434 -> 390-406 ms; build machine, 2026-11-28), else per channel and kernel depth,
+    // and where even those are too few, per channel, kernel depth and tap row. The sums of
+    // each weight are the same in every split (each kernel depth's in (image, depth, row)
+    // order).
     let (depth_tasks, groups) = if spec.c() >= 4 * threads {
         (1, 1)
     } else if spec.c() * kd >= 4 * threads {
@@ -326,13 +326,14 @@ const ROW_TAPS: usize = 8;
 const ROWS_IN_REGISTERS_MAX_FLOATS: usize = 8192;
 
 /// [`wgrad_task`] for unit W stride in AVX-512, with each kernel row's sums in registers
-/// across the output rows: per image the channel's input volume, and per output depth
-/// its grad-output plane, are widened once for every kernel depth of the task; then for each tap row and group of up to [`ROW_TAPS`] taps, each
-/// 16-wide piece of an output row's grad-output is loaded once and met by every tap's
-/// shifted input piece, masked to the outputs whose input that tap reads (the masks are
-/// the same on every row). The dot-product form loaded both operands for every FMA and
-/// stored its sums after every row. Sums are folded into f64 every `FOLD` output rows,
-/// as there. None where a tap reads no input at all.
+/// across the output rows: per image the channel's input volume, and per output depth its
+/// grad-output plane, are widened once for every kernel depth of the task; then for each
+/// tap row and group of up to [`ROW_TAPS`] taps, each 16-wide piece of an output row's
+/// grad-output is loaded once and met by every tap's shifted input piece, masked to the
+/// outputs whose input that tap reads (the masks are the same on every row). The
+/// dot-product form loaded both operands for every FMA and stored its sums after every row.
+/// Sums are folded into f64 every `FOLD` output rows, as there. None where a tap reads no
+/// input at all.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 unsafe fn wgrad_task_rows_avx512<T: Element>(
