@@ -131,6 +131,12 @@ fn block_threads(bands: usize, cols: usize, producer: bool, planes: bool) -> usi
     (bands * cols + usize::from(producer) + usize::from(planes)) * 32
 }
 
+/// Registers a thread gets when `minblocks` blocks of `threads` share an SM's 64 K (the
+/// compiler's cap under `__launch_bounds__`, in whole allocation units of 8).
+fn register_cap(minblocks: usize, threads: usize) -> usize {
+    65536 / (minblocks * threads) / 8 * 8
+}
+
 /// Whether a block may walk consecutive planes of the flattened (n, c, d) sequence (the
 /// kernel's PLANES): one kernel depth and no depth padding, so each plane is one slice and
 /// nothing rotates; the kernel indexes planes with 32-bit integers.
@@ -297,7 +303,7 @@ impl Variant for DepthReuse {
             // and a 32-byte spill, 0.133 vs 0.150 at one block; video-vae-decoder's 22
             // warps would get 40 and spill 200 bytes: 0.71 ms).
             let cols = if nt <= 21 { nt } else { producer_cols };
-            let cap = 65536 / (2 * (cols + 1) * 32) / 8 * 8;
+            let cap = register_cap(2, block_threads(1, cols, true, false));
             (1, cols, if cap >= 56 { 2 } else { 1 })
         } else {
             let cols = nt.div_ceil(nt.div_ceil(16));
@@ -314,11 +320,13 @@ impl Variant for DepthReuse {
         // capped under 64: video-vae-causal's 18 warps at two blocks an SM (56) ran 2%
         // faster at four (run 378, three rounds: forward 0.1052 -> 0.1030, grad-input
         // 0.1077 -> 0.1060); else four.
-        let register_cap =
-            65536 / (minblocks as usize * block_threads(bands, cols, producer == 1, planes > 0));
+        let cap = register_cap(
+            minblocks as usize,
+            block_threads(bands, cols, producer == 1, planes > 0),
+        );
         let by_rounds = producer == 1
             && planes == 0
-            && register_cap >= 64
+            && cap >= 64
             && spec.kernel3()[0] == 3
             && within_shared(
                 "a ring of 6 slices",
