@@ -1359,10 +1359,10 @@ fn bf16_outputs_round_to_nearest() {
 /// its space on two specs (the dense bench checks the dense suite's real layers at
 /// sampled positions). Where the device has no cooperative matrices (lavapipe), the
 /// refusal says so, by name.
-#[test]
-fn coopmat_shader_matches_the_oracle_where_the_device_has_it() {
-    use evokernel::vulkan::dense_coopmat::{prepare_dense_coopmat, CoopmatConfig};
-    let dev = device();
+/// Random dense f16 channels-last specs for the cooperative-matrix shaders: 1-3 spatial
+/// dims, stride, dilation, asymmetric padding, batch; channels multiples of 8 but not all
+/// of 16 or 32, so B's padding and partial tiles in M and N are exercised.
+fn random_coopmat_specs() -> Vec<DenseConvSpec> {
     let mut rng = SplitMix64::new(2029);
     let mut pick = |lo: u64, hi: u64| lo + rng.next_u64() % (hi - lo + 1);
     let mut specs = Vec::new();
@@ -1385,16 +1385,31 @@ fn coopmat_shader_matches_the_oracle_where_the_device_has_it() {
         }
     }
     assert!(specs.len() >= 25, "{}", specs.len());
-    let run = |spec: &DenseConvSpec, seed: u64, config: Option<CoopmatConfig>| {
-        let mut x = HostTensor::random_normal(DType::F16, &spec.input_shape(), seed);
-        let w = HostTensor::random_normal(DType::F16, &spec.weight_shape(), seed + 1);
-        if seed.is_multiple_of(4) {
-            let mut rng = SplitMix64::new(seed);
-            for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
-                let i = (rng.next_u64() % x.len() as u64) as usize;
-                x.set_f64(i, v);
-            }
+    specs
+}
+
+/// Random operands for a cooperative-matrix spec; NaN and infinities in the input where
+/// `seed` is a multiple of 4.
+fn coopmat_operands(spec: &DenseConvSpec, seed: u64) -> (HostTensor, HostTensor) {
+    let mut x = HostTensor::random_normal(DType::F16, &spec.input_shape(), seed);
+    let w = HostTensor::random_normal(DType::F16, &spec.weight_shape(), seed + 1);
+    if seed.is_multiple_of(4) {
+        let mut rng = SplitMix64::new(seed);
+        for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let i = (rng.next_u64() % x.len() as u64) as usize;
+            x.set_f64(i, v);
         }
+    }
+    (x, w)
+}
+
+#[test]
+fn coopmat_shader_matches_the_oracle_where_the_device_has_it() {
+    use evokernel::vulkan::dense_coopmat::{prepare_dense_coopmat, CoopmatConfig};
+    let dev = device();
+    let specs = random_coopmat_specs();
+    let run = |spec: &DenseConvSpec, seed: u64, config: Option<CoopmatConfig>| {
+        let (x, w) = coopmat_operands(spec, seed);
         let got = prepare_dense_coopmat(&dev, spec, &x, &w, config)
             .and_then(|run| run.launch().and_then(|_| run.output()));
         (got, x, w)
@@ -1428,6 +1443,73 @@ fn coopmat_shader_matches_the_oracle_where_the_device_has_it() {
     }
     for spec in &specs[..2] {
         let space = CoopmatConfig::space(dev.info(), spec);
+        assert!(!space.is_empty(), "{spec}");
+        for c in space {
+            check(spec, 900, Some(c));
+        }
+    }
+}
+
+/// The workgroup-scope cooperative-matrix shader (`dense_coopmat2`) against the f64 oracle
+/// on `random_coopmat_specs` (NaN/Inf in some inputs) at the default, then every config of
+/// its space on two specs (partial tiles in M and N, K padding). Where the device has no
+/// `VK_NV_cooperative_matrix2` workgroup-scope matrices (lavapipe), the refusal says so.
+#[test]
+fn coopmat2_shader_matches_the_oracle_where_the_device_has_it() {
+    use evokernel::vulkan::dense_coopmat2::{prepare_dense_coopmat2, Coopmat2Config};
+    let dev = device();
+    let specs = random_coopmat_specs();
+    let run = |spec: &DenseConvSpec, seed: u64, config: Option<Coopmat2Config>| {
+        let (x, w) = coopmat_operands(spec, seed);
+        let got = prepare_dense_coopmat2(&dev, spec, &x, &w, config)
+            .and_then(|run| run.launch().and_then(|_| run.output()));
+        (got, x, w)
+    };
+    let Some(m) = &dev.info().workgroup_matrices else {
+        let (got, _, _) = run(&specs[0], 1, None);
+        let e = got.unwrap_err().to_string();
+        assert!(
+            e.contains("VK_NV_cooperative_matrix2") && e.contains(&dev.info().name),
+            "{e}"
+        );
+        eprintln!(
+            "{}: no workgroup-scope matrices, the shader refuses: {e}",
+            dev.info().name
+        );
+        return;
+    };
+    eprintln!("{}: {m}", dev.info().name);
+    let check = |spec: &DenseConvSpec, seed: u64, config: Option<Coopmat2Config>| {
+        let (got, x, w) = run(spec, seed, config);
+        let y = got.unwrap_or_else(|e| panic!("{spec} {config:?}: {e}"));
+        let want = dense_reference(spec, &x, &w).unwrap();
+        let c = compare(&y, &want).unwrap();
+        assert!(c.passes(DType::F16), "{spec} {config:?}: {c:?}");
+    };
+    for (i, spec) in specs.iter().enumerate() {
+        check(spec, 700 + i as u64, None);
+    }
+    // Pointwise specs (one tap: ragged M, Cin past a K step, Cout past a tile).
+    let mut pointwise = Vec::new();
+    for (dims, n, c, cout) in [(1, 3, 40, 24), (2, 2, 72, 136), (3, 1, 8, 8)] {
+        let p = ConvParams {
+            n,
+            c,
+            input: [7, 9, 5][..dims].to_vec(),
+            kernel: vec![1; dims],
+            stride: vec![1; dims],
+            dilation: vec![1; dims],
+            padding: vec![[0, 0]; dims],
+            layout: Layout::ChannelsLast,
+            dtype: DType::F16,
+        };
+        pointwise.push(DenseConvSpec::from_params(&p, cout, 1).unwrap());
+    }
+    for (i, spec) in pointwise.iter().enumerate() {
+        check(spec, 600 + i as u64, None);
+    }
+    for spec in specs[..2].iter().chain(&pointwise[1..2]) {
+        let space = Coopmat2Config::space(dev.info(), spec);
         assert!(!space.is_empty(), "{spec}");
         for c in space {
             check(spec, 900, Some(c));

@@ -52,6 +52,13 @@ pub fn run(json: Option<PathBuf>) -> Result<bool, Error> {
                         "does not run here"
                     }
                 );
+                match &d.workgroup_matrices {
+                    Some(m) => println!("  workgroup-scope matrices: {m}; dense_coopmat2 runs"),
+                    None => println!(
+                        "  workgroup-scope matrices: none (no VK_NV_cooperative_matrix2 with \
+                         workgroup scope and flexible dimensions); dense_coopmat2 does not run here"
+                    ),
+                }
             }
         }
     }

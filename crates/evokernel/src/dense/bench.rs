@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::external::ReferenceTime;
 use crate::tensor::{compare, Comparison, HostTensor, SplitMix64, TensorData};
 use crate::vulkan::dense_coopmat::CoopmatConfig;
+use crate::vulkan::dense_coopmat2::Coopmat2Config;
 use crate::vulkan::dense_direct::DirectConfig;
 use crate::vulkan::dense_naive::prepare_dense_naive;
 use crate::vulkan::dense_winograd::WinogradConfig;
@@ -40,6 +41,10 @@ pub enum DenseKernel {
     /// Vulkan, the implicit GEMM on cooperative matrices (dense f16 channels-last, where
     /// the device has them); None: the tuned config, else the device's default.
     VulkanCoopmat(Option<CoopmatConfig>),
+    /// Vulkan, the implicit GEMM on workgroup-scope cooperative matrices
+    /// (`VK_NV_cooperative_matrix2`; dense f16 channels-last); None: the tuned config,
+    /// else the device's default.
+    VulkanCoopmat2(Option<Coopmat2Config>),
     /// Vulkan, the depthwise tiled shader (`vulkan::tile`; groups = in = out channels
     /// only); None: the tuned config, else the device's default.
     VulkanDepthwiseTile(Option<TileConfig>),
@@ -61,6 +66,7 @@ impl DenseKernel {
             DenseKernel::VulkanDirect(_) => DirectConfig::NAME,
             DenseKernel::VulkanWinograd(_) => WinogradConfig::NAME,
             DenseKernel::VulkanCoopmat(_) => CoopmatConfig::NAME,
+            DenseKernel::VulkanCoopmat2(_) => Coopmat2Config::NAME,
             DenseKernel::VulkanDepthwiseTile(_) => TileConfig::NAME,
             DenseKernel::VulkanDepthRotate(_) => RotateConfig::NAME,
             DenseKernel::VulkanDepthRotateCl(_) => RotateClConfig::NAME,
@@ -74,6 +80,7 @@ impl DenseKernel {
             DenseKernel::VulkanDirect(c) => c.is_some(),
             DenseKernel::VulkanWinograd(c) => c.is_some(),
             DenseKernel::VulkanCoopmat(c) => c.is_some(),
+            DenseKernel::VulkanCoopmat2(c) => c.is_some(),
             DenseKernel::VulkanDepthwiseTile(c) => c.is_some(),
             DenseKernel::VulkanDepthRotate(c) => c.is_some(),
             DenseKernel::VulkanDepthRotateCl(c) => c.is_some(),
@@ -322,6 +329,7 @@ fn prepare_vulkan<'d>(
         DenseKernel::VulkanDirect(c) => return tunable(dev, spec, c, x, w),
         DenseKernel::VulkanWinograd(c) => return tunable(dev, spec, c, x, w),
         DenseKernel::VulkanCoopmat(c) => return tunable(dev, spec, c, x, w),
+        DenseKernel::VulkanCoopmat2(c) => return tunable(dev, spec, c, x, w),
         DenseKernel::VulkanDepthwiseTile(c) => return tunable(dev, spec, c, x, w),
         DenseKernel::VulkanDepthRotate(c) => return tunable(dev, spec, c, x, w),
         DenseKernel::VulkanDepthRotateCl(c) => return tunable(dev, spec, c, x, w),

@@ -19,6 +19,7 @@ use crate::tune::{
 };
 use crate::variants::{Config, Param};
 use crate::vulkan::dense_coopmat::{self, prepare_dense_coopmat, CoopmatConfig};
+use crate::vulkan::dense_coopmat2::{self, prepare_dense_coopmat2, Coopmat2Config};
 use crate::vulkan::dense_direct::{self, prepare_dense_direct, DirectConfig};
 use crate::vulkan::dense_winograd::{self, prepare_dense_winograd, WinogradConfig};
 use crate::vulkan::depth_rotate::{self, prepare_depth_rotate, RotateConfig};
@@ -134,6 +135,11 @@ fn depthwise_geometry(spec: &DenseConvSpec) -> &crate::spec::ConvSpec {
 
 tunable!(DirectConfig, dense_direct::SOURCE, prepare_dense_direct);
 tunable!(CoopmatConfig, dense_coopmat::SOURCE, prepare_dense_coopmat);
+tunable!(
+    Coopmat2Config,
+    dense_coopmat2::SOURCE,
+    prepare_dense_coopmat2
+);
 tunable!(
     WinogradConfig,
     dense_winograd::SOURCE,
@@ -308,10 +314,11 @@ pub fn tune_dense<S: TunableShader>(
 }
 
 /// The shaders `tune_dense_case` searches, by name: the dense ones, then the depthwise.
-pub const TUNED_SHADERS: [&str; 6] = [
+pub const TUNED_SHADERS: [&str; 7] = [
     DirectConfig::NAME,
     WinogradConfig::NAME,
     CoopmatConfig::NAME,
+    Coopmat2Config::NAME,
     TileConfig::NAME,
     RotateConfig::NAME,
     RotateClConfig::NAME,
@@ -335,7 +342,7 @@ pub fn shaders_to_tune(
     }
     let depthwise = spec.is_depthwise();
     // Whether each shader takes the spec, and whether the ladder has it.
-    let shaders: [(&'static str, std::result::Result<(), String>, bool); 6] = [
+    let shaders: [(&'static str, std::result::Result<(), String>, bool); 7] = [
         (DirectConfig::NAME, Ok(()), !depthwise),
         (
             WinogradConfig::NAME,
@@ -345,6 +352,11 @@ pub fn shaders_to_tune(
         (
             CoopmatConfig::NAME,
             CoopmatConfig::applies(info, spec),
+            !depthwise,
+        ),
+        (
+            Coopmat2Config::NAME,
+            Coopmat2Config::applies(info, spec),
             !depthwise,
         ),
         (TileConfig::NAME, depthwise_applies(spec, |_| Ok(())), true),
@@ -380,8 +392,8 @@ pub fn shaders_to_tune(
 }
 
 /// `tune_dense` on one named case with the default cache (`tune.json`): on a dense or
-/// grouped spec `dense_direct`, and `dense_winograd` and `dense_coopmat` where they
-/// apply; on a depthwise spec `tile`, and `depth_rotate` and `depth_rotate_cl` where they
+/// grouped spec `dense_direct`, and `dense_winograd`, `dense_coopmat` and
+/// `dense_coopmat2` where they apply; on a depthwise spec `tile`, and `depth_rotate` and `depth_rotate_cl` where they
 /// apply (the bench's ladders). `only` (names of `TUNED_SHADERS`) picks instead, empty
 /// for the ladder; a shader it names that cannot take the spec is an error.
 #[allow(clippy::too_many_arguments)]
@@ -410,6 +422,9 @@ pub fn tune_dense_case(
             }
             CoopmatConfig::NAME => {
                 tune_dense::<CoopmatConfig>(dev, spec, plan, protocol, seed, c, progress)
+            }
+            Coopmat2Config::NAME => {
+                tune_dense::<Coopmat2Config>(dev, spec, plan, protocol, seed, c, progress)
             }
             TileConfig::NAME => {
                 tune_dense::<TileConfig>(dev, spec, plan, protocol, seed, c, progress)
@@ -480,6 +495,7 @@ mod tests {
             (&dense, "depth_rotate", "depthwise"),
             (&strided, "depth_rotate", "depth stride"),
             (&dw, "dense_coopmat", "cooperative matrix"),
+            (&dense, "dense_coopmat2", "VK_NV_cooperative_matrix2"),
             (&dense, "dense_winograd", "3"),
             (&dw, "tiles", "one of"),
         ] {

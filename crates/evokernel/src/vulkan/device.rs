@@ -39,6 +39,56 @@ pub struct VulkanDeviceInfo {
     /// shaderFloat16), which `VulkanDevice::open` then enables.
     #[serde(default)]
     pub coopmat_f16: bool,
+    /// Workgroup-scope f16 x f16 + f32 matrices of flexible dimensions
+    /// (`VK_NV_cooperative_matrix2`), where the device has them with everything the
+    /// `dense_coopmat2` shader needs; `VulkanDevice::open` then enables them.
+    #[serde(default)]
+    pub workgroup_matrices: Option<WorkgroupMatrices>,
+}
+
+/// What a device's workgroup-scope cooperative matrices allow (`VK_NV_cooperative_matrix2`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WorkgroupMatrices {
+    /// The workgroup sizes they run at, each with its granularity of M, N and K.
+    pub shapes: Vec<WorkgroupShape>,
+    /// The largest M, N or K (`cooperativeMatrixFlexibleDimensionsMaxDimension`).
+    pub max_dimension: u32,
+    /// Shared memory the compiler keeps for its own staging of workgroup-scope matrices
+    /// (`cooperativeMatrixWorkgroupScopeReservedSharedMemory`): a shader has the device's
+    /// maximum less this.
+    pub reserved_shared_bytes: u32,
+}
+
+/// One workgroup size of [`WorkgroupMatrices`]: M, N and K must be multiples of `m`, `n`
+/// and `k` in a workgroup of `invocations`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WorkgroupShape {
+    pub invocations: u32,
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+}
+
+impl std::fmt::Display for WorkgroupMatrices {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shapes: Vec<String> = self
+            .shapes
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} invocations (M, N, K multiples of {}, {}, {})",
+                    s.invocations, s.m, s.n, s.k
+                )
+            })
+            .collect();
+        write!(
+            f,
+            "f16*f16+f32 workgroup scope: {}; dimensions up to {}, {} B of shared memory reserved",
+            shapes.join(", "),
+            self.max_dimension,
+            self.reserved_shared_bytes
+        )
+    }
 }
 
 /// Limits like lavapipe's (32 KiB shared, subgroup 8, 16-bit storage, no cooperative
@@ -60,6 +110,7 @@ pub(crate) fn lavapipe_like() -> VulkanDeviceInfo {
         storage_f16: true,
         cooperative_matrix: Vec::new(),
         coopmat_f16: false,
+        workgroup_matrices: None,
     }
 }
 
@@ -88,9 +139,10 @@ fn open_instance() -> Result<Arc<Instance>> {
     })?;
     let app = vk::ApplicationInfo::default()
         .application_name(c"evokernel")
-        // 1.2 for the core memory-model and float16 feature structs (the shaders target
-        // SPIR-V 1.3; devices below 1.2 simply lack the cooperative-matrix shader).
-        .api_version(vk::make_api_version(0, 1, 2, 0));
+        // 1.3: SPIR-V 1.6 for the workgroup-scope matrix shader (the others target SPIR-V
+        // 1.3); 1.2's core memory-model and float16 feature structs for the cooperative-
+        // matrix shaders. A device below either simply lacks those shaders.
+        .api_version(vk::make_api_version(0, 1, 3, 0));
     let info = vk::InstanceCreateInfo::default().application_info(&app);
     // SAFETY: a valid create-info with no extensions or layers.
     let instance =
@@ -197,6 +249,67 @@ fn cooperative_shapes(inst: &Instance, pd: vk::PhysicalDevice) -> Vec<String> {
         .collect()
 }
 
+/// The workgroup-scope f16 x f16 + f32 matrices of `pd` where it has
+/// `VK_NV_cooperative_matrix2` with workgroup scope and flexible dimensions, is a Vulkan
+/// 1.3 device (SPIR-V 1.6) and has what the subgroup-scope shader needs (`coopmat_f16`:
+/// the memory model, float16).
+fn workgroup_matrices(
+    inst: &Instance,
+    pd: vk::PhysicalDevice,
+    api: u32,
+    coopmat_f16: bool,
+) -> Option<WorkgroupMatrices> {
+    if !coopmat_f16
+        || (vk::api_version_major(api), vk::api_version_minor(api)) < (1, 3)
+        || !has_extension(inst, pd, super::nv_coopmat2::NAME)
+    {
+        return None;
+    }
+    let mut features = super::nv_coopmat2::Features::default();
+    let mut features2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut features);
+    // SAFETY: `pd` has the extension (checked above).
+    unsafe {
+        inst.instance
+            .get_physical_device_features2(pd, &mut features2)
+    };
+    if features.workgroup_scope != vk::TRUE || features.flexible_dimensions != vk::TRUE {
+        return None;
+    }
+    let mut props = super::nv_coopmat2::Properties::default();
+    let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut props);
+    // SAFETY: as above.
+    unsafe {
+        inst.instance
+            .get_physical_device_properties2(pd, &mut props2)
+    };
+    let mut shapes: Vec<WorkgroupShape> =
+        super::nv_coopmat2::flexible_dimensions(&inst._entry, &inst.instance, pd)
+            .into_iter()
+            .filter(|f| {
+                f.scope == vk::ScopeKHR::WORKGROUP
+                    && f.a_type == vk::ComponentTypeKHR::FLOAT16
+                    && f.b_type == vk::ComponentTypeKHR::FLOAT16
+                    && f.c_type == vk::ComponentTypeKHR::FLOAT32
+                    && f.result_type == vk::ComponentTypeKHR::FLOAT32
+                    && f.saturating_accumulation == vk::FALSE
+                    && f.workgroup_invocations <= props.workgroup_scope_max_workgroup_size
+            })
+            .map(|f| WorkgroupShape {
+                invocations: f.workgroup_invocations,
+                m: f.m_granularity,
+                n: f.n_granularity,
+                k: f.k_granularity,
+            })
+            .collect();
+    shapes.sort_by_key(|s| (s.invocations, s.m, s.n, s.k));
+    shapes.dedup();
+    (!shapes.is_empty()).then_some(WorkgroupMatrices {
+        shapes,
+        max_dimension: props.flexible_dimensions_max_dimension,
+        reserved_shared_bytes: props.workgroup_scope_reserved_shared_memory,
+    })
+}
+
 fn describe(instance: &Instance, index: usize, pd: vk::PhysicalDevice) -> VulkanDeviceInfo {
     let inst = &instance.instance;
     let mut subgroup = vk::PhysicalDeviceSubgroupProperties::default();
@@ -220,6 +333,7 @@ fn describe(instance: &Instance, index: usize, pd: vk::PhysicalDevice) -> Vulkan
         .iter()
         .any(|s| s == super::dense_coopmat::SHAPE)
         && coopmat_features(instance, pd, v);
+    let workgroup_matrices = workgroup_matrices(instance, pd, v, coopmat_f16);
     VulkanDeviceInfo {
         index,
         name,
@@ -240,6 +354,7 @@ fn describe(instance: &Instance, index: usize, pd: vk::PhysicalDevice) -> Vulkan
         storage_f16,
         cooperative_matrix,
         coopmat_f16,
+        workgroup_matrices,
     }
 }
 
@@ -353,6 +468,10 @@ impl VulkanDevice {
         let with_statistics = has_executable_statistics(&instance, pd);
         let mut exec = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
             .pipeline_executable_info(true);
+        // The workgroup-scope matrices' extension and the two features their shader uses.
+        let mut coop2 = super::nv_coopmat2::Features::default();
+        coop2.workgroup_scope = vk::TRUE;
+        coop2.flexible_dimensions = vk::TRUE;
         let mut extensions = Vec::new();
         let mut create = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
@@ -363,6 +482,10 @@ impl VulkanDevice {
                 .push_next(&mut coop)
                 .push_next(&mut model)
                 .push_next(&mut f16);
+        }
+        if info.workgroup_matrices.is_some() {
+            extensions.push(super::nv_coopmat2::NAME.as_ptr());
+            create = create.push_next(&mut coop2);
         }
         if with_statistics {
             extensions.push(ash::khr::pipeline_executable_properties::NAME.as_ptr());

@@ -39,6 +39,7 @@ macro_rules! config_text {
 }
 
 pub mod dense_coopmat;
+pub mod dense_coopmat2;
 pub mod dense_direct;
 pub mod dense_naive;
 pub mod dense_winograd;
@@ -46,10 +47,13 @@ pub mod depth_rotate;
 pub mod depth_rotate_cl;
 pub(crate) mod device;
 pub mod naive;
+pub(crate) mod nv_coopmat2;
 pub mod shader;
 pub mod tile;
 
-pub use device::{list_vulkan_devices, VulkanDevice, VulkanDeviceInfo};
+pub use device::{
+    list_vulkan_devices, VulkanDevice, VulkanDeviceInfo, WorkgroupMatrices, WorkgroupShape,
+};
 
 use crate::error::{Error, Result};
 use crate::spec::DType;

@@ -9,13 +9,31 @@ use crate::error::{Error, Result};
 /// What every cached SPIR-V depends on besides its source (a new target or compiler
 /// changes it).
 const TARGET: &str = "vulkan1.1-spirv1.3-glslang0.6";
+/// The target of shaders that need SPIR-V 1.6 ([`needs_spirv16`]).
+const TARGET_16: &str = "vulkan1.3-spirv1.6-glslang0.6";
+
+/// Whether `source` needs SPIR-V 1.6 (Vulkan 1.3): glslang compiles
+/// `GL_NV_cooperative_matrix2` (workgroup-scope matrices, tensor addressing) for no lower
+/// target. Every other shader stays at SPIR-V 1.3, which lavapipe and every current
+/// driver take.
+pub fn needs_spirv16(source: &str) -> bool {
+    source.contains("#extension GL_NV_cooperative_matrix2")
+}
 
 /// SPIR-V words of a compute shader, from the disk cache when it has them; `name` labels
 /// errors and cache files. The bool says whether they came from the cache.
 pub fn compile_compute_cached(name: &str, source: &str) -> Result<(Vec<u32>, bool)> {
     let path = cache_dir().join("spirv").join(format!(
         "{name}-{}.spv",
-        stable_hash(&[source.as_bytes(), TARGET.as_bytes()])
+        stable_hash(&[
+            source.as_bytes(),
+            if needs_spirv16(source) {
+                TARGET_16
+            } else {
+                TARGET
+            }
+            .as_bytes()
+        ])
     ));
     if let Ok(bytes) = std::fs::read(&path) {
         if !bytes.is_empty() && bytes.len() % 4 == 0 {
@@ -116,13 +134,21 @@ pub fn compile_compute(name: &str, source: &str) -> Result<Vec<u32>> {
         log,
     };
     let compiler = Compiler::acquire().ok_or_else(|| fail("glslang could not start".into()))?;
-    let options = CompilerOptions {
-        source_language: SourceLanguage::GLSL,
+    let target = if needs_spirv16(source) {
+        Target::Vulkan {
+            version: VulkanVersion::Vulkan1_3,
+            spirv_version: SpirvVersion::SPIRV1_6,
+        }
+    } else {
         // Vulkan 1.1 / SPIR-V 1.3: what lavapipe and every current driver take.
-        target: Target::Vulkan {
+        Target::Vulkan {
             version: VulkanVersion::Vulkan1_1,
             spirv_version: SpirvVersion::SPIRV1_3,
-        },
+        }
+    };
+    let options = CompilerOptions {
+        source_language: SourceLanguage::GLSL,
+        target,
         ..CompilerOptions::default()
     };
     let source = ShaderSource::from(source);

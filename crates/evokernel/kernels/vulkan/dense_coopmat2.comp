@@ -1,0 +1,173 @@
+#version 450
+// dense_coopmat2 (Vulkan, VK_NV_cooperative_matrix2): dense_coopmat's implicit GEMM with
+// workgroup-scope cooperative matrices: the workgroup's whole BM x BN tile is one
+// accumulator, each K step one BM x BK by BK x BN product, and the driver's compiler
+// splits it among the subgroups and picks the instructions (dense_coopmat splits it by
+// hand into 16 x 16 subgroup tiles). The gather is dense_coopmat's: the GEMM is M =
+// outputs (n, d, h, w), N = Cout, K = taps x Cin_pad (Cin rounded up to BK so a K step
+// reads one tap); A's rows are the input pixels tap t of output m reads (zero in the
+// padding or past Cin), B the weights packed by the host as [tap][Cin_pad][Cout_pad8].
+// Each invocation loads its 16-byte pieces of step s + 1 into registers (a pixel index a
+// row computed once plus the tap's fixed offset; taps followed by counters) while the
+// workgroup multiplies step s from one of two shared buffers (rows padded by 16 bytes),
+// then stores them to the other: one barrier a step. The epilogue converts the
+// accumulator to f16 through shared memory and writes 16-byte row pieces. (Handing B to
+// the compiler's tensor-addressed loads, and the epilogue to a tensor-addressed store,
+// ran 1.2-1.4x and 1.05-1.2x slower on NVIDIA's driver: run 381.) Needs SPIR-V 1.6 (the
+// host compiles it for Vulkan 1.3) and the device's workgroup-scope, flexible-dimension
+// f16 x f16 + f32 matrices; the workgroup size is one the device lists for them.
+#extension GL_KHR_memory_scope_semantics : enable
+#extension GL_KHR_cooperative_matrix : enable
+#extension GL_NV_cooperative_matrix2 : enable
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : enable
+#extension GL_KHR_shader_subgroup_basic : enable
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const int BM = 64;        // output pixels a workgroup
+layout(constant_id = 2) const int BN = 64;        // output channels a workgroup
+layout(constant_id = 3) const int THREADS = 128;  // the workgroup's invocations
+layout(constant_id = 4) const int KD = 1;
+layout(constant_id = 5) const int KH = 1;
+layout(constant_id = 6) const int KW = 1;
+layout(constant_id = 7) const int SH = 1;
+layout(constant_id = 8) const int SW = 1;
+layout(constant_id = 9) const int DH = 1;
+layout(constant_id = 10) const int DW = 1;
+// 16-byte pieces of shared memory: max(2 * STAGE, BM * C_ROW) (the host's shared_bytes).
+layout(constant_id = 11) const int SMEM = 1;
+layout(constant_id = 12) const int BK = 32;       // K a step: 16, 32 or 64
+const int A_PER_ROW = BK / 8;
+// Shared rows in 16-byte units (8 halves), padded by one.
+const int A_ROW = BK / 8 + 1, B_ROW = BN / 8 + 1, C_ROW = BN / 8 + 1;
+const int A_TILE = BM * A_ROW, B_TILE = BK * B_ROW;
+const int STAGE = A_TILE + B_TILE;
+const int A_PIECES = BM * (BK / 8), B_PIECES = BK * (BN / 8);
+// Pieces an invocation loads a step (the family keeps both exact multiples).
+const int A_LOADS = A_PIECES / THREADS, B_LOADS = B_PIECES / THREADS;
+
+layout(std430, set = 0, binding = 0) readonly buffer Input { uvec4 x[]; };   // f16 x 8
+layout(std430, set = 0, binding = 1) readonly buffer Weight { uvec4 w[]; };  // packed
+layout(std430, set = 0, binding = 2) writeonly buffer Output { uvec4 y[]; };
+
+// Mirrored by vulkan::dense_coopmat2 (dense_push_fields, then the GEMM's sizes; 4-byte
+// fields, 92 bytes).
+layout(push_constant) uniform Push {
+    int n, cin, cout, cpi, cpo;
+    int id, ih, iw, od, oh, ow;
+    int sd, dd, pd, ph, pw;
+    int channels_last;
+    int m_total;      // n * od * oh * ow
+    int tiles_n;      // BN-column tiles
+    int steps_tap;    // K steps a tap: Cin_pad / BK
+    uint groups;      // workgroups that have work
+    int cout_pad8;    // packed B's row length
+} p;
+
+shared uvec4 smem[SMEM];
+
+void main() {
+    uint g = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    if (g >= p.groups) return;  // the whole workgroup: before any barrier
+    const int m0 = int(g / uint(p.tiles_n)) * BM, n0 = int(g % uint(p.tiles_n)) * BN;
+    const int tid = int(gl_LocalInvocationID.x);
+
+    // This invocation's A pieces: row (tid + i * THREADS) / A_PER_ROW, piece
+    // tid % A_PER_ROW of the row's BK channels. The row's output pixel is decomposed once:
+    // its first tap's input position (d, h, w) and that position's pixel index, to which
+    // a tap adds a fixed offset (the input is linear in d, h, w).
+    int a_pix[A_LOADS], a_d[A_LOADS], a_h[A_LOADS], a_w[A_LOADS];
+    for (int i = 0; i < A_LOADS; ++i) {
+        const int m = m0 + (tid + i * THREADS) / A_PER_ROW;
+        int q = min(m, p.m_total - 1);
+        const int ow_ = q % p.ow; q /= p.ow;
+        const int oh_ = q % p.oh; q /= p.oh;
+        const int od_ = q % p.od;
+        const int b = q / p.od;
+        const int d0 = od_ * p.sd - p.pd;
+        a_d[i] = m < p.m_total ? d0 : -(1 << 20);  // past M: never in range
+        a_h[i] = oh_ * SH - p.ph;
+        a_w[i] = ow_ * SW - p.pw;
+        a_pix[i] = ((b * p.id + d0) * p.ih + a_h[i]) * p.iw + a_w[i];
+    }
+    const int a_piece = tid % A_PER_ROW, cin8 = p.cin / 8, cout8 = p.cout_pad8 / 8;
+    // This invocation's B pieces: their offsets within a step's BK rows, or -1 past Cout.
+    int b_off[B_LOADS];
+    for (int i = 0; i < B_LOADS; ++i) {
+        const int piece = tid + i * THREADS, k = piece / (BN / 8), c = n0 / 8 + piece % (BN / 8);
+        b_off[i] = c < cout8 ? k * cout8 + c : -1;
+    }
+    const int steps = KD * KH * KW * p.steps_tap;
+
+    uvec4 ra0[A_LOADS], rb0[B_LOADS];
+    // The next step to load: its tap (kd, kh, kw) and channel step within the tap, kept as
+    // counters (no division a step; the same in every invocation).
+    int ld_kd = 0, ld_kh = 0, ld_kw = 0, ld_cs = 0;
+    // Step s's pieces into registers ra, rb, then the counters to step s + 1.
+    #define LOAD_STEP(s, ra, rb)                                                                        \
+    {                                                                                             \
+        const int dd_ = ld_kd * p.dd, dh_ = ld_kh * DH, dw_ = ld_kw * DW;                         \
+        const int tap_pix = (dd_ * p.ih + dh_) * p.iw + dw_, ci = ld_cs * BK + a_piece * 8;       \
+        for (int i = 0; i < A_LOADS; ++i) {                                                       \
+            const bool inside = uint(a_d[i] + dd_) < uint(p.id) && uint(a_h[i] + dh_) < uint(p.ih) && \
+                                uint(a_w[i] + dw_) < uint(p.iw) && ci < p.cin;                    \
+            ra[i] = inside ? x[(a_pix[i] + tap_pix) * cin8 + ci / 8] : uvec4(0);                  \
+        }                                                                                         \
+        const int b_step = (s) * BK * cout8;                                                      \
+        for (int i = 0; i < B_LOADS; ++i) rb[i] = b_off[i] >= 0 ? w[b_step + b_off[i]] : uvec4(0); \
+        if (++ld_cs == p.steps_tap) {                                                             \
+            ld_cs = 0;                                                                            \
+            if (++ld_kw == KW) {                                                                  \
+                ld_kw = 0;                                                                        \
+                if (++ld_kh == KH) { ld_kh = 0; ++ld_kd; }                                        \
+            }                                                                                     \
+        }                                                                                         \
+    }
+    // Registers ra, rb into shared buffer `buf`.
+    #define STORE_STEP(buf, ra, rb)                                                                      \
+    {                                                                                             \
+        for (int i = 0; i < A_LOADS; ++i) {                                                       \
+            const int piece = tid + i * THREADS;                                                  \
+            smem[(buf) * STAGE + (piece / A_PER_ROW) * A_ROW + piece % A_PER_ROW] = ra[i];        \
+        }                                                                                         \
+        for (int i = 0; i < B_LOADS; ++i) {                                                       \
+            const int piece = tid + i * THREADS;                                                  \
+            smem[(buf) * STAGE + A_TILE + (piece / (BN / 8)) * B_ROW + piece % (BN / 8)] = rb[i]; \
+        }                                                                                         \
+    }
+
+    coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> acc =
+        coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(0.0);
+
+    // Step s multiplies from buffer s & 1 while step s + 1's loads are in flight into the
+    // registers, which then go to buffer (s + 1) & 1; one barrier a step.
+    #define MULTIPLY_STEP(buf)                                                                    \
+    {                                                                                             \
+        coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> a;                           \
+        coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> b;                           \
+        coopMatLoad(a, smem, (buf) * STAGE, A_ROW, gl_CooperativeMatrixLayoutRowMajor);           \
+        coopMatLoad(b, smem, (buf) * STAGE + A_TILE, B_ROW, gl_CooperativeMatrixLayoutRowMajor);  \
+        acc = coopMatMulAdd(a, b, acc);                                                           \
+    }
+    LOAD_STEP(0, ra0, rb0);
+    STORE_STEP(0, ra0, rb0);
+    barrier();
+    for (int s = 0; s < steps; ++s) {
+        if (s + 1 < steps) LOAD_STEP(s + 1, ra0, rb0);
+        MULTIPLY_STEP(s & 1);
+        if (s + 1 < steps) STORE_STEP((s + 1) & 1, ra0, rb0);
+        barrier();
+    }
+
+    // Epilogue: the f16 tile into shared rows of BN halves, then 16-byte pieces out.
+    {
+        coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> h =
+            coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(acc);
+        coopMatStore(h, smem, 0, C_ROW, gl_CooperativeMatrixLayoutRowMajor);
+    }
+    barrier();
+    for (int piece = tid; piece < BM * (BN / 8); piece += THREADS) {
+        const int r = piece / (BN / 8), c = piece % (BN / 8);
+        const int m = m0 + r, co = n0 + c * 8;
+        if (m < p.m_total && co < p.cout) y[(m * p.cout + co) / 8] = smem[r * C_ROW + c];
+    }
+}

@@ -1,0 +1,400 @@
+//! The dense convolution as an implicit GEMM on workgroup-scope cooperative matrices
+//! (kernels/vulkan/dense_coopmat2.comp; `VK_NV_cooperative_matrix2`): `dense_coopmat`'s
+//! gather and packed weights, but the workgroup's whole BM x BN tile is one accumulator and
+//! each K step one product, which the driver's compiler splits among the subgroups
+//! (`dense_coopmat` splits it by hand into 16 x 16 subgroup tiles). NHWC / NDHWC f16,
+//! groups = 1, input and output channels multiples of 8. Its config
+//! ([`Coopmat2Config`]): the tile's M, N and K and the workgroup's invocations, pruned by
+//! the device's workgroup sizes and granularities for these matrices, its largest
+//! dimension and the shared memory the compiler reserves.
+
+use super::device::VulkanDevice;
+use super::VulkanDeviceInfo;
+use super::VulkanRun;
+use crate::dense::DenseConvSpec;
+use crate::error::{Error, Result};
+use crate::spec::{DType, Layout};
+use crate::tensor::HostTensor;
+
+pub const SOURCE: &str = include_str!("../../kernels/vulkan/dense_coopmat2.comp");
+
+/// One config of the workgroup-scope shader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Coopmat2Config {
+    /// Output pixels (GEMM rows) a workgroup.
+    pub bm: u32,
+    /// Output channels (GEMM columns) a workgroup.
+    pub bn: u32,
+    /// K a step (input channels of one tap; Cin is padded to a multiple).
+    pub bk: u32,
+    /// Invocations a workgroup: one of the sizes the device runs these matrices at.
+    pub threads: u32,
+}
+
+const TILES: [u32; 4] = [32, 64, 128, 256];
+const BKS: [u32; 3] = [16, 32, 64];
+const THREADS: [u32; 3] = [64, 128, 256];
+
+impl Coopmat2Config {
+    /// The variant name configs are forced, tuned and cached under.
+    pub const NAME: &'static str = "dense_coopmat2";
+    /// The fields, in `values` order.
+    pub const NAMES: [&'static str; 4] = ["bm", "bn", "bk", "threads"];
+
+    pub fn values(&self) -> [u32; 4] {
+        [self.bm, self.bn, self.bk, self.threads]
+    }
+
+    fn from_values([bm, bn, bk, threads]: [u32; 4]) -> Self {
+        Coopmat2Config {
+            bm,
+            bn,
+            bk,
+            threads,
+        }
+    }
+
+    /// Shared memory a workgroup needs (the shader's SMEM of 16-byte pieces): two stages
+    /// of A and B tiles (rows padded by 16 bytes), or the epilogue's staging where larger.
+    pub fn shared_bytes(&self) -> usize {
+        let (bm, bn, bk) = (self.bm as usize, self.bn as usize, self.bk as usize);
+        let stage = bm * (bk / 8 + 1) + bk * (bn / 8 + 1);
+        16 * (2 * stage).max(bm * (bn / 8 + 1))
+    }
+
+    /// Why the shader cannot run `spec` on a device with `info`, whatever the config.
+    pub fn applies(
+        info: &VulkanDeviceInfo,
+        spec: &DenseConvSpec,
+    ) -> std::result::Result<(), String> {
+        if info.workgroup_matrices.is_none() {
+            return Err(format!(
+                "{} has no workgroup-scope f16*f16+f32 cooperative matrices of flexible \
+                 dimensions (VK_NV_cooperative_matrix2 with cooperativeMatrixWorkgroupScope \
+                 and cooperativeMatrixFlexibleDimensions, on a Vulkan 1.3 device)",
+                info.name
+            ));
+        }
+        if spec.groups() != 1 {
+            return Err(format!(
+                "dense convolution only (groups = 1; this spec has {})",
+                spec.groups()
+            ));
+        }
+        if spec.dtype() != DType::F16 || spec.layout() != Layout::ChannelsLast {
+            return Err(format!(
+                "f16 channels-last only (this spec is {} {:?})",
+                spec.dtype(),
+                spec.layout()
+            ));
+        }
+        if !spec.in_channels().is_multiple_of(8) || !spec.out_channels().is_multiple_of(8) {
+            return Err(format!(
+                "input and output channels multiples of 8 (16-byte rows; {} and {})",
+                spec.in_channels(),
+                spec.out_channels()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Why this config cannot run `spec` on a device with `info`, if it cannot.
+    pub fn fits(
+        &self,
+        info: &VulkanDeviceInfo,
+        spec: &DenseConvSpec,
+    ) -> std::result::Result<(), String> {
+        Self::applies(info, spec)?;
+        let wm = info
+            .workgroup_matrices
+            .as_ref()
+            .expect("checked by applies");
+        let (bm, bn, bk, threads) = (self.bm, self.bn, self.bk, self.threads);
+        if !TILES.contains(&bm) || !TILES.contains(&bn) || !BKS.contains(&bk) {
+            return Err(format!(
+                "tile {bm} x {bn} x {bk} (bm, bn 32-256, powers of two; bk 16, 32 or 64)"
+            ));
+        }
+
+        let Some(shape) = wm.shapes.iter().find(|s| {
+            s.invocations == threads
+                && bm.is_multiple_of(s.m.max(1))
+                && bn.is_multiple_of(s.n.max(1))
+                && bk.is_multiple_of(s.k.max(1))
+        }) else {
+            return Err(format!(
+                "{threads} invocations with a {bm} x {bn} x {bk} tile: the device runs these \
+                 matrices at {wm}"
+            ));
+        };
+        if bm.max(bn).max(bk) > wm.max_dimension {
+            return Err(format!(
+                "a dimension of {} (the device's largest is {})",
+                bm.max(bn).max(bk),
+                wm.max_dimension
+            ));
+        }
+        let threads = shape.invocations as usize;
+        let (bm, bn, bk) = (bm as usize, bn as usize, bk as usize);
+        // Every invocation loads whole pieces of both tiles a step.
+        if !(bm * bk / 8).is_multiple_of(threads) || !(bk * bn / 8).is_multiple_of(threads) {
+            return Err(format!(
+                "{threads} invocations do not split a {bm} x {bk} and a {bk} x {bn} tile \
+                 into whole 16-byte pieces each"
+            ));
+        }
+        let bytes = self.shared_bytes();
+        let room =
+            (info.max_shared_bytes as usize).saturating_sub(wm.reserved_shared_bytes as usize);
+        if bytes > room {
+            return Err(format!(
+                "{bytes} bytes of shared memory, more than the device's {} less the {} its \
+                 compiler reserves",
+                info.max_shared_bytes, wm.reserved_shared_bytes
+            ));
+        }
+        if bn > spec.out_channels().next_power_of_two().max(32) {
+            return Err(format!(
+                "{bn} output channels a tile, the spec has {}",
+                spec.out_channels()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every config of the family.
+    pub fn family() -> Vec<Coopmat2Config> {
+        super::combinations([&TILES, &TILES, &BKS, &THREADS])
+            .into_iter()
+            .map(Self::from_values)
+            .collect()
+    }
+
+    /// Every config that fits `spec` on the device.
+    pub fn space(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Vec<Coopmat2Config> {
+        Self::family()
+            .into_iter()
+            .filter(|c| c.fits(info, spec).is_ok())
+            .collect()
+    }
+
+    /// The default: 128 x 128 tiles, K steps of 32, 256 invocations, or the fitting config
+    /// nearest to it: the exhaustive search's pick on ResNet-50's 28 x 28 layer (run 380;
+    /// on the 7 x 7 layer, 52 such tiles for 132 SMs, it picked 32 x 64 at 128).
+    pub fn default_for(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Result<Coopmat2Config> {
+        Self::applies(info, spec).map_err(|reason| Error::NotApplicable {
+            variant: "vulkan dense_coopmat2".into(),
+            spec: spec.to_string(),
+            reason,
+        })?;
+        let want = [128u32, 128, 32, 256];
+        let l = |a: u32, b: u32| (a.ilog2() as i32 - b.ilog2() as i32).abs();
+        Self::space(info, spec)
+            .into_iter()
+            .min_by_key(|c| {
+                let v = c.values();
+                (0..4).map(|i| l(v[i], want[i])).sum::<i32>()
+            })
+            .ok_or_else(|| Error::NotApplicable {
+                variant: "vulkan dense_coopmat2".into(),
+                spec: spec.to_string(),
+                reason: format!(
+                    "no config fits the device's {} bytes of shared memory and its \
+                     workgroup-scope matrices",
+                    info.max_shared_bytes
+                ),
+            })
+    }
+}
+
+config_text!(
+    Coopmat2Config,
+    "a dense_coopmat2 config",
+    "bm, bn 32, 64, 128 or 256; bk 16, 32 or 64; threads 64, 128 or 256",
+    |v: [u32; 4]| Some(Coopmat2Config::from_values(v))
+        .filter(|c| Coopmat2Config::family().contains(c))
+);
+
+fn i32_of(what: &str, v: usize) -> Result<i32> {
+    super::i32_of("dense_coopmat2", what, v)
+}
+
+/// The shader with `config` (None: the device's default) prepared on device-local
+/// copies of `x` and the packed `w` (`dense_coopmat`'s packing), to launch and time.
+pub fn prepare_dense_coopmat2<'d>(
+    dev: &'d VulkanDevice,
+    spec: &DenseConvSpec,
+    x: &HostTensor,
+    w: &HostTensor,
+    config: Option<Coopmat2Config>,
+) -> Result<VulkanRun<'d>> {
+    let info = dev.info();
+    x.expect("input", spec.dtype(), spec.input_len())?;
+    let config = super::resolve_config(
+        "vulkan dense_coopmat2",
+        spec,
+        config,
+        || Coopmat2Config::default_for(info, spec),
+        |c| c.fits(info, spec),
+    )?;
+    let bk = config.bk as usize;
+    let packed = super::dense_coopmat::pack_weights(spec, w, bk)?;
+    i32_of("input length", spec.input_len())?;
+    i32_of("packed weight length", packed.len())?;
+    i32_of("output length", spec.output_len())?;
+    let g = spec.geometry();
+    let m_total = spec.n() * g.output3().iter().product::<usize>();
+    let (bm, bn) = (config.bm as usize, config.bn as usize);
+    let tiles_n = spec.out_channels().div_ceil(bn);
+    let groups = m_total.div_ceil(bm) * tiles_n;
+    let grid = super::grid_for(info, groups)?;
+    let mut ints = super::dense_push_fields("dense_coopmat2", spec)?;
+    for v in [
+        m_total,
+        tiles_n,
+        spec.in_channels().div_ceil(bk),
+        groups,
+        spec.out_channels().next_multiple_of(8),
+    ] {
+        ints.push(i32_of("a size", v)?);
+    }
+    let [kd, kh, kw] = g.kernel3();
+    let constants = super::spec_constants(&[
+        config.threads as usize,
+        bm,
+        bn,
+        config.threads as usize,
+        kd,
+        kh,
+        kw,
+        g.stride3()[1],
+        g.stride3()[2],
+        g.dilation3()[1],
+        g.dilation3()[2],
+        config.shared_bytes() / 16,
+        bk,
+    ]);
+    let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
+    VulkanRun::new(
+        dev,
+        "dense_coopmat2",
+        SOURCE,
+        &constants,
+        &super::push_bytes(&ints),
+        grid,
+        x,
+        &packed,
+        y,
+    )
+    .map(|r| r.with_config(&config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::ConvParams;
+    use crate::vulkan::{WorkgroupMatrices, WorkgroupShape};
+
+    /// A device like the H200's NVIDIA driver is assumed to be (not read from it yet):
+    /// 48 KiB of shared memory, workgroup-scope matrices at 128 and 256 invocations.
+    fn nvidia_like() -> VulkanDeviceInfo {
+        let mut i = crate::vulkan::device::lavapipe_like();
+        i.subgroup_size = 32;
+        i.max_shared_bytes = 48 * 1024;
+        i.coopmat_f16 = true;
+        i.workgroup_matrices = Some(WorkgroupMatrices {
+            shapes: [128, 256]
+                .map(|invocations| WorkgroupShape {
+                    invocations,
+                    m: 16,
+                    n: 16,
+                    k: 16,
+                })
+                .to_vec(),
+            max_dimension: 256,
+            reserved_shared_bytes: 1024,
+        });
+        i
+    }
+
+    fn spec(c: i64, cout: i64, groups: i64, dtype: DType) -> DenseConvSpec {
+        let p = ConvParams {
+            n: 2,
+            c,
+            input: vec![9, 9],
+            kernel: vec![3, 3],
+            stride: vec![1, 1],
+            dilation: vec![1, 1],
+            padding: vec![[1, 1], [1, 1]],
+            layout: Layout::ChannelsLast,
+            dtype,
+        };
+        DenseConvSpec::from_params(&p, cout, groups).unwrap()
+    }
+
+    #[test]
+    fn the_shader_compiles_to_spirv_16() {
+        assert!(super::super::shader::needs_spirv16(SOURCE));
+        let words = super::super::shader::compile_compute("dense_coopmat2", SOURCE).unwrap();
+        assert_eq!(words[0], super::super::shader::SPIRV_MAGIC);
+        // SPIR-V 1.6 in the header's version word.
+        assert_eq!(words[1], 0x0001_0600);
+    }
+
+    #[test]
+    fn the_space_is_pruned_by_the_workgroup_matrices() {
+        let info = nvidia_like();
+        let s = spec(128, 128, 1, DType::F16);
+        let space = Coopmat2Config::space(&info, &s);
+        assert!(space.len() >= 8, "{space:?}");
+        let room = 48 * 1024 - 1024;
+        assert!(space
+            .iter()
+            .all(|c| c.shared_bytes() <= room && [128, 256].contains(&c.threads) && c.bn <= 128));
+        let d = Coopmat2Config::default_for(&info, &s).unwrap();
+        assert_eq!((d.bm, d.bn, d.bk, d.threads), (128, 128, 32, 256));
+        assert_eq!(d.to_string().parse::<Coopmat2Config>().unwrap(), d);
+        // 64 invocations: not a size this device lists.
+        let c = Coopmat2Config {
+            bm: 64,
+            bn: 64,
+            bk: 32,
+            threads: 64,
+        };
+        let e = c.fits(&info, &s).unwrap_err();
+        assert!(e.contains("64 invocations"), "{e}");
+        // A granularity of 64 along M rules out 32-row tiles.
+        let mut coarse = info.clone();
+        coarse.workgroup_matrices.as_mut().unwrap().shapes[0].m = 64;
+        let c = Coopmat2Config {
+            bm: 32,
+            bn: 64,
+            bk: 32,
+            threads: 128,
+        };
+        assert!(c.fits(&info, &s).is_ok());
+        assert!(c.fits(&coarse, &s).is_err());
+        for bad in [
+            "dense_coopmat2:bm=128",
+            "dense_coopmat2:bm=96,bn=128,bk=32,threads=128",
+            "dense_coopmat2:bm=128,bn=128,bk=48,threads=128",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=96",
+            "dense_coopmat:bm=128,bn=128,bk=32,threads=128",
+        ] {
+            assert!(bad.parse::<Coopmat2Config>().is_err(), "{bad}");
+        }
+        // Refusals say why: without the extension; grouped, f32, odd channel counts.
+        let e = Coopmat2Config::default_for(&crate::vulkan::device::lavapipe_like(), &s)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("VK_NV_cooperative_matrix2"), "{e}");
+        for (s, says) in [
+            (spec(64, 64, 2, DType::F16), "groups = 1"),
+            (spec(64, 64, 1, DType::F32), "f16"),
+            (spec(12, 64, 1, DType::F16), "multiples of 8"),
+        ] {
+            let e = Coopmat2Config::applies(&info, &s).unwrap_err();
+            assert!(e.contains(says), "{e}");
+        }
+    }
+}
