@@ -1451,8 +1451,9 @@ fn coopmat_shader_matches_the_oracle_where_the_device_has_it() {
 }
 
 /// The workgroup-scope cooperative-matrix shader (`dense_coopmat2`) against the f64 oracle
-/// on `random_coopmat_specs` (NaN/Inf in some inputs) at the default, then every config of
-/// its space on two specs (partial tiles in M and N, K padding). Where the device has no
+/// on `random_coopmat_specs` and three pointwise specs (NaN/Inf in some inputs) at the
+/// default, with K split 2, 4 and 8 ways (each launched twice: the same bits), then every
+/// unsplit config of its space on three specs (partial tiles in M and N, K padding). Where the device has no
 /// `VK_NV_cooperative_matrix2` workgroup-scope matrices (lavapipe), the refusal says so.
 #[test]
 fn coopmat2_shader_matches_the_oracle_where_the_device_has_it() {
@@ -1508,10 +1509,37 @@ fn coopmat2_shader_matches_the_oracle_where_the_device_has_it() {
     for (i, spec) in pointwise.iter().enumerate() {
         check(spec, 600 + i as u64, None);
     }
+    // K split across workgroups: the default tile at each split count that fits, on every
+    // spec; launched twice, the same bits both times (the partials are added in split
+    // order, and the last workgroup of a tile resets its counter for the next launch).
+    for (i, spec) in specs.iter().chain(&pointwise).enumerate() {
+        let d = Coopmat2Config::default_for(dev.info(), spec).unwrap();
+        for splits in [2, 4, 8] {
+            let c = Coopmat2Config { splits, ..d };
+            if c.fits(dev.info(), spec).is_err() {
+                continue;
+            }
+            let (x, w) = coopmat_operands(spec, 500 + i as u64);
+            let run = prepare_dense_coopmat2(&dev, spec, &x, &w, Some(c)).unwrap();
+            run.launch().unwrap();
+            let first = run.output().unwrap();
+            run.launch().unwrap();
+            let second = run.output().unwrap();
+            assert_eq!(
+                first.as_bytes(),
+                second.as_bytes(),
+                "{spec} {c}: bits differ"
+            );
+            let want = dense_reference(spec, &x, &w).unwrap();
+            let cmp = compare(&first, &want).unwrap();
+            assert!(cmp.passes(DType::F16), "{spec} {c}: {cmp:?}");
+        }
+    }
+    // Every config of the space without splits on three specs.
     for spec in specs[..2].iter().chain(&pointwise[1..2]) {
         let space = Coopmat2Config::space(dev.info(), spec);
         assert!(!space.is_empty(), "{spec}");
-        for c in space {
+        for c in space.into_iter().filter(|c| c.splits == 1) {
             check(spec, 900, Some(c));
         }
     }

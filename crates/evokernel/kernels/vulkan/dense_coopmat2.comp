@@ -36,6 +36,11 @@ layout(constant_id = 10) const int DW = 1;
 // 16-byte pieces of shared memory: max(2 * STAGE, BM * C_ROW) (the host's shared_bytes).
 layout(constant_id = 11) const int SMEM = 1;
 layout(constant_id = 12) const int BK = 32;       // K a step: 16, 32 or 64
+// K split into SPLITS contiguous ranges of steps, a workgroup each (tiles too few to fill
+// the GPU): each stores its f32 partial tile in the scratch buffer and counts itself in on
+// its tile's counter; the last to arrive adds the partials in split order (the same bits
+// whatever order they finish in), writes the f16 outputs and resets the counter.
+layout(constant_id = 13) const int SPLITS = 1;
 const int A_PER_ROW = BK / 8;
 // Shared rows in 16-byte units (8 halves), padded by one.
 const int A_ROW = BK / 8 + 1, B_ROW = BN / 8 + 1, C_ROW = BN / 8 + 1;
@@ -48,6 +53,11 @@ const int A_LOADS = A_PIECES / THREADS, B_LOADS = B_PIECES / THREADS;
 layout(std430, set = 0, binding = 0) readonly buffer Input { uvec4 x[]; };   // f16 x 8
 layout(std430, set = 0, binding = 1) readonly buffer Weight { uvec4 w[]; };  // packed
 layout(std430, set = 0, binding = 2) writeonly buffer Output { uvec4 y[]; };
+// Scratch (SPLITS > 1): the partial tiles [tile][split][BM][BN] f32, then a counter a tile
+// (zero between launches).
+layout(std430, set = 0, binding = 3) coherent buffer Partials { float part[]; };
+layout(std430, set = 0, binding = 3) coherent buffer PartialVectors { vec4 part4[]; };
+layout(std430, set = 0, binding = 3) coherent buffer Counters { uint counter[]; };
 
 // Mirrored by vulkan::dense_coopmat2 (dense_push_fields, then the GEMM's sizes; 4-byte
 // fields, 92 bytes).
@@ -59,16 +69,19 @@ layout(push_constant) uniform Push {
     int m_total;      // n * od * oh * ow
     int tiles_n;      // BN-column tiles
     int steps_tap;    // K steps a tap: Cin_pad / BK
-    uint groups;      // workgroups that have work
+    uint groups;      // workgroups that have work: tiles x SPLITS
     int cout_pad8;    // packed B's row length
 } p;
 
 shared uvec4 smem[SMEM];
+shared bool last_split;
 
 void main() {
     uint g = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     if (g >= p.groups) return;  // the whole workgroup: before any barrier
-    const int m0 = int(g / uint(p.tiles_n)) * BM, n0 = int(g % uint(p.tiles_n)) * BN;
+    // A tile's splits are neighbours in the grid (they run at once).
+    const uint tile = g / uint(SPLITS), split = g % uint(SPLITS);
+    const int m0 = int(tile / uint(p.tiles_n)) * BM, n0 = int(tile % uint(p.tiles_n)) * BN;
     const int tid = int(gl_LocalInvocationID.x);
 
     // This invocation's A pieces: row (tid + i * THREADS) / A_PER_ROW, piece
@@ -97,11 +110,14 @@ void main() {
         b_off[i] = c < cout8 ? k * cout8 + c : -1;
     }
     const int steps = KD * KH * KW * p.steps_tap;
+    // This split's steps [s0, s1).
+    const int s0 = int(split) * steps / SPLITS, s1 = (int(split) + 1) * steps / SPLITS;
 
     uvec4 ra0[A_LOADS], rb0[B_LOADS];
     // The next step to load: its tap (kd, kh, kw) and channel step within the tap, kept as
     // counters (no division a step; the same in every invocation).
-    int ld_kd = 0, ld_kh = 0, ld_kw = 0, ld_cs = 0;
+    int ld_cs = s0 % p.steps_tap, ld_kw = (s0 / p.steps_tap) % KW;
+    int ld_kh = (s0 / (p.steps_tap * KW)) % KH, ld_kd = s0 / (p.steps_tap * KW * KH);
     // Step s's pieces into registers ra, rb, then the counters to step s + 1.
     #define LOAD_STEP(s, ra, rb)                                                                        \
     {                                                                                             \
@@ -148,14 +164,43 @@ void main() {
         coopMatLoad(b, smem, (buf) * STAGE + A_TILE, B_ROW, gl_CooperativeMatrixLayoutRowMajor);  \
         acc = coopMatMulAdd(a, b, acc);                                                           \
     }
-    LOAD_STEP(0, ra0, rb0);
-    STORE_STEP(0, ra0, rb0);
+    LOAD_STEP(s0, ra0, rb0);
+    STORE_STEP(s0 & 1, ra0, rb0);
     barrier();
-    for (int s = 0; s < steps; ++s) {
-        if (s + 1 < steps) LOAD_STEP(s + 1, ra0, rb0);
+    for (int s = s0; s < s1; ++s) {
+        if (s + 1 < s1) LOAD_STEP(s + 1, ra0, rb0);
         MULTIPLY_STEP(s & 1);
-        if (s + 1 < steps) STORE_STEP((s + 1) & 1, ra0, rb0);
+        if (s + 1 < s1) STORE_STEP((s + 1) & 1, ra0, rb0);
         barrier();
+    }
+
+    if (SPLITS > 1) {
+        coopMatStore(acc, part, (tile * uint(SPLITS) + split) * uint(BM * BN), BN,
+                     gl_CooperativeMatrixLayoutRowMajor);
+        // Every invocation's stores out of the workgroup before one counts the split in.
+        memoryBarrierBuffer();
+        barrier();
+        const uint counters = p.groups * uint(BM * BN);  // the counters' first index
+        if (tid == 0) last_split = atomicAdd(counter[counters + tile], 1u) == uint(SPLITS - 1);
+        barrier();
+        if (!last_split) return;
+        memoryBarrierBuffer();
+        if (tid == 0) counter[counters + tile] = 0u;  // ready for the next launch
+        // The partials in split order, 8 outputs a piece.
+        for (int piece = tid; piece < BM * (BN / 8); piece += THREADS) {
+            const int r = piece / (BN / 8), c = piece % (BN / 8);
+            const int m = m0 + r, co = n0 + c * 8;
+            vec4 lo = vec4(0.0), hi = vec4(0.0);
+            for (int sp = 0; sp < SPLITS; ++sp) {
+                const uint at = ((tile * uint(SPLITS) + uint(sp)) * uint(BM * BN) + uint(r * BN + c * 8)) / 4u;
+                lo += part4[at];
+                hi += part4[at + 1u];
+            }
+            if (m < p.m_total && co < p.cout)
+                y[(m * p.cout + co) / 8] = uvec4(packFloat2x16(f16vec2(lo.xy)), packFloat2x16(f16vec2(lo.zw)),
+                                                 packFloat2x16(f16vec2(hi.xy)), packFloat2x16(f16vec2(hi.zw)));
+        }
+        return;
     }
 
     // Epilogue: the f16 tile into shared rows of BN halves, then 16-byte pieces out.

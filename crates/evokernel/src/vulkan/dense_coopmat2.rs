@@ -29,29 +29,73 @@ pub struct Coopmat2Config {
     pub bk: u32,
     /// Invocations a workgroup: one of the sizes the device runs these matrices at.
     pub threads: u32,
+    /// Workgroups a tile's K is split across (contiguous ranges of K steps), their f32
+    /// partials added in split order by the last to finish: 1, 2, 4 or 8. Tune caches
+    /// written before the field read as 1.
+    #[serde(default = "one")]
+    pub splits: u32,
 }
+
+fn one() -> u32 {
+    1
+}
+
+/// Scratch the split partials may take (beyond it a config with splits is refused: they
+/// are for layers whose tiles are too few to fill the GPU, whose partials are small).
+const MAX_SCRATCH: usize = 64 << 20;
+
+/// Below this many tiles the default splits K in two (`default_for`).
+const FEW_TILES: usize = 64;
 
 const TILES: [u32; 4] = [32, 64, 128, 256];
 const BKS: [u32; 3] = [16, 32, 64];
 const THREADS: [u32; 3] = [64, 128, 256];
+const SPLITS: [u32; 4] = [1, 2, 4, 8];
 
 impl Coopmat2Config {
     /// The variant name configs are forced, tuned and cached under.
     pub const NAME: &'static str = "dense_coopmat2";
     /// The fields, in `values` order.
-    pub const NAMES: [&'static str; 4] = ["bm", "bn", "bk", "threads"];
+    pub const NAMES: [&'static str; 5] = ["bm", "bn", "bk", "threads", "splits"];
 
-    pub fn values(&self) -> [u32; 4] {
-        [self.bm, self.bn, self.bk, self.threads]
+    pub fn values(&self) -> [u32; 5] {
+        [self.bm, self.bn, self.bk, self.threads, self.splits]
     }
 
-    fn from_values([bm, bn, bk, threads]: [u32; 4]) -> Self {
+    fn from_values([bm, bn, bk, threads, splits]: [u32; 5]) -> Self {
         Coopmat2Config {
             bm,
             bn,
             bk,
             threads,
+            splits,
         }
+    }
+
+    /// The GEMM's tiles on `spec`: along M, along N.
+    fn tiles(&self, spec: &DenseConvSpec) -> (usize, usize) {
+        let m_total = spec.n() * spec.geometry().output3().iter().product::<usize>();
+        (
+            m_total.div_ceil(self.bm as usize),
+            spec.out_channels().div_ceil(self.bn as usize),
+        )
+    }
+
+    /// K steps of `spec` at this config's K a step: taps x Cin_pad / bk.
+    fn steps(&self, spec: &DenseConvSpec) -> usize {
+        let taps: usize = spec.geometry().kernel3().iter().product();
+        taps * spec.in_channels().div_ceil(self.bk as usize)
+    }
+
+    /// Scratch bytes (binding 3): the split partials and a counter a tile (a few bytes
+    /// where K is not split: the shader declares the binding either way).
+    pub fn scratch_bytes(&self, spec: &DenseConvSpec) -> usize {
+        if self.splits == 1 {
+            return 16;
+        }
+        let (tm, tn) = self.tiles(spec);
+        let tiles = tm * tn;
+        4 * (tiles * self.splits as usize * (self.bm * self.bn) as usize + tiles)
     }
 
     /// Shared memory a workgroup needs (the shader's SMEM of 16-byte pieces): two stages
@@ -127,6 +171,24 @@ impl Coopmat2Config {
                  matrices at {wm}"
             ));
         };
+        if !SPLITS.contains(&self.splits) {
+            return Err(format!("splits {} (1, 2, 4 or 8)", self.splits));
+        }
+        if self.splits as usize > self.steps(spec) {
+            return Err(format!(
+                "{} splits of {} K steps (at least one a split)",
+                self.splits,
+                self.steps(spec)
+            ));
+        }
+        if self.splits > 1 && self.scratch_bytes(spec) > MAX_SCRATCH {
+            return Err(format!(
+                "{} splits need {} bytes of partials (at most {MAX_SCRATCH}: splits are for \
+                 layers with few tiles)",
+                self.splits,
+                self.scratch_bytes(spec)
+            ));
+        }
         if bm.max(bn).max(bk) > wm.max_dimension {
             return Err(format!(
                 "a dimension of {} (the device's largest is {})",
@@ -164,7 +226,7 @@ impl Coopmat2Config {
 
     /// Every config of the family.
     pub fn family() -> Vec<Coopmat2Config> {
-        super::combinations([&TILES, &TILES, &BKS, &THREADS])
+        super::combinations([&TILES, &TILES, &BKS, &THREADS, &SPLITS])
             .into_iter()
             .map(Self::from_values)
             .collect()
@@ -179,21 +241,34 @@ impl Coopmat2Config {
     }
 
     /// The default: 128 x 128 tiles, K steps of 32, 256 invocations, or the fitting config
-    /// nearest to it: the exhaustive search's pick on ResNet-50's 28 x 28 layer (run 380;
-    /// on the 7 x 7 layer, 52 such tiles for 132 SMs, it picked 32 x 64 at 128).
+    /// nearest to it: the exhaustive search's pick on ResNet-50's 28 x 28 layer (run 380).
+    /// K is split in two where that leaves fewer than `FEW_TILES` tiles: ResNet-50's 7 x 7
+    /// layer (52 tiles) ran 0.092 -> 0.050 ms split in two, its 14 x 14 (98 tiles)
+    /// 0.0485 -> 0.0554 (run 383, H200: a threshold between two measured points).
     pub fn default_for(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Result<Coopmat2Config> {
         Self::applies(info, spec).map_err(|reason| Error::NotApplicable {
             variant: "vulkan dense_coopmat2".into(),
             spec: spec.to_string(),
             reason,
         })?;
-        let want = [128u32, 128, 32, 256];
+        let want = [128u32, 128, 32, 256, 1];
         let l = |a: u32, b: u32| (a.ilog2() as i32 - b.ilog2() as i32).abs();
-        Self::space(info, spec)
+        let nearest = Self::space(info, spec)
             .into_iter()
+            .filter(|c| c.splits == 1)
             .min_by_key(|c| {
                 let v = c.values();
-                (0..4).map(|i| l(v[i], want[i])).sum::<i32>()
+                (0..5).map(|i| l(v[i], want[i])).sum::<i32>()
+            });
+        nearest
+            .map(|c| {
+                let (tm, tn) = c.tiles(spec);
+                let split = Coopmat2Config { splits: 2, ..c };
+                if tm * tn < FEW_TILES && split.fits(info, spec).is_ok() {
+                    split
+                } else {
+                    c
+                }
             })
             .ok_or_else(|| Error::NotApplicable {
                 variant: "vulkan dense_coopmat2".into(),
@@ -210,8 +285,8 @@ impl Coopmat2Config {
 config_text!(
     Coopmat2Config,
     "a dense_coopmat2 config",
-    "bm, bn 32, 64, 128 or 256; bk 16, 32 or 64; threads 64, 128 or 256",
-    |v: [u32; 4]| Some(Coopmat2Config::from_values(v))
+    "bm, bn 32, 64, 128 or 256; bk 16, 32 or 64; threads 64, 128 or 256; splits 1, 2, 4 or 8",
+    |v: [u32; 5]| Some(Coopmat2Config::from_values(v))
         .filter(|c| Coopmat2Config::family().contains(c))
 );
 
@@ -244,9 +319,9 @@ pub fn prepare_dense_coopmat2<'d>(
     i32_of("output length", spec.output_len())?;
     let g = spec.geometry();
     let m_total = spec.n() * g.output3().iter().product::<usize>();
+    let (tiles_m, tiles_n) = config.tiles(spec);
+    let groups = tiles_m * tiles_n * config.splits as usize;
     let (bm, bn) = (config.bm as usize, config.bn as usize);
-    let tiles_n = spec.out_channels().div_ceil(bn);
-    let groups = m_total.div_ceil(bm) * tiles_n;
     let grid = super::grid_for(info, groups)?;
     let mut ints = super::dense_push_fields("dense_coopmat2", spec)?;
     for v in [
@@ -273,9 +348,10 @@ pub fn prepare_dense_coopmat2<'d>(
         g.dilation3()[2],
         config.shared_bytes() / 16,
         bk,
+        config.splits as usize,
     ]);
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
-    VulkanRun::new(
+    VulkanRun::with_scratch(
         dev,
         "dense_coopmat2",
         SOURCE,
@@ -285,6 +361,7 @@ pub fn prepare_dense_coopmat2<'d>(
         x,
         &packed,
         y,
+        Some(config.scratch_bytes(spec)),
     )
     .map(|r| r.with_config(&config))
 }
@@ -351,8 +428,37 @@ mod tests {
         assert!(space
             .iter()
             .all(|c| c.shared_bytes() <= room && [128, 256].contains(&c.threads) && c.bn <= 128));
+        // 2 tiles of 128 x 128 here (fewer than FEW_TILES): the default splits K in two.
         let d = Coopmat2Config::default_for(&info, &s).unwrap();
-        assert_eq!((d.bm, d.bn, d.bk, d.threads), (128, 128, 32, 256));
+        assert_eq!(
+            (d.bm, d.bn, d.bk, d.threads, d.splits),
+            (128, 128, 32, 256, 2)
+        );
+        // 2 x 64 x 64 outputs: 64 tiles, no split.
+        let p = ConvParams {
+            n: 2,
+            c: 128,
+            input: vec![64, 64],
+            kernel: vec![3, 3],
+            stride: vec![1, 1],
+            dilation: vec![1, 1],
+            padding: vec![[1, 1], [1, 1]],
+            layout: Layout::ChannelsLast,
+            dtype: DType::F16,
+        };
+        let many = DenseConvSpec::from_params(&p, 128, 1).unwrap();
+        assert_eq!(Coopmat2Config::default_for(&info, &many).unwrap().splits, 1);
+        // Splits: at most one a K step (9 taps x 128 / 32 = 36 steps here), partials
+        // within the scratch cap.
+        let mut split = d;
+        split.splits = 8;
+        assert!(split.fits(&info, &s).is_ok());
+        assert!(space.contains(&split));
+        assert_eq!(split.scratch_bytes(&s), 4 * (2 * 8 * 128 * 128 + 2));
+        let few = spec(8, 128, 1, DType::F16); // 9 steps of 32
+        assert!(split.fits(&info, &few).is_ok());
+        split.splits = 16;
+        assert!(split.fits(&info, &few).is_err());
         assert_eq!(d.to_string().parse::<Coopmat2Config>().unwrap(), d);
         // 64 invocations: not a size this device lists.
         let c = Coopmat2Config {
@@ -360,6 +466,7 @@ mod tests {
             bn: 64,
             bk: 32,
             threads: 64,
+            splits: 1,
         };
         let e = c.fits(&info, &s).unwrap_err();
         assert!(e.contains("64 invocations"), "{e}");
@@ -371,15 +478,17 @@ mod tests {
             bn: 64,
             bk: 32,
             threads: 128,
+            splits: 1,
         };
         assert!(c.fits(&info, &s).is_ok());
         assert!(c.fits(&coarse, &s).is_err());
         for bad in [
             "dense_coopmat2:bm=128",
-            "dense_coopmat2:bm=96,bn=128,bk=32,threads=128",
-            "dense_coopmat2:bm=128,bn=128,bk=48,threads=128",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=96",
-            "dense_coopmat:bm=128,bn=128,bk=32,threads=128",
+            "dense_coopmat2:bm=96,bn=128,bk=32,threads=128,splits=1",
+            "dense_coopmat2:bm=128,bn=128,bk=48,threads=128,splits=1",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=96,splits=1",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=3",
+            "dense_coopmat:bm=128,bn=128,bk=32,threads=128,splits=1",
         ] {
             assert!(bad.parse::<Coopmat2Config>().is_err(), "{bad}");
         }

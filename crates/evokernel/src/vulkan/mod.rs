@@ -91,6 +91,8 @@ pub struct VulkanRun<'d> {
     _x: device::DeviceBuffer<'d>,
     _w: device::DeviceBuffer<'d>,
     y: device::DeviceBuffer<'d>,
+    /// A zeroed scratch buffer (binding 3) where the shader takes one.
+    _scratch: Option<device::DeviceBuffer<'d>>,
     push: Vec<u8>,
     grid: [u32; 2],
     out: HostTensor,
@@ -112,24 +114,49 @@ impl<'d> VulkanRun<'d> {
         w: &HostTensor,
         out: HostTensor,
     ) -> Result<Self> {
+        Self::with_scratch(dev, name, source, constants, push, grid, x, w, out, None)
+    }
+
+    /// `new` with a fourth buffer (binding 3) of `scratch` bytes, zeroed once here, where
+    /// `scratch` is given: workspace a shader keeps across its workgroups (and leaves
+    /// zeroed where it needs that at the next launch).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn with_scratch(
+        dev: &'d VulkanDevice,
+        name: &str,
+        source: &str,
+        constants: &[(u32, u32)],
+        push: &[u8],
+        grid: [u32; 2],
+        x: &HostTensor,
+        w: &HostTensor,
+        out: HostTensor,
+        scratch: Option<usize>,
+    ) -> Result<Self> {
         let (spirv, _) = shader::compile_compute_cached(name, source)?;
         let bx = dev.device_buffer(x.size_bytes())?;
         let bw = dev.device_buffer(w.size_bytes())?;
         let y = dev.device_buffer(out.size_bytes())?;
         dev.upload(&bx, x.as_bytes())?;
         dev.upload(&bw, w.as_bytes())?;
-        let kernel = dev.kernel(
-            &spirv,
-            constants,
-            &[bx.buffer, bw.buffer, y.buffer],
-            push.len(),
-        )?;
+        let scratch = match scratch {
+            Some(bytes) => {
+                let b = dev.device_buffer(bytes)?;
+                dev.upload(&b, &vec![0u8; b.bytes])?;
+                Some(b)
+            }
+            None => None,
+        };
+        let mut buffers = vec![bx.buffer, bw.buffer, y.buffer];
+        buffers.extend(scratch.as_ref().map(|b| b.buffer));
+        let kernel = dev.kernel(&spirv, constants, &buffers, push.len())?;
         Ok(VulkanRun {
             dev,
             kernel,
             _x: bx,
             _w: bw,
             y,
+            _scratch: scratch,
             push: push.to_vec(),
             grid,
             out,
