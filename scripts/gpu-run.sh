@@ -104,7 +104,7 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       # The dense suite on the NVIDIA Vulkan driver (scripts/vulkan-nvidia.sh stage before)
       # against PyTorch's F.convNd (cuDNN, benchmark mode) in the same call; DENSE_ARGS
       # e.g. "--case resnet50-3x3-28" or "--config dense_direct:...".
-      LIMIT=300 step torch_dense python3 scripts/torch_reference.py "$out/torch-dense.json" suite/dense.json --passes forward
+      LIMIT=300 step torch_dense python3 scripts/torch_reference.py "$out/torch-dense.json" suite/dense.json --passes forward --selections 3
       source scripts/vulkan-nvidia.sh env
       LIMIT=${DENSE_LIMIT:-500} step dense .gpu/evokernel bench --op dense-conv --backend vulkan --suite dense --reference "$out/torch-dense.json" ${DENSE_ARGS:-} --json "$out/dense.json" ;;
     vkdepthwise)
@@ -143,7 +143,7 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       for c in ${COOPMAT_CASES:-resnet50-3x3-56 resnet50-3x3-14 resnet50-3x3-28 resnet50-3x3-7 resnet50-3x3-s2}; do
         LIMIT=60 step "ctune-evo-$c" .gpu/evokernel $ct --case "$c" --search evolutionary --json "$out/ctune-evo-$c.json"
       done
-      LIMIT=120 step torch_dense python3 scripts/torch_reference.py "$out/torch-dense.json" suite/dense.json --passes forward
+      LIMIT=300 step torch_dense python3 scripts/torch_reference.py "$out/torch-dense.json" suite/dense.json --passes forward --selections 3
       LIMIT=150 step dense .gpu/evokernel bench --op dense-conv --backend vulkan --suite dense --only dense_coopmat --reference "$out/torch-dense.json" --json "$out/dense.json"
       cp "$EVOKERNEL_CACHE_DIR"/*.json "$out/" 2>/dev/null
       for c in ${COOPMAT_EXH:-resnet50-3x3-56 resnet50-3x3-14}; do

@@ -21,12 +21,21 @@ cuDNN's ResNet-50 layers at 0.055 ms one at a time, 0.037-0.045 in an earlier ca
 Dense and grouped cases (suite/dense.json: "out_channels" and "groups" given) take
 weights [out_channels, c / groups, k...]; the depthwise suites' cases are groups = c.
 
+cuDNN's benchmark mode picks an engine by timing each once per process, and the pick
+varies between processes: on the H200 ResNet-50's 56 x 56 3x3 layer ran 0.0245 ms in some
+calls and 0.031 in others, our kernels unchanged (runs 379-383). --selections N times every
+case in N fresh processes and keeps each time's fastest, so the reference is the best
+engine cuDNN finds, not one process's pick.
+
 Writes {"source": ..., "cases": {case: {pass: {impl: ms}}}}.
 Usage: python3 scripts/torch_reference.py OUT.json SUITE.json [SUITE.json ...]
-       [--passes forward,dgrad,wgrad]"""
+       [--passes forward,dgrad,wgrad] [--selections N]"""
 import argparse
 import json
+import os
+import subprocess
 import sys
+import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -148,7 +157,11 @@ def main():
     ap.add_argument("out")
     ap.add_argument("suites", nargs="+")
     ap.add_argument("--passes", default="forward,dgrad,wgrad")
+    ap.add_argument("--selections", type=int, default=1,
+                    help="fresh processes to time every case in (each time is their fastest)")
     a = ap.parse_args()
+    if a.selections > 1:
+        return select_fastest(a)
     passes = a.passes.split(",")
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -167,6 +180,32 @@ def main():
             print(f"{c['name']:<22} {cells}", flush=True)
             torch.cuda.empty_cache()
     json.dump({"source": source, "cases": results}, open(a.out, "w"), indent=1)
+
+
+def select_fastest(a):
+    """Runs this script in `a.selections` fresh processes (cuDNN picks its engines anew in
+    each) and writes each case's fastest time of theirs."""
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(a.selections):
+            out = os.path.join(tmp, f"selection-{i}.json")
+            print(f"selection {i + 1} of {a.selections}", flush=True)
+            subprocess.run([sys.executable, __file__, out, *a.suites, "--passes", a.passes],
+                           check=True)
+            runs.append(json.load(open(out)))
+    cases = {}
+    for run in runs:
+        for case, passes in run["cases"].items():
+            for p, impls in passes.items():
+                for impl, ms in impls.items():
+                    best = cases.setdefault(case, {}).setdefault(p, {})
+                    best[impl] = min(ms, best.get(impl, ms))
+    source = f"{runs[0]['source']}, fastest of {a.selections} processes"
+    for case, passes in cases.items():
+        cells = "  ".join(f"{p} " + " ".join(f"{i.split('-')[1]} {ms:.4f}" for i, ms in v.items())
+                          for p, v in passes.items())
+        print(f"{case:<22} {cells}")
+    json.dump({"source": source, "cases": cases}, open(a.out, "w"), indent=1)
 
 
 if __name__ == "__main__":
