@@ -24,6 +24,8 @@ CUDA_FMA = {
     "depth_reuse_fma",
     "depth_reuse_fma_cl",
     "row_rotation_cl",
+    "row_window",
+    "row_window_cl",
 }
 
 
