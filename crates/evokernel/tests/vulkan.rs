@@ -1388,6 +1388,21 @@ fn random_coopmat_specs() -> Vec<DenseConvSpec> {
     specs
 }
 
+/// `got` (a cooperative-matrix shader's output on `spec`, `x`, `w`; `what` names the
+/// config) against the f64 oracle at f16's tolerance.
+fn assert_f16_matches_oracle(
+    spec: &DenseConvSpec,
+    x: &HostTensor,
+    w: &HostTensor,
+    got: evokernel::error::Result<HostTensor>,
+    what: &str,
+) {
+    let y = got.unwrap_or_else(|e| panic!("{spec} {what}: {e}"));
+    let want = dense_reference(spec, x, w).unwrap();
+    let c = compare(&y, &want).unwrap();
+    assert!(c.passes(DType::F16), "{spec} {what}: {c:?}");
+}
+
 /// Random operands for a cooperative-matrix spec; NaN and infinities in the input where
 /// `seed` is a multiple of 4.
 fn coopmat_operands(spec: &DenseConvSpec, seed: u64) -> (HostTensor, HostTensor) {
@@ -1429,10 +1444,7 @@ fn coopmat_shader_matches_the_oracle_where_the_device_has_it() {
     }
     let check = |spec: &DenseConvSpec, seed: u64, config: Option<CoopmatConfig>| {
         let (got, x, w) = run(spec, seed, config);
-        let y = got.unwrap_or_else(|e| panic!("{spec} {config:?}: {e}"));
-        let want = dense_reference(spec, &x, &w).unwrap();
-        let c = compare(&y, &want).unwrap();
-        assert!(c.passes(DType::F16), "{spec} {config:?}: {c:?}");
+        assert_f16_matches_oracle(spec, &x, &w, got, &format!("{config:?}"));
     };
     for (i, spec) in specs.iter().enumerate() {
         check(spec, 700 + i as u64, None);
@@ -1482,10 +1494,7 @@ fn coopmat2_shader_matches_the_oracle_where_the_device_has_it() {
     eprintln!("{}: {m}", dev.info().name);
     let check = |spec: &DenseConvSpec, seed: u64, config: Option<Coopmat2Config>| {
         let (got, x, w) = run(spec, seed, config);
-        let y = got.unwrap_or_else(|e| panic!("{spec} {config:?}: {e}"));
-        let want = dense_reference(spec, &x, &w).unwrap();
-        let c = compare(&y, &want).unwrap();
-        assert!(c.passes(DType::F16), "{spec} {config:?}: {c:?}");
+        assert_f16_matches_oracle(spec, &x, &w, got, &format!("{config:?}"));
     };
     for (i, spec) in specs.iter().enumerate() {
         check(spec, 700 + i as u64, None);
@@ -1530,9 +1539,7 @@ fn coopmat2_shader_matches_the_oracle_where_the_device_has_it() {
                 second.as_bytes(),
                 "{spec} {c}: bits differ"
             );
-            let want = dense_reference(spec, &x, &w).unwrap();
-            let cmp = compare(&first, &want).unwrap();
-            assert!(cmp.passes(DType::F16), "{spec} {c}: {cmp:?}");
+            assert_f16_matches_oracle(spec, &x, &w, Ok(first), &c.to_string());
         }
     }
     // Every config of the space without splits on three specs.

@@ -106,27 +106,7 @@ impl CoopmatConfig {
                 info.name
             ));
         }
-        if spec.groups() != 1 {
-            return Err(format!(
-                "dense convolution only (groups = 1; this spec has {})",
-                spec.groups()
-            ));
-        }
-        if spec.dtype() != DType::F16 || spec.layout() != Layout::ChannelsLast {
-            return Err(format!(
-                "f16 channels-last only (this spec is {} {:?})",
-                spec.dtype(),
-                spec.layout()
-            ));
-        }
-        if !spec.in_channels().is_multiple_of(8) || !spec.out_channels().is_multiple_of(8) {
-            return Err(format!(
-                "input and output channels multiples of 8 (16-byte rows; {} and {})",
-                spec.in_channels(),
-                spec.out_channels()
-            ));
-        }
-        Ok(())
+        gemm_applies(spec)
     }
 
     /// Why this config cannot run `spec` on a device with `info`, if it cannot.
@@ -266,8 +246,62 @@ pub fn pack_weights(spec: &DenseConvSpec, w: &HostTensor, bk: usize) -> Result<H
     HostTensor::from_data(&[b.len()], TensorData::F16(b))
 }
 
-fn i32_of(what: &str, v: usize) -> Result<i32> {
-    super::i32_of("dense_coopmat", what, v)
+/// Why the implicit GEMM of the cooperative-matrix shaders (`dense_coopmat`,
+/// `dense_coopmat2`) cannot take `spec`, whatever the device: dense, f16 channels-last,
+/// channels multiples of 8 (16-byte rows).
+pub(crate) fn gemm_applies(spec: &DenseConvSpec) -> std::result::Result<(), String> {
+    if spec.groups() != 1 {
+        return Err(format!(
+            "dense convolution only (groups = 1; this spec has {})",
+            spec.groups()
+        ));
+    }
+    if spec.dtype() != DType::F16 || spec.layout() != Layout::ChannelsLast {
+        return Err(format!(
+            "f16 channels-last only (this spec is {} {:?})",
+            spec.dtype(),
+            spec.layout()
+        ));
+    }
+    if !spec.in_channels().is_multiple_of(8) || !spec.out_channels().is_multiple_of(8) {
+        return Err(format!(
+            "input and output channels multiples of 8 (16-byte rows; {} and {})",
+            spec.in_channels(),
+            spec.out_channels()
+        ));
+    }
+    Ok(())
+}
+
+/// What the cooperative-matrix shaders' implicit GEMM takes on `spec` at K steps of `bk`
+/// with `tiles_n` tiles along N and `groups` workgroups: the packed weights (B) and the
+/// push constants (`dense_push_fields`, then M, the N tiles, K steps a tap, the
+/// workgroups and B's row length), each size checked to fit the shaders' 32-bit ints.
+pub(crate) fn gemm_operands(
+    shader: &str,
+    spec: &DenseConvSpec,
+    w: &HostTensor,
+    bk: usize,
+    tiles_n: usize,
+    groups: usize,
+) -> Result<(HostTensor, Vec<u8>)> {
+    let i32_of = |what: &str, v: usize| super::i32_of(shader, what, v);
+    let packed = pack_weights(spec, w, bk)?;
+    i32_of("input length", spec.input_len())?;
+    i32_of("packed weight length", packed.len())?;
+    i32_of("output length", spec.output_len())?;
+    let m_total = spec.n() * spec.geometry().output3().iter().product::<usize>();
+    let mut ints = super::dense_push_fields(shader, spec)?;
+    for v in [
+        m_total,
+        tiles_n,
+        spec.in_channels().div_ceil(bk),
+        groups,
+        spec.out_channels().next_multiple_of(8),
+    ] {
+        ints.push(i32_of("a size", v)?);
+    }
+    Ok((packed, super::push_bytes(&ints)))
 }
 
 /// The shader with `config` (None: the device's default) prepared on device-local
@@ -289,26 +323,13 @@ pub fn prepare_dense_coopmat<'d>(
         |c| c.fits(info, spec),
     )?;
     let bk = config.bk as usize;
-    let packed = pack_weights(spec, w, bk)?;
-    i32_of("input length", spec.input_len())?;
-    i32_of("packed weight length", packed.len())?;
-    i32_of("output length", spec.output_len())?;
     let g = spec.geometry();
     let m_total = spec.n() * g.output3().iter().product::<usize>();
     let (bm, bn) = config.block();
     let tiles_n = spec.out_channels().div_ceil(bn);
     let groups = m_total.div_ceil(bm) * tiles_n;
     let grid = super::grid_for(info, groups)?;
-    let mut ints = super::dense_push_fields("dense_coopmat", spec)?;
-    for v in [
-        m_total,
-        tiles_n,
-        spec.in_channels().div_ceil(bk),
-        groups,
-        spec.out_channels().next_multiple_of(8),
-    ] {
-        ints.push(i32_of("a size", v)?);
-    }
+    let (packed, push) = gemm_operands("dense_coopmat", spec, w, bk, tiles_n, groups)?;
     let [kd, kh, kw] = g.kernel3();
     let constants = super::spec_constants(&[
         config.invocations(info.subgroup_size) as usize,
@@ -334,7 +355,7 @@ pub fn prepare_dense_coopmat<'d>(
         "dense_coopmat",
         SOURCE,
         &constants,
-        &super::push_bytes(&ints),
+        &push,
         grid,
         x,
         &packed,
@@ -344,7 +365,7 @@ pub fn prepare_dense_coopmat<'d>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::spec::ConvParams;
 
@@ -357,7 +378,8 @@ mod tests {
         i
     }
 
-    fn spec(c: i64, cout: i64, groups: i64, dtype: DType) -> DenseConvSpec {
+    /// A 2 x 9 x 9 3x3 channels-last spec with `c` -> `cout` channels in `groups`.
+    pub(crate) fn spec(c: i64, cout: i64, groups: i64, dtype: DType) -> DenseConvSpec {
         let p = ConvParams {
             n: 2,
             c,

@@ -13,7 +13,6 @@ use super::VulkanDeviceInfo;
 use super::VulkanRun;
 use crate::dense::DenseConvSpec;
 use crate::error::{Error, Result};
-use crate::spec::{DType, Layout};
 use crate::tensor::HostTensor;
 
 pub const SOURCE: &str = include_str!("../../kernels/vulkan/dense_coopmat2.comp");
@@ -119,27 +118,7 @@ impl Coopmat2Config {
                 info.name
             ));
         }
-        if spec.groups() != 1 {
-            return Err(format!(
-                "dense convolution only (groups = 1; this spec has {})",
-                spec.groups()
-            ));
-        }
-        if spec.dtype() != DType::F16 || spec.layout() != Layout::ChannelsLast {
-            return Err(format!(
-                "f16 channels-last only (this spec is {} {:?})",
-                spec.dtype(),
-                spec.layout()
-            ));
-        }
-        if !spec.in_channels().is_multiple_of(8) || !spec.out_channels().is_multiple_of(8) {
-            return Err(format!(
-                "input and output channels multiples of 8 (16-byte rows; {} and {})",
-                spec.in_channels(),
-                spec.out_channels()
-            ));
-        }
-        Ok(())
+        super::dense_coopmat::gemm_applies(spec)
     }
 
     /// Why this config cannot run `spec` on a device with `info`, if it cannot.
@@ -290,10 +269,6 @@ config_text!(
         .filter(|c| Coopmat2Config::family().contains(c))
 );
 
-fn i32_of(what: &str, v: usize) -> Result<i32> {
-    super::i32_of("dense_coopmat2", what, v)
-}
-
 /// The shader with `config` (None: the device's default) prepared on device-local
 /// copies of `x` and the packed `w` (`dense_coopmat`'s packing), to launch and time.
 pub fn prepare_dense_coopmat2<'d>(
@@ -313,26 +288,13 @@ pub fn prepare_dense_coopmat2<'d>(
         |c| c.fits(info, spec),
     )?;
     let bk = config.bk as usize;
-    let packed = super::dense_coopmat::pack_weights(spec, w, bk)?;
-    i32_of("input length", spec.input_len())?;
-    i32_of("packed weight length", packed.len())?;
-    i32_of("output length", spec.output_len())?;
     let g = spec.geometry();
-    let m_total = spec.n() * g.output3().iter().product::<usize>();
     let (tiles_m, tiles_n) = config.tiles(spec);
     let groups = tiles_m * tiles_n * config.splits as usize;
     let (bm, bn) = (config.bm as usize, config.bn as usize);
     let grid = super::grid_for(info, groups)?;
-    let mut ints = super::dense_push_fields("dense_coopmat2", spec)?;
-    for v in [
-        m_total,
-        tiles_n,
-        spec.in_channels().div_ceil(bk),
-        groups,
-        spec.out_channels().next_multiple_of(8),
-    ] {
-        ints.push(i32_of("a size", v)?);
-    }
+    let (packed, push) =
+        super::dense_coopmat::gemm_operands("dense_coopmat2", spec, w, bk, tiles_n, groups)?;
     let [kd, kh, kw] = g.kernel3();
     let constants = super::spec_constants(&[
         config.threads as usize,
@@ -356,7 +318,7 @@ pub fn prepare_dense_coopmat2<'d>(
         "dense_coopmat2",
         SOURCE,
         &constants,
-        &super::push_bytes(&ints),
+        &push,
         grid,
         x,
         &packed,
@@ -369,7 +331,7 @@ pub fn prepare_dense_coopmat2<'d>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::ConvParams;
+    use crate::spec::{ConvParams, DType, Layout};
     use crate::vulkan::{WorkgroupMatrices, WorkgroupShape};
 
     /// A device like the H200's NVIDIA driver is assumed to be (not read from it yet):
@@ -394,20 +356,7 @@ mod tests {
         i
     }
 
-    fn spec(c: i64, cout: i64, groups: i64, dtype: DType) -> DenseConvSpec {
-        let p = ConvParams {
-            n: 2,
-            c,
-            input: vec![9, 9],
-            kernel: vec![3, 3],
-            stride: vec![1, 1],
-            dilation: vec![1, 1],
-            padding: vec![[1, 1], [1, 1]],
-            layout: Layout::ChannelsLast,
-            dtype,
-        };
-        DenseConvSpec::from_params(&p, cout, groups).unwrap()
-    }
+    use crate::vulkan::dense_coopmat::tests::spec;
 
     #[test]
     fn the_shader_compiles_to_spirv_16() {
