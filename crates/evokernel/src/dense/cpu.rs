@@ -172,21 +172,32 @@ impl Row<'_> {
             Isa::Avx512 => unsafe { self.pixels_blocked_avx512(w0, out) },
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => unsafe { self.pixels_blocked_avx2(w0, out) },
-            _ => self.pixels_blocked_body(w0, out),
+            _ => self.pixels_blocked_body::<[f32; COB]>(w0, out),
         }
     }
 
-    /// The blocked form in AVX-512 registers: a COB block of output channels is one
-    /// vector, each pixel's accumulator one vector (the compiler left the generic body's
-    /// lane loop scalar: 10 GFLOP/s on ResNet-50's 28 x 28 layer on two cores).
-    /// `_mm512_fmadd_ps(x, w, acc)` rounds as `x.mul_add(w, acc)`: the same bits.
+    /// The blocked form with each block of output channels one AVX-512 vector (the
+    /// generic lanes were left scalar by the compiler: 10 GFLOP/s on ResNet-50's 28 x 28
+    /// layer on two cores).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
     unsafe fn pixels_blocked_avx512(&self, w0: usize, out: &mut [f32]) {
-        use std::arch::x86_64::{
-            _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
-        };
-        const { assert!(COB == 16, "one AVX-512 vector a block") };
+        self.pixels_blocked_body::<Avx512Block>(w0, out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn pixels_blocked_avx2(&self, w0: usize, out: &mut [f32]) {
+        self.pixels_blocked_body::<[f32; COB]>(w0, out)
+    }
+
+    /// PIX pixels x COB output channels in registers a block of channels: each weight
+    /// vector loaded once for the PIX pixels, each input value broadcast once a block.
+    /// Terms in the pixel-at-a-time order (taps, then input channels); a pixel past the
+    /// row's end, or whose tap reads padding, skips that tap. Plain loops: a closure would
+    /// not inherit the caller's target features.
+    #[inline(always)]
+    fn pixels_blocked_body<B: ChannelBlock>(&self, w0: usize, out: &mut [f32]) {
         let g = self.spec.geometry();
         let [kd, kh, kw] = g.kernel3();
         let ow = g.output3()[2];
@@ -199,7 +210,9 @@ impl Row<'_> {
         let pixels = PIX.min(ow - w0);
         for grp in 0..self.spec.groups() {
             for cb in (0..cpo).step_by(COB) {
-                let mut acc = [_mm512_setzero_ps(); PIX];
+                // SAFETY (every block method here): B's instructions are this CPU's (the
+                // callers pick B by `Isa::detect`).
+                let mut acc = [unsafe { B::zero() }; PIX];
                 for a in 0..kd {
                     let Some(zi) = g.tap_input(0, self.d, a) else {
                         continue;
@@ -221,23 +234,24 @@ impl Row<'_> {
                                 }
                             }
                             let (wp, xp) = (ws.as_ptr(), self.x.as_ptr());
+                            // Most blocks read on every pixel: a loop without the check.
                             if xoff.iter().all(|&o| o != usize::MAX) {
                                 for ci in 0..cpi {
-                                    // SAFETY: ci < cpi; the bounds asserted above.
-                                    let wv = _mm512_loadu_ps(wp.add(ci * self.cpo_pad));
+                                    // SAFETY: ci < cpi and the bounds asserted above.
+                                    let wv = unsafe { B::load(wp.add(ci * self.cpo_pad)) };
                                     for (ap, &o) in acc.iter_mut().zip(&xoff) {
-                                        let xv = _mm512_set1_ps(*xp.add(o + ci));
-                                        *ap = _mm512_fmadd_ps(xv, wv, *ap);
+                                        // SAFETY: as above.
+                                        *ap = unsafe { ap.fma(*xp.add(o + ci), wv) };
                                     }
                                 }
                             } else {
                                 for ci in 0..cpi {
-                                    // SAFETY: as above, for the pixels that read.
-                                    let wv = _mm512_loadu_ps(wp.add(ci * self.cpo_pad));
+                                    // SAFETY: as above.
+                                    let wv = unsafe { B::load(wp.add(ci * self.cpo_pad)) };
                                     for (ap, &o) in acc.iter_mut().zip(&xoff) {
                                         if o != usize::MAX {
-                                            let xv = _mm512_set1_ps(*xp.add(o + ci));
-                                            *ap = _mm512_fmadd_ps(xv, wv, *ap);
+                                            // SAFETY: as above, for the pixels that read.
+                                            *ap = unsafe { ap.fma(*xp.add(o + ci), wv) };
                                         }
                                     }
                                 }
@@ -246,86 +260,85 @@ impl Row<'_> {
                     }
                 }
                 let lanes = COB.min(cpo - cb);
-                let mut v = [0f32; COB];
                 for (p, ap) in acc.iter().enumerate().take(pixels) {
-                    _mm512_storeu_ps(v.as_mut_ptr(), *ap);
                     let at = (w0 + p) * cout + grp * cpo + cb;
-                    out[at..at + lanes].copy_from_slice(&v[..lanes]);
+                    out[at..at + lanes].copy_from_slice(&unsafe { ap.lanes() }[..lanes]);
                 }
             }
         }
     }
+}
 
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn pixels_blocked_avx2(&self, w0: usize, out: &mut [f32]) {
-        self.pixels_blocked_body(w0, out)
-    }
+/// The accumulators of COB output channels of one pixel: portable lanes, or one AVX-512
+/// vector. `fma` rounds as `x.mul_add(w, acc)` lane by lane in both: the same bits.
+/// Unsafe throughout: the AVX-512 block's methods need the CPU to have AVX-512 (they are
+/// compiled for it, so they inline into the AVX-512 body; plain methods calling the
+/// intrinsics stayed calls and ran 1.5-3x slower).
+trait ChannelBlock: Copy {
+    /// SAFETY: the CPU has the block's instructions.
+    unsafe fn zero() -> Self;
+    /// COB weights. SAFETY: as `zero`, and `w` points at COB readable floats.
+    unsafe fn load(w: *const f32) -> Self;
+    /// self + x * w. SAFETY: as `zero`.
+    unsafe fn fma(self, x: f32, w: Self) -> Self;
+    /// SAFETY: as `zero`.
+    unsafe fn lanes(self) -> [f32; COB];
+}
 
-    /// PIX pixels x COB output channels in registers a block of channels: each weight
-    /// vector loaded once for the PIX pixels, each input value broadcast once a block.
-    /// Terms in the pixel-at-a-time order (taps, then input channels); a pixel past the
-    /// row's end, or whose tap reads padding, skips that tap. Plain loops: a closure would
-    /// not inherit the caller's target features.
+impl ChannelBlock for [f32; COB] {
     #[inline(always)]
-    fn pixels_blocked_body(&self, w0: usize, out: &mut [f32]) {
-        let g = self.spec.geometry();
-        let [kd, kh, kw] = g.kernel3();
-        let ow = g.output3()[2];
-        let (cpi, cpo, cout) = (
-            self.spec.in_per_group(),
-            self.spec.out_per_group(),
-            self.spec.out_channels(),
-        );
-        let taps = kd * kh * kw;
-        let pixels = PIX.min(ow - w0);
-        for grp in 0..self.spec.groups() {
-            for cb in (0..cpo).step_by(COB) {
-                let mut acc = [[0f32; COB]; PIX];
-                for a in 0..kd {
-                    let Some(zi) = g.tap_input(0, self.d, a) else {
-                        continue;
-                    };
-                    for b in 0..kh {
-                        let Some(yi) = g.tap_input(1, self.h, b) else {
-                            continue;
-                        };
-                        for e in 0..kw {
-                            let t = (a * kh + b) * kw + e;
-                            let ws = &self.wt[(grp * taps + t) * cpi * self.cpo_pad + cb..];
-                            // Pixel p's input channels for this tap, where it has them.
-                            let mut xs: [&[f32]; PIX] = [&[]; PIX];
-                            let mut all = pixels == PIX;
-                            for (p, xp) in xs.iter_mut().enumerate().take(pixels) {
-                                match g.tap_input(2, w0 + p, e) {
-                                    Some(xi) => *xp = &self.x[self.at(zi, yi, xi, grp)..][..cpi],
-                                    None => all = false,
-                                }
-                            }
-                            for ci in 0..cpi {
-                                let wv: &[f32; COB] =
-                                    ws[ci * self.cpo_pad..][..COB].try_into().unwrap();
-                                for (accp, xp) in acc.iter_mut().zip(&xs) {
-                                    // (Every pixel reads here but in a border block.)
-                                    if !all && xp.is_empty() {
-                                        continue;
-                                    }
-                                    let xv = xp[ci];
-                                    for (o, &wl) in accp.iter_mut().zip(wv) {
-                                        *o = xv.mul_add(wl, *o);
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-                let lanes = COB.min(cpo - cb);
-                for (p, accp) in acc.iter().enumerate().take(pixels) {
-                    let at = (w0 + p) * cout + grp * cpo + cb;
-                    out[at..at + lanes].copy_from_slice(&accp[..lanes]);
-                }
-            }
+    unsafe fn zero() -> Self {
+        [0.0; COB]
+    }
+    #[inline(always)]
+    unsafe fn load(w: *const f32) -> Self {
+        // SAFETY: the caller's promise.
+        unsafe { *(w as *const [f32; COB]) }
+    }
+    #[inline(always)]
+    unsafe fn fma(mut self, x: f32, w: Self) -> Self {
+        for (o, &wl) in self.iter_mut().zip(&w) {
+            *o = x.mul_add(wl, *o);
         }
+        self
+    }
+    #[inline(always)]
+    unsafe fn lanes(self) -> [f32; COB] {
+        self
+    }
+}
+
+/// One AVX-512 vector of COB = 16 channels. Only `pixels_blocked_avx512` (AVX-512
+/// enabled, on a CPU that has it) instantiates the body with it.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Avx512Block(std::arch::x86_64::__m512);
+
+#[cfg(target_arch = "x86_64")]
+impl ChannelBlock for Avx512Block {
+    #[inline]
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn zero() -> Self {
+        const { assert!(COB == 16, "one AVX-512 vector a block") };
+        Avx512Block(std::arch::x86_64::_mm512_setzero_ps())
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn load(w: *const f32) -> Self {
+        Avx512Block(std::arch::x86_64::_mm512_loadu_ps(w))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn fma(self, x: f32, w: Self) -> Self {
+        use std::arch::x86_64::{_mm512_fmadd_ps, _mm512_set1_ps};
+        Avx512Block(_mm512_fmadd_ps(_mm512_set1_ps(x), w.0, self.0))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn lanes(self) -> [f32; COB] {
+        let mut v = [0f32; COB];
+        std::arch::x86_64::_mm512_storeu_ps(v.as_mut_ptr(), self.0);
+        v
     }
 }
 
