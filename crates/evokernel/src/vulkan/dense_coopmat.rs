@@ -360,6 +360,7 @@ pub fn prepare_dense_coopmat<'d>(
         x,
         &packed,
         y,
+        None,
     )
     .map(|r| r.with_config(&config))
 }

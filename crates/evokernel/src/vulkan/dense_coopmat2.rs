@@ -313,7 +313,7 @@ pub fn prepare_dense_coopmat2<'d>(
         config.splits as usize,
     ]);
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
-    VulkanRun::with_scratch(
+    VulkanRun::new(
         dev,
         "dense_coopmat2",
         SOURCE,

@@ -316,6 +316,7 @@ pub fn prepare_dense_direct<'d>(
         x,
         w,
         y,
+        None,
     )
     .map(|r| r.with_config(&config))
 }

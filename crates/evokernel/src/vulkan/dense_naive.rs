@@ -65,5 +65,6 @@ pub fn prepare_dense_naive<'d>(
         x,
         w,
         y,
+        None,
     )
 }

@@ -272,6 +272,7 @@ pub fn prepare_dense_winograd<'d>(
         x,
         &u,
         y,
+        None,
     )
     .map(|r| r.with_config(&config))
 }

@@ -420,6 +420,7 @@ pub fn prepare_depth_rotate<'d>(
         x,
         w,
         y,
+        None,
     )
     .map(|r| r.with_config(&config))
 }

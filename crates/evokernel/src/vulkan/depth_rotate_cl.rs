@@ -349,6 +349,7 @@ pub fn prepare_depth_rotate_cl<'d>(
         x,
         &tap_major(w, spec.c()),
         y,
+        None,
     )
     .map(|r| r.with_config(&config))
 }

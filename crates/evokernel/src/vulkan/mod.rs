@@ -102,26 +102,12 @@ pub struct VulkanRun<'d> {
 }
 
 impl<'d> VulkanRun<'d> {
+    /// `source` compiled with `constants`, bound to device-local copies of `x` and `w`
+    /// and an output buffer for `out`, and, where `scratch` is given, a fourth buffer
+    /// (binding 3) of that many bytes, zeroed once here: workspace a shader keeps across
+    /// its workgroups (and leaves zeroed where it needs that at the next launch).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        dev: &'d VulkanDevice,
-        name: &str,
-        source: &str,
-        constants: &[(u32, u32)],
-        push: &[u8],
-        grid: [u32; 2],
-        x: &HostTensor,
-        w: &HostTensor,
-        out: HostTensor,
-    ) -> Result<Self> {
-        Self::with_scratch(dev, name, source, constants, push, grid, x, w, out, None)
-    }
-
-    /// `new` with a fourth buffer (binding 3) of `scratch` bytes, zeroed once here, where
-    /// `scratch` is given: workspace a shader keeps across its workgroups (and leaves
-    /// zeroed where it needs that at the next launch).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn with_scratch(
         dev: &'d VulkanDevice,
         name: &str,
         source: &str,

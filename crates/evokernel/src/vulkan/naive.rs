@@ -109,5 +109,6 @@ pub fn conv_vulkan_naive_timed(
         x,
         w,
         y,
+        None,
     )?)
 }

@@ -230,7 +230,7 @@ pub fn prepare_tile<'d>(
     ]);
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
     let push = super::push_bytes(&ints);
-    super::VulkanRun::new(dev, "tile", &source, &constants, &push, grid, x, w, y)
+    super::VulkanRun::new(dev, "tile", &source, &constants, &push, grid, x, w, y, None)
         .map(|r| r.with_config(&config))
 }
 
