@@ -298,9 +298,9 @@ fn rotate_shader_passes_over_its_config_space() {
         let spec = p.validate().unwrap();
         let space = RotateConfig::space(dev.info(), &spec);
         assert!(space.len() >= 12, "{spec}: {} configs", space.len());
-        // Every value of every field, and every fifth config besides (the whole space,
-        // some 300 configs a spec since the family has sizes between the powers of two,
-        // took minutes on lavapipe).
+        // Every value of every field, and every twentieth config besides (the whole
+        // space, over a thousand configs a spec since the family has sizes between the
+        // powers of two and runs 1-4 rows tall, would take many minutes on lavapipe).
         let mut seen = std::collections::HashSet::new();
         let space: Vec<RotateConfig> = space
             .into_iter()
@@ -311,7 +311,7 @@ fn rotate_shader_passes_over_its_config_space() {
                     .iter()
                     .enumerate()
                     .fold(false, |new, (f, &v)| seen.insert((f, v)) || new);
-                new || j % 5 == 0
+                new || j % 20 == 0
             })
             .map(|(_, c)| c)
             .collect();
@@ -484,7 +484,7 @@ fn rotate_shader_walks_planes() {
         let space = RotateConfig::space(dev.info(), &spec);
         let default = RotateConfig::default_for(dev.info(), &spec).unwrap();
         assert!(default.walk(&spec) > 0, "{spec}: {default} does not walk");
-        for (j, c) in space.iter().enumerate().filter(|(j, _)| j % 9 == 0) {
+        for (j, c) in space.iter().enumerate().filter(|(j, _)| j % 24 == 0) {
             walked += usize::from(c.walk(&spec) > 0);
             let name = format!("walk spec {i} config {j} {c} (walk {})", c.walk(&spec));
             check_with(
@@ -587,6 +587,147 @@ fn rotate_shader_stores_runs_as_vectors() {
         check_with(&dev, Shader::Rotate(Some(c)), "vector cl", &cl, 150, false);
     }
     assert_eq!(vectors, 6);
+}
+
+/// Runs spanning 2-4 output rows (`out_h`): each band row read once for every row it
+/// feeds, at H stride and dilation 2, bands whose last rows are past the plane, direct
+/// reads and the shared band, both layouts, every dtype the device stores.
+#[test]
+fn rotate_shader_spans_runs_over_rows() {
+    let dev = device();
+    let specs = [
+        // 3-D, H dilation 2, padding on every side: 13 output rows.
+        ConvParams {
+            n: 2,
+            c: 3,
+            input: vec![4, 13, 10],
+            kernel: vec![2, 3, 3],
+            stride: vec![1, 1, 1],
+            dilation: vec![1, 2, 1],
+            padding: vec![[1, 0], [2, 2], [1, 1]],
+            layout: Layout::ChannelsFirst,
+            dtype: DType::F32,
+        },
+        // 2-D, H stride 2, a 7-row kernel: 8 output rows of 16 (vector stores).
+        ConvParams {
+            n: 1,
+            c: 4,
+            input: vec![17, 16],
+            kernel: vec![7, 5],
+            stride: vec![2, 1],
+            dilation: vec![1, 1],
+            padding: vec![[3, 2], [2, 2]],
+            layout: Layout::ChannelsFirst,
+            dtype: DType::F32,
+        },
+        // 2-D channels-last, stride and dilation 2 in H.
+        ConvParams {
+            n: 2,
+            c: 5,
+            input: vec![15, 9],
+            kernel: vec![3, 3],
+            stride: vec![2, 1],
+            dilation: vec![2, 1],
+            padding: vec![[1, 2], [1, 1]],
+            layout: Layout::ChannelsLast,
+            dtype: DType::F32,
+        },
+    ];
+    let dtypes = stored_dtypes(&dev);
+    let mut checked = 0;
+    for (i, p) in specs.into_iter().enumerate() {
+        let spec = p.validate().unwrap();
+        let space = RotateConfig::space(dev.info(), &spec);
+        for out_h in [2, 3, 4] {
+            for direct in [0, 1] {
+                let pick = space
+                    .iter()
+                    .filter(|c| c.out_h == out_h && c.direct == direct)
+                    .nth(checked % 4);
+                let Some(&pick) = pick else {
+                    // Channels-last data has no direct form.
+                    assert!(direct == 1 && spec.layout() == Layout::ChannelsLast);
+                    continue;
+                };
+                assert_eq!(pick.rows % out_h, 0, "{pick}");
+                for &dtype in &dtypes {
+                    let typed = spec.with_dtype(dtype);
+                    let name = format!("rows spec {i} {pick} {dtype}");
+                    check_with(
+                        &dev,
+                        Shader::Rotate(Some(pick)),
+                        &name,
+                        &typed,
+                        160 + i as u64,
+                        out_h == 3,
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 15);
+}
+
+/// Direct reads of channels-first rows whose length is a whole number of stored runs take
+/// each window as aligned vectors: every left padding 0-5 (the window starting anywhere
+/// in its first vector), runs of 2 and 4, 1-D and 2-D, rows cut by the padding, every
+/// dtype the device stores; a row length that is not whole vectors reads elements.
+#[test]
+fn rotate_shader_reads_direct_windows_as_vectors() {
+    let dev = device();
+    let dtypes = stored_dtypes(&dev);
+    let mut vectors = 0;
+    for pad in 0..6i64 {
+        // (dims, input width, padding past the kernel's): rows of 24 and 20 are whole
+        // vectors; 19 padded to 20 outputs stores vectors but reads elements.
+        for (dims, width, extra) in [(1, 24i64, 0), (2, 20, 0), (1, 19, 1)] {
+            let k = 3 + pad;
+            let mut p = ConvParams {
+                n: 2,
+                c: 3,
+                input: vec![width],
+                kernel: vec![k],
+                stride: vec![1],
+                dilation: vec![1],
+                padding: vec![[pad, k - 1 - pad + extra]],
+                layout: Layout::ChannelsFirst,
+                dtype: DType::F32,
+            };
+            if dims == 2 {
+                p.input.insert(0, 5);
+                p.kernel.insert(0, 3);
+                p.stride.insert(0, 1);
+                p.dilation.insert(0, 1);
+                p.padding.insert(0, [1, 1]);
+            }
+            let spec = p.validate().unwrap();
+            for out_w in [2, 4] {
+                let Some(&pick) = RotateConfig::space(dev.info(), &spec)
+                    .iter()
+                    .find(|c| c.direct == 1 && c.out_w == out_w && c.store_vector(&spec).is_some())
+                else {
+                    continue;
+                };
+                let vector = pick.load_vector_offset(&spec);
+                assert_eq!(vector.is_some(), width % out_w as i64 == 0, "{spec} {pick}");
+                vectors += usize::from(vector.is_some());
+                for &dtype in &dtypes {
+                    let typed = spec.with_dtype(dtype);
+                    let name = format!("vector loads {pick} {dtype}");
+                    check_with(
+                        &dev,
+                        Shader::Rotate(Some(pick)),
+                        &name,
+                        &typed,
+                        170 + pad as u64,
+                        pad == 2,
+                    );
+                }
+            }
+        }
+    }
+    assert_eq!(vectors, 24, "configs reading vectors");
 }
 
 /// f16 and bf16 through the depthwise shaders (tiled, rotating, channels-last rotating)

@@ -369,7 +369,7 @@ mod tests {
     fn a_forced_config_replaces_the_default_row_of_its_shader() {
         let forced = || {
             DenseKernel::VulkanDepthRotate(Some(
-                "depth_rotate:workgroup=128,out_w=3,rows=6,direct=0"
+                "depth_rotate:workgroup=128,out_w=3,out_h=2,rows=6,direct=0"
                     .parse()
                     .unwrap(),
             ))

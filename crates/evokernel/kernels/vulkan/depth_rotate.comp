@@ -41,7 +41,19 @@ layout(constant_id = 12) const int WALK = 0;
 // one-slice planes of short kernels (a 1-D row's band was 16 KB, and a workgroup's shared
 // memory costs occupancy on NVIDIA's driver, run 275); the host gives HS = WS = 1.
 layout(constant_id = 13) const int DIRECT = 0;
+layout(constant_id = 14) const int SH = 1;
+layout(constant_id = 15) const int DH = 1;
+// OUT_H: an invocation's run spans OUT_H output rows (ROWS is a multiple): each input row
+// of the band is read from shared memory once for all the rows it feeds (with one row a
+// run, a 7x7 kernel read each window row 7 times: 12 loads for 42 FMAs).
+layout(constant_id = 16) const int OUT_H = 1;
+// VOFF >= 0 (DIRECT, channels-first rows that are whole CV-vectors, SW = DW = 1): a run's
+// window is read as aligned CV-element vectors, the first starting VOFF elements before
+// the window (one element a load put a 1-D row's 2-byte loads 8 bytes apart: 7 loads of
+// a warp-wide instruction each for 4 outputs).
+layout(constant_id = 17) const int VOFF = -1;
 const int WIN = (OUT_W - 1) * SW + (KW - 1) * DW + 1;  // inputs a run's kernel row spans
+const int RIN = (OUT_H - 1) * SH + (KH - 1) * DH + 1;  // input rows a run's rows span
 
 layout(std430, set = 0, binding = 0) readonly buffer Input { ELEM x[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Weight { ELEM w[]; };
@@ -52,12 +64,13 @@ layout(std430, set = 0, binding = 2) writeonly buffer Output { ELEM y[]; };
 // apart: OUT_W times the sectors a coalesced store writes.
 #ifdef CV
 layout(std430, set = 0, binding = 2) writeonly buffer OutputRuns { VELEM yv[]; };
+layout(std430, set = 0, binding = 0) readonly buffer InputRuns { VELEM xv[]; };
 #endif
 
 // Mirrored by vulkan::depth_rotate (same order, 4-byte fields).
 layout(push_constant) uniform Push {
     int n, c, id, ih, iw, od, oh, ow;
-    int sh, dh, pd, ph, pw;
+    int pd, ph, pw;
     int channels_last;
     uint groups;  // bands x planes (WALK: x walks): the workgroups that have work
 } p;
@@ -80,7 +93,7 @@ void main() {
     const int lid = int(gl_LocalInvocationID.x), wg = int(gl_WorkGroupSize.x);
     const int groups_w = (p.ow + OUT_W - 1) / OUT_W;
     const int rows = min(ROWS, p.oh - h0);
-    const int items = rows * groups_w;
+    const int items = (rows + OUT_H - 1) / OUT_H * groups_w;
 
     // Element strides: along W, and between depth planes; the plane's first element.
     const bool cl = p.channels_last != 0;
@@ -96,7 +109,7 @@ void main() {
     for (int k = 0; k < FILL_K; ++k) {
         const int i = lid + k * wg;
         const int r = i / WS, col = i - r * WS;
-        const int yi = h0 * p.sh - p.ph + r, xi = col - p.pw;
+        const int yi = h0 * SH - p.ph + r, xi = col - p.pw;
         src[k] = (i < HS * WS && yi >= 0 && yi < p.ih && xi >= 0 && xi < p.iw)
             ? int((uint(yi) * uint(p.iw) + uint(xi)) * ew) : -1;
     }
@@ -105,8 +118,10 @@ void main() {
     float wt[KD * KH * KW];
     for (int t = 0; t < KD * KH * KW; ++t) wt[t] = LOAD(w[ch * KD * KH * KW + t]);
 
-    float acc[ITEMS * KD * OUT_W];
-    for (int i = 0; i < ITEMS * KD * OUT_W; ++i) acc[i] = 0.0;
+    // Run it's sums: output depth base + j, row i of its rows, column o of its columns.
+    float acc[ITEMS * KD * OUT_H * OUT_W];
+    #define ACC(it, j, i, o) acc[(((it) * KD + (j)) * OUT_H + (i)) * OUT_W + (o)]
+    for (int i = 0; i < ITEMS * KD * OUT_H * OUT_W; ++i) acc[i] = 0.0;
 
     // Input slice zi feeds output depths zi + pd - a (a = 0..KD-1); after it, output
     // depth zi + pd - (KD - 1) is complete. Slices past the input are zero: skipped, but
@@ -147,64 +162,99 @@ void main() {
         for (int it = 0; it < ITEMS; ++it) {
             const int t = lid + it * wg;
             if (t >= items) continue;
-            const int row = t / groups_w, ow0 = (t - row * groups_w) * OUT_W;
+            const int grp = t / groups_w, ow0 = (t - grp * groups_w) * OUT_W;
+            const int row = grp * OUT_H;  // the run's first row in the band
             if (live) {
-                for (int e = 0; e < KH; ++e) {
-                    const int at = cur * HS * WS + (row * p.sh + e * p.dh) * WS + ow0 * SW;
+                // Input row r of the run's rows feeds its row i with kernel row
+                // (r - i * SH) / DH where that is whole and in range (constants once the
+                // loops unroll).
+                [[unroll]] for (int r = 0; r < RIN; ++r) {
+                    bool feeds = false;
+                    for (int i = 0; i < OUT_H; ++i) {
+                        const int d = r - i * SH;
+                        feeds = feeds || (d >= 0 && d % DH == 0 && d / DH < KH);
+                    }
+                    if (!feeds) continue;
                     float win[WIN];
                     if (DIRECT != 0) {
-                        // Input row of kernel row e; its columns ow0 * SW - pw + q.
-                        const int yi = (h0 + row) * p.sh - p.ph + e * p.dh;
+                        // Input row r of the run; its columns ow0 * SW - pw + q.
+                        const int yi = (h0 + row) * SH - p.ph + r;
                         const bool in_row = yi >= 0 && yi < p.ih;
                         const uint from = base + uint(zi) * dstride + uint(max(yi, 0)) * uint(p.iw);
+#ifdef CV
+                        if (VOFF >= 0) {
+                            // Vectors wholly inside or outside the row (its length and
+                            // start are multiples of CV).
+                            const int c0 = ow0 - p.pw - VOFF;
+                            const int VCH = (VOFF + WIN + CV - 1) / CV;  // vectors it spans
+                            [[unroll]] for (int k = 0; k < VCH; ++k) {
+                                const int xc = c0 + k * CV;
+                                const VEC v = in_row && xc >= 0 && xc < p.iw
+                                    ? LOADV(xv[(from + uint(xc)) / uint(CV)]) : VEC(0.0);
+                                for (int l = 0; l < CV; ++l) {
+                                    const int q = k * CV + l - VOFF;
+                                    if (q >= 0 && q < WIN) win[q] = v[l];
+                                }
+                            }
+                        } else
+#endif
                         for (int q = 0; q < WIN; ++q) {
                             const int xi = ow0 * SW - p.pw + q;
                             win[q] = in_row && xi >= 0 && xi < p.iw ? LOAD(x[from + uint(xi)]) : 0.0;
                         }
                     } else {
+                        const int at = cur * HS * WS + (row * SH + r) * WS + ow0 * SW;
                         for (int q = 0; q < WIN; ++q) win[q] = band[at + q];
                     }
-                    // Output depth base_od + j reads this slice with tap a = KD - 1 - j.
-                    for (int j = 0; j < KD; ++j)
-                        for (int f = 0; f < KW; ++f) {
-                            const float wv = wt[((KD - 1 - j) * KH + e) * KW + f];
-                            for (int o = 0; o < OUT_W; ++o)
-                                acc[(it * KD + j) * OUT_W + o] = fma(win[o * SW + f * DW], wv, acc[(it * KD + j) * OUT_W + o]);
-                        }
+                    for (int i = 0; i < OUT_H; ++i) {
+                        const int d = r - i * SH;
+                        if (d < 0 || d % DH != 0 || d / DH >= KH) continue;
+                        const int e = d / DH;
+                        // Output depth base_od + j reads this slice with tap a = KD - 1 - j.
+                        for (int j = 0; j < KD; ++j)
+                            for (int f = 0; f < KW; ++f) {
+                                const float wv = wt[((KD - 1 - j) * KH + e) * KW + f];
+                                for (int o = 0; o < OUT_W; ++o)
+                                    ACC(it, j, i, o) = fma(win[o * SW + f * DW], wv, ACC(it, j, i, o));
+                            }
+                    }
                 }
             }
             if (base_od >= 0) {
-                const int oh = h0 + row;
+                for (int i = 0; i < OUT_H; ++i) {
+                    if (row + i >= rows) break;
+                    const int oh = h0 + row + i;
 #ifdef CV
-                // Channels-first: the run's outputs are consecutive and start at a
-                // multiple of OUT_W (= CV; the rows' length is one too).
-                const uint at0 = WALK > 0
-                    ? (uint(zi) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(ow0)
-                    : (((uint(b) * uint(p.c) + uint(ch)) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(ow0);
-                const int a0 = (it * KD) * OUT_W;
+                    // Channels-first: the run's outputs are consecutive and start at a
+                    // multiple of OUT_W (= CV; the rows' length is one too).
+                    const uint at0 = WALK > 0
+                        ? (uint(zi) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(ow0)
+                        : (((uint(b) * uint(p.c) + uint(ch)) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(ow0);
 #if CV == 2
-                yv[at0 / 2u] = STOREV(VEC(acc[a0], acc[a0 + 1]));
+                    yv[at0 / 2u] = STOREV(VEC(ACC(it, 0, i, 0), ACC(it, 0, i, 1)));
 #else
-                yv[at0 / 4u] = STOREV(VEC(acc[a0], acc[a0 + 1], acc[a0 + 2], acc[a0 + 3]));
+                    yv[at0 / 4u] = STOREV(VEC(ACC(it, 0, i, 0), ACC(it, 0, i, 1), ACC(it, 0, i, 2), ACC(it, 0, i, 3)));
 #endif
 #else
-                for (int o = 0; o < OUT_W; ++o) {
-                    const int v = ow0 + o;
-                    if (v >= p.ow) break;
-                    const uint at = WALK > 0
-                        ? (uint(zi) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(v)
-                        : cl
-                        ? (((uint(b) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(v)) * uint(p.c) + uint(ch)
-                        : (((uint(b) * uint(p.c) + uint(ch)) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(v);
-                    y[at] = STORE(acc[(it * KD) * OUT_W + o]);
+                    for (int o = 0; o < OUT_W; ++o) {
+                        const int v = ow0 + o;
+                        if (v >= p.ow) break;
+                        const uint at = WALK > 0
+                            ? (uint(zi) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(v)
+                            : cl
+                            ? (((uint(b) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(v)) * uint(p.c) + uint(ch)
+                            : (((uint(b) * uint(p.c) + uint(ch)) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(v);
+                        y[at] = STORE(ACC(it, 0, i, o));
+                    }
+#endif
                 }
-#endif
             }
             // Rotate: the oldest depth leaves, a fresh one enters at the top.
             for (int j = 0; j + 1 < KD; ++j)
-                for (int o = 0; o < OUT_W; ++o)
-                    acc[(it * KD + j) * OUT_W + o] = acc[(it * KD + j + 1) * OUT_W + o];
-            for (int o = 0; o < OUT_W; ++o) acc[(it * KD + KD - 1) * OUT_W + o] = 0.0;
+                for (int i = 0; i < OUT_H; ++i)
+                    for (int o = 0; o < OUT_W; ++o) ACC(it, j, i, o) = ACC(it, j + 1, i, o);
+            for (int i = 0; i < OUT_H; ++i)
+                for (int o = 0; o < OUT_W; ++o) ACC(it, KD - 1, i, o) = 0.0;
         }
         // The other buffer was last read before the previous barrier: fill it, then wait
         // once so every invocation sees it (and is done with this one).

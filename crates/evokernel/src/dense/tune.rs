@@ -532,6 +532,7 @@ mod tests {
             "depth_rotate:workgroup=64,out_w=7,rows=2",
             "depth_rotate:workgroup=224,out_w=4,rows=2",
             "depth_rotate:workgroup=64,out_w=4,rows=7",
+            "depth_rotate:workgroup=64,out_w=4,out_h=5,rows=4,direct=0",
             "depth_rotate_cl:workgroup=64,out_w=16,out_h=1,cv=1,wrow=0",
             "depth_rotate_cl:workgroup=64,out_w=4,out_h=3,cv=1,wrow=0",
             "depth_rotate_cl:workgroup=64,out_w=4,out_h=1,cv=3,wrow=0",

@@ -29,6 +29,10 @@ pub struct RotateConfig {
     pub workgroup: u32,
     /// Consecutive outputs of a row an invocation computes.
     pub out_w: u32,
+    /// Consecutive output rows an invocation's run spans (each band row it reads feeds
+    /// every one of them; the band's rows are a multiple).
+    #[serde(default = "one")]
+    pub out_h: u32,
     /// Output rows a workgroup's band holds.
     pub rows: u32,
     /// 1: no band in shared memory: each invocation reads its windows from the buffer
@@ -40,17 +44,23 @@ pub struct RotateConfig {
 // a band's runs (rows x runs a row) can be split evenly over a workgroup's invocations
 // (the seed's 80-wide rows in runs of 4 over 8 rows: 160 runs for 128 invocations, the
 // second item of each on a quarter of them; in runs of 5, 128 exactly).
+fn one() -> u32 {
+    1
+}
+
 const WORKGROUPS: [u32; 7] = [32, 64, 96, 128, 160, 192, 256];
 const OUT_WS: [u32; 7] = [1, 2, 3, 4, 5, 6, 8];
+const OUT_HS: [u32; 4] = [1, 2, 3, 4];
 const ROWS: [u32; 12] = [1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 32];
 const DIRECTS: [u32; 2] = [0, 1];
 const FAMILY_HINT: &str =
-    "workgroup 32-256 in steps of 32 (not 224), out_w 1-6 or 8, rows 1-6, 8, 9, 12, \
-     16, 24 or 32, direct 0 or 1";
+    "workgroup 32-256 in steps of 32 (not 224), out_w 1-6 or 8, out_h 1-4, rows 1-6, 8, \
+     9, 12, 16, 24 or 32, direct 0 or 1";
 
-fn in_family(workgroup: u32, out_w: u32, rows: u32, direct: u32) -> bool {
+fn in_family(workgroup: u32, out_w: u32, out_h: u32, rows: u32, direct: u32) -> bool {
     WORKGROUPS.contains(&workgroup)
         && OUT_WS.contains(&out_w)
+        && OUT_HS.contains(&out_h)
         && ROWS.contains(&rows)
         && DIRECTS.contains(&direct)
 }
@@ -65,10 +75,16 @@ const MAX_FILL: usize = 24;
 impl RotateConfig {
     pub const NAME: &'static str = "depth_rotate";
     /// The fields, in `values` order.
-    pub const NAMES: [&'static str; 4] = ["workgroup", "out_w", "rows", "direct"];
+    pub const NAMES: [&'static str; 5] = ["workgroup", "out_w", "out_h", "rows", "direct"];
 
-    pub fn values(&self) -> [u32; 4] {
-        [self.workgroup, self.out_w, self.rows, self.direct]
+    pub fn values(&self) -> [u32; 5] {
+        [
+            self.workgroup,
+            self.out_w,
+            self.out_h,
+            self.rows,
+            self.direct,
+        ]
     }
 
     fn as_tile(&self) -> TileConfig {
@@ -112,10 +128,23 @@ impl RotateConfig {
         .then_some(out_w)
     }
 
+    /// Where each run's window is read as aligned vectors of the stored run's width
+    /// (the shader's VOFF: elements of the first vector before the window): reading
+    /// directly from channels-first rows whose length is a whole number of vectors, at
+    /// W stride and dilation 1.
+    pub fn load_vector_offset(&self, spec: &ConvSpec) -> Option<usize> {
+        let cv = self.store_vector(spec)?;
+        (self.direct == 1
+            && spec.stride3()[2] == 1
+            && spec.dilation3()[2] == 1
+            && spec.input3()[2].is_multiple_of(cv))
+        .then(|| (cv - spec.pad_before3()[2] % cv) % cv)
+    }
+
     /// Runs of OUT_W outputs each invocation owns: the band's runs over the invocations.
     pub fn items(&self, spec: &ConvSpec) -> usize {
         let ow = spec.output3()[2];
-        let runs = self.rows as usize * ow.div_ceil(self.out_w as usize);
+        let runs = (self.rows / self.out_h) as usize * ow.div_ceil(self.out_w as usize);
         runs.div_ceil(self.workgroup as usize)
     }
 
@@ -160,7 +189,8 @@ impl RotateConfig {
         let slots = oh.div_ceil(self.rows as usize)
             * self.items(spec)
             * self.workgroup as usize
-            * self.out_w as usize;
+            * self.out_w as usize
+            * self.out_h as usize;
         (oh * ow) as f64 / slots as f64
     }
 
@@ -216,11 +246,19 @@ impl RotateConfig {
                 "{fill} band elements an invocation loads ahead (at most {MAX_FILL} in registers)"
             ));
         }
-        let items = self.items(spec);
-        if items > MAX_ITEMS || items * spec.kernel3()[0] * self.out_w as usize > 64 {
+        if !self.rows.is_multiple_of(self.out_h) {
             return Err(format!(
-                "{items} runs of {} outputs an invocation over {} depths: more sums than \
-                 registers hold (at most {MAX_ITEMS} runs, 64 sums)",
+                "{} rows a band in runs {} rows tall: the band must hold whole runs",
+                self.rows, self.out_h
+            ));
+        }
+        let items = self.items(spec);
+        let sums = items * spec.kernel3()[0] * (self.out_w * self.out_h) as usize;
+        if items > MAX_ITEMS || sums > 64 {
+            return Err(format!(
+                "{items} runs of {} x {} outputs an invocation over {} depths: more sums \
+                 than registers hold (at most {MAX_ITEMS} runs, 64 sums)",
+                self.out_h,
                 self.out_w,
                 spec.kernel3()[0]
             ));
@@ -233,16 +271,19 @@ impl RotateConfig {
         let mut v = Vec::new();
         for &workgroup in &WORKGROUPS {
             for &out_w in &OUT_WS {
-                for &rows in &ROWS {
-                    for &direct in &DIRECTS {
-                        let c = RotateConfig {
-                            workgroup,
-                            out_w,
-                            rows,
-                            direct,
-                        };
-                        if c.fits(info, spec).is_ok() {
-                            v.push(c);
+                for &out_h in &OUT_HS {
+                    for &rows in &ROWS {
+                        for &direct in &DIRECTS {
+                            let c = RotateConfig {
+                                workgroup,
+                                out_w,
+                                out_h,
+                                rows,
+                                direct,
+                            };
+                            if c.fits(info, spec).is_ok() {
+                                v.push(c);
+                            }
                         }
                     }
                 }
@@ -301,6 +342,7 @@ impl RotateConfig {
             .copied()
             .filter(|c| {
                 (64..=256).contains(&c.workgroup)
+                    && c.out_h == 1
                     && c.direct == direct
                     && c.items(spec) <= 2
                     && if wide {
@@ -325,10 +367,11 @@ config_text!(
     RotateConfig,
     "a depth_rotate config",
     FAMILY_HINT,
-    |[workgroup, out_w, rows, direct]: [u32; 4]| {
-        in_family(workgroup, out_w, rows, direct).then_some(RotateConfig {
+    |[workgroup, out_w, out_h, rows, direct]: [u32; 5]| {
+        in_family(workgroup, out_w, out_h, rows, direct).then_some(RotateConfig {
             workgroup,
             out_w,
+            out_h,
             rows,
             direct,
         })
@@ -380,8 +423,6 @@ pub fn prepare_depth_rotate<'d>(
         od,
         oh,
         ow,
-        st[1],
-        dl[1],
         pb[0],
         pb[1],
         pb[2],
@@ -393,7 +434,7 @@ pub fn prepare_depth_rotate<'d>(
     .collect::<Result<Vec<i32>>>()?;
     let (hs, ws) = config.band(spec);
     let [kd, kh, kw] = spec.kernel3();
-    let constants = super::spec_constants(&[
+    let mut constants = super::spec_constants(&[
         config.workgroup as usize,
         kd,
         kh,
@@ -408,7 +449,13 @@ pub fn prepare_depth_rotate<'d>(
         config.fill_per_invocation(spec),
         walk,
         config.direct as usize,
+        st[1],
+        dl[1],
+        config.out_h as usize,
     ]);
+    // VOFF (id 17): -1 for scalar loads, as the constant's 32 bits.
+    let voff = config.load_vector_offset(spec).map_or(-1, |v| v as i32);
+    constants.push((constants.len() as u32, voff as u32));
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
     VulkanRun::new(
         dev,
@@ -509,6 +556,7 @@ mod tests {
         let forced = RotateConfig {
             workgroup: 64,
             out_w: 4,
+            out_h: 1,
             rows: 1,
             direct: 1,
         };
@@ -527,7 +575,7 @@ mod tests {
             assert!(c.fill_per_invocation(&seed) <= MAX_FILL);
             // Every run of the band has an owner.
             assert!(
-                c.items(&seed) * c.workgroup as usize * c.out_w as usize >= c.rows as usize * 80
+                c.items(&seed) * (c.workgroup * c.out_w * c.out_h) as usize >= c.rows as usize * 80
             );
         }
         let d = RotateConfig::default_for(&info, &seed).unwrap();
