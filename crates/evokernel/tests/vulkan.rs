@@ -555,16 +555,22 @@ fn rotate_shader_stores_runs_as_vectors() {
     for (i, p) in specs.into_iter().enumerate() {
         let spec = p.validate().unwrap();
         let space = RotateConfig::space(dev.info(), &spec);
-        for out_w in [2, 3, 4] {
+        let ow = spec.output3()[2];
+        for out_w in [2, 3, 4, 6, 8] {
+            if !ow.is_multiple_of(out_w) {
+                continue;
+            }
             let pick = space
                 .iter()
-                .filter(|c| c.out_w == out_w)
+                .filter(|c| c.out_w as usize == out_w)
                 .nth(i * 3 % 5)
-                .or_else(|| space.iter().find(|c| c.out_w == out_w))
+                .or_else(|| space.iter().find(|c| c.out_w as usize == out_w))
                 .copied()
                 .unwrap_or_else(|| panic!("{spec}: no config with runs of {out_w}"));
-            assert_eq!(pick.store_vector(&spec).is_some(), out_w != 3, "{pick}");
-            vectors += usize::from(out_w != 3);
+            // Runs of 6 and 8 leave as 3 vectors of 2 and 2 of 4.
+            let cv = [4, 2].into_iter().find(|v| out_w.is_multiple_of(*v));
+            assert_eq!(pick.store_vector(&spec), cv, "{pick}");
+            vectors += usize::from(cv.is_some());
             for &dtype in &dtypes {
                 let typed = spec.with_dtype(dtype);
                 let name = format!("vector spec {i} {pick} {dtype}");
@@ -586,7 +592,8 @@ fn rotate_shader_stores_runs_as_vectors() {
         assert!(c.store_vector(&cl).is_none());
         check_with(&dev, Shader::Rotate(Some(c)), "vector cl", &cl, 150, false);
     }
-    assert_eq!(vectors, 6);
+    // Spec 0's 24-wide rows: runs of 2, 4, 6, 8; spec 1's 16: 2, 4, 8; spec 2's 40: 2, 4, 8.
+    assert_eq!(vectors, 10);
 }
 
 /// Runs spanning 2-4 output rows (`out_h`): each band row read once for every row it
@@ -702,15 +709,16 @@ fn rotate_shader_reads_direct_windows_as_vectors() {
                 p.padding.insert(0, [1, 1]);
             }
             let spec = p.validate().unwrap();
-            for out_w in [2, 4] {
+            for out_w in [2, 4, 8] {
                 let Some(&pick) = RotateConfig::space(dev.info(), &spec)
                     .iter()
                     .find(|c| c.direct == 1 && c.out_w == out_w && c.store_vector(&spec).is_some())
                 else {
                     continue;
                 };
+                let cv = pick.store_vector(&spec).unwrap() as i64;
                 let vector = pick.load_vector_offset(&spec);
-                assert_eq!(vector.is_some(), width % out_w as i64 == 0, "{spec} {pick}");
+                assert_eq!(vector.is_some(), width % cv == 0, "{spec} {pick}");
                 vectors += usize::from(vector.is_some());
                 for &dtype in &dtypes {
                     let typed = spec.with_dtype(dtype);
@@ -727,7 +735,8 @@ fn rotate_shader_reads_direct_windows_as_vectors() {
             }
         }
     }
-    assert_eq!(vectors, 24, "configs reading vectors");
+    // Rows of 24 in runs of 2, 4, 8 and of 20 in runs of 2 and 4, at six paddings.
+    assert_eq!(vectors, 30, "configs reading vectors");
 }
 
 /// f16 and bf16 through the depthwise shaders (tiled, rotating, channels-last rotating)

@@ -58,10 +58,10 @@ const int RIN = (OUT_H - 1) * SH + (KH - 1) * DH + 1;  // input rows a run's row
 layout(std430, set = 0, binding = 0) readonly buffer Input { ELEM x[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Weight { ELEM w[]; };
 layout(std430, set = 0, binding = 2) writeonly buffer Output { ELEM y[]; };
-// CV (a #define from the host where the data is channels-first, OUT_W is 2 or 4 and
-// divides the output rows): a run's OUT_W outputs leave as one vector store, through
-// this alias of the output. One element a store put a warp's 32 stores OUT_W elements
-// apart: OUT_W times the sectors a coalesced store writes.
+// CV (a #define from the host where the data is channels-first, OUT_W divides the output
+// rows and CV, 4 or 2, divides OUT_W): a run's OUT_W outputs leave as OUT_W / CV vector
+// stores, through this alias of the output. One element a store put a warp's 32 stores
+// OUT_W elements apart: OUT_W times the sectors a coalesced store writes.
 #ifdef CV
 layout(std430, set = 0, binding = 2) writeonly buffer OutputRuns { VELEM yv[]; };
 layout(std430, set = 0, binding = 0) readonly buffer InputRuns { VELEM xv[]; };
@@ -226,15 +226,17 @@ void main() {
                     const int oh = h0 + row + i;
 #ifdef CV
                     // Channels-first: the run's outputs are consecutive and start at a
-                    // multiple of OUT_W (= CV; the rows' length is one too).
+                    // multiple of OUT_W (a multiple of CV; the rows' length is one too).
                     const uint at0 = WALK > 0
                         ? (uint(zi) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(ow0)
                         : (((uint(b) * uint(p.c) + uint(ch)) * uint(p.od) + uint(base_od)) * uint(p.oh) + uint(oh)) * uint(p.ow) + uint(ow0);
+                    for (int v = 0; v < OUT_W; v += CV) {
 #if CV == 2
-                    yv[at0 / 2u] = STOREV(VEC(ACC(it, 0, i, 0), ACC(it, 0, i, 1)));
+                        yv[(at0 + uint(v)) / 2u] = STOREV(VEC(ACC(it, 0, i, v), ACC(it, 0, i, v + 1)));
 #else
-                    yv[at0 / 4u] = STOREV(VEC(ACC(it, 0, i, 0), ACC(it, 0, i, 1), ACC(it, 0, i, 2), ACC(it, 0, i, 3)));
+                        yv[(at0 + uint(v)) / 4u] = STOREV(VEC(ACC(it, 0, i, v), ACC(it, 0, i, v + 1), ACC(it, 0, i, v + 2), ACC(it, 0, i, v + 3)));
 #endif
+                    }
 #else
                     for (int o = 0; o < OUT_W; ++o) {
                         const int v = ow0 + o;

@@ -3,15 +3,16 @@
 //! workgroup walks down the depth of a band of output rows, loading each input slice's
 //! band into shared memory once and accumulating the KD output depths it feeds in
 //! registers, so the input is read once where the tiled shader reads it KD times. Its
-//! config ([`RotateConfig`]: invocations, outputs an invocation along W, band rows) goes
-//! to the shader as specialization constants; the runs an invocation owns follow from it
+//! config ([`RotateConfig`]: invocations, outputs an invocation along W and H, band rows)
+//! goes to the shader as specialization constants; the runs an invocation owns follow from it
 //! (at most 4, so that their sums stay in registers), and so does each invocation's part
 //! of a slice's fill (loaded into registers while the slice before is multiplied, from a
 //! second shared band), and the space is pruned by the device's shared memory and
 //! invocations. With `direct` there is no band: each invocation reads its windows from
 //! the buffer (channels-first; the default on 1-D rows, whose band held no reuse across
-//! rows). Runs of 2 or 4 that divide channels-first rows are stored as one vector. f32,
-//! and f16 where the device has 16-bit storage.
+//! rows). Runs that divide channels-first rows leave as vectors of 4 or 2, and direct
+//! reads of rows that are whole vectors take each window as aligned vectors. f32, and
+//! f16 and bf16 where the device has 16-bit storage.
 
 use super::device::VulkanDevice;
 use super::tile::{tile_shape, TileConfig};
@@ -118,14 +119,15 @@ impl RotateConfig {
         (hs * ws).div_ceil(self.workgroup as usize)
     }
 
-    /// Outputs a run stores as one vector (the shader's CV), if it can: channels-first
-    /// data, runs of 2 or 4 that divide the output rows (so each starts aligned).
+    /// Outputs a vector store of a run holds (the shader's CV), if its runs leave as
+    /// vectors: channels-first data, runs that divide the output rows (so each starts
+    /// aligned), 4 where the run is a multiple of 4, else 2 where it is even.
     pub fn store_vector(&self, spec: &ConvSpec) -> Option<usize> {
         let out_w = self.out_w as usize;
-        (spec.layout() == Layout::ChannelsFirst
-            && matches!(out_w, 2 | 4)
-            && spec.output3()[2].is_multiple_of(out_w))
-        .then_some(out_w)
+        if spec.layout() != Layout::ChannelsFirst || !spec.output3()[2].is_multiple_of(out_w) {
+            return None;
+        }
+        [4, 2].into_iter().find(|cv| out_w.is_multiple_of(*cv))
     }
 
     /// Where each run's window is read as aligned vectors of the stored run's width
@@ -299,7 +301,10 @@ impl RotateConfig {
     /// halo rows read twice), then the one nearest 128 invocations. (The H100's tuned
     /// picks, run 267, all hold one run an invocation: seed 128 x 5 x 8 rows, x3d
     /// 160 x 3 x 8, video-vae 256 x 2 x 4, convnext 160 x 6 x 16; a default of two runs an
-    /// invocation of 256 ran the video-vae case 2x slower than its tuned pick.)
+    /// invocation of 256 ran the video-vae case 2x slower than its tuned pick.) On planes
+    /// of one slice and many taps: runs of 4 x 2 rows, the tallest band of at most 16
+    /// rows whose runs the fewest invocations hold one each (H200 run 386, convnext-7x7:
+    /// 128 x 4 x 2 rows x 16 0.140 ms, the best single-row runs 0.168).
     pub fn default_for(info: &VulkanDeviceInfo, spec: &ConvSpec) -> Result<RotateConfig> {
         let refused = |reason: String| Error::NotApplicable {
             variant: Self::NAME.into(),
@@ -328,7 +333,8 @@ impl RotateConfig {
         let key = |c: &RotateConfig| {
             let used = c.run_use(spec);
             (
-                c.store_vector(spec).is_some() && !plane,
+                // (Runs stored as one vector each: what run 281 measured.)
+                c.store_vector(spec) == Some(c.out_w as usize) && !plane,
                 used >= 0.9 && c.items(spec) == 1,
                 c.rows.is_power_of_two() && !plane,
                 (used * 1000.0).round() as i64,
@@ -337,7 +343,18 @@ impl RotateConfig {
                 c.out_w,
             )
         };
-        space
+        let tall_runs = space
+            .iter()
+            .copied()
+            .filter(|c| {
+                plane
+                    && (c.out_w, c.out_h, c.direct) == (4, 2, 0)
+                    && c.rows <= 16
+                    && c.workgroup <= 256
+                    && c.items(spec) == 1
+            })
+            .max_by_key(|c| (c.rows, -(c.workgroup as i64)));
+        let general = space
             .iter()
             .copied()
             .filter(|c| {
@@ -351,7 +368,9 @@ impl RotateConfig {
                         c.out_w == 1
                     }
             })
-            .max_by_key(key)
+            .max_by_key(key);
+        tall_runs
+            .or(general)
             .or_else(|| space.first().copied())
             .ok_or_else(|| {
                 refused(format!(
@@ -501,8 +520,8 @@ mod tests {
             // The plane walk: channels-first rows of one kernel depth, no depth padding.
             let walks = matches!(case.name.as_str(), "causal-conv1d" | "convnext-7x7");
             assert_eq!(d.walk(&spec) > 0, walks, "{}: {d}", case.name);
-            // Vector stores everywhere they fit but on the plane of 49 taps (measured
-            // slower there) and where no run width divides the rows.
+            // Vector stores everywhere they fit (the plane of 49 taps in runs of 4 x 2
+            // rows) but where no run width divides the rows.
             let vector = matches!(
                 case.name.as_str(),
                 "seed-bf16"
@@ -511,6 +530,13 @@ mod tests {
                     | "x3d-3x3x3"
                     | "video-vae-causal"
                     | "causal-conv1d"
+                    | "convnext-7x7"
+            );
+            assert_eq!(
+                d.out_h == 2,
+                case.name == "convnext-7x7",
+                "{}: {d}",
+                case.name
             );
             assert_eq!(
                 d.store_vector(&spec).is_some(),
