@@ -6,8 +6,8 @@
 // feeds the KD output depths it reaches, whose partial sums each invocation keeps in
 // registers (acc[j] is output depth base + j; after a slice the oldest is complete, is
 // stored, and the others shift down). Input traffic is one read of each slice where the
-// tiled shader reads it KD times. Each invocation owns ITEMS runs of OUT_W outputs of
-// the band (fixed across slices: its sums stay in registers). Buffers of ELEM (f32, f16
+// tiled shader reads it KD times. Each invocation owns ITEMS runs of OUT_H x OUT_W
+// outputs of the band (fixed across slices: its sums stay in registers). Buffers of ELEM (f32, f16
 // or bf16: the host's prelude), f32 in shared memory and registers. Both layouts.
 //
 // Two slice buffers: an invocation loads its part of the next slice into registers

@@ -41,14 +41,14 @@ pub struct RotateConfig {
     pub direct: u32,
 }
 
-// The rotation's family: the band shaders' powers of two and the sizes between, so that
-// a band's runs (rows x runs a row) can be split evenly over a workgroup's invocations
-// (the seed's 80-wide rows in runs of 4 over 8 rows: 160 runs for 128 invocations, the
-// second item of each on a quarter of them; in runs of 5, 128 exactly).
 fn one() -> u32 {
     1
 }
 
+// The rotation's family: the band shaders' powers of two and the sizes between, so that
+// a band's runs (rows x runs a row) can be split evenly over a workgroup's invocations
+// (the seed's 80-wide rows in runs of 4 over 8 rows: 160 runs for 128 invocations, the
+// second item of each on a quarter of them; in runs of 5, 128 exactly).
 const WORKGROUPS: [u32; 7] = [32, 64, 96, 128, 160, 192, 256];
 const OUT_WS: [u32; 7] = [1, 2, 3, 4, 5, 6, 8];
 const OUT_HS: [u32; 4] = [1, 2, 3, 4];
@@ -143,7 +143,8 @@ impl RotateConfig {
         .then(|| (cv - spec.pad_before3()[2] % cv) % cv)
     }
 
-    /// Runs of OUT_W outputs each invocation owns: the band's runs over the invocations.
+    /// Runs (OUT_H x OUT_W outputs) each invocation owns: the band's runs over the
+    /// invocations.
     pub fn items(&self, spec: &ConvSpec) -> usize {
         let ow = spec.output3()[2];
         let runs = (self.rows / self.out_h) as usize * ow.div_ceil(self.out_w as usize);
