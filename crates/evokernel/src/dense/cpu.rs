@@ -1,9 +1,10 @@
 //! Dense and grouped convolution on the CPU: the reference for CI and the backend of a
 //! machine with no GPU. The input is widened to f32 channels-last once (a transpose where
-//! the spec is channels-first) and the weights to `[group][tap][ci][co]` (output channels
-//! padded to whole blocks), so the inner loop multiplies one input value into a
-//! contiguous block of output channels; rows of output pixels run in parallel (rayon),
-//! each accumulated in f32 and rounded once.
+//! the spec is channels-first) and the weights to `[group][block of COB output
+//! channels][tap][ci][COB]` (output channels padded to whole blocks), so the inner loop
+//! multiplies one input value into a contiguous block of output channels and a block's
+//! weights are one contiguous stream; rows of output pixels run in parallel (rayon), each
+//! accumulated in f32 and rounded once.
 //!
 //! `PIX` neighbouring pixels of a row are computed together with `COB` output channels in
 //! registers (a GEMM micro-kernel: each weight vector loaded once for `PIX` pixels; the
@@ -38,11 +39,8 @@ pub fn conv_dense_cpu(
     output.expect("output", spec.dtype(), spec.output_len())?;
     let g = spec.geometry();
     let (cin, cout) = (spec.in_channels(), spec.out_channels());
-    let (cpi, cpo) = (spec.in_per_group(), spec.out_per_group());
     let [id, ih, iw] = g.input3();
     let [od, oh, ow] = g.output3();
-    let [kd, kh, kw] = g.kernel3();
-    let taps = kd * kh * kw;
 
     // The input as f32, channels-last.
     let mut x = vec![0f32; spec.input_len()];
@@ -56,20 +54,7 @@ pub fn conv_dense_cpu(
             }
         }
     }
-    // The weights as [group][tap][ci][co within the group, padded to whole COB blocks
-    // with zeros].
-    let cpo_pad = cpo.next_multiple_of(COB);
-    let mut wt = vec![0f32; spec.groups() * taps * cpi * cpo_pad];
-    for co in 0..cout {
-        let (grp, col) = (co / cpo, co % cpo);
-        for ci in 0..cpi {
-            for t in 0..taps {
-                let (a, b, e) = (t / (kh * kw), (t / kw) % kh, t % kw);
-                wt[((grp * taps + t) * cpi + ci) * cpo_pad + col] =
-                    weight.get_f64(spec.weight_index(co, ci, a, b, e)) as f32;
-            }
-        }
-    }
+    let wt = pack_weights(spec, weight);
     let isa = Isa::detect();
 
     // Each chunk: one output row (n, d, h) of ow pixels x cout channels, channels-last.
@@ -82,7 +67,6 @@ pub fn conv_dense_cpu(
                 spec,
                 x: &x,
                 wt: &wt,
-                cpo_pad,
                 n,
                 d,
                 h,
@@ -102,12 +86,42 @@ pub fn conv_dense_cpu(
     Ok(())
 }
 
+/// Offset of output channel block `block`'s COB weights of tap `t` and input channel
+/// `ci` of group `grp` in the packed weights ([`pack_weights`]).
+fn weight_at(spec: &DenseConvSpec, grp: usize, block: usize, t: usize, ci: usize) -> usize {
+    let taps = spec.geometry().kernel3().iter().product::<usize>();
+    let blocks = spec.out_per_group().div_ceil(COB);
+    (((grp * blocks + block) * taps + t) * spec.in_per_group() + ci) * COB
+}
+
+/// The weights as f32 `[group][block of COB output channels][tap][ci][COB]`, the
+/// channels past a group's last padded with zeros: a block's weights are one contiguous
+/// stream over its taps and input channels (laid out `[tap][ci][co]`, a block's loads
+/// were `cpo` floats apart: 4 KB on a 1024-channel layer, a new page every load).
+fn pack_weights(spec: &DenseConvSpec, weight: &HostTensor) -> Vec<f32> {
+    let [_, kh, kw] = spec.geometry().kernel3();
+    let taps = spec.geometry().kernel3().iter().product::<usize>();
+    let (cpi, cpo) = (spec.in_per_group(), spec.out_per_group());
+    let blocks = cpo.div_ceil(COB);
+    let mut wt = vec![0f32; spec.groups() * blocks * taps * cpi * COB];
+    for co in 0..spec.out_channels() {
+        let (grp, col) = (co / cpo, co % cpo);
+        for ci in 0..cpi {
+            for t in 0..taps {
+                let (a, b, e) = (t / (kh * kw), (t / kw) % kh, t % kw);
+                wt[weight_at(spec, grp, col / COB, t, ci) + col % COB] =
+                    weight.get_f64(spec.weight_index(co, ci, a, b, e)) as f32;
+            }
+        }
+    }
+    wt
+}
+
 /// One output row (n, d, h) of the convolution: the widened input and weights.
 struct Row<'a> {
     spec: &'a DenseConvSpec,
     x: &'a [f32],
     wt: &'a [f32],
-    cpo_pad: usize,
     n: usize,
     d: usize,
     h: usize,
@@ -127,11 +141,7 @@ impl Row<'_> {
     fn pixel(&self, w: usize, pixel: &mut [f32], acc: &mut [f32]) {
         let g = self.spec.geometry();
         let [kd, kh, kw] = g.kernel3();
-        let (cpi, cpo, taps) = (
-            self.spec.in_per_group(),
-            self.spec.out_per_group(),
-            kd * kh * kw,
-        );
+        let (cpi, cpo) = (self.spec.in_per_group(), self.spec.out_per_group());
         for grp in 0..self.spec.groups() {
             acc.iter_mut().for_each(|v| *v = 0.0);
             for a in 0..kd {
@@ -148,11 +158,11 @@ impl Row<'_> {
                         };
                         let t = (a * kh + b) * kw + e;
                         let xs = &self.x[self.at(zi, yi, xi, grp)..][..cpi];
-                        let ws = &self.wt[(grp * taps + t) * cpi * self.cpo_pad..];
                         for (ci, &xv) in xs.iter().enumerate() {
-                            let wrow = &ws[ci * self.cpo_pad..][..cpo];
-                            for (o, &wv) in acc.iter_mut().zip(wrow) {
-                                *o = xv.mul_add(wv, *o);
+                            for (o, a) in acc.iter_mut().enumerate() {
+                                let wv =
+                                    self.wt[weight_at(self.spec, grp, o / COB, t, ci) + o % COB];
+                                *a = xv.mul_add(wv, *a);
                             }
                         }
                     }
@@ -206,7 +216,6 @@ impl Row<'_> {
             self.spec.out_per_group(),
             self.spec.out_channels(),
         );
-        let taps = kd * kh * kw;
         let pixels = PIX.min(ow - w0);
         for grp in 0..self.spec.groups() {
             for cb in (0..cpo).step_by(COB) {
@@ -223,8 +232,8 @@ impl Row<'_> {
                         };
                         for e in 0..kw {
                             let t = (a * kh + b) * kw + e;
-                            let ws = &self.wt[(grp * taps + t) * cpi * self.cpo_pad + cb..];
-                            assert!((cpi - 1) * self.cpo_pad + COB <= ws.len());
+                            let ws = &self.wt[weight_at(self.spec, grp, cb / COB, t, 0)..];
+                            assert!(cpi * COB <= ws.len());
                             // Pixel p's first input channel for this tap, where it has one.
                             let mut xoff = [usize::MAX; PIX];
                             for (p, xo) in xoff.iter_mut().enumerate().take(pixels) {
@@ -238,7 +247,7 @@ impl Row<'_> {
                             if xoff.iter().all(|&o| o != usize::MAX) {
                                 for ci in 0..cpi {
                                     // SAFETY: ci < cpi and the bounds asserted above.
-                                    let wv = unsafe { B::load(wp.add(ci * self.cpo_pad)) };
+                                    let wv = unsafe { B::load(wp.add(ci * COB)) };
                                     for (ap, &o) in acc.iter_mut().zip(&xoff) {
                                         // SAFETY: as above.
                                         *ap = unsafe { ap.fma(*xp.add(o + ci), wv) };
@@ -247,7 +256,7 @@ impl Row<'_> {
                             } else {
                                 for ci in 0..cpi {
                                     // SAFETY: as above.
-                                    let wv = unsafe { B::load(wp.add(ci * self.cpo_pad)) };
+                                    let wv = unsafe { B::load(wp.add(ci * COB)) };
                                     for (ap, &o) in acc.iter_mut().zip(&xoff) {
                                         if o != usize::MAX {
                                             // SAFETY: as above, for the pixels that read.
@@ -430,19 +439,9 @@ mod tests {
             let mut y = HostTensor::zeros(DType::F32, &spec.output_shape());
             conv_dense_cpu(&spec, &x, &w, &mut y).unwrap();
             // The pixel-at-a-time form on every pixel.
-            let (cpi, cpo) = (spec.in_per_group(), spec.out_per_group());
-            let cpo_pad = cpo.next_multiple_of(COB);
+            let cpo = spec.out_per_group();
             let g = spec.geometry();
-            let taps = g.kernel3().iter().product::<usize>();
-            let mut wt = vec![0f32; groups as usize * taps * cpi * cpo_pad];
-            for o in 0..co as usize {
-                for c in 0..cpi {
-                    for t in 0..taps {
-                        wt[(((o / cpo) * taps + t) * cpi + c) * cpo_pad + o % cpo] =
-                            w.get_f64(spec.weight_index(o, c, 0, t / 3, t % 3)) as f32;
-                    }
-                }
-            }
+            let wt = pack_weights(&spec, &w);
             let xs: Vec<f32> = (0..x.len()).map(|i| x.get_f64(i) as f32).collect();
             let [_, oh, ow] = g.output3();
             let cout = co as usize;
@@ -454,7 +453,6 @@ mod tests {
                         spec: &spec,
                         x: &xs,
                         wt: &wt,
-                        cpo_pad,
                         n,
                         d: 0,
                         h,
