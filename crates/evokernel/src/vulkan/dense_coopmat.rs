@@ -196,17 +196,9 @@ impl CoopmatConfig {
             bk: 32,
             ahead: 1,
         };
-        let l = |a: u32, b: u32| (a.ilog2() as i32 - b.ilog2() as i32).abs();
         Self::space(info, spec)
             .into_iter()
-            .min_by_key(|c| {
-                l(c.sg_m, want.sg_m)
-                    + l(c.sg_n, want.sg_n)
-                    + l(c.tm, want.tm)
-                    + l(c.tn, want.tn)
-                    + l(c.bk, want.bk)
-                    + l(c.ahead, want.ahead)
-            })
+            .min_by_key(|c| super::log2_distance(&c.values(), &want.values()))
             .ok_or_else(|| Error::NotApplicable {
                 variant: "vulkan dense_coopmat".into(),
                 spec: spec.to_string(),

@@ -231,14 +231,10 @@ impl Coopmat2Config {
             reason,
         })?;
         let want = [128u32, 128, 32, 256, 1];
-        let l = |a: u32, b: u32| (a.ilog2() as i32 - b.ilog2() as i32).abs();
         let nearest = Self::space(info, spec)
             .into_iter()
             .filter(|c| c.splits == 1)
-            .min_by_key(|c| {
-                let v = c.values();
-                (0..5).map(|i| l(v[i], want[i])).sum::<i32>()
-            });
+            .min_by_key(|c| super::log2_distance(&c.values(), &want));
         nearest
             .map(|c| {
                 let (tm, tn) = c.tiles(spec);

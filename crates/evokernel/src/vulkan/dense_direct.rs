@@ -209,15 +209,10 @@ impl DirectConfig {
             ci_tile: 8,
             lds_pad: 1,
         };
-        // Distance in log2 steps, each field weighted alike.
+        // Distance in log2 steps, each field weighted alike (the pad, 0 or 1, one step
+        // apart).
         let dist = |c: &DirectConfig| {
-            let l = |a: u32, b: u32| (a.max(1).ilog2() as i32 - b.max(1).ilog2() as i32).abs();
-            l(c.threads_x, want.threads_x)
-                + l(c.threads_y, want.threads_y)
-                + l(c.outputs_x, want.outputs_x)
-                + l(c.outputs_y, want.outputs_y)
-                + l(c.ko_tile, want.ko_tile)
-                + l(c.ci_tile, want.ci_tile)
+            super::log2_distance(&c.values()[..6], &want.values()[..6])
                 + (c.lds_pad != want.lds_pad) as i32
         };
         space

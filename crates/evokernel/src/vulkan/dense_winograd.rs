@@ -153,11 +153,10 @@ impl WinogradConfig {
         };
         Self::applies(spec).map_err(refused)?;
         let want = [8u32, 4, 4, 8];
-        let l = |a: u32, b: u32| (a.ilog2() as i32 - b.ilog2() as i32).abs();
         Self::space(info, spec)
             .into_iter()
             .min_by_key(|c| {
-                let d: i32 = c.values().iter().zip(want).map(|(&a, b)| l(a, b)).sum();
+                let d = super::log2_distance(&c.values(), &want);
                 (d, std::cmp::Reverse(c.invocations()))
             })
             .ok_or_else(|| {

@@ -351,7 +351,6 @@ impl RotateConfig {
                 plane
                     && (c.out_w, c.out_h, c.direct) == (4, 2, 0)
                     && c.rows <= 16
-                    && c.workgroup <= 256
                     && c.items(spec) == 1
             })
             .max_by_key(|c| (c.rows, -(c.workgroup as i64)));

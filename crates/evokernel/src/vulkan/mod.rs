@@ -287,6 +287,17 @@ pub(crate) fn parse_config<const N: usize>(
     Ok(out)
 }
 
+/// How far config `values` lie from `want`, in log2 steps summed over the fields (0 read
+/// as 1): the measure of the dense shaders' defaults, "the fitting config nearest to".
+pub(crate) fn log2_distance(values: &[u32], want: &[u32]) -> i32 {
+    let log2 = |v: u32| v.max(1).ilog2() as i32;
+    values
+        .iter()
+        .zip(want)
+        .map(|(&a, &b)| (log2(a) - log2(b)).abs())
+        .sum()
+}
+
 /// Every combination of `choices` (one value of each, the last varying fastest): a
 /// config family as values in field order.
 pub(crate) fn combinations<const N: usize>(choices: [&[u32]; N]) -> Vec<[u32; N]> {
