@@ -7,10 +7,11 @@
 // outputs (n, d, h, w), N = Cout, K = taps x Cin_pad (Cin rounded up to BK so a K step
 // reads one tap); A's rows are the input pixels tap t of output m reads (zero in the
 // padding or past Cin), B the weights packed by the host as [tap][Cin_pad][Cout_pad8].
-// Each invocation loads its 16-byte pieces of step s + 1 into registers (a pixel index a
-// row computed once plus the tap's fixed offset; taps followed by counters) while the
-// workgroup multiplies step s from one of two shared buffers (rows padded by 16 bytes),
-// then stores them to the other: one barrier a step. The epilogue converts the
+// Each invocation loads its 16-byte pieces of step s + 1 (AHEAD = 2: s + 2, a second
+// register set holding s + 1) into registers (a pixel index a row computed once plus the
+// tap's fixed offset; taps followed by counters) while the workgroup multiplies step s
+// from one of two shared buffers (rows padded by 16 bytes), then stores step s + 1 to the
+// other: one barrier a step. The epilogue converts the
 // accumulator to f16 through shared memory and writes 16-byte row pieces. (Handing B to
 // the compiler's tensor-addressed loads, and the epilogue to a tensor-addressed store,
 // ran 1.2-1.4x and 1.05-1.2x slower on NVIDIA's driver: run 381.) Needs SPIR-V 1.6 (the
@@ -41,6 +42,9 @@ layout(constant_id = 12) const int BK = 32;       // K a step: 16, 32 or 64
 // its tile's counter; the last to arrive adds the partials in split order (the same bits
 // whatever order they finish in), writes the f16 outputs and resets the counter.
 layout(constant_id = 13) const int SPLITS = 1;
+// K steps whose global loads are in flight while a step multiplies: 1 (the next step's,
+// one register set) or 2 (the next two, two sets: each load has two multiplies to land).
+layout(constant_id = 14) const int AHEAD = 1;
 const int A_PER_ROW = BK / 8;
 // Shared rows in 16-byte units (8 halves), padded by one.
 const int A_ROW = BK / 8 + 1, B_ROW = BN / 8 + 1, C_ROW = BN / 8 + 1;
@@ -113,7 +117,7 @@ void main() {
     // This split's steps [s0, s1).
     const int s0 = int(split) * steps / SPLITS, s1 = (int(split) + 1) * steps / SPLITS;
 
-    uvec4 ra0[A_LOADS], rb0[B_LOADS];
+    uvec4 ra0[A_LOADS], rb0[B_LOADS], ra1[A_LOADS], rb1[B_LOADS];
     // The next step to load: its tap (kd, kh, kw) and channel step within the tap, kept as
     // counters (no division a step; the same in every invocation).
     int ld_cs = s0 % p.steps_tap, ld_kw = (s0 / p.steps_tap) % KW;
@@ -166,12 +170,31 @@ void main() {
     }
     LOAD_STEP(s0, ra0, rb0);
     STORE_STEP(s0 & 1, ra0, rb0);
-    barrier();
-    for (int s = s0; s < s1; ++s) {
-        if (s + 1 < s1) LOAD_STEP(s + 1, ra0, rb0);
-        MULTIPLY_STEP(s & 1);
-        if (s + 1 < s1) STORE_STEP((s + 1) & 1, ra0, rb0);
+    if (AHEAD == 1) {
         barrier();
+        for (int s = s0; s < s1; ++s) {
+            if (s + 1 < s1) LOAD_STEP(s + 1, ra0, rb0);
+            MULTIPLY_STEP(s & 1);
+            if (s + 1 < s1) STORE_STEP((s + 1) & 1, ra0, rb0);
+            barrier();
+        }
+    } else {
+        // Two register sets taking turns (a loop of two steps: the sets are named, not
+        // indexed): at step s shared buffer s & 1 holds step s and one set step s + 1,
+        // while the other set loads step s + 2. Loads stay in step order (the counters).
+        if (s0 + 1 < s1) LOAD_STEP(s0 + 1, ra1, rb1);
+        barrier();
+        for (int s = s0; s < s1; s += 2) {
+            if (s + 2 < s1) LOAD_STEP(s + 2, ra0, rb0);
+            MULTIPLY_STEP(s & 1);
+            if (s + 1 < s1) STORE_STEP((s + 1) & 1, ra1, rb1);
+            barrier();
+            if (s + 1 >= s1) break;
+            if (s + 3 < s1) LOAD_STEP(s + 3, ra1, rb1);
+            MULTIPLY_STEP((s + 1) & 1);
+            if (s + 2 < s1) STORE_STEP(s & 1, ra0, rb0);
+            barrier();
+        }
     }
 
     if (SPLITS > 1) {

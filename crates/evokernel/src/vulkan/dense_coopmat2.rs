@@ -33,6 +33,10 @@ pub struct Coopmat2Config {
     /// written before the field read as 1.
     #[serde(default = "one")]
     pub splits: u32,
+    /// K steps whose loads are in flight while one multiplies: 1 (the next) or 2 (the next
+    /// two, in two register sets). Tune caches written before the field read as 1.
+    #[serde(default = "one")]
+    pub ahead: u32,
 }
 
 fn one() -> u32 {
@@ -50,24 +54,33 @@ const TILES: [u32; 4] = [32, 64, 128, 256];
 const BKS: [u32; 3] = [16, 32, 64];
 const THREADS: [u32; 3] = [64, 128, 256];
 const SPLITS: [u32; 4] = [1, 2, 4, 8];
+const AHEAD: [u32; 2] = [1, 2];
 
 impl Coopmat2Config {
     /// The variant name configs are forced, tuned and cached under.
     pub const NAME: &'static str = "dense_coopmat2";
     /// The fields, in `values` order.
-    pub const NAMES: [&'static str; 5] = ["bm", "bn", "bk", "threads", "splits"];
+    pub const NAMES: [&'static str; 6] = ["bm", "bn", "bk", "threads", "splits", "ahead"];
 
-    pub fn values(&self) -> [u32; 5] {
-        [self.bm, self.bn, self.bk, self.threads, self.splits]
+    pub fn values(&self) -> [u32; 6] {
+        [
+            self.bm,
+            self.bn,
+            self.bk,
+            self.threads,
+            self.splits,
+            self.ahead,
+        ]
     }
 
-    fn from_values([bm, bn, bk, threads, splits]: [u32; 5]) -> Self {
+    fn from_values([bm, bn, bk, threads, splits, ahead]: [u32; 6]) -> Self {
         Coopmat2Config {
             bm,
             bn,
             bk,
             threads,
             splits,
+            ahead,
         }
     }
 
@@ -150,6 +163,9 @@ impl Coopmat2Config {
                  matrices at {wm}"
             ));
         };
+        if !AHEAD.contains(&self.ahead) {
+            return Err(format!("ahead {} (1 or 2)", self.ahead));
+        }
         if !SPLITS.contains(&self.splits) {
             return Err(format!("splits {} (1, 2, 4 or 8)", self.splits));
         }
@@ -205,7 +221,7 @@ impl Coopmat2Config {
 
     /// Every config of the family.
     pub fn family() -> Vec<Coopmat2Config> {
-        super::combinations([&TILES, &TILES, &BKS, &THREADS, &SPLITS])
+        super::combinations([&TILES, &TILES, &BKS, &THREADS, &SPLITS, &AHEAD])
             .into_iter()
             .map(Self::from_values)
             .collect()
@@ -223,14 +239,17 @@ impl Coopmat2Config {
     /// nearest to it: the exhaustive search's pick on ResNet-50's 28 x 28 layer (run 380).
     /// K is split in two where that leaves fewer than `FEW_TILES` tiles: ResNet-50's 7 x 7
     /// layer (52 tiles) ran 0.092 -> 0.050 ms split in two, its 14 x 14 (98 tiles)
-    /// 0.0485 -> 0.0554 (run 383, H200: a threshold between two measured points).
+    /// 0.0485 -> 0.0554 (run 383, H200: a threshold between two measured points). Unsplit,
+    /// the loads run two steps ahead (run 394: 28 x 28 0.0513 -> 0.0500 ms, 14 x 14
+    /// 0.0488 -> 0.0476, strided 0.0545 -> 0.0526, VAE decoder 0.427 -> 0.407); split in
+    /// two, one (7 x 7: 0.0503 with one, 0.0535 with two).
     pub fn default_for(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Result<Coopmat2Config> {
         Self::applies(info, spec).map_err(|reason| Error::NotApplicable {
             variant: "vulkan dense_coopmat2".into(),
             spec: spec.to_string(),
             reason,
         })?;
-        let want = [128u32, 128, 32, 256, 1];
+        let want = [128u32, 128, 32, 256, 1, 1];
         let nearest = Self::space(info, spec)
             .into_iter()
             .filter(|c| c.splits == 1)
@@ -242,7 +261,7 @@ impl Coopmat2Config {
                 if tm * tn < FEW_TILES && split.fits(info, spec).is_ok() {
                     split
                 } else {
-                    c
+                    Coopmat2Config { ahead: 2, ..c }
                 }
             })
             .ok_or_else(|| Error::NotApplicable {
@@ -260,8 +279,9 @@ impl Coopmat2Config {
 config_text!(
     Coopmat2Config,
     "a dense_coopmat2 config",
-    "bm, bn 32, 64, 128 or 256; bk 16, 32 or 64; threads 64, 128 or 256; splits 1, 2, 4 or 8",
-    |v: [u32; 5]| Some(Coopmat2Config::from_values(v))
+    "bm, bn 32, 64, 128 or 256; bk 16, 32 or 64; threads 64, 128 or 256; splits 1, 2, 4 or 8; \
+     ahead 1 or 2",
+    |v: [u32; 6]| Some(Coopmat2Config::from_values(v))
         .filter(|c| Coopmat2Config::family().contains(c))
 );
 
@@ -307,6 +327,7 @@ pub fn prepare_dense_coopmat2<'d>(
         config.shared_bytes() / 16,
         bk,
         config.splits as usize,
+        config.ahead as usize,
     ]);
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
     VulkanRun::new(
@@ -376,9 +397,13 @@ mod tests {
         // 2 tiles of 128 x 128 here (fewer than FEW_TILES): the default splits K in two.
         let d = Coopmat2Config::default_for(&info, &s).unwrap();
         assert_eq!(
-            (d.bm, d.bn, d.bk, d.threads, d.splits),
-            (128, 128, 32, 256, 2)
+            (d.bm, d.bn, d.bk, d.threads, d.splits, d.ahead),
+            (128, 128, 32, 256, 2, 1)
         );
+        // Both load depths are in the space.
+        let ahead2 = Coopmat2Config { ahead: 2, ..d };
+        assert!(space.contains(&ahead2));
+        assert_eq!(ahead2.shared_bytes(), d.shared_bytes());
         // 2 x 64 x 64 outputs: 64 tiles, no split.
         let p = ConvParams {
             n: 2,
@@ -392,7 +417,8 @@ mod tests {
             dtype: DType::F16,
         };
         let many = DenseConvSpec::from_params(&p, 128, 1).unwrap();
-        assert_eq!(Coopmat2Config::default_for(&info, &many).unwrap().splits, 1);
+        let unsplit = Coopmat2Config::default_for(&info, &many).unwrap();
+        assert_eq!((unsplit.splits, unsplit.ahead), (1, 2));
         // Splits: at most one a K step (9 taps x 128 / 32 = 36 steps here), partials
         // within the scratch cap.
         let mut split = d;
@@ -412,6 +438,7 @@ mod tests {
             bk: 32,
             threads: 64,
             splits: 1,
+            ahead: 1,
         };
         let e = c.fits(&info, &s).unwrap_err();
         assert!(e.contains("64 invocations"), "{e}");
@@ -424,16 +451,19 @@ mod tests {
             bk: 32,
             threads: 128,
             splits: 1,
+            ahead: 1,
         };
         assert!(c.fits(&info, &s).is_ok());
         assert!(c.fits(&coarse, &s).is_err());
         for bad in [
             "dense_coopmat2:bm=128",
-            "dense_coopmat2:bm=96,bn=128,bk=32,threads=128,splits=1",
-            "dense_coopmat2:bm=128,bn=128,bk=48,threads=128,splits=1",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=96,splits=1",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=3",
-            "dense_coopmat:bm=128,bn=128,bk=32,threads=128,splits=1",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1",
+            "dense_coopmat2:bm=96,bn=128,bk=32,threads=128,splits=1,ahead=1",
+            "dense_coopmat2:bm=128,bn=128,bk=48,threads=128,splits=1,ahead=1",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=96,splits=1,ahead=1",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=3,ahead=1",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=3",
+            "dense_coopmat:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1",
         ] {
             assert!(bad.parse::<Coopmat2Config>().is_err(), "{bad}");
         }
