@@ -103,14 +103,22 @@ fn pack_weights(spec: &DenseConvSpec, weight: &HostTensor) -> Vec<f32> {
     let taps = spec.geometry().kernel3().iter().product::<usize>();
     let (cpi, cpo) = (spec.in_per_group(), spec.out_per_group());
     let blocks = cpo.div_ceil(COB);
-    let mut wt = vec![0f32; spec.groups() * blocks * taps * cpi * COB];
-    for co in 0..spec.out_channels() {
-        let (grp, col) = (co / cpo, co % cpo);
-        for ci in 0..cpi {
+    // Written in order: the packed index is the loop count (`weight_at`'s layout).
+    let mut wt = Vec::with_capacity(spec.groups() * blocks * taps * cpi * COB);
+    for grp in 0..spec.groups() {
+        for block in 0..blocks {
             for t in 0..taps {
                 let (a, b, e) = (t / (kh * kw), (t / kw) % kh, t % kw);
-                wt[weight_at(spec, grp, col / COB, t, ci) + col % COB] =
-                    weight.get_f64(spec.weight_index(co, ci, a, b, e)) as f32;
+                for ci in 0..cpi {
+                    wt.extend((block * COB..(block + 1) * COB).map(|col| {
+                        if col < cpo {
+                            let co = grp * cpo + col;
+                            weight.get_f64(spec.weight_index(co, ci, a, b, e)) as f32
+                        } else {
+                            0.0
+                        }
+                    }));
+                }
             }
         }
     }

@@ -34,7 +34,7 @@ pub struct Coopmat2Config {
     #[serde(default = "one")]
     pub splits: u32,
     /// K steps whose loads are in flight while one multiplies: 1 (the next) or 2 (the next
-    /// two, in two register sets). Tune caches written before the field read as 1.
+    /// two, in two register sets). Serialized configs without the field read as 1.
     #[serde(default = "one")]
     pub ahead: u32,
 }
@@ -249,7 +249,7 @@ impl Coopmat2Config {
             spec: spec.to_string(),
             reason,
         })?;
-        let want = [128u32, 128, 32, 256, 1, 1];
+        let want = [128u32, 128, 32, 256, 1, 2];
         let nearest = Self::space(info, spec)
             .into_iter()
             .filter(|c| c.splits == 1)
@@ -257,11 +257,15 @@ impl Coopmat2Config {
         nearest
             .map(|c| {
                 let (tm, tn) = c.tiles(spec);
-                let split = Coopmat2Config { splits: 2, ..c };
+                let split = Coopmat2Config {
+                    splits: 2,
+                    ahead: 1,
+                    ..c
+                };
                 if tm * tn < FEW_TILES && split.fits(info, spec).is_ok() {
                     split
                 } else {
-                    Coopmat2Config { ahead: 2, ..c }
+                    c
                 }
             })
             .ok_or_else(|| Error::NotApplicable {

@@ -344,16 +344,17 @@ impl RotateConfig {
                 c.out_w,
             )
         };
-        let tall_runs = space
-            .iter()
-            .copied()
-            .filter(|c| {
-                plane
-                    && (c.out_w, c.out_h, c.direct) == (4, 2, 0)
-                    && c.rows <= 16
-                    && c.items(spec) == 1
-            })
-            .max_by_key(|c| (c.rows, -(c.workgroup as i64)));
+        let tall_runs = if plane {
+            space
+                .iter()
+                .copied()
+                .filter(|c| {
+                    (c.out_w, c.out_h, c.direct) == (4, 2, 0) && c.rows <= 16 && c.items(spec) == 1
+                })
+                .max_by_key(|c| (c.rows, -(c.workgroup as i64)))
+        } else {
+            None
+        };
         let general = space
             .iter()
             .copied()
