@@ -28,11 +28,15 @@ pub fn run(json: Option<PathBuf>) -> Result<bool, Error> {
         None => {
             for d in &survey.vulkan {
                 println!(
-                    "Vulkan {}: {} ({}), API {}, {} B shared a workgroup, {} invocations a workgroup, subgroup {}, {} B push constants, 16-bit storage {}",
+                    "Vulkan {}: {} ({}), API {}, {}, {} B shared a workgroup, {} invocations a workgroup, subgroup {}, {} B push constants, 16-bit storage {}",
                     d.index,
                     d.name,
                     d.kind,
                     d.api_version,
+                    match d.compute_units {
+                        Some(n) => format!("{n} multiprocessors"),
+                        None => "multiprocessors not reported".to_string(),
+                    },
                     d.max_shared_bytes,
                     d.max_workgroup_invocations,
                     d.subgroup_size,

@@ -51,8 +51,11 @@ const int A_ROW = BK / 8 + 1, B_ROW = BN / 8 + 1, C_ROW = BN / 8 + 1;
 const int A_TILE = BM * A_ROW, B_TILE = BK * B_ROW;
 const int STAGE = A_TILE + B_TILE;
 const int A_PIECES = BM * (BK / 8), B_PIECES = BK * (BN / 8);
-// Pieces an invocation loads a step (the family keeps both exact multiples).
-const int A_LOADS = A_PIECES / THREADS, B_LOADS = B_PIECES / THREADS;
+// Pieces an invocation loads a step. B's are an exact multiple; A's need not be (BM a
+// multiple of the matrices' granularity, not of a power of two, so that the tiles fill
+// the GPU's SMs): the last round's invocations past A_PIECES load nothing.
+const int A_LOADS = (A_PIECES + THREADS - 1) / THREADS, B_LOADS = B_PIECES / THREADS;
+const bool A_EXACT = A_PIECES % THREADS == 0;
 
 layout(std430, set = 0, binding = 0) readonly buffer Input { uvec4 x[]; };   // f16 x 8
 layout(std430, set = 0, binding = 1) readonly buffer Weight { uvec4 w[]; };  // packed
@@ -94,7 +97,8 @@ void main() {
     // a tap adds a fixed offset (the input is linear in d, h, w).
     int a_pix[A_LOADS], a_d[A_LOADS], a_h[A_LOADS], a_w[A_LOADS];
     for (int i = 0; i < A_LOADS; ++i) {
-        const int m = m0 + (tid + i * THREADS) / A_PER_ROW;
+        // Pieces past the tile (A not exact) are never loaded nor stored (a_load below).
+        const int m = m0 + min((tid + i * THREADS) / A_PER_ROW, BM - 1);
         int q = min(m, p.m_total - 1);
         const int ow_ = q % p.ow; q /= p.ow;
         const int oh_ = q % p.oh; q /= p.oh;
@@ -107,6 +111,9 @@ void main() {
         a_pix[i] = ((b * p.id + d0) * p.ih + a_h[i]) * p.iw + a_w[i];
     }
     const int a_piece = tid % A_PER_ROW, cin8 = p.cin / 8, cout8 = p.cout_pad8 / 8;
+    // Whether this invocation has an A piece in round i (every round but the last where
+    // A is not exact: a constant the compiler folds).
+    #define A_HAS(i) (A_EXACT || (i) < A_LOADS - 1 || tid + (i) * THREADS < A_PIECES)
     // This invocation's B pieces: their offsets within a step's BK rows, or -1 past Cout.
     int b_off[B_LOADS];
     for (int i = 0; i < B_LOADS; ++i) {
@@ -128,8 +135,9 @@ void main() {
         const int dd_ = ld_kd * p.dd, dh_ = ld_kh * DH, dw_ = ld_kw * DW;                         \
         const int tap_pix = (dd_ * p.ih + dh_) * p.iw + dw_, ci = ld_cs * BK + a_piece * 8;       \
         for (int i = 0; i < A_LOADS; ++i) {                                                       \
-            const bool inside = uint(a_d[i] + dd_) < uint(p.id) && uint(a_h[i] + dh_) < uint(p.ih) && \
-                                uint(a_w[i] + dw_) < uint(p.iw) && ci < p.cin;                    \
+            const bool inside = A_HAS(i) && uint(a_d[i] + dd_) < uint(p.id) &&                  \
+                                uint(a_h[i] + dh_) < uint(p.ih) && uint(a_w[i] + dw_) < uint(p.iw) && \
+                                ci < p.cin;                                                       \
             ra[i] = inside ? x[(a_pix[i] + tap_pix) * cin8 + ci / 8] : uvec4(0);                  \
         }                                                                                         \
         const int b_step = (s) * BK * cout8;                                                      \
@@ -147,7 +155,7 @@ void main() {
     {                                                                                             \
         for (int i = 0; i < A_LOADS; ++i) {                                                       \
             const int piece = tid + i * THREADS;                                                  \
-            smem[(buf) * STAGE + (piece / A_PER_ROW) * A_ROW + piece % A_PER_ROW] = ra[i];        \
+            if (A_HAS(i)) smem[(buf) * STAGE + (piece / A_PER_ROW) * A_ROW + piece % A_PER_ROW] = ra[i]; \
         }                                                                                         \
         for (int i = 0; i < B_LOADS; ++i) {                                                       \
             const int piece = tid + i * THREADS;                                                  \

@@ -47,9 +47,30 @@ fn one() -> u32 {
 /// are for layers whose tiles are too few to fill the GPU, whose partials are small).
 const MAX_SCRATCH: usize = 64 << 20;
 
-/// Below this many tiles the default splits K in two (`default_for`).
+/// Below this many tiles the default splits K in two where the device does not say how
+/// many multiprocessors it has (`default_for`).
 const FEW_TILES: usize = 64;
 
+/// The tile rows the default picks among where the device says how many multiprocessors
+/// it has (`default_for`). Below 96 rows the tiles ran slower than this model says
+/// (ResNet-50's 28 x 28 at 64 x 128: 0.0565 ms where 128 x 128 ran 0.0499, run 400).
+const DEFAULT_BMS: [u32; 4] = [96, 128, 160, 192];
+
+/// The default's cost model of a K step, in rows: a 256-invocation tile's step costs
+/// about `bm + STEP_ROWS` rows' worth, one workgroup an SM (H200 runs 399-400: 96 x 128
+/// 1,078 cycles a step, 128 x 128 1,300).
+const STEP_ROWS: f64 = 59.0;
+
+/// What splitting K costs over the same waves of work (its partials' traffic and sum):
+/// ResNet-50's 14 x 14 layer ran 0.0485 ms unsplit and 0.0554 split in two at 128 x 128
+/// (run 383), where the model counts the same.
+const SPLIT_COST: f64 = 1.14;
+
+/// Output pixels a tile (GEMM rows): multiples of 32 (the H200's granularity at 128 and
+/// 256 invocations), not only powers of two, so that some height fills the SMs in whole
+/// waves (ResNet-50's 14 x 14 layer: 98 tiles of 128 x 128 on 132 SMs, 132 of 96 x 128).
+const BMS: [u32; 8] = [32, 64, 96, 128, 160, 192, 224, 256];
+/// Output channels a tile (GEMM columns).
 const TILES: [u32; 4] = [32, 64, 128, 256];
 const BKS: [u32; 3] = [16, 32, 64];
 const THREADS: [u32; 3] = [64, 128, 256];
@@ -99,6 +120,20 @@ impl Coopmat2Config {
         taps * spec.in_channels().div_ceil(self.bk as usize)
     }
 
+    /// The default's estimate of this config's time on `spec` with `units`
+    /// multiprocessors, in row-steps: its workgroups in waves of one an SM, each wave its
+    /// workgroups' K steps at `bm + STEP_ROWS` rows a step (and `SPLIT_COST` where K is
+    /// split). Fitted to the H200's times of 256-invocation tiles; a model for choosing
+    /// among a few tile heights, not a prediction of milliseconds.
+    fn estimate(&self, spec: &DenseConvSpec, units: usize) -> f64 {
+        let (tm, tn) = self.tiles(spec);
+        let splits = self.splits as usize;
+        let waves = (tm * tn * splits).div_ceil(units.max(1));
+        let steps = self.steps(spec).div_ceil(splits);
+        let split = if splits > 1 { SPLIT_COST } else { 1.0 };
+        waves as f64 * (self.bm as f64 + STEP_ROWS) * steps as f64 * split
+    }
+
     /// Scratch bytes (binding 3): the split partials and a counter a tile (a few bytes
     /// where K is not split: the shader declares the binding either way).
     pub fn scratch_bytes(&self, spec: &DenseConvSpec) -> usize {
@@ -146,9 +181,10 @@ impl Coopmat2Config {
             .as_ref()
             .expect("checked by applies");
         let (bm, bn, bk, threads) = (self.bm, self.bn, self.bk, self.threads);
-        if !TILES.contains(&bm) || !TILES.contains(&bn) || !BKS.contains(&bk) {
+        if !BMS.contains(&bm) || !TILES.contains(&bn) || !BKS.contains(&bk) {
             return Err(format!(
-                "tile {bm} x {bn} x {bk} (bm, bn 32-256, powers of two; bk 16, 32 or 64)"
+                "tile {bm} x {bn} x {bk} (bm 32-256, a multiple of 32; bn 32-256, a power of \
+                 two; bk 16, 32 or 64)"
             ));
         }
 
@@ -192,12 +228,13 @@ impl Coopmat2Config {
             ));
         }
         let threads = shape.invocations as usize;
-        let (bm, bn, bk) = (bm as usize, bn as usize, bk as usize);
-        // Every invocation loads whole pieces of both tiles a step.
-        if !(bm * bk / 8).is_multiple_of(threads) || !(bk * bn / 8).is_multiple_of(threads) {
+        let (bn, bk) = (bn as usize, bk as usize);
+        // Every invocation loads whole 16-byte pieces of B a step (of A the last round's
+        // may have none).
+        if !(bk * bn / 8).is_multiple_of(threads) {
             return Err(format!(
-                "{threads} invocations do not split a {bm} x {bk} and a {bk} x {bn} tile \
-                 into whole 16-byte pieces each"
+                "{threads} invocations do not split a {bk} x {bn} tile into whole 16-byte \
+                 pieces each"
             ));
         }
         let bytes = self.shared_bytes();
@@ -221,7 +258,7 @@ impl Coopmat2Config {
 
     /// Every config of the family.
     pub fn family() -> Vec<Coopmat2Config> {
-        super::combinations([&TILES, &TILES, &BKS, &THREADS, &SPLITS, &AHEAD])
+        super::combinations([&BMS, &TILES, &BKS, &THREADS, &SPLITS, &AHEAD])
             .into_iter()
             .map(Self::from_values)
             .collect()
@@ -237,12 +274,19 @@ impl Coopmat2Config {
 
     /// The default: 128 x 128 tiles, K steps of 32, 256 invocations, or the fitting config
     /// nearest to it: the exhaustive search's pick on ResNet-50's 28 x 28 layer (run 380).
-    /// K is split in two where that leaves fewer than `FEW_TILES` tiles: ResNet-50's 7 x 7
-    /// layer (52 tiles) ran 0.092 -> 0.050 ms split in two, its 14 x 14 (98 tiles)
-    /// 0.0485 -> 0.0554 (run 383, H200: a threshold between two measured points). Unsplit,
-    /// the loads run two steps ahead (run 394: 28 x 28 0.0513 -> 0.0500 ms, 14 x 14
-    /// 0.0488 -> 0.0476, strided 0.0545 -> 0.0526, VAE decoder 0.427 -> 0.407); split in
-    /// two, one (7 x 7: 0.0503 with one, 0.0535 with two).
+    /// Where the device says how many multiprocessors it has, the tile's height (of
+    /// `DEFAULT_BMS`) and whether K is split in two are the ones whose waves of tiles
+    /// `estimate` finds shortest: ResNet-50's 14 x 14 layer fills 132 SMs with 96-row tiles
+    /// (132 of them; 98 of 128 rows), 28 x 28 and the strided layer take two waves of 96
+    /// rows where 128 took two of which one was half empty (H200 run 400: 0.0473 -> 0.0391,
+    /// 0.0499 -> 0.0412, 0.0524 -> 0.0430 ms), 56 x 56 four of 192 x 64 (0.0630 -> 0.0539),
+    /// 7 x 7 keeps 128 rows split in two. Elsewhere K is split in two where that leaves
+    /// fewer than `FEW_TILES` tiles: ResNet-50's 7 x 7 layer (52 tiles) ran 0.092 -> 0.050
+    /// ms split in two, its 14 x 14 (98 tiles) 0.0485 -> 0.0554 (run 383, H200: a threshold
+    /// between two measured points). Unsplit tiles of 128 rows and more load two steps
+    /// ahead (run 394: 28 x 28 0.0513 -> 0.0500 ms, 14 x 14 0.0488 -> 0.0476, strided
+    /// 0.0545 -> 0.0526, VAE decoder 0.427 -> 0.407); split, or of 96 rows, one (7 x 7
+    /// split: 0.0503 with one, 0.0535 with two; 96 rows 0.5-1.8% faster with one, run 400).
     pub fn default_for(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Result<Coopmat2Config> {
         Self::applies(info, spec).map_err(|reason| Error::NotApplicable {
             variant: "vulkan dense_coopmat2".into(),
@@ -250,10 +294,38 @@ impl Coopmat2Config {
             reason,
         })?;
         let want = [128u32, 128, 32, 256, 1, 2];
-        let nearest = Self::space(info, spec)
-            .into_iter()
+        let space = Self::space(info, spec);
+        let nearest = space
+            .iter()
             .filter(|c| c.splits == 1)
-            .min_by_key(|c| super::log2_distance(&c.values(), &want));
+            .min_by_key(|c| super::log2_distance(&c.values(), &want))
+            .copied();
+        if let (Some(units), Some(n)) = (info.compute_units, nearest) {
+            let ahead = |bm: u32, splits: u32| if splits == 1 && bm >= 128 { 2 } else { 1 };
+            // Ties go to the taller tile (fewer workgroups), then unsplit.
+            let best = DEFAULT_BMS
+                .iter()
+                .flat_map(|&bm| [1, 2].map(|splits| (bm, splits)))
+                .map(|(bm, splits)| Coopmat2Config {
+                    bm,
+                    splits,
+                    ahead: ahead(bm, splits),
+                    ..n
+                })
+                .filter(|c| space.contains(c))
+                .min_by(|a, b| {
+                    let (ea, eb) = (
+                        a.estimate(spec, units as usize),
+                        b.estimate(spec, units as usize),
+                    );
+                    ea.total_cmp(&eb)
+                        .then(b.bm.cmp(&a.bm))
+                        .then(a.splits.cmp(&b.splits))
+                });
+            if let Some(best) = best {
+                return Ok(best);
+            }
+        }
         nearest
             .map(|c| {
                 let (tm, tn) = c.tiles(spec);
@@ -283,8 +355,8 @@ impl Coopmat2Config {
 config_text!(
     Coopmat2Config,
     "a dense_coopmat2 config",
-    "bm, bn 32, 64, 128 or 256; bk 16, 32 or 64; threads 64, 128 or 256; splits 1, 2, 4 or 8; \
-     ahead 1 or 2",
+    "bm 32-256, a multiple of 32; bn 32, 64, 128 or 256; bk 16, 32 or 64; threads 64, 128 or \
+     256; splits 1, 2, 4 or 8; ahead 1 or 2",
     |v: [u32; 6]| Some(Coopmat2Config::from_values(v))
         .filter(|c| Coopmat2Config::family().contains(c))
 );
@@ -379,6 +451,60 @@ mod tests {
 
     use crate::vulkan::dense_coopmat::tests::spec;
 
+    /// The H200's driver as `evokernel devices` read it (run 399): 132 SMs, 48 KiB of
+    /// shared memory less 8 KiB reserved, granularities by workgroup size.
+    fn h200() -> VulkanDeviceInfo {
+        let mut i = nvidia_like();
+        i.compute_units = Some(132);
+        i.workgroup_matrices = Some(WorkgroupMatrices {
+            shapes: [(32, 16, 16), (64, 16, 16), (128, 32, 16), (256, 32, 32)]
+                .map(|(invocations, m, n)| WorkgroupShape {
+                    invocations,
+                    m,
+                    n,
+                    k: 16,
+                })
+                .to_vec(),
+            max_dimension: 1024,
+            reserved_shared_bytes: 8192,
+        });
+        i
+    }
+
+    #[test]
+    fn the_default_fills_the_multiprocessors_in_whole_waves() {
+        let info = h200();
+        let picks: Vec<(String, [u32; 6])> = crate::dense::dense_suite()
+            .unwrap()
+            .into_iter()
+            .filter(|c| Coopmat2Config::applies(&info, &c.spec).is_ok())
+            .map(|c| {
+                let d = Coopmat2Config::default_for(&info, &c.spec).unwrap();
+                assert!(d.fits(&info, &c.spec).is_ok(), "{} {d}", c.name);
+                (c.name, d.values())
+            })
+            .collect();
+        let pick = |name: &str| picks.iter().find(|p| p.0 == name).unwrap().1;
+        // bm, bn, bk, threads, splits, ahead: the H200's measured best (runs 399-400).
+        assert_eq!(pick("resnet50-3x3-14"), [96, 128, 32, 256, 1, 1]);
+        assert_eq!(pick("resnet50-3x3-28"), [96, 128, 32, 256, 1, 1]);
+        assert_eq!(pick("resnet50-3x3-s2"), [96, 128, 32, 256, 1, 1]);
+        assert_eq!(pick("resnet50-3x3-56"), [192, 64, 32, 256, 1, 2]);
+        assert_eq!(pick("resnet50-3x3-7"), [128, 128, 32, 256, 2, 1]);
+        // Without the multiprocessors' count: the nearest to 128 x 128, split below
+        // FEW_TILES tiles.
+        let mut unknown = info.clone();
+        unknown.compute_units = None;
+        let fourteen = crate::dense::dense_suite()
+            .unwrap()
+            .into_iter()
+            .find(|c| c.name == "resnet50-3x3-14")
+            .unwrap();
+        let d = Coopmat2Config::default_for(&unknown, &fourteen.spec).unwrap();
+        assert_eq!(d.values(), [128, 128, 32, 256, 1, 2]);
+        eprintln!("{picks:?}");
+    }
+
     #[test]
     fn the_shader_compiles_to_spirv_16() {
         assert!(super::super::shader::needs_spirv16(SOURCE));
@@ -462,7 +588,8 @@ mod tests {
         for bad in [
             "dense_coopmat2:bm=128",
             "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1",
-            "dense_coopmat2:bm=96,bn=128,bk=32,threads=128,splits=1,ahead=1",
+            "dense_coopmat2:bm=88,bn=128,bk=32,threads=128,splits=1,ahead=1",
+            "dense_coopmat2:bm=128,bn=96,bk=32,threads=128,splits=1,ahead=1",
             "dense_coopmat2:bm=128,bn=128,bk=48,threads=128,splits=1,ahead=1",
             "dense_coopmat2:bm=128,bn=128,bk=32,threads=96,splits=1,ahead=1",
             "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=3,ahead=1",

@@ -29,6 +29,11 @@ pub struct VulkanDeviceInfo {
     pub storage_f16: bool,
     pub max_push_constant_bytes: u32,
     pub subgroup_size: u32,
+    /// The device's multiprocessors (NVIDIA's SMs by `VK_NV_shader_sm_builtins`, AMD's
+    /// compute units by `VK_AMD_shader_core_properties`), where the driver says: how many
+    /// workgroups make a wave, for the shaders' tile defaults.
+    #[serde(default)]
+    pub compute_units: Option<u32>,
     pub timestamp_period_ns: f32,
     /// The cooperative-matrix shapes the device offers (`VK_KHR_cooperative_matrix`), e.g.
     /// `16x16x16 f16*f16+f32=f32 subgroup`; empty where it has none (lavapipe).
@@ -106,6 +111,7 @@ pub(crate) fn lavapipe_like() -> VulkanDeviceInfo {
         max_workgroup_count: [65535, 65535, 65535],
         max_push_constant_bytes: 128,
         subgroup_size: 8,
+        compute_units: None,
         timestamp_period_ns: 1.0,
         storage_f16: true,
         cooperative_matrix: Vec::new(),
@@ -310,6 +316,35 @@ fn workgroup_matrices(
     })
 }
 
+/// The multiprocessors of `pd` where its driver reports them: NVIDIA's SMs
+/// (`VK_NV_shader_sm_builtins`), AMD's compute units (`VK_AMD_shader_core_properties`).
+fn compute_units(inst: &Instance, pd: vk::PhysicalDevice) -> Option<u32> {
+    if has_extension(inst, pd, ash::nv::shader_sm_builtins::NAME) {
+        let mut sm = vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV::default();
+        let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut sm);
+        // SAFETY: `pd` has the extension (checked above).
+        unsafe {
+            inst.instance
+                .get_physical_device_properties2(pd, &mut props2)
+        };
+        return (sm.shader_sm_count > 0).then_some(sm.shader_sm_count);
+    }
+    if has_extension(inst, pd, ash::amd::shader_core_properties::NAME) {
+        let mut core = vk::PhysicalDeviceShaderCorePropertiesAMD::default();
+        let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut core);
+        // SAFETY: as above.
+        unsafe {
+            inst.instance
+                .get_physical_device_properties2(pd, &mut props2)
+        };
+        let cus = core.shader_engine_count
+            * core.shader_arrays_per_engine_count
+            * core.compute_units_per_shader_array;
+        return (cus > 0).then_some(cus);
+    }
+    None
+}
+
 fn describe(instance: &Instance, index: usize, pd: vk::PhysicalDevice) -> VulkanDeviceInfo {
     let inst = &instance.instance;
     let mut subgroup = vk::PhysicalDeviceSubgroupProperties::default();
@@ -350,6 +385,7 @@ fn describe(instance: &Instance, index: usize, pd: vk::PhysicalDevice) -> Vulkan
         max_workgroup_count: p.limits.max_compute_work_group_count,
         max_push_constant_bytes: p.limits.max_push_constants_size,
         subgroup_size,
+        compute_units: compute_units(instance, pd),
         timestamp_period_ns: p.limits.timestamp_period,
         storage_f16,
         cooperative_matrix,
