@@ -97,7 +97,7 @@ void main() {
     // a tap adds a fixed offset (the input is linear in d, h, w).
     int a_pix[A_LOADS], a_d[A_LOADS], a_h[A_LOADS], a_w[A_LOADS];
     for (int i = 0; i < A_LOADS; ++i) {
-        // Pieces past the tile (A not exact) are never loaded nor stored (a_load below).
+        // Pieces past the tile (A not exact) are never loaded nor stored (A_HAS below).
         const int m = m0 + min((tid + i * THREADS) / A_PER_ROW, BM - 1);
         int q = min(m, p.m_total - 1);
         const int ow_ = q % p.ow; q /= p.ow;

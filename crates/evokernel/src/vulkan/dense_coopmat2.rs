@@ -502,7 +502,6 @@ mod tests {
             .unwrap();
         let d = Coopmat2Config::default_for(&unknown, &fourteen.spec).unwrap();
         assert_eq!(d.values(), [128, 128, 32, 256, 1, 2]);
-        eprintln!("{picks:?}");
     }
 
     #[test]

@@ -319,30 +319,33 @@ fn workgroup_matrices(
 /// The multiprocessors of `pd` where its driver reports them: NVIDIA's SMs
 /// (`VK_NV_shader_sm_builtins`), AMD's compute units (`VK_AMD_shader_core_properties`).
 fn compute_units(inst: &Instance, pd: vk::PhysicalDevice) -> Option<u32> {
-    if has_extension(inst, pd, ash::nv::shader_sm_builtins::NAME) {
+    // The properties struct `ext` filled by the driver (the caller checked its extension).
+    fn query<T: vk::ExtendsPhysicalDeviceProperties2>(
+        inst: &Instance,
+        pd: vk::PhysicalDevice,
+        ext: &mut T,
+    ) {
+        let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(ext);
+        // SAFETY: `pd` belongs to this instance and has the struct's extension.
+        unsafe {
+            inst.instance
+                .get_physical_device_properties2(pd, &mut props2)
+        };
+    }
+    let count = if has_extension(inst, pd, ash::nv::shader_sm_builtins::NAME) {
         let mut sm = vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV::default();
-        let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut sm);
-        // SAFETY: `pd` has the extension (checked above).
-        unsafe {
-            inst.instance
-                .get_physical_device_properties2(pd, &mut props2)
-        };
-        return (sm.shader_sm_count > 0).then_some(sm.shader_sm_count);
-    }
-    if has_extension(inst, pd, ash::amd::shader_core_properties::NAME) {
+        query(inst, pd, &mut sm);
+        sm.shader_sm_count
+    } else if has_extension(inst, pd, ash::amd::shader_core_properties::NAME) {
         let mut core = vk::PhysicalDeviceShaderCorePropertiesAMD::default();
-        let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut core);
-        // SAFETY: as above.
-        unsafe {
-            inst.instance
-                .get_physical_device_properties2(pd, &mut props2)
-        };
-        let cus = core.shader_engine_count
-            * core.shader_arrays_per_engine_count
-            * core.compute_units_per_shader_array;
-        return (cus > 0).then_some(cus);
-    }
-    None
+        query(inst, pd, &mut core);
+        core.shader_engine_count
+            .saturating_mul(core.shader_arrays_per_engine_count)
+            .saturating_mul(core.compute_units_per_shader_array)
+    } else {
+        0
+    };
+    (count > 0).then_some(count)
 }
 
 fn describe(instance: &Instance, index: usize, pd: vk::PhysicalDevice) -> VulkanDeviceInfo {
