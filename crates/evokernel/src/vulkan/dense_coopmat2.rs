@@ -285,8 +285,9 @@ impl Coopmat2Config {
     /// ms split in two, its 14 x 14 (98 tiles) 0.0485 -> 0.0554 (run 383, H200: a threshold
     /// between two measured points). Unsplit tiles of 128 rows and more load two steps
     /// ahead (run 394: 28 x 28 0.0513 -> 0.0500 ms, 14 x 14 0.0488 -> 0.0476, strided
-    /// 0.0545 -> 0.0526, VAE decoder 0.427 -> 0.407); split, or of 96 rows, one (7 x 7
-    /// split: 0.0503 with one, 0.0535 with two; 96 rows 0.5-1.8% faster with one, run 400).
+    /// 0.0545 -> 0.0526, VAE decoder 0.427 -> 0.407); split, or shorter, one (7 x 7
+    /// split: 0.0503 with one, 0.0535 with two; 96 rows 0.5-1.8% faster with one, run 400):
+    /// one rule on both paths.
     pub fn default_for(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Result<Coopmat2Config> {
         Self::applies(info, spec).map_err(|reason| Error::NotApplicable {
             variant: "vulkan dense_coopmat2".into(),
@@ -300,45 +301,38 @@ impl Coopmat2Config {
             .filter(|c| c.splits == 1)
             .min_by_key(|c| super::log2_distance(&c.values(), &want))
             .copied();
+        // `nearest` with this height and split, loading as far ahead as the rule says, where
+        // the space has it.
+        let shaped = |n: Coopmat2Config, bm: u32, splits: u32| {
+            let c = Coopmat2Config {
+                bm,
+                splits,
+                ahead: if splits == 1 && bm >= 128 { 2 } else { 1 },
+                ..n
+            };
+            space.contains(&c).then_some(c)
+        };
         if let (Some(units), Some(n)) = (info.compute_units, nearest) {
-            let ahead = |bm: u32, splits: u32| if splits == 1 && bm >= 128 { 2 } else { 1 };
             // Ties go to the taller tile (fewer workgroups), then unsplit.
             let best = DEFAULT_BMS
                 .iter()
-                .flat_map(|&bm| [1, 2].map(|splits| (bm, splits)))
-                .map(|(bm, splits)| Coopmat2Config {
-                    bm,
-                    splits,
-                    ahead: ahead(bm, splits),
-                    ..n
-                })
-                .filter(|c| space.contains(c))
-                .min_by(|a, b| {
-                    let (ea, eb) = (
-                        a.estimate(spec, units as usize),
-                        b.estimate(spec, units as usize),
-                    );
-                    ea.total_cmp(&eb)
+                .flat_map(|&bm| [1, 2].map(|splits| shaped(n, bm, splits)))
+                .flatten()
+                .map(|c| (c.estimate(spec, units as usize), c))
+                .min_by(|(ea, a), (eb, b)| {
+                    ea.total_cmp(eb)
                         .then(b.bm.cmp(&a.bm))
                         .then(a.splits.cmp(&b.splits))
                 });
-            if let Some(best) = best {
+            if let Some((_, best)) = best {
                 return Ok(best);
             }
         }
         nearest
-            .map(|c| {
-                let (tm, tn) = c.tiles(spec);
-                let split = Coopmat2Config {
-                    splits: 2,
-                    ahead: 1,
-                    ..c
-                };
-                if tm * tn < FEW_TILES && split.fits(info, spec).is_ok() {
-                    split
-                } else {
-                    c
-                }
+            .map(|n| {
+                let (tm, tn) = n.tiles(spec);
+                let split = (tm * tn < FEW_TILES).then(|| shaped(n, n.bm, 2)).flatten();
+                split.or_else(|| shaped(n, n.bm, 1)).unwrap_or(n)
             })
             .ok_or_else(|| Error::NotApplicable {
                 variant: "vulkan dense_coopmat2".into(),
