@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use evokernel::session::{SearchKind, TunePlan};
+use evokernel::session::{SearchKind, Shard, TunePlan};
 use evokernel::Error;
 
 use args::{options, Common, GemmArgs, Op, ProblemArgs};
@@ -79,6 +79,10 @@ enum Command {
         /// Tune again even where the cache has a result for this device and spec
         #[arg(long)]
         retune: bool,
+        /// Exhaustive search: only part K of N of the space (K from 1; configs K-1, K-1+N,
+        /// ...), for a search split across runs; caches nothing
+        #[arg(long, value_name = "K/N")]
+        shard: Option<Shard>,
         /// Timed launches per candidate (at least; also at least 200 ms)
         #[arg(long, default_value_t = 50, value_name = "N")]
         iters: usize,
@@ -189,6 +193,7 @@ fn execute(cli: Cli) -> Result<bool, Error> {
             budget,
             seconds,
             retune,
+            shard,
             iters,
         } => {
             let plan = TunePlan {
@@ -196,7 +201,9 @@ fn execute(cli: Cli) -> Result<bool, Error> {
                 max_candidates: budget,
                 max_seconds: seconds,
                 retune,
+                shard,
             };
+            plan.check()?;
             if gemm.op == Op::ScaledMm {
                 return commands::gemm::tune(&common, &gemm, &problem, iters, &plan);
             }

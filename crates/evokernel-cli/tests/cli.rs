@@ -160,6 +160,12 @@ fn bad_flags_files_and_backends_exit_2() {
         "has no case 'nope'",
     );
     rejects(&["run", "--iters", "many"], "invalid value");
+    // A shard splits an exhaustive search, refused before any device is opened.
+    rejects(&["tune", "--shard", "1/2"], "--search exhaustive");
+    rejects(
+        &["tune", "--shard", "3/2", "--search", "exhaustive"],
+        "expected K/N with 1 <= K <= N",
+    );
 }
 
 #[test]

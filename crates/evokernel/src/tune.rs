@@ -349,14 +349,63 @@ impl std::str::FromStr for SearchKind {
     }
 }
 
+/// One part of a space, for an exhaustive search split across runs (GPU calls too short
+/// for the whole space, or several machines): the configs whose place in the space's
+/// order is `index - 1` modulo `count` (`K/N` on the command line, K from 1), so that
+/// every part holds a like mix of the space. The parts' leaders are then compared side
+/// by side by the person (`bench --config`); a part's best is not the space's, so a
+/// sharded search records nothing in the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    /// From 1 to `count`.
+    pub index: usize,
+    pub count: usize,
+}
+
+impl Shard {
+    /// This part of `all`.
+    pub fn take<T>(&self, all: Vec<T>) -> Vec<T> {
+        all.into_iter()
+            .enumerate()
+            .filter(|(i, _)| i % self.count == self.index - 1)
+            .map(|(_, c)| c)
+            .collect()
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl std::str::FromStr for Shard {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || Error::parse("shard", s, "expected K/N with 1 <= K <= N, e.g. 1/2");
+        let (k, n) = s.split_once('/').ok_or_else(bad)?;
+        let (index, count) = (
+            k.trim().parse::<usize>().map_err(|_| bad())?,
+            n.trim().parse::<usize>().map_err(|_| bad())?,
+        );
+        if index == 0 || index > count {
+            return Err(bad());
+        }
+        Ok(Shard { index, count })
+    }
+}
+
 /// How to tune: the search, an evolutionary budget (candidates; default a quarter of
-/// the space) and time limit, and whether to ignore cached results.
+/// the space) and time limit, whether to ignore cached results, and the part of the
+/// space an exhaustive search covers.
 #[derive(Clone, Debug)]
 pub struct TunePlan {
     pub search: SearchKind,
     pub max_candidates: Option<usize>,
     pub max_seconds: f64,
     pub retune: bool,
+    /// Exhaustive search only: this part of the space (nothing is cached).
+    pub shard: Option<Shard>,
 }
 
 impl Default for TunePlan {
@@ -366,11 +415,53 @@ impl Default for TunePlan {
             max_candidates: None,
             max_seconds: 60.0,
             retune: false,
+            shard: None,
         }
     }
 }
 
 impl TunePlan {
+    /// Refuses a plan that cannot run: a shard of a search that is not exhaustive (an
+    /// evolutionary search's candidates depend on what it has measured, so its parts
+    /// would not add up to one search).
+    pub fn check(&self) -> Result<()> {
+        match (self.shard, self.search) {
+            (Some(s), search) if search != SearchKind::Exhaustive => Err(Error::parse(
+                "shard",
+                &s.to_string(),
+                "a shard splits an exhaustive search: add --search exhaustive",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The candidates of the valid configs `all`: the shard's part, or all of them.
+    pub fn candidates(&self, all: Vec<Config>) -> Vec<Config> {
+        match self.shard {
+            Some(s) => s.take(all),
+            None => all,
+        }
+    }
+
+    /// Whether the search's best goes into the cache: not a shard's.
+    pub fn records(&self) -> bool {
+        self.shard.is_none()
+    }
+
+    /// Whether a cached result answers instead of a search: not with `retune`, nor for a
+    /// shard (its search is asked for, whatever the cache holds).
+    pub fn reads_cache(&self) -> bool {
+        !self.retune && self.shard.is_none()
+    }
+
+    /// How the search is described in reports: the strategy's label, and the shard.
+    pub fn label(&self, strategy: &Strategy) -> String {
+        match self.shard {
+            Some(s) => format!("{} (shard {s})", strategy.label()),
+            None => strategy.label(),
+        }
+    }
+
     /// The strategy for a space of `size` valid configs.
     pub fn strategy(&self, size: usize, seed: u64) -> Strategy {
         let evolutionary = Strategy::Evolutionary {
@@ -541,7 +632,7 @@ impl TuneRow {
         default_config: String,
         default_ms: Option<f64>,
         best_config: Option<String>,
-        strategy: &Strategy,
+        strategy: String,
         result: SearchResult,
     ) -> Self {
         TuneRow {
@@ -555,7 +646,7 @@ impl TuneRow {
             timed: result.trials.len(),
             failed: result.trials.iter().filter(|t| t.ms.is_none()).count(),
             seconds: result.seconds,
-            strategy: strategy.label(),
+            strategy,
             trials: result.trials,
             confirmed: result.confirmed,
         }
@@ -952,6 +1043,58 @@ mod tests {
         assert_eq!(ms, 1.0);
         assert_eq!(r.trials.len(), 192);
         assert_eq!(r.trials.iter().filter(|t| t.error.is_some()).count(), 4);
+    }
+
+    #[test]
+    fn shards_split_the_space_into_disjoint_parts_that_cover_it() {
+        let all = enumerate("v", &space());
+        let shards: Vec<Shard> = ["1/5", "2/5", "3/5", "4/5", "5/5"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let parts: Vec<Vec<Config>> = shards.iter().map(|s| s.take(all.clone())).collect();
+        let mut joined: Vec<String> = parts.iter().flatten().map(|c| c.to_string()).collect();
+        assert_eq!(joined.len(), all.len(), "disjoint");
+        joined.sort();
+        let mut want: Vec<String> = all.iter().map(|c| c.to_string()).collect();
+        want.sort();
+        assert_eq!(joined, want, "covering");
+        // Like sizes: the parts differ by at most one config.
+        let sizes: Vec<usize> = parts.iter().map(Vec::len).collect();
+        assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1);
+        assert_eq!(shards[1].to_string(), "2/5");
+        for bad in ["0/2", "3/2", "1/0", "2", "a/b", "1/2/3", ""] {
+            assert!(bad.parse::<Shard>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_shard_is_only_of_an_exhaustive_search_and_caches_nothing() {
+        let shard = Some("2/3".parse().unwrap());
+        let plan = TunePlan {
+            search: SearchKind::Evolutionary,
+            shard,
+            ..TunePlan::default()
+        };
+        assert!(plan
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("--search exhaustive"));
+        let plan = TunePlan {
+            search: SearchKind::Exhaustive,
+            shard,
+            ..TunePlan::default()
+        };
+        plan.check().unwrap();
+        assert!(!plan.records() && !plan.reads_cache());
+        assert_eq!(plan.label(&Strategy::Exhaustive), "exhaustive (shard 2/3)");
+        let all = enumerate("v", &space());
+        assert_eq!(plan.candidates(all.clone()).len(), all.len() / 3);
+        // Without a shard: the whole space, cached, and the cache read unless retuning.
+        let whole = TunePlan::default();
+        assert!(whole.records() && whole.reads_cache());
+        assert_eq!(whole.candidates(all.clone()), all);
     }
 
     #[test]

@@ -2764,6 +2764,7 @@ fn gemm_tuner_records_a_config_the_bench_can_pick() {
         max_candidates: Some(12),
         max_seconds: 60.0,
         retune: true,
+        shard: None,
     };
     let protocol = Protocol::default().with_launches(5);
     let row = tune_scaled_mm(dev, &spec, &plan, &protocol, 3, &mut cache, &mut |_| {}).unwrap();

@@ -1175,6 +1175,7 @@ fn tune_scratch(
         max_candidates: Some(candidates),
         max_seconds: 60.0,
         retune: true,
+        shard: None,
     };
     (
         dir,
@@ -1218,6 +1219,58 @@ fn dense_tuner_records_a_config_the_bench_reads_back() {
         tune_dense::<DirectConfig>(&dev, &spec, &again, &protocol, 7, &mut cache, &mut |_| {})
             .unwrap();
     assert!(cached.from_cache && cached.timed == 0, "{cached:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// An exhaustive search split in shards (`tune --shard K/N`): each shard times its own
+/// part of the space and no other, the parts together are the space, and nothing goes
+/// into the cache (a part's best is not the space's).
+#[test]
+fn dense_tuner_shards_time_disjoint_parts_of_the_space() {
+    use evokernel::dense::tune::{tune_dense, tuned_config, tuning_space};
+    use evokernel::tune::{SearchKind, Shard, TunePlan};
+    let dev = device();
+    let p = ConvParams {
+        n: 1,
+        c: 8,
+        input: vec![6, 7],
+        kernel: vec![3, 3],
+        stride: vec![1, 1],
+        dilation: vec![1, 1],
+        padding: vec![[1, 1], [1, 1]],
+        layout: Layout::ChannelsLast,
+        dtype: DType::F32,
+    };
+    let spec = DenseConvSpec::from_params(&p, 8, 1).unwrap();
+    let (dir, mut cache, _, protocol) = tune_scratch("dense-shard", 0);
+    let space: Vec<String> = tuning_space::<DirectConfig>(&dev, &spec)
+        .0
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    // Shards of about three configs each; two of them timed.
+    let count = (space.len() / 3).max(2);
+    let mut timed = Vec::new();
+    for index in [1, count] {
+        let plan = TunePlan {
+            search: SearchKind::Exhaustive,
+            retune: false,
+            shard: Some(Shard { index, count }),
+            ..TunePlan::default()
+        };
+        let row =
+            tune_dense::<DirectConfig>(&dev, &spec, &plan, &protocol, 7, &mut cache, &mut |_| {})
+                .unwrap();
+        let want: Vec<&String> = space.iter().skip(index - 1).step_by(count).collect();
+        let got: Vec<&String> = row.trials.iter().map(|t| &t.config).collect();
+        assert_eq!(got, want, "shard {index}/{count} times its part, in order");
+        assert!(row.failed == 0 && !row.from_cache, "{row:?}");
+        assert!(row.strategy.ends_with(&format!("(shard {index}/{count})")));
+        timed.extend(got.into_iter().cloned());
+    }
+    let distinct: std::collections::HashSet<&String> = timed.iter().collect();
+    assert_eq!(distinct.len(), timed.len(), "the shards are disjoint");
+    assert_eq!(tuned_config::<DirectConfig>(&cache, &dev, &spec), None);
     std::fs::remove_dir_all(&dir).ok();
 }
 

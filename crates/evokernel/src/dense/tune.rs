@@ -241,12 +241,14 @@ pub fn tune_dense<S: TunableShader>(
     cache: &mut TuneCache,
     progress: &mut dyn FnMut(SearchProgress),
 ) -> Result<TuneRow> {
+    plan.check()?;
     let target = target_of(dev);
     let hash = kernel_hash::<S>(&target);
     let default = S::default_for(dev.info(), spec)?;
     let (all, params) = tuning_space::<S>(dev, spec);
+    let all = plan.candidates(all);
     let size = all.len();
-    if !plan.retune {
+    if plan.reads_cache() {
         if let Some(e) = cache.get_current(&target, &spec.key(), S::NAME, &hash) {
             return Ok(TuneRow::cached(S::NAME, default.to_string(), e, size));
         }
@@ -290,7 +292,7 @@ pub fn tune_dense<S: TunableShader>(
         None => time(default)?.ok(),
     };
     let best = result.best.as_ref().and_then(|b| S::from_config(&b.0).ok());
-    if let (Some(b), Some((_, ms))) = (best, &result.best) {
+    if let (Some(b), Some((_, ms)), true) = (best, &result.best, plan.records()) {
         cache.record(CacheEntry {
             device: target.device.clone(),
             driver: target.driver.clone(),
@@ -308,7 +310,7 @@ pub fn tune_dense<S: TunableShader>(
         default.to_string(),
         default_ms,
         best.map(|c| c.to_string()),
-        &strategy,
+        plan.label(&strategy),
         result,
     ))
 }

@@ -95,12 +95,14 @@ pub fn tune_scaled_mm(
     cache: &mut TuneCache,
     progress: &mut dyn FnMut(SearchProgress),
 ) -> Result<TuneRow> {
+    plan.check()?;
     let target = target_of(dev);
     let hash = kernel_hash(&target.nvrtc);
     let default = WgmmaConfig::default_for(spec);
     let (all, params) = tuning_space(spec);
+    let all = plan.candidates(all);
     let size = all.len();
-    if !plan.retune {
+    if plan.reads_cache() {
         if let Some(e) = cache.get_current(&target, &spec.key(), VARIANT, &hash) {
             return Ok(TuneRow::cached(VARIANT, default.to_string(), e, size));
         }
@@ -144,7 +146,7 @@ pub fn tune_scaled_mm(
         Some(ms) => Some(ms),
         None => time(default)?.ok(),
     };
-    if let Some((best, ms)) = &result.best {
+    if let (Some((best, ms)), true) = (&result.best, plan.records()) {
         cache.record(CacheEntry {
             device: target.device.clone(),
             driver: target.driver.clone(),
@@ -167,7 +169,7 @@ pub fn tune_scaled_mm(
         default.to_string(),
         default_ms,
         best_config,
-        &strategy,
+        plan.label(&strategy),
         result,
     ))
 }
@@ -286,6 +288,7 @@ mod tests {
             max_candidates: None,
             max_seconds: 60.0,
             retune: true,
+            shard: None,
         };
         for seed in [1, 2, 3] {
             let default = to_config(&WgmmaConfig::default_for(&spec));

@@ -12,7 +12,7 @@ pub use crate::tune::utc_now;
 pub use report::{
     is_reference_row, CaseReport, DeviceInfo, RowReport, RunReport, REPORT_SCHEMA_VERSION,
 };
-pub use tuning::{SearchKind, TuneEvent, TunePlan, TuneReport, TuneRow};
+pub use tuning::{SearchKind, Shard, TuneEvent, TunePlan, TuneReport, TuneRow};
 
 use crate::backend::{rotation_sets, BackendChoice, ConvRun, CpuRun, ProblemData};
 use crate::bench::{throughput, time_one, time_pair, Ceilings, Protocol};

@@ -11,7 +11,7 @@ use crate::engine::ConvProblem;
 use crate::error::{Error, Result};
 use crate::spec::ConvSpec;
 use crate::tune::{search, CacheEntry, SearchProgress, TuneCache};
-pub use crate::tune::{SearchKind, TunePlan, TuneReport, TuneRow};
+pub use crate::tune::{SearchKind, Shard, TunePlan, TuneReport, TuneRow};
 use crate::variants::{kernel_hash, registry, valid_configs, Config, Instance};
 use crate::verify::{check, oracle};
 
@@ -43,6 +43,7 @@ impl Session {
         plan: &TunePlan,
         progress: &mut dyn FnMut(TuneEvent),
     ) -> Result<TuneReport> {
+        plan.check()?;
         let engine = &self.engine;
         let Some(dev) = engine.device() else {
             return Err(Error::BackendUnavailable {
@@ -81,7 +82,7 @@ impl Session {
             let space = v.space(spec);
             let hash = kernel_hash(v, &target.nvrtc);
             let default = v.default_config(spec);
-            if !plan.retune {
+            if plan.reads_cache() {
                 if let Some(e) = cache.get_current(
                     &target,
                     &crate::dispatch::tune_key(&conv, &kernel),
@@ -97,7 +98,7 @@ impl Session {
                     continue;
                 }
             }
-            let all = valid_configs(v, spec);
+            let all = plan.candidates(valid_configs(v, spec));
             let size = all.len();
             let strategy = plan.strategy(size, opts.seed);
             progress(TuneEvent::Start {
@@ -153,7 +154,7 @@ impl Session {
                     Some(time_one(&mut run, sets, &opts.protocol)?.median_ms)
                 }
             };
-            if let Some((best, ms)) = &result.best {
+            if let (Some((best, ms)), true) = (&result.best, plan.records()) {
                 cache.record(CacheEntry {
                     device: target.device.clone(),
                     driver: target.driver.clone(),
@@ -172,7 +173,7 @@ impl Session {
                 default.to_string(),
                 default_ms,
                 best_config,
-                &strategy,
+                plan.label(&strategy),
                 result,
             ));
         }
