@@ -739,6 +739,72 @@ fn rotate_shader_reads_direct_windows_as_vectors() {
     assert_eq!(vectors, 30, "configs reading vectors");
 }
 
+/// `direct` 2: the windows read as vectors a slice ahead (the next slice's rows loaded
+/// into the registers the current one's were unpacked from). 3-D walks with causal and
+/// symmetric depth padding, runs over one and two rows, one and two runs an invocation,
+/// a plane walk (KD 1) and one-slice planes (nothing ahead), every stored dtype.
+#[test]
+fn rotate_shader_reads_windows_a_slice_ahead() {
+    let dev = device();
+    let dtypes = stored_dtypes(&dev);
+    let (mut checked, mut several_runs) = (0, 0);
+    // (input, kernel, padding): video-vae-causal's form shrunk, a symmetric 3-D, a 1-deep
+    // kernel over several slices (the plane walk), a 2-D layer.
+    let cases: [(Vec<i64>, Vec<i64>, Vec<[i64; 2]>); 4] = [
+        (vec![5, 6, 16], vec![3, 3, 3], vec![[2, 0], [1, 1], [1, 1]]),
+        (vec![4, 5, 8], vec![3, 3, 3], vec![[1, 1], [1, 1], [1, 1]]),
+        (vec![3, 4, 16], vec![1, 3, 3], vec![[0, 0], [1, 1], [1, 1]]),
+        (vec![7, 24], vec![5, 5], vec![[2, 2], [2, 2]]),
+    ];
+    for (i, (input, kernel, padding)) in cases.into_iter().enumerate() {
+        let dims = input.len();
+        let spec = ConvParams {
+            n: 2,
+            c: 3,
+            input,
+            kernel,
+            stride: vec![1; dims],
+            dilation: vec![1; dims],
+            padding,
+            layout: Layout::ChannelsFirst,
+            dtype: DType::F32,
+        }
+        .validate()
+        .unwrap();
+        for &dtype in &dtypes {
+            // The space is the dtype's: a window's vectors take half the registers in 16 bits.
+            let spec = spec.with_dtype(dtype);
+            let mut picks: Vec<RotateConfig> = Vec::new();
+            for c in RotateConfig::space(dev.info(), &spec)
+                .iter()
+                .filter(|c| c.direct == 2)
+            {
+                assert!(c.ahead_registers(&spec).is_some(), "{spec} {c}");
+                // One config a (out_w, out_h, runs an invocation).
+                let kind = |d: &RotateConfig| (d.out_w, d.out_h, d.items(&spec));
+                if !picks.iter().any(|p| kind(p) == kind(c)) {
+                    picks.push(*c);
+                }
+            }
+            several_runs += usize::from(picks.iter().any(|c| c.items(&spec) > 1));
+            for pick in picks {
+                let name = format!("ahead {pick} {dtype}");
+                check_with(
+                    &dev,
+                    Shader::Rotate(Some(pick)),
+                    &name,
+                    &spec,
+                    190 + i as u64,
+                    i == 0,
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(several_runs > 0, "no config holds two runs an invocation");
+    assert!(checked >= 20, "{checked} checks");
+}
+
 /// f16 and bf16 through the depthwise shaders (tiled, rotating, channels-last rotating)
 /// where the device has 16-bit storage (lavapipe does; bf16 is stored as its 16 bits and
 /// converted in the shader): the public suite's cases shrunk, both layouts, NaN/Inf in

@@ -52,8 +52,15 @@ layout(constant_id = 16) const int OUT_H = 1;
 // the window (one element a load put a 1-D row's 2-byte loads 8 bytes apart: 7 loads of
 // a warp-wide instruction each for 4 outputs).
 layout(constant_id = 17) const int VOFF = -1;
+// DIRECT == 2: DIRECT with VOFF's vectors, each read one slice ahead: a row's vectors for
+// slice z + 1 are loaded into the registers slice z's row has just been unpacked from, so
+// a load has the rest of the slice's FMAs to land (DIRECT 1 waited on each slice's loads
+// from L2 or memory at its first FMA).
 const int WIN = (OUT_W - 1) * SW + (KW - 1) * DW + 1;  // inputs a run's kernel row spans
 const int RIN = (OUT_H - 1) * SH + (KH - 1) * DH + 1;  // input rows a run's rows span
+#ifdef CV
+const int VCH = ((VOFF > 0 ? VOFF : 0) + WIN + CV - 1) / CV;  // vectors a run's window spans
+#endif
 
 layout(std430, set = 0, binding = 0) readonly buffer Input { ELEM x[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Weight { ELEM w[]; };
@@ -64,7 +71,9 @@ layout(std430, set = 0, binding = 2) writeonly buffer Output { ELEM y[]; };
 // OUT_W elements apart: OUT_W times the sectors a coalesced store writes.
 #ifdef CV
 layout(std430, set = 0, binding = 2) writeonly buffer OutputRuns { VELEM yv[]; };
-layout(std430, set = 0, binding = 0) readonly buffer InputRuns { VELEM xv[]; };
+// The input as CV-element vectors in 32-bit words (VRAW), which registers hold across a
+// slice without 16-bit arithmetic types.
+layout(std430, set = 0, binding = 0) readonly buffer InputRuns { VRAW xr[]; };
 #endif
 
 // Mirrored by vulkan::depth_rotate (same order, 4-byte fields).
@@ -76,6 +85,33 @@ layout(push_constant) uniform Push {
 } p;
 
 shared float band[2 * HS * WS];
+
+// Whether input row r of a run's rows feeds one of its OUT_H output rows (a kernel row
+// (r - i * SH) / DH, whole and in range: a constant once the loops unroll).
+bool feeds(int r) {
+    bool f = false;
+    for (int i = 0; i < OUT_H; ++i) {
+        const int d = r - i * SH;
+        f = f || (d >= 0 && d % DH == 0 && d / DH < KH);
+    }
+    return f;
+}
+
+#ifdef CV
+// Input row r of the run at band row `row`, columns from ow0 - pw - VOFF, of the slice
+// at element `slice`: the window's aligned vectors (zero outside the input; vectors are
+// wholly inside or outside a row, whose length and start are multiples of CV).
+void fetch_row(uint slice, int h0, int row, int ow0, int r, out VRAW v[VCH]) {
+    const int yi = (h0 + row) * SH - p.ph + r;
+    const bool in_row = yi >= 0 && yi < p.ih;
+    const uint from = slice + uint(max(yi, 0)) * uint(p.iw);
+    const int c0 = ow0 - p.pw - VOFF;
+    [[unroll]] for (int k = 0; k < VCH; ++k) {
+        const int xc = c0 + k * CV;
+        v[k] = in_row && xc >= 0 && xc < p.iw ? xr[(from + uint(xc)) / uint(CV)] : VRAW(0);
+    }
+}
+#endif
 
 void main() {
     const uint g = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
@@ -139,6 +175,25 @@ void main() {
             const int i = lid + k * wg;                                                  \
             if (i < HS * WS) band[(buf) * HS * WS + i] = pre[k];                         \
         }
+#ifdef CV
+    // DIRECT 2: run it's row r's vectors of the slice to multiply next (PRE_N: 1 where
+    // there are none, so that the array is declared either way).
+    const int PRE_N = DIRECT == 2 ? ITEMS * RIN * VCH : 1;
+    VRAW pre_v[PRE_N];
+    #define FETCH_RUNS(z)                                                                \
+        for (int it = 0; it < ITEMS; ++it) {                                             \
+            const int t = lid + it * wg;                                                 \
+            if (t >= items) continue;                                                    \
+            const int grp = t / groups_w, ow0 = (t - grp * groups_w) * OUT_W;            \
+            [[unroll]] for (int r = 0; r < RIN; ++r) {                                   \
+                if (!feeds(r)) continue;                                                 \
+                VRAW v[VCH];                                                             \
+                fetch_row(base + uint(z) * dstride, h0, grp * OUT_H, ow0, r, v);         \
+                for (int k = 0; k < VCH; ++k) pre_v[(it * RIN + r) * VCH + k] = v[k];   \
+            }                                                                            \
+        }
+    if (DIRECT == 2 && max(z0, 0) < min(z1, zlive)) { FETCH_RUNS(max(z0, 0)); }
+#endif
     // The first live slice goes in before the walk.
     int cur = 0;
     if (DIRECT == 0) {
@@ -169,12 +224,7 @@ void main() {
                 // (r - i * SH) / DH where that is whole and in range (constants once the
                 // loops unroll).
                 [[unroll]] for (int r = 0; r < RIN; ++r) {
-                    bool feeds = false;
-                    for (int i = 0; i < OUT_H; ++i) {
-                        const int d = r - i * SH;
-                        feeds = feeds || (d >= 0 && d % DH == 0 && d / DH < KH);
-                    }
-                    if (!feeds) continue;
+                    if (!feeds(r)) continue;
                     float win[WIN];
                     if (DIRECT != 0) {
                         // Input row r of the run; its columns ow0 * SW - pw + q.
@@ -183,17 +233,24 @@ void main() {
                         const uint from = base + uint(zi) * dstride + uint(max(yi, 0)) * uint(p.iw);
 #ifdef CV
                         if (VOFF >= 0) {
-                            // Vectors wholly inside or outside the row (its length and
-                            // start are multiples of CV).
-                            const int c0 = ow0 - p.pw - VOFF;
-                            const int VCH = (VOFF + WIN + CV - 1) / CV;  // vectors it spans
+                            VRAW v[VCH];
+                            if (DIRECT == 2) {
+                                // This slice's vectors, loaded a slice ago; the next
+                                // slice's take their registers.
+                                for (int k = 0; k < VCH; ++k) v[k] = pre_v[(it * RIN + r) * VCH + k];
+                                if (next) {
+                                    VRAW n[VCH];
+                                    fetch_row(base + uint(zi + 1) * dstride, h0, row, ow0, r, n);
+                                    for (int k = 0; k < VCH; ++k) pre_v[(it * RIN + r) * VCH + k] = n[k];
+                                }
+                            } else {
+                                fetch_row(base + uint(zi) * dstride, h0, row, ow0, r, v);
+                            }
                             [[unroll]] for (int k = 0; k < VCH; ++k) {
-                                const int xc = c0 + k * CV;
-                                const VEC v = in_row && xc >= 0 && xc < p.iw
-                                    ? LOADV(xv[(from + uint(xc)) / uint(CV)]) : VEC(0.0);
+                                const VEC u = UNPACKV(v[k]);
                                 for (int l = 0; l < CV; ++l) {
                                     const int q = k * CV + l - VOFF;
-                                    if (q >= 0 && q < WIN) win[q] = v[l];
+                                    if (q >= 0 && q < WIN) win[q] = u[l];
                                 }
                             }
                         } else

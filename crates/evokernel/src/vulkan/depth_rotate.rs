@@ -37,7 +37,8 @@ pub struct RotateConfig {
     /// Output rows a workgroup's band holds.
     pub rows: u32,
     /// 1: no band in shared memory: each invocation reads its windows from the buffer
-    /// (channels-first only; no barriers).
+    /// (channels-first only; no barriers). 2: the same, its windows read as vectors one
+    /// slice ahead, into registers ([`Self::ahead_registers`]).
     pub direct: u32,
 }
 
@@ -53,10 +54,10 @@ const WORKGROUPS: [u32; 7] = [32, 64, 96, 128, 160, 192, 256];
 const OUT_WS: [u32; 7] = [1, 2, 3, 4, 5, 6, 8];
 const OUT_HS: [u32; 4] = [1, 2, 3, 4];
 const ROWS: [u32; 12] = [1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 32];
-const DIRECTS: [u32; 2] = [0, 1];
+const DIRECTS: [u32; 3] = [0, 1, 2];
 const FAMILY_HINT: &str =
     "workgroup 32-256 in steps of 32 (not 224), out_w 1-6 or 8, out_h 1-4, rows 1-6, 8, \
-     9, 12, 16, 24 or 32, direct 0 or 1";
+     9, 12, 16, 24 or 32, direct 0, 1 or 2";
 
 fn in_family(workgroup: u32, out_w: u32, out_h: u32, rows: u32, direct: u32) -> bool {
     WORKGROUPS.contains(&workgroup)
@@ -72,6 +73,8 @@ const MAX_ITEMS: usize = 4;
 pub const WALK_MIN_GROUPS: usize = 2048;
 /// Band elements an invocation may load ahead (each a register and its offset another).
 const MAX_FILL: usize = 24;
+/// Registers of windows an invocation may hold a slice ahead (`direct` 2).
+const MAX_AHEAD_REGISTERS: usize = 32;
 
 impl RotateConfig {
     pub const NAME: &'static str = "depth_rotate";
@@ -98,7 +101,7 @@ impl RotateConfig {
 
     /// The shared band's rows and floats a row (one slice; 1 x 1 where it reads directly).
     pub fn band(&self, spec: &ConvSpec) -> (usize, usize) {
-        if self.direct == 1 {
+        if self.direct != 0 {
             return (1, 1);
         }
         tile_shape(spec, &self.as_tile())
@@ -136,11 +139,26 @@ impl RotateConfig {
     /// W stride and dilation 1.
     pub fn load_vector_offset(&self, spec: &ConvSpec) -> Option<usize> {
         let cv = self.store_vector(spec)?;
-        (self.direct == 1
+        (self.direct != 0
             && spec.stride3()[2] == 1
             && spec.dilation3()[2] == 1
             && spec.input3()[2].is_multiple_of(cv))
         .then(|| (cv - spec.pad_before3()[2] % cv) % cv)
+    }
+
+    /// With `direct` 2, the 32-bit registers that hold an invocation's windows of the next
+    /// slice (its runs' input rows, each the aligned vectors its window spans); None
+    /// where the windows are not read as vectors.
+    pub fn ahead_registers(&self, spec: &ConvSpec) -> Option<usize> {
+        let voff = self.load_vector_offset(spec)?;
+        let cv = self.store_vector(spec)?;
+        let [_, kh, kw] = spec.kernel3();
+        let [_, sh, _] = spec.stride3();
+        let [_, dh, dw] = spec.dilation3();
+        let win = (self.out_w as usize - 1) + (kw - 1) * dw + 1;
+        let rin = (self.out_h as usize - 1) * sh + (kh - 1) * dh + 1;
+        let vectors = (voff + win).div_ceil(cv);
+        Some(self.items(spec) * rin * vectors * (cv * spec.dtype().size_bytes()).div_ceil(4))
     }
 
     /// Runs (OUT_H x OUT_W outputs) each invocation owns: the band's runs over the
@@ -216,7 +234,7 @@ impl RotateConfig {
         spec: &ConvSpec,
     ) -> std::result::Result<(), String> {
         Self::applies(spec)?;
-        if self.direct == 1 && spec.layout() != Layout::ChannelsFirst {
+        if self.direct != 0 && spec.layout() != Layout::ChannelsFirst {
             return Err(
                 "reading windows directly takes channels-first data (a warp's \
                         lanes along W)"
@@ -242,6 +260,20 @@ impl RotateConfig {
                 self.rows,
                 spec.output3()[1]
             ));
+        }
+        if self.direct == 2 {
+            let Some(regs) = self.ahead_registers(spec) else {
+                return Err("reading windows a slice ahead takes them as vectors: \
+                            channels-first rows that are whole vectors, runs of 2, 4, 6 or \
+                            8 that divide the output rows, W stride and dilation 1"
+                    .into());
+            };
+            if regs > MAX_AHEAD_REGISTERS {
+                return Err(format!(
+                    "{regs} registers of windows an invocation loads a slice ahead (at most \
+                     {MAX_AHEAD_REGISTERS})"
+                ));
+            }
         }
         let fill = self.fill_per_invocation(spec);
         if fill > MAX_FILL {

@@ -59,13 +59,16 @@ pub fn compile_compute_cached(name: &str, source: &str) -> Result<(Vec<u32>, boo
 /// 16-bit storage (`storageBuffer16BitAccess`); bf16 is stored as its 16 bits.
 /// Where the source defines `CV` (1, 2 or 4: elements a load; see [`with_defines`]) the
 /// prelude also gives `VEC` (CV floats), `VELEM` (CV elements: one 4-, 8- or 16-byte
-/// load), `LOADV(v)` and `STOREV(f)`.
+/// load), `LOADV(v)` and `STOREV(f)`; where CV is 2 or 4, also `VRAW` (the CV elements'
+/// bits in 32-bit words, which registers can hold without 16-bit arithmetic types) and
+/// `UNPACKV(r)` (those words to CV floats).
 pub(crate) fn with_element(source: &str, dtype: crate::spec::DType) -> String {
     use crate::spec::DType;
     let prelude = match dtype {
         DType::F32 => {
             "#define ELEM float\n#define LOAD(v) (v)\n#define STORE(f) (f)\n\
-             #ifdef CV\n#define VELEM VEC\n#define LOADV(v) (v)\n#define STOREV(f) (f)\n#endif\n"
+             #ifdef CV\n#define VELEM VEC\n#define LOADV(v) (v)\n#define STOREV(f) (f)\n\
+             #define VRAW VEC\n#define UNPACKV(r) (r)\n#endif\n"
         }
         DType::F16 => {
             "#extension GL_EXT_shader_16bit_storage : require\n\
@@ -73,7 +76,11 @@ pub(crate) fn with_element(source: &str, dtype: crate::spec::DType) -> String {
              #ifdef CV\n\
              #if CV == 1\n#define VELEM float16_t\n#elif CV == 2\n#define VELEM f16vec2\n\
              #else\n#define VELEM f16vec4\n#endif\n\
-             #define LOADV(v) VEC(v)\n#define STOREV(f) VELEM(f)\n#endif\n"
+             #define LOADV(v) VEC(v)\n#define STOREV(f) VELEM(f)\n\
+             #if CV == 2\n#define VRAW uint\n#define UNPACKV(r) unpackHalf2x16(r)\n\
+             #elif CV == 4\n#define VRAW uvec2\n\
+             #define UNPACKV(r) vec4(unpackHalf2x16((r).x), unpackHalf2x16((r).y))\n#endif\n\
+             #endif\n"
         }
         DType::Bf16 => {
             "#extension GL_EXT_shader_16bit_storage : require\n\
@@ -92,7 +99,12 @@ pub(crate) fn with_element(source: &str, dtype: crate::spec::DType) -> String {
              #elif CV == 2\n#define VELEM u16vec2\n#define UVEC uvec2\n\
              #else\n#define VELEM u16vec4\n#define UVEC uvec4\n#endif\n\
              #define LOADV(v) uintBitsToFloat(UVEC(v) << 16)\n\
-             #define STOREV(f) VELEM(evk_bf16_bits(f))\n#endif\n"
+             #define STOREV(f) VELEM(evk_bf16_bits(f))\n\
+             vec2 evk_bf16_pair(uint r) { return uintBitsToFloat(uvec2(r << 16, r & 0xFFFF0000u)); }\n\
+             #if CV == 2\n#define VRAW uint\n#define UNPACKV(r) evk_bf16_pair(r)\n\
+             #elif CV == 4\n#define VRAW uvec2\n\
+             #define UNPACKV(r) vec4(evk_bf16_pair((r).x), evk_bf16_pair((r).y))\n#endif\n\
+             #endif\n"
         }
     };
     // `[[unroll]]` (GL_EXT_control_flow_attributes) asks the driver to unroll loops whose
