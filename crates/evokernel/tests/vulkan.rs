@@ -750,7 +750,8 @@ fn rotate_shader_reads_windows_a_slice_ahead() {
     let (mut checked, mut several_runs) = (0, 0);
     // (input, kernel, padding): video-vae-causal's form shrunk, a symmetric 3-D, a 1-deep
     // kernel over several slices (the plane walk), a 2-D layer.
-    let cases: [(Vec<i64>, Vec<i64>, Vec<[i64; 2]>); 4] = [
+    type Case = (Vec<i64>, Vec<i64>, Vec<[i64; 2]>);
+    let cases: [Case; 4] = [
         (vec![5, 6, 16], vec![3, 3, 3], vec![[2, 0], [1, 1], [1, 1]]),
         (vec![4, 5, 8], vec![3, 3, 3], vec![[1, 1], [1, 1], [1, 1]]),
         (vec![3, 4, 16], vec![1, 3, 3], vec![[0, 0], [1, 1], [1, 1]]),
