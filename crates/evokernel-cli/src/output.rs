@@ -16,6 +16,27 @@ pub fn spinner(msg: &str) -> ProgressBar {
     bar
 }
 
+/// A tuning candidate's line for logs: where the output is not a terminal (a GPU job's
+/// log, a pipe), each timed candidate is printed as it finishes, so that a search cut
+/// short (a job's time limit) still leaves what it measured. None on a terminal, where
+/// the progress bar says it.
+pub fn trial_line(case: &str, p: &evokernel::tune::SearchProgress) -> Option<String> {
+    use std::io::IsTerminal;
+    if std::io::stdout().is_terminal() {
+        return None;
+    }
+    let t = p.last;
+    let outcome = match (t.ms, &t.error) {
+        (Some(ms), _) => format!("{ms:.5} ms"),
+        (None, Some(e)) => format!("failed: {e}"),
+        (None, None) => "failed".into(),
+    };
+    Some(format!(
+        "trial {case} {}/{} {} {outcome}",
+        p.done, p.planned, t.config
+    ))
+}
+
 /// Writes a report after a run; if that fails the result is not lost: it goes to a file
 /// in the temp folder, and the failure is reported without changing the exit status.
 pub fn write_json_or_keep<T: serde::Serialize>(path: &PathBuf, report: &T) {

@@ -1026,3 +1026,66 @@ fn dense_conv_bench_runs_on_the_cpu_and_checks_its_flags() {
         "--op dense-conv",
     );
 }
+
+/// `tune --op dense-conv` on the Vulkan device (lavapipe in CI) with its output piped: a
+/// shard of the exhaustive search logs each candidate as it finishes (what a job cut
+/// short by its time limit leaves), the table names the shard, and no cache is written.
+#[test]
+fn a_piped_tune_logs_each_trial_of_its_shard() {
+    let dir = Scratch::new("evk-cli-shard");
+    let out = Command::new(binary())
+        .args([
+            "tune",
+            "--op",
+            "dense-conv",
+            "--backend",
+            "vulkan",
+            "--input",
+            "6x7",
+            "-c",
+            "8",
+            "--out-channels",
+            "8",
+            "--kernel",
+            "3x3",
+            "--padding",
+            "1",
+            "--layout",
+            "channels-last",
+            "--dtype",
+            "f32",
+            "--only",
+            "dense_direct",
+            "--search",
+            "exhaustive",
+            "--shard",
+            "1/40",
+            "--iters",
+            "2",
+        ])
+        .env("EVOKERNEL_CACHE_DIR", dir.join("cache"))
+        .output()
+        .expect("the evokernel binary runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let trials: Vec<&str> = text.lines().filter(|l| l.starts_with("trial ")).collect();
+    assert!(!trials.is_empty(), "{text}");
+    // "trial CASE k/N CONFIG MS ms": one line a candidate, k counting to N.
+    for (i, line) in trials.iter().enumerate() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (k, n) = fields[2].split_once('/').expect("k/N");
+        assert_eq!(k.parse::<usize>().unwrap(), i + 1, "{line}");
+        assert_eq!(n.parse::<usize>().unwrap(), trials.len(), "{line}");
+        assert!(fields[3].starts_with("dense_direct:"), "{line}");
+        assert!(line.ends_with(" ms"), "{line}");
+    }
+    assert!(text.contains("shard 1/40"), "{text}");
+    assert!(
+        !dir.join("cache").join("tune.json").exists(),
+        "a shard records nothing"
+    );
+}

@@ -23,7 +23,7 @@ use evokernel::{Error, Pass};
 use serde::Serialize;
 
 use crate::args::{Common, GemmArgs, ProblemArgs};
-use crate::output::{spinner, write_json_or_keep};
+use crate::output::{spinner, trial_line, write_json_or_keep};
 use crate::table;
 
 #[derive(Serialize)]
@@ -341,6 +341,9 @@ pub fn tune(
             common.seed,
             &common.only,
             &mut |p| {
+                if let Some(line) = trial_line(name, &p) {
+                    bar.suspend(|| println!("{line}"));
+                }
                 bar.set_message(format!(
                     "{name}: {}/{} timed, best {}",
                     p.done,
