@@ -79,8 +79,8 @@ enum Command {
         /// Tune again even where the cache has a result for this device and spec
         #[arg(long)]
         retune: bool,
-        /// Exhaustive search: only part K of N of the space (K from 1; configs K-1, K-1+N,
-        /// ...), for a search split across runs; caches nothing
+        /// Exhaustive search: only part K of N of the space (K from 1; the space in a fixed
+        /// shuffle dealt into N like parts), for a search split across runs; caches nothing
         #[arg(long, value_name = "K/N")]
         shard: Option<Shard>,
         /// Timed launches per candidate (at least; also at least 200 ms)

@@ -350,11 +350,14 @@ impl std::str::FromStr for SearchKind {
 }
 
 /// One part of a space, for an exhaustive search split across runs (GPU calls too short
-/// for the whole space, or several machines): the configs whose place in the space's
-/// order is `index - 1` modulo `count` (`K/N` on the command line, K from 1), so that
-/// every part holds a like mix of the space. The parts' leaders are then compared side
-/// by side by the person (`bench --config`); a part's best is not the space's, so a
-/// sharded search records nothing in the cache.
+/// for the whole space, or several machines): the space's places in a fixed shuffled
+/// order (the same on every machine) dealt round-robin, part `index` of `count` (`K/N` on
+/// the command line, K from 1) taking the `index`-th of each `count`, kept in the space's
+/// order. The shuffle gives every part a like mix: dealt in the space's own order, a
+/// parameter whose count of values `count` divides went whole into single parts (runs
+/// 405-407: with N = 2, one part held every `ahead` 1 config, the other every `ahead` 2).
+/// The parts' leaders are then compared side by side by the person (`bench --config`); a
+/// part's best is not the space's, so a sharded search records nothing in the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shard {
     /// From 1 to `count`.
@@ -363,15 +366,26 @@ pub struct Shard {
 }
 
 impl Shard {
-    /// This part of `all`.
+    /// This part of `all`, in `all`'s order.
     pub fn take<T>(&self, all: Vec<T>) -> Vec<T> {
+        let mut order: Vec<usize> = (0..all.len()).collect();
+        let mut rng = SplitMix64::new(SHARD_SHUFFLE_SEED);
+        for i in (1..order.len()).rev() {
+            order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+        }
+        let mut mine = vec![false; all.len()];
+        for (dealt, &place) in order.iter().enumerate() {
+            mine[place] = dealt % self.count == self.index - 1;
+        }
         all.into_iter()
-            .enumerate()
-            .filter(|(i, _)| i % self.count == self.index - 1)
-            .map(|(_, c)| c)
+            .zip(mine)
+            .filter_map(|(c, m)| m.then_some(c))
             .collect()
     }
 }
+
+/// The shard shuffle's seed: fixed, so that every run deals a space the same way.
+const SHARD_SHUFFLE_SEED: u64 = 0x5348_4152_4453;
 
 impl std::fmt::Display for Shard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -1062,6 +1076,27 @@ mod tests {
         // Like sizes: the parts differ by at most one config.
         let sizes: Vec<usize> = parts.iter().map(Vec::len).collect();
         assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1);
+        // Like mixes: in halves, every value of every parameter is in both (a two-valued
+        // parameter last in the space's order went whole into one half when dealt in order).
+        for half in ["1/2", "2/2"] {
+            let part = half.parse::<Shard>().unwrap().take(all.clone());
+            for p in space() {
+                for v in &p.values {
+                    assert!(
+                        part.iter().any(|c| c.values[p.name] == *v),
+                        "{half} lacks {}={v}",
+                        p.name
+                    );
+                }
+            }
+            // In the space's order, and the same part on every call.
+            let places: Vec<usize> = part
+                .iter()
+                .map(|c| all.iter().position(|a| a == c).unwrap())
+                .collect();
+            assert!(places.windows(2).all(|w| w[0] < w[1]));
+            assert_eq!(part, half.parse::<Shard>().unwrap().take(all.clone()));
+        }
         assert_eq!(shards[1].to_string(), "2/5");
         for bad in ["0/2", "3/2", "1/0", "2", "a/b", "1/2/3", ""] {
             assert!(bad.parse::<Shard>().is_err(), "{bad}");
