@@ -337,7 +337,10 @@ impl RotateConfig {
     /// invocation of 256 ran the video-vae case 2x slower than its tuned pick.) On planes
     /// of one slice and many taps: runs of 4 x 2 rows, the tallest band of at most 16
     /// rows whose runs the fewest invocations hold one each (H200 run 386, convnext-7x7:
-    /// 128 x 4 x 2 rows x 16 0.140 ms, the best single-row runs 0.168).
+    /// 128 x 4 x 2 rows x 16 0.140 ms, the best single-row runs 0.168). Elsewhere, where
+    /// runs of 8 read a slice ahead fit the registers (`direct` 2, channels-first rows
+    /// that are whole vectors): those, one run an invocation, the most slots used, the
+    /// smallest workgroup of at least 64 (H200 runs 405-407).
     pub fn default_for(info: &VulkanDeviceInfo, spec: &ConvSpec) -> Result<RotateConfig> {
         let refused = |reason: String| Error::NotApplicable {
             variant: Self::NAME.into(),
@@ -387,6 +390,28 @@ impl RotateConfig {
         } else {
             None
         };
+        // Windows read a slice ahead as vectors in runs of 8 (`direct` 2), where runs of 8
+        // fit its registers: H200 runs 405-407, x3d 0.138 -> 0.119 ms, video-vae-causal
+        // 0.255 -> 0.182, causal-conv1d 0.061 -> 0.0495 (the best forced configs were these
+        // picks: one run an invocation, the most slots used, the smallest workgroup of at
+        // least 64). The seed's 5 x 5 rows would need 40 registers in runs of 8; its runs of
+        // 4 read ahead ran 1.12x slower than its band, so it keeps the band; so do planes of
+        // one slice and many taps (conformer's 31-tap rows: not measured read ahead).
+        let ahead = space
+            .iter()
+            .copied()
+            .filter(|c| {
+                !plane
+                    && (c.direct, c.out_w, c.out_h) == (2, 8, 1)
+                    && c.items(spec) == 1
+                    && c.workgroup >= 64
+            })
+            .max_by_key(|c| {
+                (
+                    (c.run_use(spec) * 1000.0).round() as i64,
+                    -(c.workgroup as i64),
+                )
+            });
         let general = space
             .iter()
             .copied()
@@ -403,6 +428,7 @@ impl RotateConfig {
             })
             .max_by_key(key);
         tall_runs
+            .or(ahead)
             .or(general)
             .or_else(|| space.first().copied())
             .ok_or_else(|| {
@@ -577,12 +603,20 @@ mod tests {
                 "{}: {d}",
                 case.name
             );
+            // Windows read a slice ahead in runs of 8 where those fit the registers (not
+            // the seed's 5 x 5 rows; not odd-dilated's 47-wide rows, which are no vectors).
             assert_eq!(
-                d.direct == 1,
-                case.name == "causal-conv1d",
+                d.direct == 2,
+                matches!(
+                    case.name.as_str(),
+                    "x3d-3x3x3" | "video-vae-causal" | "causal-conv1d"
+                ),
                 "{}: {d}",
                 case.name
             );
+            if d.direct == 2 {
+                assert_eq!((d.out_w, d.items(&spec)), (8, 1), "{}: {d}", case.name);
+            }
             assert!(d.run_use(&spec) >= 0.8 * best, "{}: {d}", case.name);
         }
     }
@@ -607,7 +641,7 @@ mod tests {
             .unwrap()
         };
         let direct = |spec: &ConvSpec| RotateConfig::default_for(&info, spec).unwrap().direct;
-        assert_eq!(direct(&row(3, Layout::ChannelsFirst)), 1);
+        assert_eq!(direct(&row(3, Layout::ChannelsFirst)), 2);
         // Conformer's 31 taps keep the band; channels-last data has no direct form.
         assert_eq!(direct(&row(31, Layout::ChannelsFirst)), 0);
         assert_eq!(direct(&row(4, Layout::ChannelsLast)), 0);
