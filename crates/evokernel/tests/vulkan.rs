@@ -1252,6 +1252,23 @@ fn tune_scratch(
     )
 }
 
+/// A small dense 3 x 3 convolution (8 input channels, padding 1, NHWC f32) for the tuner's
+/// tests.
+fn small_dense_3x3(input: [i64; 2], out_channels: i64) -> DenseConvSpec {
+    let p = ConvParams {
+        n: 1,
+        c: 8,
+        input: input.to_vec(),
+        kernel: vec![3, 3],
+        stride: vec![1, 1],
+        dilation: vec![1, 1],
+        padding: vec![[1, 1], [1, 1]],
+        layout: Layout::ChannelsLast,
+        dtype: DType::F32,
+    };
+    DenseConvSpec::from_params(&p, out_channels, 1).unwrap()
+}
+
 /// The direct shader's tuner on this device: an evolutionary search of a few candidates,
 /// each verified before it is timed; the winner recorded and read back as the tuned
 /// config (what the bench then runs), and a second tune served from the cache.
@@ -1260,18 +1277,7 @@ fn dense_tuner_records_a_config_the_bench_reads_back() {
     use evokernel::dense::tune::{tune_dense, tuned_config};
     use evokernel::tune::TunePlan;
     let dev = device();
-    let p = ConvParams {
-        n: 1,
-        c: 8,
-        input: vec![10, 13],
-        kernel: vec![3, 3],
-        stride: vec![1, 1],
-        dilation: vec![1, 1],
-        padding: vec![[1, 1], [1, 1]],
-        layout: Layout::ChannelsLast,
-        dtype: DType::F32,
-    };
-    let spec = DenseConvSpec::from_params(&p, 12, 1).unwrap();
+    let spec = small_dense_3x3([10, 13], 12);
     let (dir, mut cache, plan, protocol) = tune_scratch("dense-tune", 6);
     let row = tune_dense::<DirectConfig>(&dev, &spec, &plan, &protocol, 7, &mut cache, &mut |_| {})
         .unwrap();
@@ -1297,18 +1303,7 @@ fn dense_tuner_shards_time_disjoint_parts_of_the_space() {
     use evokernel::dense::tune::{tune_dense, tuned_config, tuning_space};
     use evokernel::tune::{SearchKind, Shard, TunePlan};
     let dev = device();
-    let p = ConvParams {
-        n: 1,
-        c: 8,
-        input: vec![6, 7],
-        kernel: vec![3, 3],
-        stride: vec![1, 1],
-        dilation: vec![1, 1],
-        padding: vec![[1, 1], [1, 1]],
-        layout: Layout::ChannelsLast,
-        dtype: DType::F32,
-    };
-    let spec = DenseConvSpec::from_params(&p, 8, 1).unwrap();
+    let spec = small_dense_3x3([6, 7], 8);
     let (dir, mut cache, _, protocol) = tune_scratch("dense-shard", 0);
     let space: Vec<String> = tuning_space::<DirectConfig>(&dev, &spec)
         .0
