@@ -176,7 +176,7 @@ void main() {
             if (i < HS * WS) band[(buf) * HS * WS + i] = pre[k];                         \
         }
 #ifdef CV
-    // DIRECT 2: run it's row r's vectors of the slice to multiply next (PRE_N: 1 where
+    // DIRECT 2: run `it`'s row r's vectors of the slice to multiply next (PRE_N: 1 where
     // there are none, so that the array is declared either way).
     const int PRE_N = DIRECT == 2 ? ITEMS * RIN * VCH : 1;
     VRAW pre_v[PRE_N];
