@@ -156,6 +156,32 @@ for s in ${STEPS:-tests devices run torch memcheck racecheck}; do
       # the old build as .gpu/evokernel-old and the list as .gpu/ab.txt first.
       source scripts/vulkan-nvidia.sh env
       LIMIT=${AB_LIMIT:-200} step vkab bash scripts/vk-ab.sh .gpu/evokernel-old .gpu/evokernel .gpu/ab.txt ;;
+    vkshard)
+      # One part of a Vulkan shader's exhaustive search (issue 19's 3% check on spaces a
+      # call cannot hold: 570-832 configs of dense_coopmat2 on ResNet-50's layers, ~1.1 s
+      # a config): VKSHARD=K/N of VKSHARD_CASE's space for VKSHARD_ONLY. The log keeps a
+      # line per candidate (a step cut by its limit keeps what it timed); the summary,
+      # the part's three fastest and how many read 2x or more above their `ahead` twin
+      # (the 2.25x readings of runs 405-407).
+      source scripts/vulkan-nvidia.sh env
+      export EVOKERNEL_CACHE_DIR=/tmp/evk-vkshard
+      c=${VKSHARD_CASE:-resnet50-3x3-28}
+      LIMIT=${VKSHARD_LIMIT:-540} step "vkshard-$c" .gpu/evokernel tune --op dense-conv --backend vulkan --suite dense --case "$c" --only "${VKSHARD_ONLY:-dense_coopmat2}" --search exhaustive --shard "${VKSHARD:-1/2}" --json "$out/vkshard-$c.json"
+      python3 - "$out/vkshard-$c.log" >> "$out/summary.txt" <<'PY'
+import sys
+t = {}
+for line in open(sys.argv[1]):
+    f = line.split()
+    if len(f) >= 6 and f[0] == "trial" and f[-1] == "ms":
+        t[f[3]] = float(f[4])
+best = sorted(t.items(), key=lambda kv: kv[1])[:3]
+print("vkshard fastest:", "; ".join(f"{c} {ms:.4f}" for c, ms in best))
+twins = [(c, ms, t[c.replace("ahead=2", "ahead=1")]) for c, ms in t.items()
+         if "ahead=2" in c and c.replace("ahead=2", "ahead=1") in t]
+slow = [x for x in twins if x[1] >= 2 * x[2]]
+print(f"vkshard: {len(t)} timed; {len(slow)} of {len(twins)} ahead=2 configs read >= 2x their ahead=1 twin")
+PY
+      ;;
     densetune)
       # The direct shader's tuner on two dense layers, evolutionary then exhaustive (the
       # issue's 3% check); DENSE_TUNE_CASES overrides the layers.
