@@ -303,28 +303,17 @@ impl RotateConfig {
 
     /// Every config that fits `spec` on the device.
     pub fn space(info: &VulkanDeviceInfo, spec: &ConvSpec) -> Vec<RotateConfig> {
-        let mut v = Vec::new();
-        for &workgroup in &WORKGROUPS {
-            for &out_w in &OUT_WS {
-                for &out_h in &OUT_HS {
-                    for &rows in &ROWS {
-                        for &direct in &DIRECTS {
-                            let c = RotateConfig {
-                                workgroup,
-                                out_w,
-                                out_h,
-                                rows,
-                                direct,
-                            };
-                            if c.fits(info, spec).is_ok() {
-                                v.push(c);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        v
+        super::combinations([&WORKGROUPS, &OUT_WS, &OUT_HS, &ROWS, &DIRECTS])
+            .into_iter()
+            .map(|[workgroup, out_w, out_h, rows, direct]| RotateConfig {
+                workgroup,
+                out_w,
+                out_h,
+                rows,
+                direct,
+            })
+            .filter(|c| c.fits(info, spec).is_ok())
+            .collect()
     }
 
     /// The default: 64-256 invocations (at most the device's), runs of 2-6 outputs on

@@ -122,28 +122,17 @@ impl RotateClConfig {
 
     /// Every config that fits `spec` on the device.
     pub fn space(info: &VulkanDeviceInfo, spec: &ConvSpec) -> Vec<RotateClConfig> {
-        let mut v = Vec::new();
-        for &workgroup in &WORKGROUPS {
-            for &out_w in &OUT_WS {
-                for &out_h in &OUT_HS {
-                    for &cv in &CVS {
-                        for &wrow in &WROWS {
-                            let c = RotateClConfig {
-                                workgroup,
-                                out_w,
-                                out_h,
-                                cv,
-                                wrow,
-                            };
-                            if c.fits(info, spec).is_ok() {
-                                v.push(c);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        v
+        super::combinations([&WORKGROUPS, &OUT_WS, &OUT_HS, &CVS, &WROWS])
+            .into_iter()
+            .map(|[workgroup, out_w, out_h, cv, wrow]| RotateClConfig {
+                workgroup,
+                out_w,
+                out_h,
+                cv,
+                wrow,
+            })
+            .filter(|c| c.fits(info, spec).is_ok())
+            .collect()
     }
 
     /// The default (H100 run 271, six channels-last layers): 4 outputs a run (fewer on

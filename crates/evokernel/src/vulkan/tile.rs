@@ -110,22 +110,15 @@ impl TileConfig {
 
     /// Every config that fits `spec` on the device.
     pub fn space(info: &VulkanDeviceInfo, spec: &ConvSpec) -> Vec<TileConfig> {
-        let mut v = Vec::new();
-        for &workgroup in &WORKGROUPS {
-            for &out_w in &OUT_WS {
-                for &rows in &ROWS {
-                    let c = TileConfig {
-                        workgroup,
-                        out_w,
-                        rows,
-                    };
-                    if c.fits(info, spec).is_ok() {
-                        v.push(c);
-                    }
-                }
-            }
-        }
-        v
+        super::combinations([&WORKGROUPS, &OUT_WS, &ROWS])
+            .into_iter()
+            .map(|[workgroup, out_w, rows]| TileConfig {
+                workgroup,
+                out_w,
+                rows,
+            })
+            .filter(|c| c.fits(info, spec).is_ok())
+            .collect()
     }
 
     /// The default: 4 outputs an invocation, 128 invocations (or the device's most),
