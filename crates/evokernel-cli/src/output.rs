@@ -20,20 +20,24 @@ pub fn spinner(msg: &str) -> ProgressBar {
 /// log, a pipe), each timed candidate is printed as it finishes, so that a search cut
 /// short (a job's time limit) still leaves what it measured. None on a terminal, where
 /// the progress bar says it.
-pub fn trial_line(case: &str, p: &evokernel::tune::SearchProgress) -> Option<String> {
+pub fn trial_line(
+    case: &str,
+    done: usize,
+    planned: usize,
+    t: &evokernel::tune::Trial,
+) -> Option<String> {
     use std::io::IsTerminal;
     if std::io::stdout().is_terminal() {
         return None;
     }
-    let t = p.last;
     let outcome = match (t.ms, &t.error) {
         (Some(ms), _) => format!("{ms:.5} ms"),
         (None, Some(e)) => format!("failed: {e}"),
         (None, None) => "failed".into(),
     };
     Some(format!(
-        "trial {case} {}/{} {} {outcome}",
-        p.done, p.planned, t.config
+        "trial {case} {done}/{planned} {} {outcome}",
+        t.config
     ))
 }
 

@@ -341,7 +341,7 @@ pub fn tune(
             common.seed,
             &common.only,
             &mut |p| {
-                if let Some(line) = trial_line(name, &p) {
+                if let Some(line) = trial_line(name, p.done, p.planned, p.last) {
                     bar.suspend(|| println!("{line}"));
                 }
                 bar.set_message(format!(

@@ -181,7 +181,7 @@ pub fn tune(
     for (name, spec) in &s.cases {
         let bar = spinner(&format!("{name}: tuning scaled_mm_wgmma"));
         let r = tune_case(dev, name, spec, plan, &s.protocol, common.seed, &mut |p| {
-            if let Some(line) = trial_line(name, &p) {
+            if let Some(line) = trial_line(name, p.done, p.planned, p.last) {
                 bar.suspend(|| println!("{line}"));
             }
             bar.set_message(format!(

@@ -6,7 +6,7 @@ use evokernel::{ConvSpec, Error, Pass};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::args::Common;
-use crate::output::write_json_or_keep;
+use crate::output::{trial_line, write_json_or_keep};
 use crate::table;
 
 pub fn run(
@@ -57,8 +57,11 @@ pub fn run(
                 done,
                 planned,
                 best_ms,
-                ..
+                last,
             } => {
+                if let Some(line) = trial_line(&name, done, planned, last) {
+                    bar.suspend(|| println!("{line}"));
+                }
                 bar.set_length(planned as u64);
                 bar.set_position(done as u64);
                 bar.set_message(format!(

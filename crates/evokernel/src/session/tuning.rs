@@ -26,7 +26,8 @@ pub enum TuneEvent<'a> {
         done: usize,
         planned: usize,
         best_ms: Option<f64>,
-        config: &'a str,
+        /// The candidate just timed: its config, and its time or why it failed.
+        last: &'a crate::tune::Trial,
     },
 }
 
@@ -137,7 +138,7 @@ impl Session {
                             done: p.done,
                             planned: p.planned,
                             best_ms: p.best_ms,
-                            config: &p.last.config,
+                            last: p.last,
                         })
                     },
                 )
