@@ -227,10 +227,6 @@ void main() {
                     if (!feeds(r)) continue;
                     float win[WIN];
                     if (DIRECT != 0) {
-                        // Input row r of the run; its columns ow0 * SW - pw + q.
-                        const int yi = (h0 + row) * SH - p.ph + r;
-                        const bool in_row = yi >= 0 && yi < p.ih;
-                        const uint from = base + uint(zi) * dstride + uint(max(yi, 0)) * uint(p.iw);
 #ifdef CV
                         if (VOFF >= 0) {
                             VRAW v[VCH];
@@ -255,9 +251,16 @@ void main() {
                             }
                         } else
 #endif
-                        for (int q = 0; q < WIN; ++q) {
-                            const int xi = ow0 * SW - p.pw + q;
-                            win[q] = in_row && xi >= 0 && xi < p.iw ? LOAD(x[from + uint(xi)]) : 0.0;
+                        {
+                            // Input row r of the run, an element a load; its columns
+                            // ow0 * SW - pw + q.
+                            const int yi = (h0 + row) * SH - p.ph + r;
+                            const bool in_row = yi >= 0 && yi < p.ih;
+                            const uint from = base + uint(zi) * dstride + uint(max(yi, 0)) * uint(p.iw);
+                            for (int q = 0; q < WIN; ++q) {
+                                const int xi = ow0 * SW - p.pw + q;
+                                win[q] = in_row && xi >= 0 && xi < p.iw ? LOAD(x[from + uint(xi)]) : 0.0;
+                            }
                         }
                     } else {
                         const int at = cur * HS * WS + (row * SH + r) * WS + ow0 * SW;

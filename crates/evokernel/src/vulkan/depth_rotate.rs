@@ -91,6 +91,17 @@ impl RotateConfig {
         ]
     }
 
+    /// The config of `values` (in `NAMES` order), family or not.
+    fn from_values([workgroup, out_w, out_h, rows, direct]: [u32; 5]) -> Self {
+        RotateConfig {
+            workgroup,
+            out_w,
+            out_h,
+            rows,
+            direct,
+        }
+    }
+
     fn as_tile(&self) -> TileConfig {
         TileConfig {
             workgroup: self.workgroup,
@@ -305,13 +316,7 @@ impl RotateConfig {
     pub fn space(info: &VulkanDeviceInfo, spec: &ConvSpec) -> Vec<RotateConfig> {
         super::combinations([&WORKGROUPS, &OUT_WS, &OUT_HS, &ROWS, &DIRECTS])
             .into_iter()
-            .map(|[workgroup, out_w, out_h, rows, direct]| RotateConfig {
-                workgroup,
-                out_w,
-                out_h,
-                rows,
-                direct,
-            })
+            .map(Self::from_values)
             .filter(|c| c.fits(info, spec).is_ok())
             .collect()
     }
@@ -434,14 +439,9 @@ config_text!(
     RotateConfig,
     "a depth_rotate config",
     FAMILY_HINT,
-    |[workgroup, out_w, out_h, rows, direct]: [u32; 5]| {
-        in_family(workgroup, out_w, out_h, rows, direct).then_some(RotateConfig {
-            workgroup,
-            out_w,
-            out_h,
-            rows,
-            direct,
-        })
+    |v: [u32; 5]| {
+        let [workgroup, out_w, out_h, rows, direct] = v;
+        in_family(workgroup, out_w, out_h, rows, direct).then(|| RotateConfig::from_values(v))
     }
 );
 

@@ -54,6 +54,17 @@ impl RotateClConfig {
         [self.workgroup, self.out_w, self.out_h, self.cv, self.wrow]
     }
 
+    /// The config of `values` (in `NAMES` order), family or not.
+    fn from_values([workgroup, out_w, out_h, cv, wrow]: [u32; 5]) -> Self {
+        RotateClConfig {
+            workgroup,
+            out_w,
+            out_h,
+            cv,
+            wrow,
+        }
+    }
+
     /// Why the shader does not apply to `spec`, if it does not.
     pub fn applies(spec: &ConvSpec) -> std::result::Result<(), String> {
         if spec.layout() != Layout::ChannelsLast {
@@ -124,13 +135,7 @@ impl RotateClConfig {
     pub fn space(info: &VulkanDeviceInfo, spec: &ConvSpec) -> Vec<RotateClConfig> {
         super::combinations([&WORKGROUPS, &OUT_WS, &OUT_HS, &CVS, &WROWS])
             .into_iter()
-            .map(|[workgroup, out_w, out_h, cv, wrow]| RotateClConfig {
-                workgroup,
-                out_w,
-                out_h,
-                cv,
-                wrow,
-            })
+            .map(Self::from_values)
             .filter(|c| c.fits(info, spec).is_ok())
             .collect()
     }
@@ -219,19 +224,14 @@ config_text!(
     RotateClConfig,
     "a depth_rotate_cl config",
     "workgroup 32-256, out_w 1-8, out_h 1-4, cv 1-4, powers of two; wrow 0 or 1",
-    |[workgroup, out_w, out_h, cv, wrow]: [u32; 5]| {
+    |v: [u32; 5]| {
+        let [workgroup, out_w, out_h, cv, wrow] = v;
         (WORKGROUPS.contains(&workgroup)
             && OUT_WS.contains(&out_w)
             && OUT_HS.contains(&out_h)
             && CVS.contains(&cv)
             && WROWS.contains(&wrow))
-        .then_some(RotateClConfig {
-            workgroup,
-            out_w,
-            out_h,
-            cv,
-            wrow,
-        })
+        .then(|| RotateClConfig::from_values(v))
     }
 );
 

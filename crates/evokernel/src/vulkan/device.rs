@@ -282,12 +282,7 @@ fn workgroup_matrices(
         return None;
     }
     let mut props = super::nv_coopmat2::Properties::default();
-    let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut props);
-    // SAFETY: as above.
-    unsafe {
-        inst.instance
-            .get_physical_device_properties2(pd, &mut props2)
-    };
+    extension_properties(inst, pd, &mut props);
     let mut shapes: Vec<WorkgroupShape> =
         super::nv_coopmat2::flexible_dimensions(&inst._entry, &inst.instance, pd)
             .into_iter()
@@ -316,29 +311,31 @@ fn workgroup_matrices(
     })
 }
 
+/// Fills the extension's properties struct `ext` of `pd` (the caller checked that `pd`
+/// has the extension).
+fn extension_properties<T: vk::ExtendsPhysicalDeviceProperties2>(
+    inst: &Instance,
+    pd: vk::PhysicalDevice,
+    ext: &mut T,
+) {
+    let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(ext);
+    // SAFETY: `pd` belongs to this instance and has the struct's extension.
+    unsafe {
+        inst.instance
+            .get_physical_device_properties2(pd, &mut props2)
+    };
+}
+
 /// The multiprocessors of `pd` where its driver reports them: NVIDIA's SMs
 /// (`VK_NV_shader_sm_builtins`), AMD's compute units (`VK_AMD_shader_core_properties`).
 fn compute_units(inst: &Instance, pd: vk::PhysicalDevice) -> Option<u32> {
-    // The properties struct `ext` filled by the driver (the caller checked its extension).
-    fn query<T: vk::ExtendsPhysicalDeviceProperties2>(
-        inst: &Instance,
-        pd: vk::PhysicalDevice,
-        ext: &mut T,
-    ) {
-        let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(ext);
-        // SAFETY: `pd` belongs to this instance and has the struct's extension.
-        unsafe {
-            inst.instance
-                .get_physical_device_properties2(pd, &mut props2)
-        };
-    }
     let count = if has_extension(inst, pd, ash::nv::shader_sm_builtins::NAME) {
         let mut sm = vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV::default();
-        query(inst, pd, &mut sm);
+        extension_properties(inst, pd, &mut sm);
         sm.shader_sm_count
     } else if has_extension(inst, pd, ash::amd::shader_core_properties::NAME) {
         let mut core = vk::PhysicalDeviceShaderCorePropertiesAMD::default();
-        query(inst, pd, &mut core);
+        extension_properties(inst, pd, &mut core);
         core.shader_engine_count
             .saturating_mul(core.shader_arrays_per_engine_count)
             .saturating_mul(core.compute_units_per_shader_array)

@@ -25,18 +25,10 @@ pub struct TileConfig {
     pub rows: u32,
 }
 
-config_text!(
-    TileConfig,
-    "a tile config",
-    BAND_HINT,
-    |[workgroup, out_w, rows]: [u32; 3]| {
-        in_band_family(workgroup, out_w, rows).then_some(TileConfig {
-            workgroup,
-            out_w,
-            rows,
-        })
-    }
-);
+config_text!(TileConfig, "a tile config", BAND_HINT, |v: [u32; 3]| {
+    let [workgroup, out_w, rows] = v;
+    in_band_family(workgroup, out_w, rows).then(|| TileConfig::from_values(v))
+});
 
 /// What the shaders that walk bands of output rows (tile, depth_rotate) take.
 pub(crate) const BAND_HINT: &str = "workgroup 32-256, out_w 1, 2 or 4, rows 1-32, powers of two";
@@ -71,6 +63,15 @@ impl TileConfig {
 
     pub fn values(&self) -> [u32; 3] {
         [self.workgroup, self.out_w, self.rows]
+    }
+
+    /// The config of `values` (in field order), family or not.
+    fn from_values([workgroup, out_w, rows]: [u32; 3]) -> Self {
+        TileConfig {
+            workgroup,
+            out_w,
+            rows,
+        }
     }
 
     /// Shared memory a workgroup of this config needs on `spec`.
@@ -112,11 +113,7 @@ impl TileConfig {
     pub fn space(info: &VulkanDeviceInfo, spec: &ConvSpec) -> Vec<TileConfig> {
         super::combinations([&WORKGROUPS, &OUT_WS, &ROWS])
             .into_iter()
-            .map(|[workgroup, out_w, rows]| TileConfig {
-                workgroup,
-                out_w,
-                rows,
-            })
+            .map(Self::from_values)
             .filter(|c| c.fits(info, spec).is_ok())
             .collect()
     }
