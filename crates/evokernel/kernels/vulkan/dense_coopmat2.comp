@@ -45,6 +45,13 @@ layout(constant_id = 13) const int SPLITS = 1;
 // K steps whose global loads are in flight while a step multiplies: 1 (the next step's,
 // one register set) or 2 (the next two, two sets: each load has two multiplies to land).
 layout(constant_id = 14) const int AHEAD = 1;
+// Products a K step is multiplied in (the host's #define; 1 without it): 1 (one BM x BK
+// by BK x BN product) or 2 or 4 of K = BK / PRODUCTS each from the same shared stage,
+// written out (not a loop: NVIDIA's compiler made the one-product step 6-11% slower
+// through a loop of one trip, run 410).
+#ifndef PRODUCTS
+#define PRODUCTS 1
+#endif
 const int A_PER_ROW = BK / 8;
 // Shared rows in 16-byte units (8 halves), padded by one.
 const int A_ROW = BK / 8 + 1, B_ROW = BN / 8 + 1, C_ROW = BN / 8 + 1;
@@ -168,6 +175,7 @@ void main() {
 
     // Step s multiplies from buffer s & 1 while step s + 1's loads are in flight into the
     // registers, which then go to buffer (s + 1) & 1; one barrier a step.
+#if PRODUCTS == 1
     #define MULTIPLY_STEP(buf)                                                                    \
     {                                                                                             \
         coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> a;                           \
@@ -176,6 +184,25 @@ void main() {
         coopMatLoad(b, smem, (buf) * STAGE + A_TILE, B_ROW, gl_CooperativeMatrixLayoutRowMajor);  \
         acc = coopMatMulAdd(a, b, acc);                                                           \
     }
+#else
+    const int MK = BK / PRODUCTS;
+    // Product j of a step: A's columns [j MK, (j + 1) MK) (MK / 8 pieces a row in), B's
+    // rows the same.
+    #define PRODUCT(buf, j)                                                                       \
+    {                                                                                             \
+        coopmat<float16_t, gl_ScopeWorkgroup, BM, MK, gl_MatrixUseA> a;                           \
+        coopmat<float16_t, gl_ScopeWorkgroup, MK, BN, gl_MatrixUseB> b;                           \
+        coopMatLoad(a, smem, (buf) * STAGE + (j) * (MK / 8), A_ROW, gl_CooperativeMatrixLayoutRowMajor); \
+        coopMatLoad(b, smem, (buf) * STAGE + A_TILE + (j) * MK * B_ROW, B_ROW,                    \
+                    gl_CooperativeMatrixLayoutRowMajor);                                          \
+        acc = coopMatMulAdd(a, b, acc);                                                           \
+    }
+#if PRODUCTS == 2
+    #define MULTIPLY_STEP(buf) { PRODUCT(buf, 0) PRODUCT(buf, 1) }
+#else
+    #define MULTIPLY_STEP(buf) { PRODUCT(buf, 0) PRODUCT(buf, 1) PRODUCT(buf, 2) PRODUCT(buf, 3) }
+#endif
+#endif
     LOAD_STEP(s0, ra0, rb0);
     STORE_STEP(s0 & 1, ra0, rb0);
     if (AHEAD == 1) {

@@ -37,6 +37,11 @@ pub struct Coopmat2Config {
     /// two, in two register sets). Serialized configs without the field read as 1.
     #[serde(default = "one")]
     pub ahead: u32,
+    /// Products a K step is multiplied in (1, 2 or 4, of K = bk / products each, from the
+    /// same shared stage): smaller fragments, fewer registers an invocation. Serialized
+    /// configs without the field read as 1.
+    #[serde(default = "one")]
+    pub products: u32,
 }
 
 fn one() -> u32 {
@@ -76,14 +81,16 @@ const BKS: [u32; 3] = [16, 32, 64];
 const THREADS: [u32; 3] = [64, 128, 256];
 const SPLITS: [u32; 4] = [1, 2, 4, 8];
 const AHEAD: [u32; 2] = [1, 2];
+const PRODUCTS: [u32; 3] = [1, 2, 4];
 
 impl Coopmat2Config {
     /// The variant name configs are forced, tuned and cached under.
     pub const NAME: &'static str = "dense_coopmat2";
     /// The fields, in `values` order.
-    pub const NAMES: [&'static str; 6] = ["bm", "bn", "bk", "threads", "splits", "ahead"];
+    pub const NAMES: [&'static str; 7] =
+        ["bm", "bn", "bk", "threads", "splits", "ahead", "products"];
 
-    pub fn values(&self) -> [u32; 6] {
+    pub fn values(&self) -> [u32; 7] {
         [
             self.bm,
             self.bn,
@@ -91,10 +98,11 @@ impl Coopmat2Config {
             self.threads,
             self.splits,
             self.ahead,
+            self.products,
         ]
     }
 
-    fn from_values([bm, bn, bk, threads, splits, ahead]: [u32; 6]) -> Self {
+    fn from_values([bm, bn, bk, threads, splits, ahead, products]: [u32; 7]) -> Self {
         Coopmat2Config {
             bm,
             bn,
@@ -102,6 +110,7 @@ impl Coopmat2Config {
             threads,
             splits,
             ahead,
+            products,
         }
     }
 
@@ -202,6 +211,15 @@ impl Coopmat2Config {
         if !AHEAD.contains(&self.ahead) {
             return Err(format!("ahead {} (1 or 2)", self.ahead));
         }
+        if !PRODUCTS.contains(&self.products)
+            || !(bk / self.products).is_multiple_of(shape.k.max(8))
+        {
+            return Err(format!(
+                "a K step of {bk} in {} products (1, 2 or 4, each a multiple of the device's \
+                 K granularity {})",
+                self.products, shape.k
+            ));
+        }
         if !SPLITS.contains(&self.splits) {
             return Err(format!("splits {} (1, 2, 4 or 8)", self.splits));
         }
@@ -258,7 +276,7 @@ impl Coopmat2Config {
 
     /// Every config of the family.
     pub fn family() -> Vec<Coopmat2Config> {
-        super::combinations([&BMS, &TILES, &BKS, &THREADS, &SPLITS, &AHEAD])
+        super::combinations([&BMS, &TILES, &BKS, &THREADS, &SPLITS, &AHEAD, &PRODUCTS])
             .into_iter()
             .map(Self::from_values)
             .collect()
@@ -287,30 +305,35 @@ impl Coopmat2Config {
     /// ahead (run 394: 28 x 28 0.0513 -> 0.0500 ms, 14 x 14 0.0488 -> 0.0476, strided
     /// 0.0545 -> 0.0526, VAE decoder 0.427 -> 0.407); split, or shorter, one (7 x 7
     /// split: 0.0503 with one, 0.0535 with two; 96 rows 0.5-1.8% faster with one, run 400):
-    /// one rule on both paths.
+    /// one rule on both paths. Unsplit tiles under 128 rows multiply a step in two products
+    /// (run 411, two rounds: 14 x 14 0.0387 -> 0.0384 ms, 28 x 28 0.0411 -> 0.0408, strided
+    /// 0.0434 -> 0.0430; 128 x 128 split or ahead 2, and 192 x 64, 0.6-2.3% slower so).
     pub fn default_for(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Result<Coopmat2Config> {
         Self::applies(info, spec).map_err(|reason| Error::NotApplicable {
             variant: "vulkan dense_coopmat2".into(),
             spec: spec.to_string(),
             reason,
         })?;
-        let want = [128u32, 128, 32, 256, 1, 2];
+        let want = [128u32, 128, 32, 256, 1, 2, 1];
         let space = Self::space(info, spec);
         let nearest = space
             .iter()
             .filter(|c| c.splits == 1)
             .min_by_key(|c| super::log2_distance(&c.values(), &want))
             .copied();
-        // `nearest` with this height and split, loading as far ahead as the rule says, where
-        // the space has it.
+        // `nearest` with this height and split, loading as far ahead and multiplying a step
+        // in as many products as the rules say, where the space has it (else in one).
         let shaped = |n: Coopmat2Config, bm: u32, splits: u32| {
+            let tall = splits == 1 && bm >= 128;
             let c = Coopmat2Config {
                 bm,
                 splits,
-                ahead: if splits == 1 && bm >= 128 { 2 } else { 1 },
+                ahead: if tall { 2 } else { 1 },
+                products: if splits == 1 && !tall { 2 } else { 1 },
                 ..n
             };
-            space.contains(&c).then_some(c)
+            let one = Coopmat2Config { products: 1, ..c };
+            [c, one].into_iter().find(|c| space.contains(c))
         };
         if let (Some(units), Some(n)) = (info.compute_units, nearest) {
             // Ties go to the taller tile (fewer workgroups), then unsplit.
@@ -350,8 +373,8 @@ config_text!(
     Coopmat2Config,
     "a dense_coopmat2 config",
     "bm 32-256, a multiple of 32; bn 32, 64, 128 or 256; bk 16, 32 or 64; threads 64, 128 or \
-     256; splits 1, 2, 4 or 8; ahead 1 or 2",
-    |v: [u32; 6]| Some(Coopmat2Config::from_values(v))
+     256; splits 1, 2, 4 or 8; ahead 1 or 2; products 1, 2 or 4",
+    |v: [u32; 7]| Some(Coopmat2Config::from_values(v))
         .filter(|c| Coopmat2Config::family().contains(c))
 );
 
@@ -399,11 +422,17 @@ pub fn prepare_dense_coopmat2<'d>(
         config.splits as usize,
         config.ahead as usize,
     ]);
+    // Products a step: a define (written out in the shader), none at one (the shader's
+    // own default: the text runs 380-409 measured).
+    let source = match config.products {
+        1 => SOURCE.to_string(),
+        n => super::shader::with_defines(SOURCE, &[("PRODUCTS", n as usize)]),
+    };
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
     VulkanRun::new(
         dev,
         "dense_coopmat2",
-        SOURCE,
+        &source,
         &constants,
         &push,
         grid,
@@ -468,7 +497,7 @@ mod tests {
     #[test]
     fn the_default_fills_the_multiprocessors_in_whole_waves() {
         let info = h200();
-        let picks: Vec<(String, [u32; 6])> = crate::dense::dense_suite()
+        let picks: Vec<(String, [u32; 7])> = crate::dense::dense_suite()
             .unwrap()
             .into_iter()
             .filter(|c| Coopmat2Config::applies(&info, &c.spec).is_ok())
@@ -479,12 +508,13 @@ mod tests {
             })
             .collect();
         let pick = |name: &str| picks.iter().find(|p| p.0 == name).unwrap().1;
-        // bm, bn, bk, threads, splits, ahead: the H200's measured best (runs 399-400).
-        assert_eq!(pick("resnet50-3x3-14"), [96, 128, 32, 256, 1, 1]);
-        assert_eq!(pick("resnet50-3x3-28"), [96, 128, 32, 256, 1, 1]);
-        assert_eq!(pick("resnet50-3x3-s2"), [96, 128, 32, 256, 1, 1]);
-        assert_eq!(pick("resnet50-3x3-56"), [192, 64, 32, 256, 1, 2]);
-        assert_eq!(pick("resnet50-3x3-7"), [128, 128, 32, 256, 2, 1]);
+        // bm, bn, bk, threads, splits, ahead, products: the H200's measured best (runs
+        // 399-400, 411).
+        assert_eq!(pick("resnet50-3x3-14"), [96, 128, 32, 256, 1, 1, 2]);
+        assert_eq!(pick("resnet50-3x3-28"), [96, 128, 32, 256, 1, 1, 2]);
+        assert_eq!(pick("resnet50-3x3-s2"), [96, 128, 32, 256, 1, 1, 2]);
+        assert_eq!(pick("resnet50-3x3-56"), [192, 64, 32, 256, 1, 2, 1]);
+        assert_eq!(pick("resnet50-3x3-7"), [128, 128, 32, 256, 2, 1, 1]);
         // Without the multiprocessors' count: the nearest to 128 x 128, split below
         // FEW_TILES tiles.
         let mut unknown = info.clone();
@@ -495,7 +525,7 @@ mod tests {
             .find(|c| c.name == "resnet50-3x3-14")
             .unwrap();
         let d = Coopmat2Config::default_for(&unknown, &fourteen.spec).unwrap();
-        assert_eq!(d.values(), [128, 128, 32, 256, 1, 2]);
+        assert_eq!(d.values(), [128, 128, 32, 256, 1, 2, 1]);
     }
 
     #[test]
@@ -505,6 +535,12 @@ mod tests {
         assert_eq!(words[0], super::super::shader::SPIRV_MAGIC);
         // SPIR-V 1.6 in the header's version word.
         assert_eq!(words[1], 0x0001_0600);
+        // The step in two or four products: the shader's other text.
+        for products in [2, 4] {
+            let source = super::super::shader::with_defines(SOURCE, &[("PRODUCTS", products)]);
+            let words = super::super::shader::compile_compute("dense_coopmat2", &source).unwrap();
+            assert_eq!(words[0], super::super::shader::SPIRV_MAGIC);
+        }
     }
 
     #[test]
@@ -554,6 +590,13 @@ mod tests {
         split.splits = 16;
         assert!(split.fits(&info, &few).is_err());
         assert_eq!(d.to_string().parse::<Coopmat2Config>().unwrap(), d);
+        // A K step in products of at least the device's K granularity (16 here).
+        let halves = Coopmat2Config { products: 2, ..d };
+        assert!(halves.fits(&info, &s).is_ok() && space.contains(&halves));
+        let e = Coopmat2Config { products: 4, ..d }
+            .fits(&info, &s)
+            .unwrap_err();
+        assert!(e.contains("4 products"), "{e}");
         // 64 invocations: not a size this device lists.
         let c = Coopmat2Config {
             bm: 64,
@@ -562,6 +605,7 @@ mod tests {
             threads: 64,
             splits: 1,
             ahead: 1,
+            products: 1,
         };
         let e = c.fits(&info, &s).unwrap_err();
         assert!(e.contains("64 invocations"), "{e}");
@@ -575,19 +619,21 @@ mod tests {
             threads: 128,
             splits: 1,
             ahead: 1,
+            products: 1,
         };
         assert!(c.fits(&info, &s).is_ok());
         assert!(c.fits(&coarse, &s).is_err());
         for bad in [
             "dense_coopmat2:bm=128",
             "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1",
-            "dense_coopmat2:bm=88,bn=128,bk=32,threads=128,splits=1,ahead=1",
-            "dense_coopmat2:bm=128,bn=96,bk=32,threads=128,splits=1,ahead=1",
-            "dense_coopmat2:bm=128,bn=128,bk=48,threads=128,splits=1,ahead=1",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=96,splits=1,ahead=1",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=3,ahead=1",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=3",
-            "dense_coopmat:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1",
+            "dense_coopmat2:bm=88,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1",
+            "dense_coopmat2:bm=128,bn=96,bk=32,threads=128,splits=1,ahead=1,products=1",
+            "dense_coopmat2:bm=128,bn=128,bk=48,threads=128,splits=1,ahead=1,products=1",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=96,splits=1,ahead=1,products=1",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=3,ahead=1,products=1",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=3,products=1",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=3",
+            "dense_coopmat:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1",
         ] {
             assert!(bad.parse::<Coopmat2Config>().is_err(), "{bad}");
         }
