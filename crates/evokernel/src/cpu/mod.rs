@@ -222,7 +222,7 @@ fn run<T: Element>(
 ) {
     match spec.layout() {
         Layout::ChannelsFirst => channels_first(spec, isa, epi, x, w, y),
-        Layout::ChannelsLast => channels_last(spec, isa, epi, x, w, y),
+        Layout::ChannelsLast => channels_last::<T, true>(spec, isa, epi, x, w, y),
     }
 }
 
@@ -760,7 +760,9 @@ fn valid_taps(
     (lo.min(hi), hi)
 }
 
-fn channels_last<T: Element>(
+/// SPAN: the AVX-512 rows' span runs where they apply (false: the run form alone, the
+/// reference the tests hold them to, bit for bit).
+fn channels_last<T: Element, const SPAN: bool>(
     spec: &ConvSpec,
     isa: Isa,
     epi: &FusedEpilogue,
@@ -788,7 +790,9 @@ fn channels_last<T: Element>(
             // SAFETY: each wrapper is called only when `Isa::detect` found its features.
             match isa {
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => unsafe { cl_row_avx512(spec, x, &wt, (n, d, h), out, acc, epi_at) },
+                Isa::Avx512 => unsafe {
+                    cl_row_avx512::<T, SPAN>(spec, x, &wt, (n, d, h), out, acc, epi_at)
+                },
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx2 => unsafe { cl_row_avx2(spec, x, &wt, (n, d, h), out, acc, epi_at) },
                 _ => cl_row_body::<T, false>(spec, x, &wt, (n, d, h), out, acc, epi_at),
@@ -908,11 +912,13 @@ const CL_OUTPUTS: usize = 4;
 /// outputs (the portable body loads an input and a weight vector a multiply-add, its
 /// 64-float array not kept in registers: the NDHWC seed 4.5x the NCDHW one, docs/perf.md).
 /// Edge outputs, the row's last outputs short of a run and channels past the last
-/// 16 take `cl_pixel`.
+/// 16 take `cl_pixel`. With SPAN, rows of 5 or 7 taps at W stride and dilation 1
+/// take `cl_span_avx512` (each input vector loaded once for every tap that reads it; the
+/// same sums in the same order, so the same bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn cl_row_avx512<T: Element>(
+unsafe fn cl_row_avx512<T: Element, const SPAN: bool>(
     spec: &ConvSpec,
     x: &[T],
     wt: &[f32],
@@ -939,6 +945,15 @@ unsafe fn cl_row_avx512<T: Element>(
         .iter()
         .flat_map(|&(row, tap0)| (0..kw).map(move |e| ((row + e * dw) * c, (tap0 + e) * c)))
         .collect();
+    // The same windows as (input row, first tap) offsets, for the span runs.
+    let rows: Vec<(usize, usize)> = windows
+        .iter()
+        .map(|&(row, tap0)| (row * c, tap0 * c))
+        .collect();
+    // Rows of 5 or 7 taps (this machine, three rounds: convnext-nhwc's 7 x 7 1.2-1.3x, the
+    // NDHWC seed's 5 x 5 level or better; x3d-ndhwc's 3 x 3 1.1x slower: too few taps a
+    // window to pay for its loop).
+    let span = SPAN && sw == 1 && dw == 1 && matches!(kw, 5 | 7);
     // Outputs whose W taps all lie inside the row: o * sw >= pw and
     // o * sw + (kw - 1) * dw - pw < iw.
     let o_lo = pw.div_ceil(sw);
@@ -958,6 +973,15 @@ unsafe fn cl_row_avx512<T: Element>(
             let first = (o * sw - pw) * c;
             assert!(first + last_tap + (CL_OUTPUTS - 1) * sw * c + c16 <= x.len());
             let mut cb = 0;
+            if span {
+                while cb + 32 <= c16 {
+                    match kw {
+                        5 => cl_span_avx512::<T, 5>(x, first, &rows, wt, cb, c, acc),
+                        _ => cl_span_avx512::<T, 7>(x, first, &rows, wt, cb, c, acc),
+                    }
+                    cb += 32;
+                }
+            }
             while cb + 64 <= c16 {
                 cl_run_avx512::<T, 4>(x, first, &taps, wt, sw * c, cb, c, acc);
                 cb += 64;
@@ -1022,6 +1046,54 @@ unsafe fn cl_run_avx512<T: Element, const NV: usize>(
         for (v, a_rv) in a_r.iter().enumerate() {
             _mm512_storeu_ps(o.add(r * c + 16 * v), *a_rv);
         }
+    }
+}
+
+/// `cl_run_avx512` at W stride and dilation 1 for rows of KW taps, 32 channels from `cb`:
+/// output r's tap e reads input r + e, so per window the CL_OUTPUTS + KW - 1 inputs are
+/// loaded (and widened) once into registers and each feeds every output that reads it
+/// (the run form loads one a multiply-add). Each sum takes its terms in the run form's
+/// order (window, then tap), so the bits are the same. The caller has checked the loads'
+/// bounds (the span ends where the run form's last tap of its last output does).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn cl_span_avx512<T: Element, const KW: usize>(
+    x: &[T],
+    first: usize,
+    rows: &[(usize, usize)],
+    wt: &[f32],
+    cb: usize,
+    c: usize,
+    acc: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let (xp, wp) = (x.as_ptr().add(first + cb), wt.as_ptr().add(cb));
+    let mut a = [[_mm512_setzero_ps(); 2]; CL_OUTPUTS];
+    for &(xo, wo) in rows {
+        let s = xp.add(xo);
+        // The window's inputs, two vectors each: CL_OUTPUTS + KW - 1 <= 10 (KW <= 7).
+        let mut inp = [[_mm512_setzero_ps(); 2]; CL_OUTPUTS + 6];
+        for (i, slot) in inp.iter_mut().enumerate().take(CL_OUTPUTS + KW - 1) {
+            *slot = [load16(s.add(i * c)), load16(s.add(i * c + 16))];
+        }
+        for e in 0..KW {
+            let w = [
+                _mm512_loadu_ps(wp.add(wo + e * c)),
+                _mm512_loadu_ps(wp.add(wo + e * c + 16)),
+            ];
+            // Eight independent sums a tap (the FMA pipes' latency covered).
+            for (r, a_r) in a.iter_mut().enumerate() {
+                a_r[0] = _mm512_fmadd_ps(inp[r + e][0], w[0], a_r[0]);
+                a_r[1] = _mm512_fmadd_ps(inp[r + e][1], w[1], a_r[1]);
+            }
+        }
+    }
+    assert!((CL_OUTPUTS - 1) * c + cb + 32 <= acc.len());
+    let o = acc.as_mut_ptr().add(cb);
+    for (r, a_r) in a.iter().enumerate() {
+        _mm512_storeu_ps(o.add(r * c), a_r[0]);
+        _mm512_storeu_ps(o.add(r * c + 16), a_r[1]);
     }
 }
 
@@ -1273,6 +1345,82 @@ mod tests {
                 let mut y = HostTensor::nan(dtype, &spec.output_shape());
                 conv_cpu_with(Isa::Avx512, &spec, &FusedEpilogue::none(), &x, &w, &mut y).unwrap();
                 let cmp = compare(&y, &r).unwrap();
+                assert!(cmp.passes(dtype), "{spec}: {cmp:?}");
+            }
+        }
+    }
+
+    /// The AVX-512 channels-last span runs (W stride and dilation 1, rows of 5 or 7 taps)
+    /// give the run form's bits exactly, every dtype, 64-192 channels (the span takes
+    /// blocks of 32, the run form the 16 after), NaN and Inf among the inputs; rows of 3
+    /// and 4 taps take the run form on both sides.
+    #[test]
+    fn channels_last_spans_match_runs_bit_for_bit() {
+        if !Isa::Avx512.supported() {
+            return;
+        }
+        for (i, (input, kernel, padding)) in [
+            (vec![3, 6, 29], vec![3, 3, 5], vec![[1, 1], [2, 0], [2, 3]]),
+            (vec![9, 40], vec![7, 7], vec![[3, 3], [3, 3]]),
+            (vec![5, 23], vec![2, 3], vec![[0, 1], [1, 1]]),
+            (vec![61], vec![4], vec![[3, 0]]),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for (j, c) in [64usize, 80, 192].into_iter().enumerate() {
+                let dtype = DType::ALL[(i + j) % 3];
+                let dims = input.len();
+                let spec = ConvParams {
+                    n: 2,
+                    c: c as i64,
+                    input: input.clone(),
+                    kernel: kernel.clone(),
+                    stride: vec![1; dims],
+                    dilation: vec![1; dims],
+                    padding: padding.clone(),
+                    layout: Layout::ChannelsLast,
+                    dtype,
+                }
+                .validate()
+                .unwrap();
+                let mut x = HostTensor::random_normal(dtype, &spec.input_shape(), 9 + i as u64);
+                crate::with_elements!(x.data_mut(), v => {
+                    v[c * 5 + 1] = Element::from_f32(f32::NAN);
+                    v[c * 13 + 70 % c] = Element::from_f32(f32::INFINITY);
+                });
+                let w = HostTensor::random_normal(dtype, &spec.weight_shape(), 10);
+                let epi = FusedEpilogue::none();
+                let wf: Vec<f32> = (0..w.len()).map(|i| w.get_f64(i) as f32).collect();
+                let mut got = HostTensor::nan(dtype, &spec.output_shape());
+                let mut want = HostTensor::nan(dtype, &spec.output_shape());
+                for (out, span) in [(&mut got, true), (&mut want, false)] {
+                    let a = Isa::Avx512;
+                    match (x.data(), out.data_mut(), span) {
+                        (TensorData::Bf16(x), TensorData::Bf16(y), true) => {
+                            channels_last::<_, true>(&spec, a, &epi, x, &wf, y)
+                        }
+                        (TensorData::Bf16(x), TensorData::Bf16(y), false) => {
+                            channels_last::<_, false>(&spec, a, &epi, x, &wf, y)
+                        }
+                        (TensorData::F16(x), TensorData::F16(y), true) => {
+                            channels_last::<_, true>(&spec, a, &epi, x, &wf, y)
+                        }
+                        (TensorData::F16(x), TensorData::F16(y), false) => {
+                            channels_last::<_, false>(&spec, a, &epi, x, &wf, y)
+                        }
+                        (TensorData::F32(x), TensorData::F32(y), true) => {
+                            channels_last::<_, true>(&spec, a, &epi, x, &wf, y)
+                        }
+                        (TensorData::F32(x), TensorData::F32(y), false) => {
+                            channels_last::<_, false>(&spec, a, &epi, x, &wf, y)
+                        }
+                        _ => unreachable!("one dtype"),
+                    }
+                }
+                assert_eq!(got.as_bytes(), want.as_bytes(), "{spec}");
+                let r = conv_reference(&spec, &x, &w).unwrap();
+                let cmp = compare(&got, &r).unwrap();
                 assert!(cmp.passes(dtype), "{spec}: {cmp:?}");
             }
         }
