@@ -950,7 +950,7 @@ unsafe fn cl_row_avx512<T: Element, const SPAN: bool>(
         .iter()
         .map(|&(row, tap0)| (row * c, tap0 * c))
         .collect();
-    // Rows of 5 or 7 taps (this machine, three rounds: convnext-nhwc's 7 x 7 1.2-1.3x, the
+    // Rows of 5 or 7 taps (this machine, three rounds: convnext-nhwc's 7 x 7 1.15x, the
     // NDHWC seed's 5 x 5 level or better; x3d-ndhwc's 3 x 3 1.1x slower: too few taps a
     // window to pay for its loop).
     let span = SPAN && sw == 1 && dw == 1 && matches!(kw, 5 | 7);
