@@ -16,29 +16,27 @@ pub fn spinner(msg: &str) -> ProgressBar {
     bar
 }
 
-/// A tuning candidate's line for logs: where the output is not a terminal (a GPU job's
-/// log, a pipe), each timed candidate is printed as it finishes, so that a search cut
-/// short (a job's time limit) still leaves what it measured. None on a terminal, where
-/// the progress bar says it.
-pub fn trial_line(
+/// A tuning candidate's line for logs, printed past `bar`: where the output is not a
+/// terminal (a GPU job's log, a pipe), each timed candidate is printed as it finishes, so
+/// that a search cut short (a job's time limit) still leaves what it measured. Nothing on
+/// a terminal, where the progress bar says it.
+pub fn log_trial(
+    bar: &ProgressBar,
     case: &str,
     done: usize,
     planned: usize,
     t: &evokernel::tune::Trial,
-) -> Option<String> {
+) {
     use std::io::IsTerminal;
     if std::io::stdout().is_terminal() {
-        return None;
+        return;
     }
     let outcome = match (t.ms, &t.error) {
         (Some(ms), _) => format!("{ms:.5} ms"),
         (None, Some(e)) => format!("failed: {e}"),
         (None, None) => "failed".into(),
     };
-    Some(format!(
-        "trial {case} {done}/{planned} {} {outcome}",
-        t.config
-    ))
+    bar.suspend(|| println!("trial {case} {done}/{planned} {} {outcome}", t.config));
 }
 
 /// Writes a report after a run; if that fails the result is not lost: it goes to a file

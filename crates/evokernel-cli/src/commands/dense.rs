@@ -23,7 +23,7 @@ use evokernel::{Error, Pass};
 use serde::Serialize;
 
 use crate::args::{Common, GemmArgs, ProblemArgs};
-use crate::output::{spinner, trial_line, write_json_or_keep};
+use crate::output::{log_trial, spinner, write_json_or_keep};
 use crate::table;
 
 #[derive(Serialize)]
@@ -341,9 +341,7 @@ pub fn tune(
             common.seed,
             &common.only,
             &mut |p| {
-                if let Some(line) = trial_line(name, p.done, p.planned, p.last) {
-                    bar.suspend(|| println!("{line}"));
-                }
+                log_trial(&bar, name, p.done, p.planned, p.last);
                 bar.set_message(format!(
                     "{name}: {}/{} timed, best {}",
                     p.done,

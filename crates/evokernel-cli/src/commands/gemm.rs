@@ -13,7 +13,7 @@ use evokernel::{Engine, Error};
 use serde::Serialize;
 
 use crate::args::{Common, GemmArgs, ProblemArgs};
-use crate::output::{spinner, trial_line, write_json_or_keep};
+use crate::output::{log_trial, spinner, write_json_or_keep};
 use crate::table;
 
 #[derive(Serialize)]
@@ -181,9 +181,7 @@ pub fn tune(
     for (name, spec) in &s.cases {
         let bar = spinner(&format!("{name}: tuning scaled_mm_wgmma"));
         let r = tune_case(dev, name, spec, plan, &s.protocol, common.seed, &mut |p| {
-            if let Some(line) = trial_line(name, p.done, p.planned, p.last) {
-                bar.suspend(|| println!("{line}"));
-            }
+            log_trial(&bar, name, p.done, p.planned, p.last);
             bar.set_message(format!(
                 "{name}: {}/{} timed, best {}",
                 p.done,

@@ -6,7 +6,7 @@ use evokernel::{ConvSpec, Error, Pass};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::args::Common;
-use crate::output::{trial_line, write_json_or_keep};
+use crate::output::{log_trial, write_json_or_keep};
 use crate::table;
 
 pub fn run(
@@ -59,9 +59,7 @@ pub fn run(
                 best_ms,
                 last,
             } => {
-                if let Some(line) = trial_line(&name, done, planned, last) {
-                    bar.suspend(|| println!("{line}"));
-                }
+                log_trial(&bar, &name, done, planned, last);
                 bar.set_length(planned as u64);
                 bar.set_position(done as u64);
                 bar.set_message(format!(

@@ -945,15 +945,18 @@ unsafe fn cl_row_avx512<T: Element, const SPAN: bool>(
         .iter()
         .flat_map(|&(row, tap0)| (0..kw).map(move |e| ((row + e * dw) * c, (tap0 + e) * c)))
         .collect();
-    // The same windows as (input row, first tap) offsets, for the span runs.
-    let rows: Vec<(usize, usize)> = windows
-        .iter()
-        .map(|&(row, tap0)| (row * c, tap0 * c))
-        .collect();
     // Rows of 5 or 7 taps (this machine, three rounds: convnext-nhwc's 7 x 7 1.15x, the
     // NDHWC seed's 5 x 5 level or better; x3d-ndhwc's 3 x 3 1.1x slower: too few taps a
     // window to pay for its loop).
     let span = SPAN && sw == 1 && dw == 1 && matches!(kw, 5 | 7);
+    // The same windows as (input row, first tap) offsets, for the span runs.
+    let rows: Vec<(usize, usize)> = match span {
+        true => windows
+            .iter()
+            .map(|&(row, tap0)| (row * c, tap0 * c))
+            .collect(),
+        false => Vec::new(),
+    };
     // Outputs whose W taps all lie inside the row: o * sw >= pw and
     // o * sw + (kw - 1) * dw - pw < iw.
     let o_lo = pw.div_ceil(sw);

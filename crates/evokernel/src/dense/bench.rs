@@ -271,7 +271,8 @@ const SINGLE_LAUNCHES: usize = 3;
 /// launches' times (1 to 200). The fastest, not the first: a first launch slowed by work
 /// the driver leaves to it made every sample one launch, timed at idle clocks between
 /// submissions: ~2x slow for the whole measurement (the likely cause of the tuner's
-/// 2.25x readings in runs 402 and 405-407; not yet confirmed on the GPU).
+/// 2.25x readings in runs 402 and 405-407; H200 run 410: the same times as the first
+/// launch's sizing at steady clocks, and no 2x reading in a serial search of 102 configs).
 fn launches_a_sample(singles: &[f64]) -> usize {
     let fastest = singles.iter().copied().fold(f64::INFINITY, f64::min);
     ((SAMPLE_MS / fastest.max(1e-4)).ceil() as usize).clamp(1, 200)
