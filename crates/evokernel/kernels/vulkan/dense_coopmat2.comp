@@ -48,7 +48,7 @@ layout(constant_id = 14) const int AHEAD = 1;
 // Products a K step is multiplied in (the host's #define; 1 without it): 1 (one BM x BK
 // by BK x BN product) or 2 or 4 of K = BK / PRODUCTS each from the same shared stage,
 // written out (not a loop: NVIDIA's compiler made the one-product step 6-11% slower
-// through a loop of one trip, run 410).
+// through a loop of one trip, run 410). LATE_LOADS (AHEAD = 2 only): see the main loop.
 #ifndef PRODUCTS
 #define PRODUCTS 1
 #endif
@@ -219,14 +219,28 @@ void main() {
         // while the other set loads step s + 2. Loads stay in step order (the counters).
         if (s0 + 1 < s1) LOAD_STEP(s0 + 1, ra1, rb1);
         barrier();
+        // LATE_LOADS (the host's #define): each step's loads go out after its multiply, so
+        // their address work issues behind the step's MMAs instead of ahead of its shared
+        // reads (the driver keeps this order; run 419: faster at 192 x 64, slower at 96 x
+        // 128, where the loads then wait on registers the MMAs still read).
         for (int s = s0; s < s1; s += 2) {
+#ifdef LATE_LOADS
+            MULTIPLY_STEP(s & 1);
+            if (s + 2 < s1) LOAD_STEP(s + 2, ra0, rb0);
+#else
             if (s + 2 < s1) LOAD_STEP(s + 2, ra0, rb0);
             MULTIPLY_STEP(s & 1);
+#endif
             if (s + 1 < s1) STORE_STEP((s + 1) & 1, ra1, rb1);
             barrier();
             if (s + 1 >= s1) break;
+#ifdef LATE_LOADS
+            MULTIPLY_STEP((s + 1) & 1);
+            if (s + 3 < s1) LOAD_STEP(s + 3, ra1, rb1);
+#else
             if (s + 3 < s1) LOAD_STEP(s + 3, ra1, rb1);
             MULTIPLY_STEP((s + 1) & 1);
+#endif
             if (s + 2 < s1) STORE_STEP(s & 1, ra0, rb0);
             barrier();
         }

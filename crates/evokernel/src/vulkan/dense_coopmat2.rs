@@ -43,6 +43,13 @@ pub struct Coopmat2Config {
     /// field read as 1.
     #[serde(default = "one")]
     pub products: u32,
+    /// Where a step's loads go out with `ahead` 2: 0 before its multiply, 1 after it (their
+    /// address work then issues behind the step's MMAs; H200 run 419: ResNet-50's 56 x 56
+    /// at 192 x 64 0.0540 -> 0.0500 ms, its 14 x 14 at 96 x 128 0.0387 -> 0.0486, the
+    /// loads waiting on registers the MMAs still read). Serialized configs without the
+    /// field read as 0.
+    #[serde(default)]
+    pub late_loads: u32,
 }
 
 fn one() -> u32 {
@@ -83,15 +90,24 @@ const THREADS: [u32; 3] = [64, 128, 256];
 const SPLITS: [u32; 4] = [1, 2, 4, 8];
 const AHEAD: [u32; 2] = [1, 2];
 const PRODUCTS: [u32; 3] = [1, 2, 4];
+const LATE_LOADS: [u32; 2] = [0, 1];
 
 impl Coopmat2Config {
     /// The variant name configs are forced, tuned and cached under.
     pub const NAME: &'static str = "dense_coopmat2";
     /// The fields, in `values` order.
-    pub const NAMES: [&'static str; 7] =
-        ["bm", "bn", "bk", "threads", "splits", "ahead", "products"];
+    pub const NAMES: [&'static str; 8] = [
+        "bm",
+        "bn",
+        "bk",
+        "threads",
+        "splits",
+        "ahead",
+        "products",
+        "late_loads",
+    ];
 
-    pub fn values(&self) -> [u32; 7] {
+    pub fn values(&self) -> [u32; 8] {
         [
             self.bm,
             self.bn,
@@ -100,10 +116,11 @@ impl Coopmat2Config {
             self.splits,
             self.ahead,
             self.products,
+            self.late_loads,
         ]
     }
 
-    fn from_values([bm, bn, bk, threads, splits, ahead, products]: [u32; 7]) -> Self {
+    fn from_values([bm, bn, bk, threads, splits, ahead, products, late_loads]: [u32; 8]) -> Self {
         Coopmat2Config {
             bm,
             bn,
@@ -112,6 +129,7 @@ impl Coopmat2Config {
             splits,
             ahead,
             products,
+            late_loads,
         }
     }
 
@@ -212,6 +230,13 @@ impl Coopmat2Config {
         if !AHEAD.contains(&self.ahead) {
             return Err(format!("ahead {} (1 or 2)", self.ahead));
         }
+        if !LATE_LOADS.contains(&self.late_loads) || (self.late_loads == 1 && self.ahead != 2) {
+            return Err(format!(
+                "late_loads {} with ahead {} (0, or 1 with ahead 2: loaded one step ahead, \
+                 loads after the multiply would wait for it)",
+                self.late_loads, self.ahead
+            ));
+        }
         if !PRODUCTS.contains(&self.products)
             || !(bk / self.products).is_multiple_of(shape.k.max(8))
         {
@@ -275,12 +300,22 @@ impl Coopmat2Config {
         Ok(())
     }
 
-    /// Every config of the family.
+    /// Every config of the family (late loads only with two steps ahead).
     pub fn family() -> Vec<Coopmat2Config> {
-        super::combinations([&BMS, &TILES, &BKS, &THREADS, &SPLITS, &AHEAD, &PRODUCTS])
-            .into_iter()
-            .map(Self::from_values)
-            .collect()
+        super::combinations([
+            &BMS,
+            &TILES,
+            &BKS,
+            &THREADS,
+            &SPLITS,
+            &AHEAD,
+            &PRODUCTS,
+            &LATE_LOADS,
+        ])
+        .into_iter()
+        .map(Self::from_values)
+        .filter(|c| c.late_loads == 0 || c.ahead == 2)
+        .collect()
     }
 
     /// Every config that fits `spec` on the device.
@@ -309,13 +344,17 @@ impl Coopmat2Config {
     /// one rule on both paths. Unsplit tiles under 128 rows multiply a step in two products
     /// (run 411, two rounds: 14 x 14 0.0387 -> 0.0384 ms, 28 x 28 0.0411 -> 0.0408, strided
     /// 0.0434 -> 0.0430; 128 x 128 split or ahead 2, and 192 x 64, 0.6-2.3% slower so).
+    /// Tiles that load two steps ahead load after the multiply (run 420, two rounds: 56 x
+    /// 56 at 192 x 64 0.0539 -> 0.0499 ms, 128 x 64 0.0631 -> 0.0568, VAE decoder at 128 x
+    /// 128 0.4070 -> 0.3841, 28 x 28 at 128 x 128 0.0500 -> 0.0470; 96 x 128 ran slower so,
+    /// run 419: 0.0388 -> 0.0486, and takes one step ahead).
     pub fn default_for(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Result<Coopmat2Config> {
         Self::applies(info, spec).map_err(|reason| Error::NotApplicable {
             variant: "vulkan dense_coopmat2".into(),
             spec: spec.to_string(),
             reason,
         })?;
-        let want = [128u32, 128, 32, 256, 1, 2, 1];
+        let want = [128u32, 128, 32, 256, 1, 2, 1, 0];
         let space = Self::space(info, spec);
         let nearest = space
             .iter()
@@ -331,6 +370,7 @@ impl Coopmat2Config {
                 splits,
                 ahead: if tall { 2 } else { 1 },
                 products: if splits == 1 && !tall { 2 } else { 1 },
+                late_loads: u32::from(tall),
                 ..n
             };
             let one = Coopmat2Config { products: 1, ..c };
@@ -374,8 +414,9 @@ config_text!(
     Coopmat2Config,
     "a dense_coopmat2 config",
     "bm 32-256, a multiple of 32; bn 32, 64, 128 or 256; bk 16, 32 or 64; threads 64, 128 or \
-     256; splits 1, 2, 4 or 8; ahead 1 or 2; products 1, 2 or 4",
-    |v: [u32; 7]| Some(Coopmat2Config::from_values(v))
+     256; splits 1, 2, 4 or 8; ahead 1 or 2; products 1, 2 or 4; late_loads 0 or 1 (1 with \
+     ahead 2)",
+    |v: [u32; 8]| Some(Coopmat2Config::from_values(v))
         .filter(|c| Coopmat2Config::family().contains(c))
 );
 
@@ -423,11 +464,19 @@ pub fn prepare_dense_coopmat2<'d>(
         config.splits as usize,
         config.ahead as usize,
     ]);
-    // Products a step: a define (written out in the shader), none at one (the shader's
-    // own default: the text runs 380-413 measured).
-    let source = match config.products {
-        1 => SOURCE.to_string(),
-        n => super::shader::with_defines(SOURCE, &[("PRODUCTS", n as usize)]),
+    // Products a step and late loads: defines (written out in the shader), none at one
+    // product and early loads (the shader's own defaults: the text runs 380-413 measured).
+    let mut defines = Vec::new();
+    if config.products != 1 {
+        defines.push(("PRODUCTS", config.products as usize));
+    }
+    if config.late_loads == 1 {
+        defines.push(("LATE_LOADS", 1));
+    }
+    let source = if defines.is_empty() {
+        SOURCE.to_string()
+    } else {
+        super::shader::with_defines(SOURCE, &defines)
     };
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
     VulkanRun::new(
@@ -498,7 +547,7 @@ mod tests {
     #[test]
     fn the_default_fills_the_multiprocessors_in_whole_waves() {
         let info = h200();
-        let picks: Vec<(String, [u32; 7])> = crate::dense::dense_suite()
+        let picks: Vec<(String, [u32; 8])> = crate::dense::dense_suite()
             .unwrap()
             .into_iter()
             .filter(|c| Coopmat2Config::applies(&info, &c.spec).is_ok())
@@ -509,13 +558,13 @@ mod tests {
             })
             .collect();
         let pick = |name: &str| picks.iter().find(|p| p.0 == name).unwrap().1;
-        // bm, bn, bk, threads, splits, ahead, products: the H200's measured best (runs
-        // 399-400, 411).
-        assert_eq!(pick("resnet50-3x3-14"), [96, 128, 32, 256, 1, 1, 2]);
-        assert_eq!(pick("resnet50-3x3-28"), [96, 128, 32, 256, 1, 1, 2]);
-        assert_eq!(pick("resnet50-3x3-s2"), [96, 128, 32, 256, 1, 1, 2]);
-        assert_eq!(pick("resnet50-3x3-56"), [192, 64, 32, 256, 1, 2, 1]);
-        assert_eq!(pick("resnet50-3x3-7"), [128, 128, 32, 256, 2, 1, 1]);
+        // bm, bn, bk, threads, splits, ahead, products, late_loads: the H200's measured best
+        // (runs 399-400, 411, 420).
+        assert_eq!(pick("resnet50-3x3-14"), [96, 128, 32, 256, 1, 1, 2, 0]);
+        assert_eq!(pick("resnet50-3x3-28"), [96, 128, 32, 256, 1, 1, 2, 0]);
+        assert_eq!(pick("resnet50-3x3-s2"), [96, 128, 32, 256, 1, 1, 2, 0]);
+        assert_eq!(pick("resnet50-3x3-56"), [192, 64, 32, 256, 1, 2, 1, 1]);
+        assert_eq!(pick("resnet50-3x3-7"), [128, 128, 32, 256, 2, 1, 1, 0]);
         // Without the multiprocessors' count: the nearest to 128 x 128, split below
         // FEW_TILES tiles.
         let mut unknown = info.clone();
@@ -526,7 +575,7 @@ mod tests {
             .find(|c| c.name == "resnet50-3x3-14")
             .unwrap();
         let d = Coopmat2Config::default_for(&unknown, &fourteen.spec).unwrap();
-        assert_eq!(d.values(), [128, 128, 32, 256, 1, 2, 1]);
+        assert_eq!(d.values(), [128, 128, 32, 256, 1, 2, 1, 1]);
     }
 
     #[test]
@@ -536,9 +585,14 @@ mod tests {
         assert_eq!(words[0], super::super::shader::SPIRV_MAGIC);
         // SPIR-V 1.6 in the header's version word.
         assert_eq!(words[1], 0x0001_0600);
-        // The step in two or four products: the shader's other text.
-        for products in [2, 4] {
-            let source = super::super::shader::with_defines(SOURCE, &[("PRODUCTS", products)]);
+        // The step in two or four products, the late loads: the shader's other texts.
+        for defines in [
+            &[("PRODUCTS", 2)][..],
+            &[("PRODUCTS", 4)],
+            &[("LATE_LOADS", 1)],
+            &[("PRODUCTS", 2), ("LATE_LOADS", 1)],
+        ] {
+            let source = super::super::shader::with_defines(SOURCE, defines);
             let words = super::super::shader::compile_compute("dense_coopmat2", &source).unwrap();
             assert_eq!(words[0], super::super::shader::SPIRV_MAGIC);
         }
@@ -578,7 +632,10 @@ mod tests {
         };
         let many = DenseConvSpec::from_params(&p, 128, 1).unwrap();
         let unsplit = Coopmat2Config::default_for(&info, &many).unwrap();
-        assert_eq!((unsplit.splits, unsplit.ahead), (1, 2));
+        assert_eq!(
+            (unsplit.splits, unsplit.ahead, unsplit.late_loads),
+            (1, 2, 1)
+        );
         // Splits: at most one a K step (9 taps x 128 / 32 = 36 steps here), partials
         // within the scratch cap.
         let mut split = d;
@@ -598,6 +655,17 @@ mod tests {
             .fits(&info, &s)
             .unwrap_err();
         assert!(e.contains("4 products"), "{e}");
+        // Late loads only with two steps in flight.
+        let late = Coopmat2Config {
+            ahead: 2,
+            late_loads: 1,
+            ..d
+        };
+        assert!(late.fits(&info, &s).is_ok() && space.contains(&late));
+        let e = Coopmat2Config { ahead: 1, ..late }
+            .fits(&info, &s)
+            .unwrap_err();
+        assert!(e.contains("late_loads 1 with ahead 1"), "{e}");
         // 64 invocations: not a size this device lists.
         let c = Coopmat2Config {
             bm: 64,
@@ -607,6 +675,7 @@ mod tests {
             splits: 1,
             ahead: 1,
             products: 1,
+            late_loads: 0,
         };
         let e = c.fits(&info, &s).unwrap_err();
         assert!(e.contains("64 invocations"), "{e}");
@@ -621,20 +690,23 @@ mod tests {
             splits: 1,
             ahead: 1,
             products: 1,
+            late_loads: 0,
         };
         assert!(c.fits(&info, &s).is_ok());
         assert!(c.fits(&coarse, &s).is_err());
         for bad in [
             "dense_coopmat2:bm=128",
             "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1",
-            "dense_coopmat2:bm=88,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1",
-            "dense_coopmat2:bm=128,bn=96,bk=32,threads=128,splits=1,ahead=1,products=1",
-            "dense_coopmat2:bm=128,bn=128,bk=48,threads=128,splits=1,ahead=1,products=1",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=96,splits=1,ahead=1,products=1",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=3,ahead=1,products=1",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=3,products=1",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=3",
-            "dense_coopmat:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1",
+            "dense_coopmat2:bm=88,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=0",
+            "dense_coopmat2:bm=128,bn=96,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=0",
+            "dense_coopmat2:bm=128,bn=128,bk=48,threads=128,splits=1,ahead=1,products=1,late_loads=0",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=96,splits=1,ahead=1,products=1,late_loads=0",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=3,ahead=1,products=1,late_loads=0",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=3,products=1,late_loads=0",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=3,late_loads=0",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=2",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=1",
+            "dense_coopmat:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=0",
         ] {
             assert!(bad.parse::<Coopmat2Config>().is_err(), "{bad}");
         }
