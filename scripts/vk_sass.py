@@ -4,8 +4,10 @@
 # after a header. The stream is found by its last EXIT (the 16-byte phase) and the first
 # offset from which nvdisasm decodes 2 KB without error. Needs `zstd` and nvdisasm
 # (scripts/sass.sh fetches it from PyPI into .nvrtc/tools).
-# Usage: scripts/vk_sass.py ENTRY.bin [--arch SM90] > listing.sass
-import os, subprocess, sys, tempfile
+# Usage: scripts/vk_sass.py ENTRY.bin [--arch SM90] [--steps] > listing.sass
+# --steps: instead of the listing, the instruction mix between consecutive barriers (a
+# K step of a staged loop), each distinct mix once with how often it occurs.
+import collections, os, re, subprocess, sys, tempfile
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NVDISASM = os.environ.get("NVDISASM", os.path.join(root, ".nvrtc/tools/nvidia/cu13/bin/nvdisasm"))
@@ -43,9 +45,36 @@ def listing(raw, arch):
     return None
 
 
+def steps(text):
+    """The opcode counts of each stretch between BAR.SYNCs, distinct ones with a count."""
+    ops = []
+    for line in text.splitlines():
+        m = re.match(r"\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if m:
+            ops.append(m.group(1))
+    stretches, cur = [], collections.Counter()
+    for op in ops:
+        cur[op] += 1
+        if op == "BAR":
+            stretches.append(cur)
+            cur = collections.Counter()
+    seen = collections.Counter()
+    for c in stretches:
+        key = tuple(sorted(c.items()))
+        seen[key] += 1
+    out = []
+    for key, n in seen.most_common():
+        c = dict(key)
+        main = " ".join(f"{op} {c[op]}" for op in ("HMMA", "LDSM", "LDS", "LDG", "STS", "BAR") if op in c)
+        out.append(f"  x{n}: {sum(c.values())} instructions: {main}")
+    return "\n".join(out)
+
+
 def main():
     args = sys.argv[1:]
     arch = "SM90"
+    summary = "--steps" in args
+    args = [a for a in args if a != "--steps"]
     if "--arch" in args:
         i = args.index("--arch")
         arch = args[i + 1]
@@ -59,7 +88,7 @@ def main():
                 found += 1
                 start, text = got
                 print(f"// {path} frame {k}: code at {start}, {len(raw)} bytes decompressed")
-                print(text)
+                print(steps(text) if summary else text)
         if not found:
             print(f"// {path}: no instruction stream found", file=sys.stderr)
 
