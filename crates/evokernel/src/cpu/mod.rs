@@ -949,14 +949,6 @@ unsafe fn cl_row_avx512<T: Element, const SPAN: bool>(
     // NDHWC seed's 5 x 5 level or better; x3d-ndhwc's 3 x 3 1.1x slower: too few taps a
     // window to pay for its loop).
     let span = SPAN && sw == 1 && dw == 1 && matches!(kw, 5 | 7);
-    // The same windows as (input row, first tap) offsets, for the span runs.
-    let rows: Vec<(usize, usize)> = match span {
-        true => windows
-            .iter()
-            .map(|&(row, tap0)| (row * c, tap0 * c))
-            .collect(),
-        false => Vec::new(),
-    };
     // Outputs whose W taps all lie inside the row: o * sw >= pw and
     // o * sw + (kw - 1) * dw - pw < iw.
     let o_lo = pw.div_ceil(sw);
@@ -979,8 +971,8 @@ unsafe fn cl_row_avx512<T: Element, const SPAN: bool>(
             if span {
                 while cb + 32 <= c16 {
                     match kw {
-                        5 => cl_span_avx512::<T, 5>(x, first, &rows, wt, cb, c, acc),
-                        _ => cl_span_avx512::<T, 7>(x, first, &rows, wt, cb, c, acc),
+                        5 => cl_span_avx512::<T, 5>(x, first, &taps, wt, cb, c, acc),
+                        _ => cl_span_avx512::<T, 7>(x, first, &taps, wt, cb, c, acc),
                     }
                     cb += 32;
                 }
@@ -1052,8 +1044,9 @@ unsafe fn cl_run_avx512<T: Element, const NV: usize>(
     }
 }
 
-/// `cl_run_avx512` at W stride and dilation 1 for rows of KW taps, 32 channels from `cb`:
-/// output r's tap e reads input r + e, so per window the CL_OUTPUTS + KW - 1 inputs are
+/// `cl_run_avx512` at W stride and dilation 1 for rows of KW taps (`taps` as there: KW a
+/// window, so a window's first tap gives its input row and first weight), 32 channels
+/// from `cb`: output r's tap e reads input r + e, so per window the CL_OUTPUTS + KW - 1 inputs are
 /// loaded (and widened) once into registers and each feeds every output that reads it
 /// (the run form loads one a multiply-add). Each sum takes its terms in the run form's
 /// order (window, then tap), so the bits are the same. The caller has checked the loads'
@@ -1064,7 +1057,7 @@ unsafe fn cl_run_avx512<T: Element, const NV: usize>(
 unsafe fn cl_span_avx512<T: Element, const KW: usize>(
     x: &[T],
     first: usize,
-    rows: &[(usize, usize)],
+    taps: &[(usize, usize)],
     wt: &[f32],
     cb: usize,
     c: usize,
@@ -1073,7 +1066,7 @@ unsafe fn cl_span_avx512<T: Element, const KW: usize>(
     use std::arch::x86_64::*;
     let (xp, wp) = (x.as_ptr().add(first + cb), wt.as_ptr().add(cb));
     let mut a = [[_mm512_setzero_ps(); 2]; CL_OUTPUTS];
-    for &(xo, wo) in rows {
+    for &(xo, wo) in taps.iter().step_by(KW) {
         let s = xp.add(xo);
         // The window's inputs, two vectors each: CL_OUTPUTS + KW - 1 <= 10 (KW <= 7).
         let mut inp = [[_mm512_setzero_ps(); 2]; CL_OUTPUTS + 6];

@@ -693,13 +693,8 @@ mod tests {
         coarse.workgroup_matrices.as_mut().unwrap().shapes[0].m = 64;
         let c = Coopmat2Config {
             bm: 32,
-            bn: 64,
-            bk: 32,
             threads: 128,
-            splits: 1,
-            ahead: 1,
-            products: 1,
-            late_loads: 0,
+            ..c
         };
         assert!(c.fits(&info, &s).is_ok());
         assert!(c.fits(&coarse, &s).is_err());
