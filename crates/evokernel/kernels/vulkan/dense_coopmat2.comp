@@ -11,7 +11,12 @@
 // register set holding s + 1) into registers (a pixel index a row computed once plus the
 // tap's fixed offset; taps followed by counters) while the workgroup multiplies step s
 // from one of two shared buffers (rows padded by 16 bytes), then stores step s + 1 to the
-// other: one barrier a step. The epilogue converts the
+// other: one barrier a step. The loops have no branch but the loop's own: loads past the
+// last step read valid addresses (B's step clamped, A's taps past the kernel found
+// outside the input) and their stores go to the buffer no one reads again, so NVIDIA's
+// compiler schedules a step as one block (H200 run 428, the branches removed: ResNet-50's
+// 14 x 14 at 96 x 128 0.0387 -> 0.0361 ms, 7 x 7 0.0522 -> 0.0491, the VAE decoder 0.3857
+// -> 0.3627; 56 x 56's 192 x 64 with late loads 0.0501 -> 0.0514). The epilogue converts the
 // accumulator to f16 through shared memory and writes 16-byte row pieces. (Handing B to
 // the compiler's tensor-addressed loads, and the epilogue to a tensor-addressed store,
 // ran 1.2-1.4x and 1.05-1.2x slower on NVIDIA's driver: run 381.) Needs SPIR-V 1.6 (the
@@ -147,15 +152,14 @@ void main() {
                                 ci < p.cin;                                                       \
             ra[i] = inside ? x[(a_pix[i] + tap_pix) * cin8 + ci / 8] : uvec4(0);                  \
         }                                                                                         \
-        const int b_step = (s) * BK * cout8;                                                      \
+        const int b_step = min(s, steps - 1) * BK * cout8;                                        \
         for (int i = 0; i < B_LOADS; ++i) rb[i] = b_off[i] >= 0 ? w[b_step + b_off[i]] : uvec4(0); \
-        if (++ld_cs == p.steps_tap) {                                                             \
-            ld_cs = 0;                                                                            \
-            if (++ld_kw == KW) {                                                                  \
-                ld_kw = 0;                                                                        \
-                if (++ld_kh == KH) { ld_kh = 0; ++ld_kd; }                                        \
-            }                                                                                     \
-        }                                                                                         \
+        const bool wrap_cs = ld_cs + 1 == p.steps_tap, wrap_kw = wrap_cs && ld_kw + 1 == KW;     \
+        const bool wrap_kh = wrap_kw && ld_kh + 1 == KH;                                          \
+        ld_cs = wrap_cs ? 0 : ld_cs + 1;                                                          \
+        ld_kw = wrap_kw ? 0 : ld_kw + int(wrap_cs);                                               \
+        ld_kh = wrap_kh ? 0 : ld_kh + int(wrap_kw);                                               \
+        ld_kd += int(wrap_kh);                                                                    \
     }
     // Registers ra, rb into shared buffer `buf`.
     #define STORE_STEP(buf, ra, rb)                                                                      \
@@ -203,14 +207,62 @@ void main() {
     #define MULTIPLY_STEP(buf) { PRODUCT(buf, 0) PRODUCT(buf, 1) PRODUCT(buf, 2) PRODUCT(buf, 3) }
 #endif
 #endif
+#ifdef FRAGS_AHEAD
+    // FRAGS_AHEAD (the host's #define; AHEAD = 1, early loads, 1 or 2 products): two
+    // register sets of the step's A and B matrices taking turns. At step s one set holds
+    // step s (read from shared memory before the last barrier) and the other is read from
+    // buffer (s + 1) & 1, stored a barrier ago, before the product; the registers loaded
+    // for step s + 2 then go to buffer s & 1, whose matrices are already in registers. So
+    // after each barrier the MMAs start on operands in registers instead of waiting for
+    // their shared reads (run 429: 14 x 14 at 96 x 128 0.0361 -> 0.0344 ms, video-vae-3d
+    // at 128 x 128 0.2907 -> 0.2672; 184 registers where the one set took 134).
+    const int FK = BK / PRODUCTS;
+    coopmat<float16_t, gl_ScopeWorkgroup, BM, FK, gl_MatrixUseA> a00, a01, a10, a11;
+    coopmat<float16_t, gl_ScopeWorkgroup, FK, BN, gl_MatrixUseB> b00, b01, b10, b11;
+    #define FRAG_LOAD(buf, a, b, j)                                                               \
+    {                                                                                             \
+        coopMatLoad(a, smem, (buf) * STAGE + (j) * (FK / 8), A_ROW, gl_CooperativeMatrixLayoutRowMajor); \
+        coopMatLoad(b, smem, (buf) * STAGE + A_TILE + (j) * FK * B_ROW, B_ROW,                    \
+                    gl_CooperativeMatrixLayoutRowMajor);                                          \
+    }
+#if PRODUCTS == 1
+    #define FRAGS_LOAD(buf, A0, B0, A1, B1) FRAG_LOAD(buf, A0, B0, 0)
+    #define FRAGS_MUL(A0, B0, A1, B1) { acc = coopMatMulAdd(A0, B0, acc); }
+#else
+    #define FRAGS_LOAD(buf, A0, B0, A1, B1) { FRAG_LOAD(buf, A0, B0, 0) FRAG_LOAD(buf, A1, B1, 1) }
+    #define FRAGS_MUL(A0, B0, A1, B1) { acc = coopMatMulAdd(A0, B0, acc); acc = coopMatMulAdd(A1, B1, acc); }
+#endif
+    LOAD_STEP(s0, ra0, rb0);
+    STORE_STEP(s0 & 1, ra0, rb0);
+    barrier();
+    FRAGS_LOAD(s0 & 1, a00, b00, a01, b01);
+    if (s0 + 1 < s1) {
+        LOAD_STEP(s0 + 1, ra0, rb0);
+        STORE_STEP((s0 + 1) & 1, ra0, rb0);
+    }
+    barrier();
+    for (int s = s0; s < s1; s += 2) {
+        FRAGS_LOAD((s + 1) & 1, a10, b10, a11, b11);
+        LOAD_STEP(s + 2, ra0, rb0);
+        FRAGS_MUL(a00, b00, a01, b01);
+        STORE_STEP(s & 1, ra0, rb0);
+        barrier();
+        if (s + 1 >= s1) break;
+        FRAGS_LOAD(s & 1, a00, b00, a01, b01);
+        LOAD_STEP(s + 3, ra0, rb0);
+        FRAGS_MUL(a10, b10, a11, b11);
+        STORE_STEP((s + 1) & 1, ra0, rb0);
+        barrier();
+    }
+#else
     LOAD_STEP(s0, ra0, rb0);
     STORE_STEP(s0 & 1, ra0, rb0);
     if (AHEAD == 1) {
         barrier();
         for (int s = s0; s < s1; ++s) {
-            if (s + 1 < s1) LOAD_STEP(s + 1, ra0, rb0);
+            LOAD_STEP(s + 1, ra0, rb0);
             MULTIPLY_STEP(s & 1);
-            if (s + 1 < s1) STORE_STEP((s + 1) & 1, ra0, rb0);
+            STORE_STEP((s + 1) & 1, ra0, rb0);
             barrier();
         }
     } else {
@@ -223,28 +275,37 @@ void main() {
         // their address work issues behind the step's MMAs instead of ahead of its shared
         // reads (the driver keeps this order; run 419: faster at 192 x 64, slower at 96 x
         // 128, where the loads then wait on registers the MMAs still read).
+        // With late loads the loop keeps its branches past the last step: they pin the
+        // loads after the multiply, which one block lets the compiler hoist (run 430: 56 x
+        // 56 at 192 x 64 0.0500 -> 0.0512 ms without them).
+#ifdef LATE_LOADS
+        #define BEFORE_END(c) if (c)
+#else
+        #define BEFORE_END(c)
+#endif
         for (int s = s0; s < s1; s += 2) {
 #ifdef LATE_LOADS
             MULTIPLY_STEP(s & 1);
-            if (s + 2 < s1) LOAD_STEP(s + 2, ra0, rb0);
+            BEFORE_END(s + 2 < s1) LOAD_STEP(s + 2, ra0, rb0);
 #else
-            if (s + 2 < s1) LOAD_STEP(s + 2, ra0, rb0);
+            LOAD_STEP(s + 2, ra0, rb0);
             MULTIPLY_STEP(s & 1);
 #endif
-            if (s + 1 < s1) STORE_STEP((s + 1) & 1, ra1, rb1);
+            BEFORE_END(s + 1 < s1) STORE_STEP((s + 1) & 1, ra1, rb1);
             barrier();
             if (s + 1 >= s1) break;
 #ifdef LATE_LOADS
             MULTIPLY_STEP((s + 1) & 1);
-            if (s + 3 < s1) LOAD_STEP(s + 3, ra1, rb1);
+            BEFORE_END(s + 3 < s1) LOAD_STEP(s + 3, ra1, rb1);
 #else
-            if (s + 3 < s1) LOAD_STEP(s + 3, ra1, rb1);
+            LOAD_STEP(s + 3, ra1, rb1);
             MULTIPLY_STEP((s + 1) & 1);
 #endif
-            if (s + 2 < s1) STORE_STEP(s & 1, ra0, rb0);
+            BEFORE_END(s + 2 < s1) STORE_STEP(s & 1, ra0, rb0);
             barrier();
         }
     }
+#endif
 
     if (SPLITS > 1) {
         coopMatStore(acc, part, (tile * uint(SPLITS) + split) * uint(BM * BN), BN,

@@ -50,6 +50,14 @@ pub struct Coopmat2Config {
     /// field read as 0.
     #[serde(default)]
     pub late_loads: u32,
+    /// 1: the next step's A and B matrices are read from shared memory into a second
+    /// register set before this step's product (stored a barrier earlier), so after each
+    /// barrier the MMAs start on operands already in registers (with `ahead` 1, early
+    /// loads, 1 or 2 products). H200 run 429: ResNet-50's 14 x 14 at 96 x 128 0.0361 ->
+    /// 0.0344 ms, video-vae-3d at 128 x 128 0.2907 -> 0.2672 (the loop without branches
+    /// both sides). Serialized configs without the field read as 0.
+    #[serde(default)]
+    pub frags_ahead: u32,
 }
 
 fn one() -> u32 {
@@ -74,6 +82,12 @@ const DEFAULT_BMS: [u32; 4] = [96, 128, 160, 192];
 /// 1,078 cycles a step, 128 x 128 1,300).
 const STEP_ROWS: f64 = 59.0;
 
+/// The same with `frags_ahead`: a larger part of the step does not grow with its rows
+/// (H200 run 429, one wave of 72 steps each on ResNet-50's 14 x 14 layer: 96 x 128 0.0344
+/// ms, 128 x 128 0.0387, 1.125x where `STEP_ROWS` says 1.21x; ~3 us of launch and epilogue
+/// taken off both).
+const FRAGS_STEP_ROWS: f64 = 140.0;
+
 /// What loading after the multiply makes of a step (`late_loads`, on the tiles that load
 /// two steps ahead): H200 run 420, 0.90-0.94x on the four tall tiles measured (56 x 56 at
 /// 192 x 64 and 128 x 64, 28 x 28 and the VAE decoder at 128 x 128); the larger factor.
@@ -96,12 +110,13 @@ const SPLITS: [u32; 4] = [1, 2, 4, 8];
 const AHEAD: [u32; 2] = [1, 2];
 const PRODUCTS: [u32; 3] = [1, 2, 4];
 const LATE_LOADS: [u32; 2] = [0, 1];
+const FRAGS_AHEAD: [u32; 2] = [0, 1];
 
 impl Coopmat2Config {
     /// The variant name configs are forced, tuned and cached under.
     pub const NAME: &'static str = "dense_coopmat2";
     /// The fields, in `values` order.
-    pub const NAMES: [&'static str; 8] = [
+    pub const NAMES: [&'static str; 9] = [
         "bm",
         "bn",
         "bk",
@@ -110,9 +125,10 @@ impl Coopmat2Config {
         "ahead",
         "products",
         "late_loads",
+        "frags_ahead",
     ];
 
-    pub fn values(&self) -> [u32; 8] {
+    pub fn values(&self) -> [u32; 9] {
         [
             self.bm,
             self.bn,
@@ -122,10 +138,13 @@ impl Coopmat2Config {
             self.ahead,
             self.products,
             self.late_loads,
+            self.frags_ahead,
         ]
     }
 
-    fn from_values([bm, bn, bk, threads, splits, ahead, products, late_loads]: [u32; 8]) -> Self {
+    fn from_values(
+        [bm, bn, bk, threads, splits, ahead, products, late_loads, frags_ahead]: [u32; 9],
+    ) -> Self {
         Coopmat2Config {
             bm,
             bn,
@@ -135,6 +154,7 @@ impl Coopmat2Config {
             ahead,
             products,
             late_loads,
+            frags_ahead,
         }
     }
 
@@ -156,8 +176,9 @@ impl Coopmat2Config {
     /// The default's estimate of this config's time on `spec` with `units`
     /// multiprocessors, in row-steps: its workgroups in waves of one an SM, each wave its
     /// workgroups' K steps at `bm + STEP_ROWS` rows a step (times `SPLIT_COST` where K is
-    /// split, `LATE_STEP` where the loads go after the multiply). Fitted to the H200's times of 256-invocation tiles; a model for choosing
-    /// among a few tile heights, not a prediction of milliseconds.
+    /// split, `LATE_STEP` where the loads go after the multiply; `FRAGS_STEP_ROWS` for
+    /// `STEP_ROWS` with `frags_ahead`). Fitted to the H200's times of 256-invocation tiles;
+    /// a model for choosing among a few tile heights, not a prediction of milliseconds.
     fn estimate(&self, spec: &DenseConvSpec, units: usize) -> f64 {
         let (tm, tn) = self.tiles(spec);
         let splits = self.splits as usize;
@@ -165,7 +186,12 @@ impl Coopmat2Config {
         let steps = self.steps(spec).div_ceil(splits);
         let split = if splits > 1 { SPLIT_COST } else { 1.0 };
         let late = if self.late_loads == 1 { LATE_STEP } else { 1.0 };
-        waves as f64 * (self.bm as f64 + STEP_ROWS) * steps as f64 * split * late
+        let fixed = if self.frags_ahead == 1 {
+            FRAGS_STEP_ROWS
+        } else {
+            STEP_ROWS
+        };
+        waves as f64 * (self.bm as f64 + fixed) * steps as f64 * split * late
     }
 
     /// Scratch bytes (binding 3): the split partials and a counter a tile (a few bytes
@@ -243,6 +269,16 @@ impl Coopmat2Config {
                 self.late_loads, self.ahead
             ));
         }
+        if !FRAGS_AHEAD.contains(&self.frags_ahead)
+            || (self.frags_ahead == 1
+                && (self.ahead != 1 || self.late_loads != 0 || self.products > 2))
+        {
+            return Err(format!(
+                "frags_ahead {} with ahead {}, late_loads {}, {} products (0, or 1 with ahead \
+                 1, early loads and 1 or 2 products: the shader's one form of it)",
+                self.frags_ahead, self.ahead, self.late_loads, self.products
+            ));
+        }
         if !PRODUCTS.contains(&self.products)
             || !(bk / self.products).is_multiple_of(shape.k.max(8))
         {
@@ -306,7 +342,8 @@ impl Coopmat2Config {
         Ok(())
     }
 
-    /// Every config of the family (late loads only with two steps ahead).
+    /// Every config of the family (late loads only with two steps ahead; fragments ahead
+    /// only with one, early loads and at most two products).
     pub fn family() -> Vec<Coopmat2Config> {
         super::combinations([
             &BMS,
@@ -317,10 +354,12 @@ impl Coopmat2Config {
             &AHEAD,
             &PRODUCTS,
             &LATE_LOADS,
+            &FRAGS_AHEAD,
         ])
         .into_iter()
         .map(Self::from_values)
         .filter(|c| c.late_loads == 0 || c.ahead == 2)
+        .filter(|c| c.frags_ahead == 0 || (c.ahead == 1 && c.late_loads == 0 && c.products <= 2))
         .collect()
     }
 
@@ -353,14 +392,19 @@ impl Coopmat2Config {
     /// Tiles that load two steps ahead load after the multiply (run 420, two rounds: 56 x
     /// 56 at 192 x 64 0.0539 -> 0.0499 ms, 128 x 64 0.0631 -> 0.0568, VAE decoder at 128 x
     /// 128 0.4070 -> 0.3841, 28 x 28 at 128 x 128 0.0500 -> 0.0470; 96 x 128 ran slower so,
-    /// run 419: 0.0388 -> 0.0486, and takes one step ahead).
+    /// run 419: 0.0388 -> 0.0486, and takes one step ahead). Tiles 128 wide read the next
+    /// step's matrices ahead (`frags_ahead`; run 430, two rounds: 14 x 14 0.0388 -> 0.0347
+    /// ms, 7 x 7 0.0521 -> 0.0452, VAE decoder 0.3845 -> 0.3508, video-vae-3d 0.3161 ->
+    /// 0.266), in two products at 128 rows unsplit and one else; 56 x 56's 64-wide tile
+    /// ran 0.0515-0.0522 so (run 429) and keeps late loads. K is split only where the
+    /// unsplit tiles are fewer than the SMs.
     pub fn default_for(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Result<Coopmat2Config> {
         Self::applies(info, spec).map_err(|reason| Error::NotApplicable {
             variant: "vulkan dense_coopmat2".into(),
             spec: spec.to_string(),
             reason,
         })?;
-        let want = [128u32, 128, 32, 256, 1, 2, 1, 0];
+        let want = [128u32, 128, 32, 256, 1, 2, 1, 0, 0];
         let space = Self::space(info, spec);
         let nearest = space
             .iter()
@@ -370,13 +414,26 @@ impl Coopmat2Config {
         // `nearest` with this height and split, loading as far ahead and multiplying a step
         // in as many products as the rules say, where the space has it (else in one).
         let shaped = |n: Coopmat2Config, bm: u32, splits: u32| {
-            let tall = splits == 1 && bm >= 128;
+            let frags = n.bn >= 128;
+            let tall = !frags && splits == 1 && bm >= 128;
+            let products = if frags {
+                if splits == 1 && bm >= 128 {
+                    2
+                } else {
+                    1
+                }
+            } else if splits == 1 && !tall {
+                2
+            } else {
+                1
+            };
             let c = Coopmat2Config {
                 bm,
                 splits,
                 ahead: if tall { 2 } else { 1 },
-                products: if splits == 1 && !tall { 2 } else { 1 },
+                products,
                 late_loads: u32::from(tall),
+                frags_ahead: u32::from(frags),
                 ..n
             };
             let one = Coopmat2Config { products: 1, ..c };
@@ -388,6 +445,13 @@ impl Coopmat2Config {
                 .iter()
                 .flat_map(|&bm| [1, 2].map(|splits| shaped(n, bm, splits)))
                 .flatten()
+                .filter(|c| {
+                    // K split only where the unsplit tiles leave SMs idle: 28 x 28 at 128 x
+                    // 128 (196 tiles) split in two ran 0.0551 ms against 96 x 128's 0.0366
+                    // unsplit (run 430), where the waves said 3% the other way.
+                    let (tm, tn) = c.tiles(spec);
+                    c.splits == 1 || tm * tn < units as usize
+                })
                 .map(|c| (c.estimate(spec, units as usize), c))
                 .min_by(|(ea, a), (eb, b)| {
                     ea.total_cmp(eb)
@@ -421,8 +485,8 @@ config_text!(
     "a dense_coopmat2 config",
     "bm 32-256, a multiple of 32; bn 32, 64, 128 or 256; bk 16, 32 or 64; threads 64, 128 or \
      256; splits 1, 2, 4 or 8; ahead 1 or 2; products 1, 2 or 4; late_loads 0 or 1 (1 with \
-     ahead 2)",
-    |v: [u32; 8]| Some(Coopmat2Config::from_values(v))
+     ahead 2); frags_ahead 0 or 1 (1 with ahead 1, late_loads 0, products 1 or 2)",
+    |v: [u32; 9]| Some(Coopmat2Config::from_values(v))
         .filter(|c| Coopmat2Config::family().contains(c))
 );
 
@@ -470,14 +534,17 @@ pub fn prepare_dense_coopmat2<'d>(
         config.splits as usize,
         config.ahead as usize,
     ]);
-    // Products a step and late loads: defines (written out in the shader), none at one
-    // product and early loads (the shader's own defaults: the text runs 380-413 measured).
+    // Products a step, late loads and matrices read ahead: defines (written out in the
+    // shader), none at one product, early loads and matrices read where multiplied.
     let mut defines = Vec::new();
     if config.products != 1 {
         defines.push(("PRODUCTS", config.products as usize));
     }
     if config.late_loads == 1 {
         defines.push(("LATE_LOADS", 1));
+    }
+    if config.frags_ahead == 1 {
+        defines.push(("FRAGS_AHEAD", 1));
     }
     let source = if defines.is_empty() {
         SOURCE.to_string()
@@ -553,7 +620,7 @@ mod tests {
     #[test]
     fn the_default_fills_the_multiprocessors_in_whole_waves() {
         let info = h200();
-        let picks: Vec<(String, [u32; 8])> = crate::dense::dense_suite()
+        let picks: Vec<(String, [u32; 9])> = crate::dense::dense_suite()
             .unwrap()
             .into_iter()
             .filter(|c| Coopmat2Config::applies(&info, &c.spec).is_ok())
@@ -564,16 +631,19 @@ mod tests {
             })
             .collect();
         let pick = |name: &str| picks.iter().find(|p| p.0 == name).unwrap().1;
-        // bm, bn, bk, threads, splits, ahead, products, late_loads: the H200's measured best
-        // (runs 399-400, 411, 420).
-        assert_eq!(pick("resnet50-3x3-14"), [96, 128, 32, 256, 1, 1, 2, 0]);
-        assert_eq!(pick("resnet50-3x3-28"), [96, 128, 32, 256, 1, 1, 2, 0]);
-        assert_eq!(pick("resnet50-3x3-s2"), [96, 128, 32, 256, 1, 1, 2, 0]);
-        assert_eq!(pick("resnet50-3x3-56"), [192, 64, 32, 256, 1, 2, 1, 1]);
-        assert_eq!(pick("resnet50-3x3-7"), [128, 128, 32, 256, 2, 1, 1, 0]);
-        // video-vae-3d: 128 rows (5 waves of 544 tiles) over 96 (6 of 726) once late loads
-        // make the tall step cheaper (run 425: 0.327 ms at 96 rows, 0.3135 at this config).
-        assert_eq!(pick("video-vae-3d"), [128, 128, 32, 256, 1, 2, 1, 1]);
+        // bm, bn, bk, threads, splits, ahead, products, late_loads, frags_ahead: the H200's
+        // measured best (runs 399-400, 411, 420, 429): tiles 128 wide read the next step's
+        // matrices ahead; 56 x 56's 64-wide tile loads two steps ahead, after the multiply.
+        assert_eq!(pick("resnet50-3x3-14"), [96, 128, 32, 256, 1, 1, 1, 0, 1]);
+        assert_eq!(pick("resnet50-3x3-28"), [96, 128, 32, 256, 1, 1, 1, 0, 1]);
+        assert_eq!(pick("resnet50-3x3-s2"), [96, 128, 32, 256, 1, 1, 1, 0, 1]);
+        assert_eq!(pick("resnet50-3x3-56"), [192, 64, 32, 256, 1, 2, 1, 1, 0]);
+        assert_eq!(pick("resnet50-3x3-7"), [128, 128, 32, 256, 2, 1, 1, 0, 1]);
+        // video-vae-3d: 128 rows (5 waves of 544 tiles) over 96 (6 of 726): with the
+        // matrices read ahead the step's fixed part is larger (`FRAGS_STEP_ROWS`; run 429:
+        // 0.2672 ms at 128 rows, 0.2898 at 96).
+        assert_eq!(pick("video-vae-3d"), [128, 128, 32, 256, 1, 1, 2, 0, 1]);
+        assert_eq!(pick("vae-decoder-512"), [128, 128, 32, 256, 1, 1, 2, 0, 1]);
         // Without the multiprocessors' count: the nearest to 128 x 128, split below
         // FEW_TILES tiles.
         let mut unknown = info.clone();
@@ -584,7 +654,7 @@ mod tests {
             .find(|c| c.name == "resnet50-3x3-14")
             .unwrap();
         let d = Coopmat2Config::default_for(&unknown, &fourteen.spec).unwrap();
-        assert_eq!(d.values(), [128, 128, 32, 256, 1, 2, 1, 1]);
+        assert_eq!(d.values(), [128, 128, 32, 256, 1, 1, 2, 0, 1]);
     }
 
     #[test]
@@ -600,6 +670,8 @@ mod tests {
             &[("PRODUCTS", 4)],
             &[("LATE_LOADS", 1)],
             &[("PRODUCTS", 2), ("LATE_LOADS", 1)],
+            &[("FRAGS_AHEAD", 1)],
+            &[("PRODUCTS", 2), ("FRAGS_AHEAD", 1)],
         ] {
             let source = super::super::shader::with_defines(SOURCE, defines);
             let words = super::super::shader::compile_compute("dense_coopmat2", &source).unwrap();
@@ -624,7 +696,11 @@ mod tests {
             (128, 128, 32, 256, 2, 1)
         );
         // Both load depths are in the space.
-        let ahead2 = Coopmat2Config { ahead: 2, ..d };
+        let ahead2 = Coopmat2Config {
+            ahead: 2,
+            frags_ahead: 0,
+            ..d
+        };
         assert!(space.contains(&ahead2));
         assert_eq!(ahead2.shared_bytes(), d.shared_bytes());
         // 2 x 64 x 64 outputs: 64 tiles, no split.
@@ -642,8 +718,8 @@ mod tests {
         let many = DenseConvSpec::from_params(&p, 128, 1).unwrap();
         let unsplit = Coopmat2Config::default_for(&info, &many).unwrap();
         assert_eq!(
-            (unsplit.splits, unsplit.ahead, unsplit.late_loads),
-            (1, 2, 1)
+            (unsplit.splits, unsplit.ahead, unsplit.frags_ahead),
+            (1, 1, 1)
         );
         // Splits: at most one a K step (9 taps x 128 / 32 = 36 steps here), partials
         // within the scratch cap.
@@ -668,6 +744,7 @@ mod tests {
         let late = Coopmat2Config {
             ahead: 2,
             late_loads: 1,
+            frags_ahead: 0,
             ..d
         };
         assert!(late.fits(&info, &s).is_ok() && space.contains(&late));
@@ -675,6 +752,32 @@ mod tests {
             .fits(&info, &s)
             .unwrap_err();
         assert!(e.contains("late_loads 1 with ahead 1"), "{e}");
+        // Matrices read ahead: with one step of loads in flight, early, 1 or 2 products.
+        let frags = Coopmat2Config {
+            ahead: 1,
+            late_loads: 0,
+            frags_ahead: 1,
+            products: 2,
+            ..d
+        };
+        assert!(frags.fits(&info, &s).is_ok() && space.contains(&frags));
+        for bad in [
+            Coopmat2Config { ahead: 2, ..frags },
+            Coopmat2Config {
+                ahead: 2,
+                late_loads: 1,
+                ..frags
+            },
+            Coopmat2Config {
+                products: 4,
+                bk: 64,
+                ..frags
+            },
+        ] {
+            let e = bad.fits(&info, &s).unwrap_err();
+            assert!(e.contains("frags_ahead 1"), "{e}");
+            assert!(!space.contains(&bad));
+        }
         // 64 invocations: not a size this device lists.
         let c = Coopmat2Config {
             bm: 64,
@@ -685,6 +788,7 @@ mod tests {
             ahead: 1,
             products: 1,
             late_loads: 0,
+            frags_ahead: 0,
         };
         let e = c.fits(&info, &s).unwrap_err();
         assert!(e.contains("64 invocations"), "{e}");
@@ -701,16 +805,16 @@ mod tests {
         for bad in [
             "dense_coopmat2:bm=128",
             "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1",
-            "dense_coopmat2:bm=88,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=0",
-            "dense_coopmat2:bm=128,bn=96,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=0",
-            "dense_coopmat2:bm=128,bn=128,bk=48,threads=128,splits=1,ahead=1,products=1,late_loads=0",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=96,splits=1,ahead=1,products=1,late_loads=0",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=3,ahead=1,products=1,late_loads=0",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=3,products=1,late_loads=0",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=3,late_loads=0",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=2",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=1",
-            "dense_coopmat:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=0",
+            "dense_coopmat2:bm=88,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=0,frags_ahead=0",
+            "dense_coopmat2:bm=128,bn=96,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=0,frags_ahead=0",
+            "dense_coopmat2:bm=128,bn=128,bk=48,threads=128,splits=1,ahead=1,products=1,late_loads=0,frags_ahead=0",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=96,splits=1,ahead=1,products=1,late_loads=0,frags_ahead=0",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=3,ahead=1,products=1,late_loads=0,frags_ahead=0",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=3,products=1,late_loads=0,frags_ahead=0",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=3,late_loads=0,frags_ahead=0",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=2,frags_ahead=0",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=1,frags_ahead=0",
+            "dense_coopmat:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=0,frags_ahead=0",
         ] {
             assert!(bad.parse::<Coopmat2Config>().is_err(), "{bad}");
         }
