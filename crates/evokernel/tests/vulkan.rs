@@ -1809,7 +1809,8 @@ fn coopmat2_shader_matches_the_oracle_where_the_device_has_it() {
             assert_f16_matches_oracle(spec, &x, &w, Ok(first), &c.to_string());
         }
     }
-    // The space without splits on three specs: every config in one product a step whose
+    // The space without splits on three specs (at the default's `persistent`;
+    // `coopmat2_persistent_workgroups_match_the_oracle` takes the other): every config in one product a step whose
     // bm is a power of two, and every other bm (tiles whose A pieces do not split evenly
     // among the invocations) and product count with the default's other fields.
     for spec in specs[..2].iter().chain(&pointwise[1..2]) {
@@ -1818,10 +1819,98 @@ fn coopmat2_shader_matches_the_oracle_where_the_device_has_it() {
         let d = Coopmat2Config::default_for(dev.info(), spec).unwrap();
         for c in space.into_iter().filter(|c| {
             c.splits == 1
+                && c.persistent == d.persistent
                 && ((c.bm.is_power_of_two() && c.products == 1)
                     || (c.bn, c.bk, c.threads, c.ahead) == (d.bn, d.bk, d.threads, d.ahead))
         }) {
             check(spec, 900, Some(c));
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a Vulkan device with workgroup-scope cooperative matrices"]
+fn coopmat2_persistent_workgroups_match_the_oracle() {
+    use evokernel::vulkan::dense_coopmat2::{prepare_dense_coopmat2, Coopmat2Config};
+    let dev = device();
+    if dev.info().workgroup_matrices.is_none() || dev.info().compute_units.is_none() {
+        eprintln!(
+            "{}: no workgroup-scope matrices or no SM count",
+            dev.info().name
+        );
+        return;
+    }
+    // Persistent workgroups (a workgroup an SM taking every grid-th tile, each next
+    // tile's first loads before the last one's epilogue) at each spec's default and at
+    // the default's other load forms, and in 32 x 32 tiles (many tiles a workgroup);
+    // launched twice, the same bits. The random specs and three with more tiles than SMs
+    // (ragged M and Cout, 1-3-D).
+    let mut specs = random_coopmat_specs();
+    for (input, kernel, n, c, cout) in [
+        (vec![100, 100], vec![3, 3], 2, 16, 24),
+        (vec![6, 40, 48], vec![3, 3, 3], 1, 8, 40),
+        (vec![7000], vec![5], 3, 24, 16),
+    ] {
+        let dims = input.len();
+        let p = ConvParams {
+            n,
+            c,
+            input,
+            padding: kernel.iter().map(|k| [k / 2, k / 2]).collect(),
+            kernel,
+            stride: vec![1; dims],
+            dilation: vec![1; dims],
+            layout: Layout::ChannelsLast,
+            dtype: DType::F16,
+        };
+        specs.push(DenseConvSpec::from_params(&p, cout, 1).unwrap());
+    }
+    for (i, spec) in specs.iter().enumerate() {
+        let d = Coopmat2Config::default_for(dev.info(), spec).unwrap();
+        let base = Coopmat2Config {
+            persistent: 1,
+            splits: 1,
+            ..d
+        };
+        let forms = [
+            Coopmat2Config {
+                bm: 32,
+                bn: 32,
+                threads: 128,
+                frags_ahead: 0,
+                ..base
+            },
+            base,
+            Coopmat2Config {
+                frags_ahead: 0,
+                ahead: 1,
+                late_loads: 0,
+                ..base
+            },
+            Coopmat2Config {
+                frags_ahead: 0,
+                ahead: 2,
+                late_loads: 1,
+                products: 1,
+                ..base
+            },
+        ];
+        for c in forms {
+            if c.fits(dev.info(), spec).is_err() {
+                continue;
+            }
+            let (x, w) = coopmat_operands(spec, 1100 + i as u64);
+            let run = prepare_dense_coopmat2(&dev, spec, &x, &w, Some(c)).unwrap();
+            run.launch().unwrap();
+            let first = run.output().unwrap();
+            run.launch().unwrap();
+            let second = run.output().unwrap();
+            assert_eq!(
+                first.as_bytes(),
+                second.as_bytes(),
+                "{spec} {c}: bits differ"
+            );
+            assert_f16_matches_oracle(spec, &x, &w, Ok(first), &c.to_string());
         }
     }
 }

@@ -98,49 +98,59 @@ shared bool last_split;
 void main() {
     uint g = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     if (g >= p.groups) return;  // the whole workgroup: before any barrier
-    // A tile's splits are neighbours in the grid (they run at once).
-    const uint tile = g / uint(SPLITS), split = g % uint(SPLITS);
-    const int m0 = int(tile / uint(p.tiles_n)) * BM, n0 = int(tile % uint(p.tiles_n)) * BN;
     const int tid = int(gl_LocalInvocationID.x);
-
-    // This invocation's A pieces: row (tid + i * THREADS) / A_PER_ROW, piece
-    // tid % A_PER_ROW of the row's BK channels. The row's output pixel is decomposed once:
-    // its first tap's input position (d, h, w) and that position's pixel index, to which
-    // a tap adds a fixed offset (the input is linear in d, h, w).
-    int a_pix[A_LOADS], a_d[A_LOADS], a_h[A_LOADS], a_w[A_LOADS];
-    for (int i = 0; i < A_LOADS; ++i) {
-        // Pieces past the tile (A not exact) are never loaded nor stored (A_HAS below).
-        const int m = m0 + min((tid + i * THREADS) / A_PER_ROW, BM - 1);
-        int q = min(m, p.m_total - 1);
-        const int ow_ = q % p.ow; q /= p.ow;
-        const int oh_ = q % p.oh; q /= p.oh;
-        const int od_ = q % p.od;
-        const int b = q / p.od;
-        const int d0 = od_ * p.sd - p.pd;
-        a_d[i] = m < p.m_total ? d0 : -(1 << 20);  // past M: never in range
-        a_h[i] = oh_ * SH - p.ph;
-        a_w[i] = ow_ * SW - p.pw;
-        a_pix[i] = ((b * p.id + d0) * p.ih + a_h[i]) * p.iw + a_w[i];
-    }
     const int a_piece = tid % A_PER_ROW, cin8 = p.cin / 8, cout8 = p.cout_pad8 / 8;
     // Whether this invocation has an A piece in round i (every round but the last where
     // A is not exact: a constant the compiler folds).
     #define A_HAS(i) (A_EXACT || (i) < A_LOADS - 1 || tid + (i) * THREADS < A_PIECES)
-    // This invocation's B pieces: their offsets within a step's BK rows, or -1 past Cout.
-    int b_off[B_LOADS];
-    for (int i = 0; i < B_LOADS; ++i) {
-        const int piece = tid + i * THREADS, k = piece / (BN / 8), c = n0 / 8 + piece % (BN / 8);
-        b_off[i] = c < cout8 ? k * cout8 + c : -1;
-    }
     const int steps = KD * KH * KW * p.steps_tap;
-    // This split's steps [s0, s1).
-    const int s0 = int(split) * steps / SPLITS, s1 = (int(split) + 1) * steps / SPLITS;
+
+    // Workgroup g's tile and split (SETUP_TILE; PERSISTENT: again for each tile it takes).
+    // A tile's splits are neighbours in the grid (they run at once). This invocation's A
+    // pieces: row (tid + i * THREADS) / A_PER_ROW, piece tid % A_PER_ROW of the row's BK
+    // channels. The row's output pixel is decomposed once: its first tap's input position
+    // (d, h, w) and that position's pixel index, to which a tap adds a fixed offset (the
+    // input is linear in d, h, w); pieces past the tile (A not exact) are never loaded nor
+    // stored (A_HAS), rows past M never in range. Its B pieces: their offsets within a
+    // step's BK rows, or -1 past Cout. The split's steps [s0, s1), and the next step to
+    // load as counters: its tap (kd, kh, kw) and channel step within the tap (no division
+    // a step; the same in every invocation).
+    uint tile, split;
+    int m0, n0, s0, s1, ld_cs, ld_kw, ld_kh, ld_kd;
+    int a_pix[A_LOADS], a_d[A_LOADS], a_h[A_LOADS], a_w[A_LOADS], b_off[B_LOADS];
+    #define SETUP_TILE()                                                                          \
+    {                                                                                             \
+        tile = g / uint(SPLITS);                                                                  \
+        split = g % uint(SPLITS);                                                                 \
+        m0 = int(tile / uint(p.tiles_n)) * BM;                                                    \
+        n0 = int(tile % uint(p.tiles_n)) * BN;                                                    \
+        for (int i = 0; i < A_LOADS; ++i) {                                                       \
+            const int m = m0 + min((tid + i * THREADS) / A_PER_ROW, BM - 1);                      \
+            int q = min(m, p.m_total - 1);                                                        \
+            const int ow_ = q % p.ow; q /= p.ow;                                                  \
+            const int oh_ = q % p.oh; q /= p.oh;                                                  \
+            const int od_ = q % p.od;                                                             \
+            const int b = q / p.od;                                                               \
+            const int d0 = od_ * p.sd - p.pd;                                                     \
+            a_d[i] = m < p.m_total ? d0 : -(1 << 20);                                             \
+            a_h[i] = oh_ * SH - p.ph;                                                             \
+            a_w[i] = ow_ * SW - p.pw;                                                             \
+            a_pix[i] = ((b * p.id + d0) * p.ih + a_h[i]) * p.iw + a_w[i];                         \
+        }                                                                                         \
+        for (int i = 0; i < B_LOADS; ++i) {                                                       \
+            const int piece = tid + i * THREADS, k = piece / (BN / 8), c = n0 / 8 + piece % (BN / 8); \
+            b_off[i] = c < cout8 ? k * cout8 + c : -1;                                            \
+        }                                                                                         \
+        s0 = int(split) * steps / SPLITS;                                                         \
+        s1 = (int(split) + 1) * steps / SPLITS;                                                   \
+        ld_cs = s0 % p.steps_tap;                                                                 \
+        ld_kw = (s0 / p.steps_tap) % KW;                                                          \
+        ld_kh = (s0 / (p.steps_tap * KW)) % KH;                                                   \
+        ld_kd = s0 / (p.steps_tap * KW * KH);                                                     \
+    }
+    SETUP_TILE();
 
     uvec4 ra0[A_LOADS], rb0[B_LOADS], ra1[A_LOADS], rb1[B_LOADS];
-    // The next step to load: its tap (kd, kh, kw) and channel step within the tap, kept as
-    // counters (no division a step; the same in every invocation).
-    int ld_cs = s0 % p.steps_tap, ld_kw = (s0 / p.steps_tap) % KW;
-    int ld_kh = (s0 / (p.steps_tap * KW)) % KH, ld_kd = s0 / (p.steps_tap * KW * KH);
     // Step s's pieces into registers ra, rb, then the counters to step s + 1.
     #define LOAD_STEP(s, ra, rb)                                                                        \
     {                                                                                             \
@@ -176,176 +186,198 @@ void main() {
 
     coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> acc =
         coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(0.0);
+    // One tile a pass (PERSISTENT, the host's #define: the workgroup's tiles g, g + the
+    // grid, ..., one workgroup an SM, so a tile's first loads fly under the last one's
+    // epilogue).
+    LOAD_STEP(s0, ra0, rb0);
+    for (;;) {
+        acc = coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(0.0);
 
-    // Step s multiplies from buffer s & 1 while step s + 1's loads are in flight into the
-    // registers, which then go to buffer (s + 1) & 1; one barrier a step.
+        // Step s multiplies from buffer s & 1 while step s + 1's loads are in flight into the
+        // registers, which then go to buffer (s + 1) & 1; one barrier a step.
 #if PRODUCTS == 1
-    #define MULTIPLY_STEP(buf)                                                                    \
-    {                                                                                             \
-        coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> a;                           \
-        coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> b;                           \
-        coopMatLoad(a, smem, (buf) * STAGE, A_ROW, gl_CooperativeMatrixLayoutRowMajor);           \
-        coopMatLoad(b, smem, (buf) * STAGE + A_TILE, B_ROW, gl_CooperativeMatrixLayoutRowMajor);  \
-        acc = coopMatMulAdd(a, b, acc);                                                           \
-    }
+        #define MULTIPLY_STEP(buf)                                                                    \
+        {                                                                                             \
+            coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> a;                           \
+            coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> b;                           \
+            coopMatLoad(a, smem, (buf) * STAGE, A_ROW, gl_CooperativeMatrixLayoutRowMajor);           \
+            coopMatLoad(b, smem, (buf) * STAGE + A_TILE, B_ROW, gl_CooperativeMatrixLayoutRowMajor);  \
+            acc = coopMatMulAdd(a, b, acc);                                                           \
+        }
 #else
-    const int MK = BK / PRODUCTS;
-    // Product j of a step: A's columns [j MK, (j + 1) MK) (MK / 8 pieces a row in), B's
-    // rows the same.
-    #define PRODUCT(buf, j)                                                                       \
-    {                                                                                             \
-        coopmat<float16_t, gl_ScopeWorkgroup, BM, MK, gl_MatrixUseA> a;                           \
-        coopmat<float16_t, gl_ScopeWorkgroup, MK, BN, gl_MatrixUseB> b;                           \
-        coopMatLoad(a, smem, (buf) * STAGE + (j) * (MK / 8), A_ROW, gl_CooperativeMatrixLayoutRowMajor); \
-        coopMatLoad(b, smem, (buf) * STAGE + A_TILE + (j) * MK * B_ROW, B_ROW,                    \
-                    gl_CooperativeMatrixLayoutRowMajor);                                          \
-        acc = coopMatMulAdd(a, b, acc);                                                           \
-    }
+        const int MK = BK / PRODUCTS;
+        // Product j of a step: A's columns [j MK, (j + 1) MK) (MK / 8 pieces a row in), B's
+        // rows the same.
+        #define PRODUCT(buf, j)                                                                       \
+        {                                                                                             \
+            coopmat<float16_t, gl_ScopeWorkgroup, BM, MK, gl_MatrixUseA> a;                           \
+            coopmat<float16_t, gl_ScopeWorkgroup, MK, BN, gl_MatrixUseB> b;                           \
+            coopMatLoad(a, smem, (buf) * STAGE + (j) * (MK / 8), A_ROW, gl_CooperativeMatrixLayoutRowMajor); \
+            coopMatLoad(b, smem, (buf) * STAGE + A_TILE + (j) * MK * B_ROW, B_ROW,                    \
+                        gl_CooperativeMatrixLayoutRowMajor);                                          \
+            acc = coopMatMulAdd(a, b, acc);                                                           \
+        }
 #if PRODUCTS == 2
-    #define MULTIPLY_STEP(buf) { PRODUCT(buf, 0) PRODUCT(buf, 1) }
+        #define MULTIPLY_STEP(buf) { PRODUCT(buf, 0) PRODUCT(buf, 1) }
 #else
-    #define MULTIPLY_STEP(buf) { PRODUCT(buf, 0) PRODUCT(buf, 1) PRODUCT(buf, 2) PRODUCT(buf, 3) }
+        #define MULTIPLY_STEP(buf) { PRODUCT(buf, 0) PRODUCT(buf, 1) PRODUCT(buf, 2) PRODUCT(buf, 3) }
 #endif
 #endif
 #ifdef FRAGS_AHEAD
-    // FRAGS_AHEAD (the host's #define; AHEAD = 1, early loads, 1 or 2 products): two
-    // register sets of the step's A and B matrices taking turns. At step s one set holds
-    // step s (read from shared memory before the last barrier) and the other is read from
-    // buffer (s + 1) & 1, stored a barrier ago, before the product; the registers loaded
-    // for step s + 2 then go to buffer s & 1, whose matrices are already in registers. So
-    // after each barrier the MMAs start on operands in registers instead of waiting for
-    // their shared reads (run 429: 14 x 14 at 96 x 128 0.0361 -> 0.0344 ms, video-vae-3d
-    // at 128 x 128 0.2907 -> 0.2672; 184 registers where the one set took 134).
-    const int FK = BK / PRODUCTS;
-    coopmat<float16_t, gl_ScopeWorkgroup, BM, FK, gl_MatrixUseA> a00, a01, a10, a11;
-    coopmat<float16_t, gl_ScopeWorkgroup, FK, BN, gl_MatrixUseB> b00, b01, b10, b11;
-    #define FRAG_LOAD(buf, a, b, j)                                                               \
-    {                                                                                             \
-        coopMatLoad(a, smem, (buf) * STAGE + (j) * (FK / 8), A_ROW, gl_CooperativeMatrixLayoutRowMajor); \
-        coopMatLoad(b, smem, (buf) * STAGE + A_TILE + (j) * FK * B_ROW, B_ROW,                    \
-                    gl_CooperativeMatrixLayoutRowMajor);                                          \
-    }
+        // FRAGS_AHEAD (the host's #define; AHEAD = 1, early loads, 1 or 2 products): two
+        // register sets of the step's A and B matrices taking turns. At step s one set holds
+        // step s (read from shared memory before the last barrier) and the other is read from
+        // buffer (s + 1) & 1, stored a barrier ago, before the product; the registers loaded
+        // for step s + 2 then go to buffer s & 1, whose matrices are already in registers. So
+        // after each barrier the MMAs start on operands in registers instead of waiting for
+        // their shared reads (run 429: 14 x 14 at 96 x 128 0.0361 -> 0.0344 ms, video-vae-3d
+        // at 128 x 128 0.2907 -> 0.2672; 184 registers where the one set took 134).
+        const int FK = BK / PRODUCTS;
+        coopmat<float16_t, gl_ScopeWorkgroup, BM, FK, gl_MatrixUseA> a00, a01, a10, a11;
+        coopmat<float16_t, gl_ScopeWorkgroup, FK, BN, gl_MatrixUseB> b00, b01, b10, b11;
+        #define FRAG_LOAD(buf, a, b, j)                                                               \
+        {                                                                                             \
+            coopMatLoad(a, smem, (buf) * STAGE + (j) * (FK / 8), A_ROW, gl_CooperativeMatrixLayoutRowMajor); \
+            coopMatLoad(b, smem, (buf) * STAGE + A_TILE + (j) * FK * B_ROW, B_ROW,                    \
+                        gl_CooperativeMatrixLayoutRowMajor);                                          \
+        }
 #if PRODUCTS == 1
-    #define FRAGS_LOAD(buf, A0, B0, A1, B1) FRAG_LOAD(buf, A0, B0, 0)
-    #define FRAGS_MUL(A0, B0, A1, B1) { acc = coopMatMulAdd(A0, B0, acc); }
+        #define FRAGS_LOAD(buf, A0, B0, A1, B1) FRAG_LOAD(buf, A0, B0, 0)
+        #define FRAGS_MUL(A0, B0, A1, B1) { acc = coopMatMulAdd(A0, B0, acc); }
 #else
-    #define FRAGS_LOAD(buf, A0, B0, A1, B1) { FRAG_LOAD(buf, A0, B0, 0) FRAG_LOAD(buf, A1, B1, 1) }
-    #define FRAGS_MUL(A0, B0, A1, B1) { acc = coopMatMulAdd(A0, B0, acc); acc = coopMatMulAdd(A1, B1, acc); }
+        #define FRAGS_LOAD(buf, A0, B0, A1, B1) { FRAG_LOAD(buf, A0, B0, 0) FRAG_LOAD(buf, A1, B1, 1) }
+        #define FRAGS_MUL(A0, B0, A1, B1) { acc = coopMatMulAdd(A0, B0, acc); acc = coopMatMulAdd(A1, B1, acc); }
 #endif
-    LOAD_STEP(s0, ra0, rb0);
-    STORE_STEP(s0 & 1, ra0, rb0);
-    barrier();
-    FRAGS_LOAD(s0 & 1, a00, b00, a01, b01);
-    if (s0 + 1 < s1) {
-        LOAD_STEP(s0 + 1, ra0, rb0);
-        STORE_STEP((s0 + 1) & 1, ra0, rb0);
-    }
-    barrier();
-    for (int s = s0; s < s1; s += 2) {
-        FRAGS_LOAD((s + 1) & 1, a10, b10, a11, b11);
-        LOAD_STEP(s + 2, ra0, rb0);
-        FRAGS_MUL(a00, b00, a01, b01);
-        STORE_STEP(s & 1, ra0, rb0);
+        STORE_STEP(s0 & 1, ra0, rb0);
         barrier();
-        if (s + 1 >= s1) break;
-        FRAGS_LOAD(s & 1, a00, b00, a01, b01);
-        LOAD_STEP(s + 3, ra0, rb0);
-        FRAGS_MUL(a10, b10, a11, b11);
-        STORE_STEP((s + 1) & 1, ra0, rb0);
+        FRAGS_LOAD(s0 & 1, a00, b00, a01, b01);
+        if (s0 + 1 < s1) {
+            LOAD_STEP(s0 + 1, ra0, rb0);
+            STORE_STEP((s0 + 1) & 1, ra0, rb0);
+        }
         barrier();
-    }
-#else
-    LOAD_STEP(s0, ra0, rb0);
-    STORE_STEP(s0 & 1, ra0, rb0);
-    if (AHEAD == 1) {
-        barrier();
-        for (int s = s0; s < s1; ++s) {
-            LOAD_STEP(s + 1, ra0, rb0);
-            MULTIPLY_STEP(s & 1);
+        for (int s = s0; s < s1; s += 2) {
+            FRAGS_LOAD((s + 1) & 1, a10, b10, a11, b11);
+            LOAD_STEP(s + 2, ra0, rb0);
+            FRAGS_MUL(a00, b00, a01, b01);
+            STORE_STEP(s & 1, ra0, rb0);
+            barrier();
+            if (s + 1 >= s1) break;
+            FRAGS_LOAD(s & 1, a00, b00, a01, b01);
+            LOAD_STEP(s + 3, ra0, rb0);
+            FRAGS_MUL(a10, b10, a11, b11);
             STORE_STEP((s + 1) & 1, ra0, rb0);
             barrier();
         }
-    } else {
-        // Two register sets taking turns (a loop of two steps: the sets are named, not
-        // indexed): at step s shared buffer s & 1 holds step s and one set step s + 1,
-        // while the other set loads step s + 2. Loads stay in step order (the counters).
-        if (s0 + 1 < s1) LOAD_STEP(s0 + 1, ra1, rb1);
-        barrier();
-        // LATE_LOADS (the host's #define): each step's loads go out after its multiply, so
-        // their address work issues behind the step's MMAs instead of ahead of its shared
-        // reads (the driver keeps this order; run 419: faster at 192 x 64, slower at 96 x
-        // 128, where the loads then wait on registers the MMAs still read).
-        // With late loads the loop keeps its branches past the last step: they pin the
-        // loads after the multiply, which one block lets the compiler hoist (run 430: 56 x
-        // 56 at 192 x 64 0.0500 -> 0.0512 ms without them).
-#ifdef LATE_LOADS
-        #define BEFORE_END(c) if (c)
 #else
-        #define BEFORE_END(c)
-#endif
-        for (int s = s0; s < s1; s += 2) {
-#ifdef LATE_LOADS
-            MULTIPLY_STEP(s & 1);
-            BEFORE_END(s + 2 < s1) LOAD_STEP(s + 2, ra0, rb0);
-#else
-            LOAD_STEP(s + 2, ra0, rb0);
-            MULTIPLY_STEP(s & 1);
-#endif
-            BEFORE_END(s + 1 < s1) STORE_STEP((s + 1) & 1, ra1, rb1);
+        STORE_STEP(s0 & 1, ra0, rb0);
+        if (AHEAD == 1) {
             barrier();
-            if (s + 1 >= s1) break;
-#ifdef LATE_LOADS
-            MULTIPLY_STEP((s + 1) & 1);
-            BEFORE_END(s + 3 < s1) LOAD_STEP(s + 3, ra1, rb1);
-#else
-            LOAD_STEP(s + 3, ra1, rb1);
-            MULTIPLY_STEP((s + 1) & 1);
-#endif
-            BEFORE_END(s + 2 < s1) STORE_STEP(s & 1, ra0, rb0);
+            for (int s = s0; s < s1; ++s) {
+                LOAD_STEP(s + 1, ra0, rb0);
+                MULTIPLY_STEP(s & 1);
+                STORE_STEP((s + 1) & 1, ra0, rb0);
+                barrier();
+            }
+        } else {
+            // Two register sets taking turns (a loop of two steps: the sets are named, not
+            // indexed): at step s shared buffer s & 1 holds step s and one set step s + 1,
+            // while the other set loads step s + 2. Loads stay in step order (the counters).
+            if (s0 + 1 < s1) LOAD_STEP(s0 + 1, ra1, rb1);
             barrier();
+            // LATE_LOADS (the host's #define): each step's loads go out after its multiply, so
+            // their address work issues behind the step's MMAs instead of ahead of its shared
+            // reads (the driver keeps this order; run 419: faster at 192 x 64, slower at 96 x
+            // 128, where the loads then wait on registers the MMAs still read).
+            // With late loads the loop keeps its branches past the last step: they pin the
+            // loads after the multiply, which one block lets the compiler hoist (run 430: 56 x
+            // 56 at 192 x 64 0.0500 -> 0.0512 ms without them).
+#ifdef LATE_LOADS
+            #define BEFORE_END(c) if (c)
+#else
+            #define BEFORE_END(c)
+#endif
+            for (int s = s0; s < s1; s += 2) {
+#ifdef LATE_LOADS
+                MULTIPLY_STEP(s & 1);
+                BEFORE_END(s + 2 < s1) LOAD_STEP(s + 2, ra0, rb0);
+#else
+                LOAD_STEP(s + 2, ra0, rb0);
+                MULTIPLY_STEP(s & 1);
+#endif
+                BEFORE_END(s + 1 < s1) STORE_STEP((s + 1) & 1, ra1, rb1);
+                barrier();
+                if (s + 1 >= s1) break;
+#ifdef LATE_LOADS
+                MULTIPLY_STEP((s + 1) & 1);
+                BEFORE_END(s + 3 < s1) LOAD_STEP(s + 3, ra1, rb1);
+#else
+                LOAD_STEP(s + 3, ra1, rb1);
+                MULTIPLY_STEP((s + 1) & 1);
+#endif
+                BEFORE_END(s + 2 < s1) STORE_STEP(s & 1, ra0, rb0);
+                barrier();
+            }
         }
-    }
 #endif
 
-    if (SPLITS > 1) {
-        coopMatStore(acc, part, (tile * uint(SPLITS) + split) * uint(BM * BN), BN,
-                     gl_CooperativeMatrixLayoutRowMajor);
-        // Every invocation's stores out of the workgroup before one counts the split in.
-        memoryBarrierBuffer();
+        if (SPLITS > 1) {
+            coopMatStore(acc, part, (tile * uint(SPLITS) + split) * uint(BM * BN), BN,
+                         gl_CooperativeMatrixLayoutRowMajor);
+            // Every invocation's stores out of the workgroup before one counts the split in.
+            memoryBarrierBuffer();
+            barrier();
+            const uint counters = p.groups * uint(BM * BN);  // the counters' first index
+            if (tid == 0) last_split = atomicAdd(counter[counters + tile], 1u) == uint(SPLITS - 1);
+            barrier();
+            if (!last_split) return;
+            memoryBarrierBuffer();
+            if (tid == 0) counter[counters + tile] = 0u;  // ready for the next launch
+            // The partials in split order, 8 outputs a piece.
+            for (int piece = tid; piece < BM * (BN / 8); piece += THREADS) {
+                const int r = piece / (BN / 8), c = piece % (BN / 8);
+                const int m = m0 + r, co = n0 + c * 8;
+                vec4 lo = vec4(0.0), hi = vec4(0.0);
+                for (int sp = 0; sp < SPLITS; ++sp) {
+                    const uint at = ((tile * uint(SPLITS) + uint(sp)) * uint(BM * BN) + uint(r * BN + c * 8)) / 4u;
+                    lo += part4[at];
+                    hi += part4[at + 1u];
+                }
+                if (m < p.m_total && co < p.cout)
+                    y[(m * p.cout + co) / 8] = uvec4(packFloat2x16(f16vec2(lo.xy)), packFloat2x16(f16vec2(lo.zw)),
+                                                     packFloat2x16(f16vec2(hi.xy)), packFloat2x16(f16vec2(hi.zw)));
+            }
+            return;
+        }
+
+        // Epilogue: the f16 tile into shared rows of BN halves, then 16-byte pieces out.
+        // PERSISTENT: the next tile's first loads go out before it (their latency behind the
+        // epilogue's work), the next tile's stores after a barrier behind its shared reads.
+        const int e_m0 = m0, e_n0 = n0;
+#ifdef PERSISTENT
+        g += gl_NumWorkGroups.x * gl_NumWorkGroups.y;
+        const bool more = g < p.groups;
+        if (more) {
+            SETUP_TILE();
+            LOAD_STEP(s0, ra0, rb0);
+        }
+#endif
+        {
+            coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> h =
+                coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(acc);
+            coopMatStore(h, smem, 0, C_ROW, gl_CooperativeMatrixLayoutRowMajor);
+        }
         barrier();
-        const uint counters = p.groups * uint(BM * BN);  // the counters' first index
-        if (tid == 0) last_split = atomicAdd(counter[counters + tile], 1u) == uint(SPLITS - 1);
-        barrier();
-        if (!last_split) return;
-        memoryBarrierBuffer();
-        if (tid == 0) counter[counters + tile] = 0u;  // ready for the next launch
-        // The partials in split order, 8 outputs a piece.
         for (int piece = tid; piece < BM * (BN / 8); piece += THREADS) {
             const int r = piece / (BN / 8), c = piece % (BN / 8);
-            const int m = m0 + r, co = n0 + c * 8;
-            vec4 lo = vec4(0.0), hi = vec4(0.0);
-            for (int sp = 0; sp < SPLITS; ++sp) {
-                const uint at = ((tile * uint(SPLITS) + uint(sp)) * uint(BM * BN) + uint(r * BN + c * 8)) / 4u;
-                lo += part4[at];
-                hi += part4[at + 1u];
-            }
-            if (m < p.m_total && co < p.cout)
-                y[(m * p.cout + co) / 8] = uvec4(packFloat2x16(f16vec2(lo.xy)), packFloat2x16(f16vec2(lo.zw)),
-                                                 packFloat2x16(f16vec2(hi.xy)), packFloat2x16(f16vec2(hi.zw)));
+            const int m = e_m0 + r, co = e_n0 + c * 8;
+            if (m < p.m_total && co < p.cout) y[(m * p.cout + co) / 8] = smem[r * C_ROW + c];
         }
-        return;
-    }
-
-    // Epilogue: the f16 tile into shared rows of BN halves, then 16-byte pieces out.
-    {
-        coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> h =
-            coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(acc);
-        coopMatStore(h, smem, 0, C_ROW, gl_CooperativeMatrixLayoutRowMajor);
-    }
-    barrier();
-    for (int piece = tid; piece < BM * (BN / 8); piece += THREADS) {
-        const int r = piece / (BN / 8), c = piece % (BN / 8);
-        const int m = m0 + r, co = n0 + c * 8;
-        if (m < p.m_total && co < p.cout) y[(m * p.cout + co) / 8] = smem[r * C_ROW + c];
+#ifdef PERSISTENT
+        if (!more) break;
+        barrier();
+#else
+        break;
+#endif
     }
 }

@@ -58,6 +58,16 @@ pub struct Coopmat2Config {
     /// both sides). Serialized configs without the field read as 0.
     #[serde(default)]
     pub frags_ahead: u32,
+    /// 1: one workgroup an SM (the grid is the device's SM count) takes tiles g, g + the
+    /// grid, ...; each next tile's first loads go out before the last one's epilogue
+    /// (unsplit K only, on a device that reports its SMs). H200 run 434: VAE decoder 0.354
+    /// -> 0.342 ms, video-vae-3d 0.267 -> 0.263, strided with `frags_ahead` 0.0414 ->
+    /// 0.0394; slower on layers of one or two waves (14 x 14 0.0344 -> 0.0364: the loop
+    /// around the tile costs NVIDIA's code what the overlap saves) and on 56 x 56's late
+    /// loads (0.0507 -> 0.0546). Not the default: the tuner's. Serialized configs without
+    /// the field read as 0.
+    #[serde(default)]
+    pub persistent: u32,
 }
 
 fn one() -> u32 {
@@ -111,12 +121,13 @@ const AHEAD: [u32; 2] = [1, 2];
 const PRODUCTS: [u32; 3] = [1, 2, 4];
 const LATE_LOADS: [u32; 2] = [0, 1];
 const FRAGS_AHEAD: [u32; 2] = [0, 1];
+const PERSISTENT: [u32; 2] = [0, 1];
 
 impl Coopmat2Config {
     /// The variant name configs are forced, tuned and cached under.
     pub const NAME: &'static str = "dense_coopmat2";
     /// The fields, in `values` order.
-    pub const NAMES: [&'static str; 9] = [
+    pub const NAMES: [&'static str; 10] = [
         "bm",
         "bn",
         "bk",
@@ -126,9 +137,10 @@ impl Coopmat2Config {
         "products",
         "late_loads",
         "frags_ahead",
+        "persistent",
     ];
 
-    pub fn values(&self) -> [u32; 9] {
+    pub fn values(&self) -> [u32; 10] {
         [
             self.bm,
             self.bn,
@@ -139,11 +151,13 @@ impl Coopmat2Config {
             self.products,
             self.late_loads,
             self.frags_ahead,
+            self.persistent,
         ]
     }
 
     fn from_values(
-        [bm, bn, bk, threads, splits, ahead, products, late_loads, frags_ahead]: [u32; 9],
+        [bm, bn, bk, threads, splits, ahead, products, late_loads, frags_ahead, persistent]: [u32;
+            10],
     ) -> Self {
         Coopmat2Config {
             bm,
@@ -155,6 +169,7 @@ impl Coopmat2Config {
             products,
             late_loads,
             frags_ahead,
+            persistent,
         }
     }
 
@@ -291,6 +306,19 @@ impl Coopmat2Config {
         if !SPLITS.contains(&self.splits) {
             return Err(format!("splits {} (1, 2, 4 or 8)", self.splits));
         }
+        if !PERSISTENT.contains(&self.persistent) || (self.persistent == 1 && self.splits != 1) {
+            return Err(format!(
+                "persistent {} with {} splits (0, or 1 with K unsplit)",
+                self.persistent, self.splits
+            ));
+        }
+        if self.persistent == 1 && info.compute_units.is_none() {
+            return Err(format!(
+                "persistent 1: {} does not report its multiprocessors (the grid is one \
+                 workgroup each)",
+                info.name
+            ));
+        }
         if self.splits as usize > self.steps(spec) {
             return Err(format!(
                 "{} splits of {} K steps (at least one a split)",
@@ -355,11 +383,13 @@ impl Coopmat2Config {
             &PRODUCTS,
             &LATE_LOADS,
             &FRAGS_AHEAD,
+            &PERSISTENT,
         ])
         .into_iter()
         .map(Self::from_values)
         .filter(|c| c.late_loads == 0 || c.ahead == 2)
         .filter(|c| c.frags_ahead == 0 || (c.ahead == 1 && c.late_loads == 0 && c.products <= 2))
+        .filter(|c| c.persistent == 0 || c.splits == 1)
         .collect()
     }
 
@@ -404,7 +434,7 @@ impl Coopmat2Config {
             spec: spec.to_string(),
             reason,
         })?;
-        let want = [128u32, 128, 32, 256, 1, 2, 1, 0, 0];
+        let want = [128u32, 128, 32, 256, 1, 2, 1, 0, 0, 0];
         let space = Self::space(info, spec);
         let nearest = space
             .iter()
@@ -485,8 +515,9 @@ config_text!(
     "a dense_coopmat2 config",
     "bm 32-256, a multiple of 32; bn 32, 64, 128 or 256; bk 16, 32 or 64; threads 64, 128 or \
      256; splits 1, 2, 4 or 8; ahead 1 or 2; products 1, 2 or 4; late_loads 0 or 1 (1 with \
-     ahead 2); frags_ahead 0 or 1 (1 with ahead 1, late_loads 0, products 1 or 2)",
-    |v: [u32; 9]| Some(Coopmat2Config::from_values(v))
+     ahead 2); frags_ahead 0 or 1 (1 with ahead 1, late_loads 0, products 1 or 2); persistent 0 \
+     or 1 (1 with splits 1)",
+    |v: [u32; 10]| Some(Coopmat2Config::from_values(v))
         .filter(|c| Coopmat2Config::family().contains(c))
 );
 
@@ -513,7 +544,12 @@ pub fn prepare_dense_coopmat2<'d>(
     let (tiles_m, tiles_n) = config.tiles(spec);
     let groups = tiles_m * tiles_n * config.splits as usize;
     let (bm, bn) = (config.bm as usize, config.bn as usize);
-    let grid = super::grid_for(info, groups)?;
+    // Persistent: a workgroup an SM (`fits` refused it where the count is unknown).
+    let workgroups = match (config.persistent, info.compute_units) {
+        (1, Some(units)) => groups.min(units as usize),
+        _ => groups,
+    };
+    let grid = super::grid_for(info, workgroups)?;
     let (packed, push) =
         super::dense_coopmat::gemm_operands("dense_coopmat2", spec, w, bk, tiles_n, groups)?;
     let [kd, kh, kw] = g.kernel3();
@@ -545,6 +581,9 @@ pub fn prepare_dense_coopmat2<'d>(
     }
     if config.frags_ahead == 1 {
         defines.push(("FRAGS_AHEAD", 1));
+    }
+    if config.persistent == 1 {
+        defines.push(("PERSISTENT", 1));
     }
     let source = if defines.is_empty() {
         SOURCE.to_string()
@@ -620,7 +659,7 @@ mod tests {
     #[test]
     fn the_default_fills_the_multiprocessors_in_whole_waves() {
         let info = h200();
-        let picks: Vec<(String, [u32; 9])> = crate::dense::dense_suite()
+        let picks: Vec<(String, [u32; 10])> = crate::dense::dense_suite()
             .unwrap()
             .into_iter()
             .filter(|c| Coopmat2Config::applies(&info, &c.spec).is_ok())
@@ -634,16 +673,34 @@ mod tests {
         // bm, bn, bk, threads, splits, ahead, products, late_loads, frags_ahead: the H200's
         // measured best (runs 399-400, 411, 420, 429): tiles 128 wide read the next step's
         // matrices ahead; 56 x 56's 64-wide tile loads two steps ahead, after the multiply.
-        assert_eq!(pick("resnet50-3x3-14"), [96, 128, 32, 256, 1, 1, 1, 0, 1]);
-        assert_eq!(pick("resnet50-3x3-28"), [96, 128, 32, 256, 1, 1, 1, 0, 1]);
-        assert_eq!(pick("resnet50-3x3-s2"), [96, 128, 32, 256, 1, 1, 1, 0, 1]);
-        assert_eq!(pick("resnet50-3x3-56"), [192, 64, 32, 256, 1, 2, 1, 1, 0]);
-        assert_eq!(pick("resnet50-3x3-7"), [128, 128, 32, 256, 2, 1, 1, 0, 1]);
+        assert_eq!(
+            pick("resnet50-3x3-14"),
+            [96, 128, 32, 256, 1, 1, 1, 0, 1, 0]
+        );
+        assert_eq!(
+            pick("resnet50-3x3-28"),
+            [96, 128, 32, 256, 1, 1, 1, 0, 1, 0]
+        );
+        assert_eq!(
+            pick("resnet50-3x3-s2"),
+            [96, 128, 32, 256, 1, 1, 1, 0, 1, 0]
+        );
+        assert_eq!(
+            pick("resnet50-3x3-56"),
+            [192, 64, 32, 256, 1, 2, 1, 1, 0, 0]
+        );
+        assert_eq!(
+            pick("resnet50-3x3-7"),
+            [128, 128, 32, 256, 2, 1, 1, 0, 1, 0]
+        );
         // video-vae-3d: 128 rows (5 waves of 544 tiles) over 96 (6 of 726): with the
         // matrices read ahead the step's fixed part is larger (`FRAGS_STEP_ROWS`; run 429:
         // 0.2672 ms at 128 rows, 0.2898 at 96).
-        assert_eq!(pick("video-vae-3d"), [128, 128, 32, 256, 1, 1, 2, 0, 1]);
-        assert_eq!(pick("vae-decoder-512"), [128, 128, 32, 256, 1, 1, 2, 0, 1]);
+        assert_eq!(pick("video-vae-3d"), [128, 128, 32, 256, 1, 1, 2, 0, 1, 0]);
+        assert_eq!(
+            pick("vae-decoder-512"),
+            [128, 128, 32, 256, 1, 1, 2, 0, 1, 0]
+        );
         // Without the multiprocessors' count: the nearest to 128 x 128, split below
         // FEW_TILES tiles.
         let mut unknown = info.clone();
@@ -654,7 +711,7 @@ mod tests {
             .find(|c| c.name == "resnet50-3x3-14")
             .unwrap();
         let d = Coopmat2Config::default_for(&unknown, &fourteen.spec).unwrap();
-        assert_eq!(d.values(), [128, 128, 32, 256, 1, 1, 2, 0, 1]);
+        assert_eq!(d.values(), [128, 128, 32, 256, 1, 1, 2, 0, 1, 0]);
     }
 
     #[test]
@@ -672,6 +729,9 @@ mod tests {
             &[("PRODUCTS", 2), ("LATE_LOADS", 1)],
             &[("FRAGS_AHEAD", 1)],
             &[("PRODUCTS", 2), ("FRAGS_AHEAD", 1)],
+            &[("PERSISTENT", 1)],
+            &[("FRAGS_AHEAD", 1), ("PERSISTENT", 1)],
+            &[("LATE_LOADS", 1), ("PERSISTENT", 1)],
         ] {
             let source = super::super::shader::with_defines(SOURCE, defines);
             let words = super::super::shader::compile_compute("dense_coopmat2", &source).unwrap();
@@ -778,6 +838,25 @@ mod tests {
             assert!(e.contains("frags_ahead 1"), "{e}");
             assert!(!space.contains(&bad));
         }
+        // Persistent workgroups: K unsplit, on a device that reports its SMs.
+        let persistent = Coopmat2Config {
+            persistent: 1,
+            splits: 1,
+            ..d
+        };
+        let counted = h200();
+        assert!(persistent.fits(&counted, &s).is_ok());
+        assert!(Coopmat2Config::space(&counted, &s).contains(&persistent));
+        let e = Coopmat2Config {
+            splits: 2,
+            ..persistent
+        }
+        .fits(&counted, &s)
+        .unwrap_err();
+        assert!(e.contains("persistent 1 with 2 splits"), "{e}");
+        assert!(info.compute_units.is_none());
+        let e = persistent.fits(&info, &s).unwrap_err();
+        assert!(e.contains("multiprocessors"), "{e}");
         // 64 invocations: not a size this device lists.
         let c = Coopmat2Config {
             bm: 64,
@@ -789,6 +868,7 @@ mod tests {
             products: 1,
             late_loads: 0,
             frags_ahead: 0,
+            persistent: 0,
         };
         let e = c.fits(&info, &s).unwrap_err();
         assert!(e.contains("64 invocations"), "{e}");
@@ -805,16 +885,16 @@ mod tests {
         for bad in [
             "dense_coopmat2:bm=128",
             "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1",
-            "dense_coopmat2:bm=88,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=0,frags_ahead=0",
-            "dense_coopmat2:bm=128,bn=96,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=0,frags_ahead=0",
-            "dense_coopmat2:bm=128,bn=128,bk=48,threads=128,splits=1,ahead=1,products=1,late_loads=0,frags_ahead=0",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=96,splits=1,ahead=1,products=1,late_loads=0,frags_ahead=0",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=3,ahead=1,products=1,late_loads=0,frags_ahead=0",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=3,products=1,late_loads=0,frags_ahead=0",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=3,late_loads=0,frags_ahead=0",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=2,frags_ahead=0",
-            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=1,frags_ahead=0",
-            "dense_coopmat:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=0,frags_ahead=0",
+            "dense_coopmat2:bm=88,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=0,frags_ahead=0,persistent=0",
+            "dense_coopmat2:bm=128,bn=96,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=0,frags_ahead=0,persistent=0",
+            "dense_coopmat2:bm=128,bn=128,bk=48,threads=128,splits=1,ahead=1,products=1,late_loads=0,frags_ahead=0,persistent=0",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=96,splits=1,ahead=1,products=1,late_loads=0,frags_ahead=0,persistent=0",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=3,ahead=1,products=1,late_loads=0,frags_ahead=0,persistent=0",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=3,products=1,late_loads=0,frags_ahead=0,persistent=0",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=3,late_loads=0,frags_ahead=0,persistent=0",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=2,frags_ahead=0,persistent=0",
+            "dense_coopmat2:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=1,frags_ahead=0,persistent=0",
+            "dense_coopmat:bm=128,bn=128,bk=32,threads=128,splits=1,ahead=1,products=1,late_loads=0,frags_ahead=0,persistent=0",
         ] {
             assert!(bad.parse::<Coopmat2Config>().is_err(), "{bad}");
         }
