@@ -1830,7 +1830,7 @@ fn coopmat2_shader_matches_the_oracle_where_the_device_has_it() {
 
 #[test]
 #[ignore = "needs a Vulkan device with workgroup-scope cooperative matrices"]
-fn coopmat2_persistent_workgroups_match_the_oracle() {
+fn coopmat2_tile_loop_forms_match_the_oracle() {
     use evokernel::vulkan::dense_coopmat2::{prepare_dense_coopmat2, Coopmat2Config};
     let dev = device();
     if dev.info().workgroup_matrices.is_none() || dev.info().compute_units.is_none() {
@@ -1840,11 +1840,12 @@ fn coopmat2_persistent_workgroups_match_the_oracle() {
         );
         return;
     }
-    // Persistent workgroups (a workgroup an SM taking every grid-th tile, each next
-    // tile's first loads before the last one's epilogue) at each spec's default and at
-    // the default's other load forms, and in 32 x 32 tiles (many tiles a workgroup);
-    // launched twice, the same bits. The random specs and three with more tiles than SMs
-    // (ragged M and Cout, 1-3-D).
+    // The shader's tile loop in its forms: persistent workgroups (a workgroup an SM
+    // taking every grid-th tile, each next tile's first loads before the last one's
+    // epilogue) and one tile a workgroup, at each spec's default, at the default's other
+    // load forms and in 32 x 32 tiles (many tiles a workgroup); K split in two; launched
+    // twice, the same bits. The random specs and three with more tiles than SMs (ragged M
+    // and Cout, 1-3-D).
     let mut specs = random_coopmat_specs();
     for (input, kernel, n, c, cout) in [
         (vec![100, 100], vec![3, 3], 2, 16, 24),
@@ -1895,6 +1896,17 @@ fn coopmat2_persistent_workgroups_match_the_oracle() {
                 ..base
             },
         ];
+        // Each form also one tile a workgroup (the same text's other path), and K split
+        // in two at the default.
+        let split = Coopmat2Config {
+            splits: 2,
+            persistent: 0,
+            ..d
+        };
+        let forms = forms
+            .into_iter()
+            .flat_map(|c| [c, Coopmat2Config { persistent: 0, ..c }])
+            .chain([split]);
         for c in forms {
             if c.fits(dev.info(), spec).is_err() {
                 continue;
