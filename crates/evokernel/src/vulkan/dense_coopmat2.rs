@@ -103,6 +103,13 @@ const FRAGS_STEP_ROWS: f64 = 140.0;
 /// 192 x 64 and 128 x 64, 28 x 28 and the VAE decoder at 128 x 128); the larger factor.
 const LATE_STEP: f64 = 0.94;
 
+/// The fewest waves of unsplit tiles on which the default takes persistent workgroups
+/// (with `frags_ahead`). H200 runs 434 and 436: the VAE decoder (16 waves) 0.351 -> 0.340 ms
+/// and video-vae-3d (5 waves) 0.267 -> 0.263 with them; ResNet-50's 14 x 14 (one wave)
+/// 0.0344 -> 0.0364 and 28 x 28 (two) 0.0364 -> 0.0383 without (the strided layer, two
+/// waves, gained 0.0414 -> 0.0394: its gather's first loads cost more; left to the tuner).
+const PERSISTENT_WAVES: usize = 4;
+
 /// What splitting K costs over the same waves of work (its partials' traffic and sum):
 /// ResNet-50's 14 x 14 layer ran 0.0485 ms unsplit and 0.0554 split in two at 128 x 128
 /// (run 383), where the model counts the same.
@@ -427,7 +434,8 @@ impl Coopmat2Config {
     /// ms, 7 x 7 0.0521 -> 0.0452, VAE decoder 0.3845 -> 0.3508, video-vae-3d 0.3161 ->
     /// 0.266), in two products at 128 rows unsplit and one else; 56 x 56's 64-wide tile
     /// ran 0.0515-0.0522 so (run 429) and keeps late loads. K is split only where the
-    /// unsplit tiles are fewer than the SMs.
+    /// unsplit tiles are fewer than the SMs. Tiles that read the matrices ahead over at
+    /// least `PERSISTENT_WAVES` waves take persistent workgroups.
     pub fn default_for(info: &VulkanDeviceInfo, spec: &DenseConvSpec) -> Result<Coopmat2Config> {
         Self::applies(info, spec).map_err(|reason| Error::NotApplicable {
             variant: "vulkan dense_coopmat2".into(),
@@ -489,6 +497,19 @@ impl Coopmat2Config {
                         .then(a.splits.cmp(&b.splits))
                 });
             if let Some((_, best)) = best {
+                // Persistent where the matrices are read ahead over many waves: the next
+                // tile's loads under the last one's epilogue save a part of each wave that
+                // outgrows the loop's own cost (`PERSISTENT_WAVES`).
+                let (tm, tn) = best.tiles(spec);
+                let waves = (tm * tn).div_ceil(units as usize);
+                let persistent = Coopmat2Config {
+                    persistent: 1,
+                    ..best
+                };
+                if best.frags_ahead == 1 && waves >= PERSISTENT_WAVES && space.contains(&persistent)
+                {
+                    return Ok(persistent);
+                }
                 return Ok(best);
             }
         }
@@ -695,11 +716,13 @@ mod tests {
         );
         // video-vae-3d: 128 rows (5 waves of 544 tiles) over 96 (6 of 726): with the
         // matrices read ahead the step's fixed part is larger (`FRAGS_STEP_ROWS`; run 429:
-        // 0.2672 ms at 128 rows, 0.2898 at 96).
-        assert_eq!(pick("video-vae-3d"), [128, 128, 32, 256, 1, 1, 2, 0, 1, 0]);
+        // 0.2672 ms at 128 rows, 0.2898 at 96). It and the VAE decoder (5 and 16 waves)
+        // take persistent workgroups (runs 434, 436); the one- and two-wave layers above
+        // do not.
+        assert_eq!(pick("video-vae-3d"), [128, 128, 32, 256, 1, 1, 2, 0, 1, 1]);
         assert_eq!(
             pick("vae-decoder-512"),
-            [128, 128, 32, 256, 1, 1, 2, 0, 1, 0]
+            [128, 128, 32, 256, 1, 1, 2, 0, 1, 1]
         );
         // Without the multiprocessors' count: the nearest to 128 x 128, split below
         // FEW_TILES tiles.
