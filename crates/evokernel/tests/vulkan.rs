@@ -11,6 +11,7 @@ use evokernel::dense::{dense_reference, dense_suite, DenseConvSpec};
 use evokernel::reference::conv_reference;
 use evokernel::suite::public_suite;
 use evokernel::tensor::SplitMix64;
+use evokernel::vulkan::dense_coopmat2::{prepare_dense_coopmat2, Coopmat2Config};
 use evokernel::vulkan::dense_direct::{prepare_dense_direct, DirectConfig};
 use evokernel::vulkan::dense_naive::prepare_dense_naive;
 use evokernel::vulkan::depth_rotate::{prepare_depth_rotate, RotateConfig};
@@ -1654,6 +1655,28 @@ fn random_coopmat_specs() -> Vec<DenseConvSpec> {
     specs
 }
 
+/// `dense_coopmat2` at `config` on `spec` (operands of `seed`) launched twice: the same
+/// bits both times, and the oracle's outputs at f16's tolerance.
+fn coopmat2_twice_matches_the_oracle(
+    dev: &VulkanDevice,
+    spec: &DenseConvSpec,
+    config: Coopmat2Config,
+    seed: u64,
+) {
+    let (x, w) = coopmat_operands(spec, seed);
+    let run = prepare_dense_coopmat2(dev, spec, &x, &w, Some(config)).unwrap();
+    run.launch().unwrap();
+    let first = run.output().unwrap();
+    run.launch().unwrap();
+    let second = run.output().unwrap();
+    assert_eq!(
+        first.as_bytes(),
+        second.as_bytes(),
+        "{spec} {config}: bits differ"
+    );
+    assert_f16_matches_oracle(spec, &x, &w, Ok(first), &config.to_string());
+}
+
 /// `got` (a cooperative-matrix shader's output on `spec`, `x`, `w`; `what` names the
 /// config) against the f64 oracle at f16's tolerance.
 fn assert_f16_matches_oracle(
@@ -1736,7 +1759,6 @@ fn coopmat_shader_matches_the_oracle_where_the_device_has_it() {
 /// `VK_NV_cooperative_matrix2` workgroup-scope matrices (lavapipe), the refusal says so.
 #[test]
 fn coopmat2_shader_matches_the_oracle_where_the_device_has_it() {
-    use evokernel::vulkan::dense_coopmat2::{prepare_dense_coopmat2, Coopmat2Config};
     let dev = device();
     let specs = random_coopmat_specs();
     let run = |spec: &DenseConvSpec, seed: u64, config: Option<Coopmat2Config>| {
@@ -1795,18 +1817,7 @@ fn coopmat2_shader_matches_the_oracle_where_the_device_has_it() {
             if c.fits(dev.info(), spec).is_err() {
                 continue;
             }
-            let (x, w) = coopmat_operands(spec, 500 + i as u64);
-            let run = prepare_dense_coopmat2(&dev, spec, &x, &w, Some(c)).unwrap();
-            run.launch().unwrap();
-            let first = run.output().unwrap();
-            run.launch().unwrap();
-            let second = run.output().unwrap();
-            assert_eq!(
-                first.as_bytes(),
-                second.as_bytes(),
-                "{spec} {c}: bits differ"
-            );
-            assert_f16_matches_oracle(spec, &x, &w, Ok(first), &c.to_string());
+            coopmat2_twice_matches_the_oracle(&dev, spec, c, 500 + i as u64);
         }
     }
     // The space without splits on three specs (at the default's `persistent`;
@@ -1831,7 +1842,6 @@ fn coopmat2_shader_matches_the_oracle_where_the_device_has_it() {
 #[test]
 #[ignore = "needs a Vulkan device with workgroup-scope cooperative matrices"]
 fn coopmat2_tile_loop_forms_match_the_oracle() {
-    use evokernel::vulkan::dense_coopmat2::{prepare_dense_coopmat2, Coopmat2Config};
     let dev = device();
     if dev.info().workgroup_matrices.is_none() || dev.info().compute_units.is_none() {
         eprintln!(
@@ -1911,18 +1921,7 @@ fn coopmat2_tile_loop_forms_match_the_oracle() {
             if c.fits(dev.info(), spec).is_err() {
                 continue;
             }
-            let (x, w) = coopmat_operands(spec, 1100 + i as u64);
-            let run = prepare_dense_coopmat2(&dev, spec, &x, &w, Some(c)).unwrap();
-            run.launch().unwrap();
-            let first = run.output().unwrap();
-            run.launch().unwrap();
-            let second = run.output().unwrap();
-            assert_eq!(
-                first.as_bytes(),
-                second.as_bytes(),
-                "{spec} {c}: bits differ"
-            );
-            assert_f16_matches_oracle(spec, &x, &w, Ok(first), &c.to_string());
+            coopmat2_twice_matches_the_oracle(&dev, spec, c, 1100 + i as u64);
         }
     }
 }

@@ -691,39 +691,24 @@ mod tests {
             })
             .collect();
         let pick = |name: &str| picks.iter().find(|p| p.0 == name).unwrap().1;
-        // bm, bn, bk, threads, splits, ahead, products, late_loads, frags_ahead: the H200's
-        // measured best (runs 399-400, 411, 420, 429): tiles 128 wide read the next step's
-        // matrices ahead; 56 x 56's 64-wide tile loads two steps ahead, after the multiply.
-        assert_eq!(
-            pick("resnet50-3x3-14"),
-            [96, 128, 32, 256, 1, 1, 1, 0, 1, 0]
-        );
-        assert_eq!(
-            pick("resnet50-3x3-28"),
-            [96, 128, 32, 256, 1, 1, 1, 0, 1, 0]
-        );
-        assert_eq!(
-            pick("resnet50-3x3-s2"),
-            [96, 128, 32, 256, 1, 1, 1, 0, 1, 0]
-        );
-        assert_eq!(
-            pick("resnet50-3x3-56"),
-            [192, 64, 32, 256, 1, 2, 1, 1, 0, 0]
-        );
-        assert_eq!(
-            pick("resnet50-3x3-7"),
-            [128, 128, 32, 256, 2, 1, 1, 0, 1, 0]
-        );
-        // video-vae-3d: 128 rows (5 waves of 544 tiles) over 96 (6 of 726): with the
+        // bm, bn, bk, threads, splits, ahead, products, late_loads, frags_ahead, persistent:
+        // the H200's measured best (runs 399-400, 411, 420, 429-436): tiles 128 wide read
+        // the next step's matrices ahead; 56 x 56's 64-wide tile loads two steps ahead,
+        // after the multiply. video-vae-3d: 128 rows (5 waves of 544 tiles) over 96 (6 of 726): with the
         // matrices read ahead the step's fixed part is larger (`FRAGS_STEP_ROWS`; run 429:
         // 0.2672 ms at 128 rows, 0.2898 at 96). It and the VAE decoder (5 and 16 waves)
-        // take persistent workgroups (runs 434, 436); the one- and two-wave layers above
-        // do not.
-        assert_eq!(pick("video-vae-3d"), [128, 128, 32, 256, 1, 1, 2, 0, 1, 1]);
-        assert_eq!(
-            pick("vae-decoder-512"),
-            [128, 128, 32, 256, 1, 1, 2, 0, 1, 1]
-        );
+        // take persistent workgroups (runs 434, 436); the one- and two-wave layers do not.
+        for (name, want) in [
+            ("resnet50-3x3-14", [96, 128, 32, 256, 1, 1, 1, 0, 1, 0]),
+            ("resnet50-3x3-28", [96, 128, 32, 256, 1, 1, 1, 0, 1, 0]),
+            ("resnet50-3x3-s2", [96, 128, 32, 256, 1, 1, 1, 0, 1, 0]),
+            ("resnet50-3x3-56", [192, 64, 32, 256, 1, 2, 1, 1, 0, 0]),
+            ("resnet50-3x3-7", [128, 128, 32, 256, 2, 1, 1, 0, 1, 0]),
+            ("video-vae-3d", [128, 128, 32, 256, 1, 1, 2, 0, 1, 1]),
+            ("vae-decoder-512", [128, 128, 32, 256, 1, 1, 2, 0, 1, 1]),
+        ] {
+            assert_eq!(pick(name), want, "{name}");
+        }
         // Without the multiprocessors' count: the nearest to 128 x 128, split below
         // FEW_TILES tiles.
         let mut unknown = info.clone();
