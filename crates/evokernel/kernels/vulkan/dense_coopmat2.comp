@@ -16,7 +16,7 @@
 // outside the input) and their stores go to the buffer no one reads again, so NVIDIA's
 // compiler schedules a step as one block (H200 run 428, the branches removed: ResNet-50's
 // 14 x 14 at 96 x 128 0.0387 -> 0.0361 ms, 7 x 7 0.0522 -> 0.0491, the VAE decoder 0.3857
-// -> 0.3627; 56 x 56's 192 x 64 with late loads 0.0501 -> 0.0514). The epilogue converts the
+// -> 0.3627; late loads keep theirs, below). The epilogue converts the
 // accumulator to f16 through shared memory and writes 16-byte row pieces. (Handing B to
 // the compiler's tensor-addressed loads, and the epilogue to a tensor-addressed store,
 // ran 1.2-1.4x and 1.05-1.2x slower on NVIDIA's driver: run 381.) Needs SPIR-V 1.6 (the
@@ -290,8 +290,9 @@ void main() {
             // reads (the driver keeps this order; run 419: faster at 192 x 64, slower at 96 x
             // 128, where the loads then wait on registers the MMAs still read).
             // With late loads the loop keeps its branches past the last step: they pin the
-            // loads after the multiply, which one block lets the compiler hoist (run 430: 56 x
-            // 56 at 192 x 64 0.0500 -> 0.0512 ms without them).
+            // loads after the multiply, which one block lets the compiler hoist (56 x 56 at
+            // 192 x 64: 0.0501 ms with 189b0c2's text, 0.0514 without the branches in run
+            // 428, 0.0509 with them back in run 431).
 #ifdef LATE_LOADS
             #define BEFORE_END(c) if (c)
 #else
