@@ -53,7 +53,7 @@ pub struct Coopmat2Config {
     /// 1: the next step's A and B matrices are read from shared memory into a second
     /// register set before this step's product (stored a barrier earlier), so after each
     /// barrier the MMAs start on operands already in registers (with `ahead` 1, early
-    /// loads, 1 or 2 products). H200 run 429: ResNet-50's 14 x 14 at 96 x 128 0.0361 ->
+    /// loads, 1 or 2 products; with `ahead` 2 it ran slower, run 432). H200 run 429: ResNet-50's 14 x 14 at 96 x 128 0.0361 ->
     /// 0.0344 ms, video-vae-3d at 128 x 128 0.2907 -> 0.2672 (the loop without branches
     /// both sides). Serialized configs without the field read as 0.
     #[serde(default)]
