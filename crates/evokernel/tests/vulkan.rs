@@ -1751,11 +1751,31 @@ fn coopmat_shader_matches_the_oracle_where_the_device_has_it() {
     }
 }
 
+/// Pointwise specs for `dense_coopmat2` (one tap: ragged M, Cin past a K step, Cout past a
+/// tile), 1-3-D.
+fn coopmat2_pointwise_specs() -> Vec<DenseConvSpec> {
+    let mut pointwise = Vec::new();
+    for (dims, n, c, cout) in [(1, 3, 40, 24), (2, 2, 72, 136), (3, 1, 8, 8)] {
+        let p = ConvParams {
+            n,
+            c,
+            input: [7, 9, 5][..dims].to_vec(),
+            kernel: vec![1; dims],
+            stride: vec![1; dims],
+            dilation: vec![1; dims],
+            padding: vec![[0, 0]; dims],
+            layout: Layout::ChannelsLast,
+            dtype: DType::F16,
+        };
+        pointwise.push(DenseConvSpec::from_params(&p, cout, 1).unwrap());
+    }
+    pointwise
+}
+
 /// The workgroup-scope cooperative-matrix shader (`dense_coopmat2`) against the f64 oracle
 /// on `random_coopmat_specs` and three pointwise specs (NaN/Inf in some inputs) at the
-/// default, with K split 2, 4 and 8 ways (each launched twice: the same bits), then the
-/// unsplit configs of its space on three specs (partial tiles in M and N, K padding; tiles
-/// of every bm). Where the device has no
+/// default, with K split 2, 4 and 8 ways (each launched twice: the same bits; the unsplit
+/// configs of its space: `coopmat2_config_space_matches_the_oracle`). Where the device has no
 /// `VK_NV_cooperative_matrix2` workgroup-scope matrices (lavapipe), the refusal says so.
 #[test]
 fn coopmat2_shader_matches_the_oracle_where_the_device_has_it() {
@@ -1788,22 +1808,7 @@ fn coopmat2_shader_matches_the_oracle_where_the_device_has_it() {
     for (i, spec) in specs.iter().enumerate() {
         check(spec, 700 + i as u64, None);
     }
-    // Pointwise specs (one tap: ragged M, Cin past a K step, Cout past a tile).
-    let mut pointwise = Vec::new();
-    for (dims, n, c, cout) in [(1, 3, 40, 24), (2, 2, 72, 136), (3, 1, 8, 8)] {
-        let p = ConvParams {
-            n,
-            c,
-            input: [7, 9, 5][..dims].to_vec(),
-            kernel: vec![1; dims],
-            stride: vec![1; dims],
-            dilation: vec![1; dims],
-            padding: vec![[0, 0]; dims],
-            layout: Layout::ChannelsLast,
-            dtype: DType::F16,
-        };
-        pointwise.push(DenseConvSpec::from_params(&p, cout, 1).unwrap());
-    }
+    let pointwise = coopmat2_pointwise_specs();
     for (i, spec) in pointwise.iter().enumerate() {
         check(spec, 600 + i as u64, None);
     }
@@ -1820,10 +1825,23 @@ fn coopmat2_shader_matches_the_oracle_where_the_device_has_it() {
             coopmat2_twice_matches_the_oracle(&dev, spec, c, 500 + i as u64);
         }
     }
-    // The space without splits on three specs (at the default's `persistent`;
-    // `coopmat2_persistent_workgroups_match_the_oracle` takes the other): every config in one product a step whose
-    // bm is a power of two, and every other bm (tiles whose A pieces do not split evenly
-    // among the invocations) and product count with the default's other fields.
+}
+
+/// `dense_coopmat2`'s unsplit configs on three specs (partial tiles in M and N, K
+/// padding) against the f64 oracle: every config in one product a step whose bm is a
+/// power of two, and every other bm (tiles whose A pieces do not split evenly among the
+/// invocations) and product count with the default's other fields; all at the default's
+/// `persistent` (`coopmat2_tile_loop_forms_match_the_oracle` takes the other). Its own test
+/// so that each fits a GPU call (H200: ~450 s for the two before they were split).
+#[test]
+fn coopmat2_config_space_matches_the_oracle() {
+    let dev = device();
+    if dev.info().workgroup_matrices.is_none() {
+        eprintln!("{}: no workgroup-scope matrices", dev.info().name);
+        return;
+    }
+    let specs = random_coopmat_specs();
+    let pointwise = coopmat2_pointwise_specs();
     for spec in specs[..2].iter().chain(&pointwise[1..2]) {
         let space = Coopmat2Config::space(dev.info(), spec);
         assert!(!space.is_empty(), "{spec}");
@@ -1834,7 +1852,10 @@ fn coopmat2_shader_matches_the_oracle_where_the_device_has_it() {
                 && ((c.bm.is_power_of_two() && c.products == 1)
                     || (c.bn, c.bk, c.threads, c.ahead) == (d.bn, d.bk, d.threads, d.ahead))
         }) {
-            check(spec, 900, Some(c));
+            let (x, w) = coopmat_operands(spec, 900);
+            let got = prepare_dense_coopmat2(&dev, spec, &x, &w, Some(c))
+                .and_then(|run| run.launch().and_then(|_| run.output()));
+            assert_f16_matches_oracle(spec, &x, &w, got, &c.to_string());
         }
     }
 }
