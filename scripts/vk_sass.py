@@ -58,10 +58,7 @@ def steps(text):
         if op == "BAR":
             stretches.append(cur)
             cur = collections.Counter()
-    seen = collections.Counter()
-    for c in stretches:
-        key = tuple(sorted(c.items()))
-        seen[key] += 1
+    seen = collections.Counter(tuple(sorted(c.items())) for c in stretches)
     out = []
     for key, n in seen.most_common():
         c = dict(key)

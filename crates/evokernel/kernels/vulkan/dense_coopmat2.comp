@@ -186,6 +186,46 @@ void main() {
 
     coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> acc =
         coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(0.0);
+    // Step s multiplies from buffer s & 1 while step s + 1's loads are in flight into the
+    // registers, which then go to buffer (s + 1) & 1; one barrier a step. Product j of a
+    // step: A's columns [j MK, (j + 1) MK) (MK / 8 pieces a row in), B's rows the same.
+    const int MK = BK / PRODUCTS;
+    #define LOAD_MATRICES(buf, a, b, j)                                                           \
+    {                                                                                             \
+        coopMatLoad(a, smem, (buf) * STAGE + (j) * (MK / 8), A_ROW, gl_CooperativeMatrixLayoutRowMajor); \
+        coopMatLoad(b, smem, (buf) * STAGE + A_TILE + (j) * MK * B_ROW, B_ROW,                    \
+                    gl_CooperativeMatrixLayoutRowMajor);                                          \
+    }
+    #define PRODUCT(buf, j)                                                                       \
+    {                                                                                             \
+        coopmat<float16_t, gl_ScopeWorkgroup, BM, MK, gl_MatrixUseA> a;                           \
+        coopmat<float16_t, gl_ScopeWorkgroup, MK, BN, gl_MatrixUseB> b;                           \
+        LOAD_MATRICES(buf, a, b, j)                                                               \
+        acc = coopMatMulAdd(a, b, acc);                                                           \
+    }
+    // FRAGS_AHEAD's two register sets (below): A0, B0 the first product's, A1, B1 the
+    // second's.
+#if PRODUCTS == 1
+    // (The one-product step's own text: through PRODUCT(buf, 0) the SPIR-V gains the zero
+    // offsets' arithmetic.)
+    #define MULTIPLY_STEP(buf)                                                                    \
+    {                                                                                             \
+        coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> a;                           \
+        coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> b;                           \
+        coopMatLoad(a, smem, (buf) * STAGE, A_ROW, gl_CooperativeMatrixLayoutRowMajor);           \
+        coopMatLoad(b, smem, (buf) * STAGE + A_TILE, B_ROW, gl_CooperativeMatrixLayoutRowMajor);  \
+        acc = coopMatMulAdd(a, b, acc);                                                           \
+    }
+    #define FRAGS_LOAD(buf, A0, B0, A1, B1) LOAD_MATRICES(buf, A0, B0, 0)
+    #define FRAGS_MUL(A0, B0, A1, B1) { acc = coopMatMulAdd(A0, B0, acc); }
+#elif PRODUCTS == 2
+    #define MULTIPLY_STEP(buf) { PRODUCT(buf, 0) PRODUCT(buf, 1) }
+    #define FRAGS_LOAD(buf, A0, B0, A1, B1) { LOAD_MATRICES(buf, A0, B0, 0) LOAD_MATRICES(buf, A1, B1, 1) }
+    #define FRAGS_MUL(A0, B0, A1, B1) { acc = coopMatMulAdd(A0, B0, acc); acc = coopMatMulAdd(A1, B1, acc); }
+#else
+    #define MULTIPLY_STEP(buf) { PRODUCT(buf, 0) PRODUCT(buf, 1) PRODUCT(buf, 2) PRODUCT(buf, 3) }
+#endif
+
     // One tile a pass (PERSISTENT, the host's #define: the workgroup's tiles g, g + the
     // grid, ..., one workgroup an SM, so a tile's first loads fly under the last one's
     // epilogue).
@@ -193,36 +233,6 @@ void main() {
     for (;;) {
         acc = coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(0.0);
 
-        // Step s multiplies from buffer s & 1 while step s + 1's loads are in flight into the
-        // registers, which then go to buffer (s + 1) & 1; one barrier a step.
-#if PRODUCTS == 1
-        #define MULTIPLY_STEP(buf)                                                                    \
-        {                                                                                             \
-            coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> a;                           \
-            coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> b;                           \
-            coopMatLoad(a, smem, (buf) * STAGE, A_ROW, gl_CooperativeMatrixLayoutRowMajor);           \
-            coopMatLoad(b, smem, (buf) * STAGE + A_TILE, B_ROW, gl_CooperativeMatrixLayoutRowMajor);  \
-            acc = coopMatMulAdd(a, b, acc);                                                           \
-        }
-#else
-        const int MK = BK / PRODUCTS;
-        // Product j of a step: A's columns [j MK, (j + 1) MK) (MK / 8 pieces a row in), B's
-        // rows the same.
-        #define PRODUCT(buf, j)                                                                       \
-        {                                                                                             \
-            coopmat<float16_t, gl_ScopeWorkgroup, BM, MK, gl_MatrixUseA> a;                           \
-            coopmat<float16_t, gl_ScopeWorkgroup, MK, BN, gl_MatrixUseB> b;                           \
-            coopMatLoad(a, smem, (buf) * STAGE + (j) * (MK / 8), A_ROW, gl_CooperativeMatrixLayoutRowMajor); \
-            coopMatLoad(b, smem, (buf) * STAGE + A_TILE + (j) * MK * B_ROW, B_ROW,                    \
-                        gl_CooperativeMatrixLayoutRowMajor);                                          \
-            acc = coopMatMulAdd(a, b, acc);                                                           \
-        }
-#if PRODUCTS == 2
-        #define MULTIPLY_STEP(buf) { PRODUCT(buf, 0) PRODUCT(buf, 1) }
-#else
-        #define MULTIPLY_STEP(buf) { PRODUCT(buf, 0) PRODUCT(buf, 1) PRODUCT(buf, 2) PRODUCT(buf, 3) }
-#endif
-#endif
 #ifdef FRAGS_AHEAD
         // FRAGS_AHEAD (the host's #define; AHEAD = 1, early loads, 1 or 2 products): two
         // register sets of the step's A and B matrices taking turns. At step s one set holds
@@ -232,22 +242,8 @@ void main() {
         // after each barrier the MMAs start on operands in registers instead of waiting for
         // their shared reads (run 429: 14 x 14 at 96 x 128 0.0361 -> 0.0344 ms, video-vae-3d
         // at 128 x 128 0.2907 -> 0.2672; 184 registers where the one set took 134).
-        const int FK = BK / PRODUCTS;
-        coopmat<float16_t, gl_ScopeWorkgroup, BM, FK, gl_MatrixUseA> a00, a01, a10, a11;
-        coopmat<float16_t, gl_ScopeWorkgroup, FK, BN, gl_MatrixUseB> b00, b01, b10, b11;
-        #define FRAG_LOAD(buf, a, b, j)                                                               \
-        {                                                                                             \
-            coopMatLoad(a, smem, (buf) * STAGE + (j) * (FK / 8), A_ROW, gl_CooperativeMatrixLayoutRowMajor); \
-            coopMatLoad(b, smem, (buf) * STAGE + A_TILE + (j) * FK * B_ROW, B_ROW,                    \
-                        gl_CooperativeMatrixLayoutRowMajor);                                          \
-        }
-#if PRODUCTS == 1
-        #define FRAGS_LOAD(buf, A0, B0, A1, B1) FRAG_LOAD(buf, A0, B0, 0)
-        #define FRAGS_MUL(A0, B0, A1, B1) { acc = coopMatMulAdd(A0, B0, acc); }
-#else
-        #define FRAGS_LOAD(buf, A0, B0, A1, B1) { FRAG_LOAD(buf, A0, B0, 0) FRAG_LOAD(buf, A1, B1, 1) }
-        #define FRAGS_MUL(A0, B0, A1, B1) { acc = coopMatMulAdd(A0, B0, acc); acc = coopMatMulAdd(A1, B1, acc); }
-#endif
+        coopmat<float16_t, gl_ScopeWorkgroup, BM, MK, gl_MatrixUseA> a00, a01, a10, a11;
+        coopmat<float16_t, gl_ScopeWorkgroup, MK, BN, gl_MatrixUseB> b00, b01, b10, b11;
         STORE_STEP(s0 & 1, ra0, rb0);
         barrier();
         FRAGS_LOAD(s0 & 1, a00, b00, a01, b01);

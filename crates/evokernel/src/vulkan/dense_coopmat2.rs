@@ -53,9 +53,9 @@ pub struct Coopmat2Config {
     /// 1: the next step's A and B matrices are read from shared memory into a second
     /// register set before this step's product (stored a barrier earlier), so after each
     /// barrier the MMAs start on operands already in registers (with `ahead` 1, early
-    /// loads, 1 or 2 products; with `ahead` 2 it ran slower, run 432). H200 run 429: ResNet-50's 14 x 14 at 96 x 128 0.0361 ->
-    /// 0.0344 ms, video-vae-3d at 128 x 128 0.2907 -> 0.2672 (the loop without branches
-    /// both sides). Serialized configs without the field read as 0.
+    /// loads, 1 or 2 products; with `ahead` 2 it ran slower, run 432). H200 run 429:
+    /// ResNet-50's 14 x 14 at 96 x 128 0.0361 -> 0.0344 ms, video-vae-3d at 128 x 128
+    /// 0.2907 -> 0.2672 (the loop without branches both sides). Serialized configs without the field read as 0.
     #[serde(default)]
     pub frags_ahead: u32,
     /// 1: one workgroup an SM (the grid is the device's SM count) takes tiles g, g + the
@@ -64,8 +64,8 @@ pub struct Coopmat2Config {
     /// -> 0.342 ms, video-vae-3d 0.267 -> 0.263, strided with `frags_ahead` 0.0414 ->
     /// 0.0394; slower on layers of one or two waves (14 x 14 0.0344 -> 0.0364: the loop
     /// around the tile costs NVIDIA's code what the overlap saves) and on 56 x 56's late
-    /// loads (0.0507 -> 0.0546). Not the default: the tuner's. Serialized configs without
-    /// the field read as 0.
+    /// loads (0.0507 -> 0.0546). The default takes it over `PERSISTENT_WAVES` waves or more.
+    /// Serialized configs without the field read as 0.
     #[serde(default)]
     pub persistent: u32,
 }
@@ -251,6 +251,37 @@ impl Coopmat2Config {
         super::dense_coopmat::gemm_applies(spec)
     }
 
+    /// Why the load forms this config combines are not one the shader has (the device
+    /// aside): late loads only with two steps ahead; matrices read ahead only with one,
+    /// early loads and at most two products; persistent workgroups only with K unsplit.
+    /// `family` and `fits` both hold to it.
+    fn forms_agree(&self) -> std::result::Result<(), String> {
+        if !LATE_LOADS.contains(&self.late_loads) || (self.late_loads == 1 && self.ahead != 2) {
+            return Err(format!(
+                "late_loads {} with ahead {} (0, or 1 with ahead 2: loaded one step ahead, \
+                 loads after the multiply would wait for it)",
+                self.late_loads, self.ahead
+            ));
+        }
+        if !FRAGS_AHEAD.contains(&self.frags_ahead)
+            || (self.frags_ahead == 1
+                && (self.ahead != 1 || self.late_loads != 0 || self.products > 2))
+        {
+            return Err(format!(
+                "frags_ahead {} with ahead {}, late_loads {}, {} products (0, or 1 with ahead \
+                 1, early loads and 1 or 2 products: the shader's one form of it)",
+                self.frags_ahead, self.ahead, self.late_loads, self.products
+            ));
+        }
+        if !PERSISTENT.contains(&self.persistent) || (self.persistent == 1 && self.splits != 1) {
+            return Err(format!(
+                "persistent {} with {} splits (0, or 1 with K unsplit)",
+                self.persistent, self.splits
+            ));
+        }
+        Ok(())
+    }
+
     /// Why this config cannot run `spec` on a device with `info`, if it cannot.
     pub fn fits(
         &self,
@@ -284,23 +315,7 @@ impl Coopmat2Config {
         if !AHEAD.contains(&self.ahead) {
             return Err(format!("ahead {} (1 or 2)", self.ahead));
         }
-        if !LATE_LOADS.contains(&self.late_loads) || (self.late_loads == 1 && self.ahead != 2) {
-            return Err(format!(
-                "late_loads {} with ahead {} (0, or 1 with ahead 2: loaded one step ahead, \
-                 loads after the multiply would wait for it)",
-                self.late_loads, self.ahead
-            ));
-        }
-        if !FRAGS_AHEAD.contains(&self.frags_ahead)
-            || (self.frags_ahead == 1
-                && (self.ahead != 1 || self.late_loads != 0 || self.products > 2))
-        {
-            return Err(format!(
-                "frags_ahead {} with ahead {}, late_loads {}, {} products (0, or 1 with ahead \
-                 1, early loads and 1 or 2 products: the shader's one form of it)",
-                self.frags_ahead, self.ahead, self.late_loads, self.products
-            ));
-        }
+        self.forms_agree()?;
         if !PRODUCTS.contains(&self.products)
             || !(bk / self.products).is_multiple_of(shape.k.max(8))
         {
@@ -312,12 +327,6 @@ impl Coopmat2Config {
         }
         if !SPLITS.contains(&self.splits) {
             return Err(format!("splits {} (1, 2, 4 or 8)", self.splits));
-        }
-        if !PERSISTENT.contains(&self.persistent) || (self.persistent == 1 && self.splits != 1) {
-            return Err(format!(
-                "persistent {} with {} splits (0, or 1 with K unsplit)",
-                self.persistent, self.splits
-            ));
         }
         if self.persistent == 1 && info.compute_units.is_none() {
             return Err(format!(
@@ -377,8 +386,7 @@ impl Coopmat2Config {
         Ok(())
     }
 
-    /// Every config of the family (late loads only with two steps ahead; fragments ahead
-    /// only with one, early loads and at most two products).
+    /// Every config of the family (the field combinations `forms_agree` allows).
     pub fn family() -> Vec<Coopmat2Config> {
         super::combinations([
             &BMS,
@@ -394,9 +402,7 @@ impl Coopmat2Config {
         ])
         .into_iter()
         .map(Self::from_values)
-        .filter(|c| c.late_loads == 0 || c.ahead == 2)
-        .filter(|c| c.frags_ahead == 0 || (c.ahead == 1 && c.late_loads == 0 && c.products <= 2))
-        .filter(|c| c.persistent == 0 || c.splits == 1)
+        .filter(|c| c.forms_agree().is_ok())
         .collect()
     }
 
@@ -454,13 +460,9 @@ impl Coopmat2Config {
         let shaped = |n: Coopmat2Config, bm: u32, splits: u32| {
             let frags = n.bn >= 128;
             let tall = !frags && splits == 1 && bm >= 128;
-            let products = if frags {
-                if splits == 1 && bm >= 128 {
-                    2
-                } else {
-                    1
-                }
-            } else if splits == 1 && !tall {
+            // Two products on unsplit tiles: of 128 rows and more with the matrices read
+            // ahead, under 128 rows without.
+            let products = if splits == 1 && frags == (bm >= 128) {
                 2
             } else {
                 1
@@ -694,10 +696,11 @@ mod tests {
         // bm, bn, bk, threads, splits, ahead, products, late_loads, frags_ahead, persistent:
         // the H200's measured best (runs 399-400, 411, 420, 429-436): tiles 128 wide read
         // the next step's matrices ahead; 56 x 56's 64-wide tile loads two steps ahead,
-        // after the multiply. video-vae-3d: 128 rows (5 waves of 544 tiles) over 96 (6 of 726): with the
-        // matrices read ahead the step's fixed part is larger (`FRAGS_STEP_ROWS`; run 429:
-        // 0.2672 ms at 128 rows, 0.2898 at 96). It and the VAE decoder (5 and 16 waves)
-        // take persistent workgroups (runs 434, 436); the one- and two-wave layers do not.
+        // after the multiply. video-vae-3d: 128 rows (5 waves of 544 tiles) over 96 (6 of
+        // 726): with the matrices read ahead the step's fixed part is larger
+        // (`FRAGS_STEP_ROWS`; run 429: 0.2672 ms at 128 rows, 0.2898 at 96). It and the VAE
+        // decoder (5 and 16 waves) take persistent workgroups (runs 434, 436); the one- and
+        // two-wave layers do not.
         for (name, want) in [
             ("resnet50-3x3-14", [96, 128, 32, 256, 1, 1, 1, 0, 1, 0]),
             ("resnet50-3x3-28", [96, 128, 32, 256, 1, 1, 1, 0, 1, 0]),
