@@ -1948,3 +1948,109 @@ fn coopmat2_tile_loop_forms_match_the_oracle() {
         }
     }
 }
+
+/// Random 3 x 3 stride-1 specs (1 x 3 x 3 in 3-D, any depth stride), ragged sizes and
+/// asymmetric padding: what `dense_winograd_coopmat2` takes.
+fn random_winograd_specs(count: usize, seed: u64) -> Vec<DenseConvSpec> {
+    let mut rng = SplitMix64::new(seed);
+    let mut pick = |lo: u64, hi: u64| lo + rng.next_u64() % (hi - lo + 1);
+    let mut specs = Vec::new();
+    while specs.len() < count {
+        let three_d = pick(0, 3) == 0;
+        let mut p = ConvParams {
+            n: pick(1, 3) as i64,
+            c: 8 * pick(1, 9) as i64,
+            input: vec![pick(1, 21) as i64, pick(1, 21) as i64],
+            kernel: vec![3, 3],
+            stride: vec![1, 1],
+            dilation: vec![1, 1],
+            padding: vec![
+                [pick(0, 2) as i64, pick(0, 2) as i64],
+                [pick(0, 2) as i64, pick(0, 2) as i64],
+            ],
+            layout: Layout::ChannelsLast,
+            dtype: DType::F16,
+        };
+        if three_d {
+            p.input.insert(0, pick(1, 5) as i64);
+            p.kernel.insert(0, 1);
+            p.stride.insert(0, pick(1, 2) as i64);
+            p.dilation.insert(0, 1);
+            p.padding.insert(0, [pick(0, 1) as i64, pick(0, 1) as i64]);
+        }
+        if let Ok(spec) = DenseConvSpec::from_params(&p, 8 * pick(1, 10) as i64, 1) {
+            specs.push(spec);
+        }
+    }
+    specs
+}
+
+/// `dense_winograd_coopmat2` (input transform, `dense_coopmat2`'s batch of 16 GEMMs,
+/// output transform) against the f64 oracle at f16's tolerance, launched twice (the same
+/// bits): random specs and ResNet-50's 14 x 14 and 7 x 7 layers, each at its default, at 96
+/// rows (the points' rows padded), one tile a workgroup and persistent, K split in two.
+/// Finite operands only (an infinity comes out NaN, a NaN reaches a neighbouring tile: the
+/// module says so). Where the device has no workgroup-scope matrices it refuses, saying so.
+#[test]
+fn winograd_coopmat2_matches_the_oracle() {
+    use evokernel::vulkan::dense_winograd_coopmat2::{
+        prepare_dense_winograd_coopmat2, WinogradCoopmat2Config,
+    };
+    let dev = device();
+    let mut specs = random_winograd_specs(24, 2031);
+    let (x, w) = coopmat_operands(&specs[0], 1);
+    if dev.info().workgroup_matrices.is_none() {
+        let e = prepare_dense_winograd_coopmat2(&dev, &specs[0], &x, &w, None)
+            .err()
+            .expect("refused without the matrices")
+            .to_string();
+        assert!(e.contains("cooperative"), "{e}");
+        eprintln!("{}: no workgroup-scope matrices: {e}", dev.info().name);
+        return;
+    }
+    specs.extend(
+        dense_suite()
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.name == "resnet50-3x3-14" || c.name == "resnet50-3x3-7")
+            .map(|c| c.spec),
+    );
+    let mut ran = 0;
+    for (i, spec) in specs.iter().enumerate() {
+        let d = WinogradCoopmat2Config::default_for(dev.info(), spec).unwrap();
+        let c = d.0;
+        let forms = [
+            c,
+            Coopmat2Config { bm: 96, ..c },
+            Coopmat2Config {
+                persistent: 1 - c.persistent,
+                ..c
+            },
+            Coopmat2Config {
+                splits: 2,
+                persistent: 0,
+                ..c
+            },
+        ];
+        for f in forms.map(WinogradCoopmat2Config) {
+            if f.fits(dev.info(), spec).is_err() {
+                continue;
+            }
+            // Seeds 4k + 1: finite operands.
+            let (x, w) = coopmat_operands(spec, 4 * (1200 + i as u64) + 1);
+            let run = prepare_dense_winograd_coopmat2(&dev, spec, &x, &w, Some(f)).unwrap();
+            run.launch().unwrap();
+            let first = run.output().unwrap();
+            run.launch().unwrap();
+            let second = run.output().unwrap();
+            assert_eq!(
+                first.as_bytes(),
+                second.as_bytes(),
+                "{spec} {f}: bits differ"
+            );
+            assert_f16_matches_oracle(spec, &x, &w, Ok(first), &f.to_string());
+            ran += 1;
+        }
+    }
+    eprintln!("{ran} runs of {} specs passed", specs.len());
+}

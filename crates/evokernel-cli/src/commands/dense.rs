@@ -15,6 +15,7 @@ use evokernel::vulkan::dense_coopmat::CoopmatConfig;
 use evokernel::vulkan::dense_coopmat2::Coopmat2Config;
 use evokernel::vulkan::dense_direct::DirectConfig;
 use evokernel::vulkan::dense_winograd::WinogradConfig;
+use evokernel::vulkan::dense_winograd_coopmat2::WinogradCoopmat2Config;
 use evokernel::vulkan::depth_rotate::RotateConfig;
 use evokernel::vulkan::depth_rotate_cl::RotateClConfig;
 use evokernel::vulkan::tile::TileConfig;
@@ -56,7 +57,7 @@ fn refuse_other_flags(common: &Common, gemm: &GemmArgs) -> Result<(), Error> {
         return Err(Error::parse(
             "--op dense-conv",
             flag,
-            "the dense convolution takes the spec flags with --out-channels/--groups (or --suite dense), --only cpu|dense_naive|dense_direct|dense_winograd|dense_coopmat|dense_coopmat2|tile|depth_rotate|depth_rotate_cl, --config dense_direct:...|dense_winograd:...|dense_coopmat:...|dense_coopmat2:...|tile:...|depth_rotate:...|depth_rotate_cl:..., --backend auto|cpu|vulkan, --reference FILE",
+            "the dense convolution takes the spec flags with --out-channels/--groups (or --suite dense), --only cpu|dense_naive|dense_direct|dense_winograd|dense_coopmat|dense_coopmat2|dense_winograd_coopmat2|tile|depth_rotate|depth_rotate_cl, --config dense_direct:...|dense_winograd:...|dense_coopmat:...|dense_coopmat2:...|dense_winograd_coopmat2:...|tile:...|depth_rotate:...|depth_rotate_cl:..., --backend auto|cpu|vulkan, --reference FILE",
         ));
     }
     Ok(())
@@ -122,6 +123,7 @@ fn kernels(
             "dense_winograd" => DenseKernel::VulkanWinograd(None),
             "dense_coopmat" => DenseKernel::VulkanCoopmat(None),
             "dense_coopmat2" => DenseKernel::VulkanCoopmat2(None),
+            "dense_winograd_coopmat2" => DenseKernel::VulkanWinogradCoopmat2(None),
             "tile" => DenseKernel::VulkanDepthwiseTile(None),
             "depth_rotate" => DenseKernel::VulkanDepthRotate(None),
             "depth_rotate_cl" => DenseKernel::VulkanDepthRotateCl(None),
@@ -129,7 +131,7 @@ fn kernels(
                 return Err(Error::parse(
                     "--only",
                     other,
-                    "the dense convolution's kernels are cpu, dense_naive, dense_direct, dense_winograd, dense_coopmat, dense_coopmat2 and (depthwise specs) tile, depth_rotate, depth_rotate_cl",
+                    "the dense convolution's kernels are cpu, dense_naive, dense_direct, dense_winograd, dense_coopmat, dense_coopmat2, dense_winograd_coopmat2 and (depthwise specs) tile, depth_rotate, depth_rotate_cl",
                 ))
             }
         });
@@ -141,6 +143,7 @@ fn kernels(
             WinogradConfig::NAME => DenseKernel::VulkanWinograd(Some(c.parse()?)),
             CoopmatConfig::NAME => DenseKernel::VulkanCoopmat(Some(c.parse()?)),
             Coopmat2Config::NAME => DenseKernel::VulkanCoopmat2(Some(c.parse()?)),
+            WinogradCoopmat2Config::NAME => DenseKernel::VulkanWinogradCoopmat2(Some(c.parse()?)),
             TileConfig::NAME => DenseKernel::VulkanDepthwiseTile(Some(c.parse()?)),
             RotateConfig::NAME => DenseKernel::VulkanDepthRotate(Some(c.parse()?)),
             RotateClConfig::NAME => DenseKernel::VulkanDepthRotateCl(Some(c.parse()?)),
@@ -176,6 +179,9 @@ fn kernels(
                 }
                 if vk.is_some_and(|d| Coopmat2Config::applies(d.info(), spec).is_ok()) {
                     v.push(DenseKernel::VulkanCoopmat2(None));
+                }
+                if vk.is_some_and(|d| WinogradCoopmat2Config::applies(d.info(), spec).is_ok()) {
+                    v.push(DenseKernel::VulkanWinogradCoopmat2(None));
                 }
                 v
             }

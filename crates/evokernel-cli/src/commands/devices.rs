@@ -57,7 +57,9 @@ pub fn run(json: Option<PathBuf>) -> Result<bool, Error> {
                     }
                 );
                 match &d.workgroup_matrices {
-                    Some(m) => println!("  workgroup-scope matrices: {m}; dense_coopmat2 runs"),
+                    Some(m) => println!(
+                        "  workgroup-scope matrices: {m}; dense_coopmat2 and dense_winograd_coopmat2 run"
+                    ),
                     None => println!(
                         "  workgroup-scope matrices: none (no VK_NV_cooperative_matrix2 with \
                          workgroup scope and flexible dimensions); dense_coopmat2 does not run here"

@@ -117,6 +117,18 @@ void main() {
     // a step; the same in every invocation).
     uint tile, split;
     int m0, n0, s0, s1, ld_cs, ld_kw, ld_kh, ld_kd;
+    // B_BLOCK_ROWS (the host's #define; vulkan::dense_winograd_coopmat2): a batch of GEMMs,
+    // each B_BLOCK_ROWS rows of M (a multiple of BM) against its own block of packed B
+    // (the weight buffer holds the blocks one after another): the tile's block is m0 /
+    // B_BLOCK_ROWS.
+#ifdef B_BLOCK_ROWS
+    int b_block;
+    #define B_BLOCK_SETUP() b_block = (m0 / B_BLOCK_ROWS) * steps * BK * cout8;
+    #define B_STEP(s) (b_block + min(s, steps - 1) * BK * cout8)
+#else
+    #define B_BLOCK_SETUP()
+    #define B_STEP(s) min(s, steps - 1) * BK * cout8
+#endif
     int a_pix[A_LOADS], a_d[A_LOADS], a_h[A_LOADS], a_w[A_LOADS], b_off[B_LOADS];
     #define SETUP_TILE()                                                                          \
     {                                                                                             \
@@ -141,6 +153,7 @@ void main() {
             const int piece = tid + i * THREADS, k = piece / (BN / 8), c = n0 / 8 + piece % (BN / 8); \
             b_off[i] = c < cout8 ? k * cout8 + c : -1;                                            \
         }                                                                                         \
+        B_BLOCK_SETUP()                                                                           \
         s0 = int(split) * steps / SPLITS;                                                         \
         s1 = (int(split) + 1) * steps / SPLITS;                                                   \
         ld_cs = s0 % p.steps_tap;                                                                 \
@@ -162,7 +175,7 @@ void main() {
                                 ci < p.cin;                                                       \
             ra[i] = inside ? x[(a_pix[i] + tap_pix) * cin8 + ci / 8] : uvec4(0);                  \
         }                                                                                         \
-        const int b_step = min(s, steps - 1) * BK * cout8;                                        \
+        const int b_step = B_STEP(s);                                                             \
         for (int i = 0; i < B_LOADS; ++i) rb[i] = b_off[i] >= 0 ? w[b_step + b_off[i]] : uvec4(0); \
         const bool wrap_cs = ld_cs + 1 == p.steps_tap, wrap_kw = wrap_cs && ld_kw + 1 == KW;     \
         const bool wrap_kh = wrap_kw && ld_kh + 1 == KH;                                          \

@@ -19,6 +19,7 @@ use crate::vulkan::dense_coopmat2::Coopmat2Config;
 use crate::vulkan::dense_direct::DirectConfig;
 use crate::vulkan::dense_naive::prepare_dense_naive;
 use crate::vulkan::dense_winograd::WinogradConfig;
+use crate::vulkan::dense_winograd_coopmat2::WinogradCoopmat2Config;
 use crate::vulkan::depth_rotate::RotateConfig;
 use crate::vulkan::depth_rotate_cl::RotateClConfig;
 use crate::vulkan::tile::TileConfig;
@@ -45,6 +46,10 @@ pub enum DenseKernel {
     /// (`VK_NV_cooperative_matrix2`; dense f16 channels-last); None: the tuned config,
     /// else the device's default.
     VulkanCoopmat2(Option<Coopmat2Config>),
+    /// Vulkan, Winograd F(2x2, 3x3) around `dense_coopmat2`'s GEMM (3 x 3 kernels, stride
+    /// 1, dense f16 channels-last, where the device has the matrices); None: the tuned
+    /// config, else the device's default.
+    VulkanWinogradCoopmat2(Option<WinogradCoopmat2Config>),
     /// Vulkan, the depthwise tiled shader (`vulkan::tile`; groups = in = out channels
     /// only); None: the tuned config, else the device's default.
     VulkanDepthwiseTile(Option<TileConfig>),
@@ -67,6 +72,7 @@ impl DenseKernel {
             DenseKernel::VulkanWinograd(_) => WinogradConfig::NAME,
             DenseKernel::VulkanCoopmat(_) => CoopmatConfig::NAME,
             DenseKernel::VulkanCoopmat2(_) => Coopmat2Config::NAME,
+            DenseKernel::VulkanWinogradCoopmat2(_) => WinogradCoopmat2Config::NAME,
             DenseKernel::VulkanDepthwiseTile(_) => TileConfig::NAME,
             DenseKernel::VulkanDepthRotate(_) => RotateConfig::NAME,
             DenseKernel::VulkanDepthRotateCl(_) => RotateClConfig::NAME,
@@ -81,6 +87,7 @@ impl DenseKernel {
             DenseKernel::VulkanWinograd(c) => c.is_some(),
             DenseKernel::VulkanCoopmat(c) => c.is_some(),
             DenseKernel::VulkanCoopmat2(c) => c.is_some(),
+            DenseKernel::VulkanWinogradCoopmat2(c) => c.is_some(),
             DenseKernel::VulkanDepthwiseTile(c) => c.is_some(),
             DenseKernel::VulkanDepthRotate(c) => c.is_some(),
             DenseKernel::VulkanDepthRotateCl(c) => c.is_some(),
@@ -348,6 +355,7 @@ fn prepare_vulkan<'d>(
         DenseKernel::VulkanWinograd(c) => return tunable(dev, spec, c, x, w),
         DenseKernel::VulkanCoopmat(c) => return tunable(dev, spec, c, x, w),
         DenseKernel::VulkanCoopmat2(c) => return tunable(dev, spec, c, x, w),
+        DenseKernel::VulkanWinogradCoopmat2(c) => return tunable(dev, spec, c, x, w),
         DenseKernel::VulkanDepthwiseTile(c) => return tunable(dev, spec, c, x, w),
         DenseKernel::VulkanDepthRotate(c) => return tunable(dev, spec, c, x, w),
         DenseKernel::VulkanDepthRotateCl(c) => return tunable(dev, spec, c, x, w),

@@ -1,5 +1,5 @@
-//! Tuning the Vulkan shaders of `--op dense-conv` (`dense_direct`, and `dense_winograd`
-//! and `dense_coopmat` where they apply; on depthwise specs `tile`, `depth_rotate` and
+//! Tuning the Vulkan shaders of `--op dense-conv` (`dense_direct`, and `dense_winograd`,
+//! `dense_coopmat`, `dense_coopmat2` and `dense_winograd_coopmat2` where they apply; on depthwise specs `tile`, `depth_rotate` and
 //! `depth_rotate_cl`): the configs that fit a spec on the device (its shared memory and
 //! invocations, read from the device) searched with the same tuner as the convolutions
 //! and the GEMM (`tune::search`: exhaustive or evolutionary), each candidate checked
@@ -22,6 +22,9 @@ use crate::vulkan::dense_coopmat::{self, prepare_dense_coopmat, CoopmatConfig};
 use crate::vulkan::dense_coopmat2::{self, prepare_dense_coopmat2, Coopmat2Config};
 use crate::vulkan::dense_direct::{self, prepare_dense_direct, DirectConfig};
 use crate::vulkan::dense_winograd::{self, prepare_dense_winograd, WinogradConfig};
+use crate::vulkan::dense_winograd_coopmat2::{
+    self, prepare_dense_winograd_coopmat2, WinogradCoopmat2Config,
+};
 use crate::vulkan::depth_rotate::{self, prepare_depth_rotate, RotateConfig};
 use crate::vulkan::depth_rotate_cl::{self, prepare_depth_rotate_cl, RotateClConfig};
 use crate::vulkan::tile::{self, prepare_tile, TileConfig};
@@ -144,6 +147,11 @@ tunable!(
     WinogradConfig,
     dense_winograd::SOURCE,
     prepare_dense_winograd
+);
+tunable!(
+    WinogradCoopmat2Config,
+    dense_winograd_coopmat2::SOURCES,
+    prepare_dense_winograd_coopmat2
 );
 
 /// Why a depthwise shader does not take `spec`: not depthwise, or `applies` of its
@@ -316,11 +324,12 @@ pub fn tune_dense<S: TunableShader>(
 }
 
 /// The shaders `tune_dense_case` searches, by name: the dense ones, then the depthwise.
-pub const TUNED_SHADERS: [&str; 7] = [
+pub const TUNED_SHADERS: [&str; 8] = [
     DirectConfig::NAME,
     WinogradConfig::NAME,
     CoopmatConfig::NAME,
     Coopmat2Config::NAME,
+    WinogradCoopmat2Config::NAME,
     TileConfig::NAME,
     RotateConfig::NAME,
     RotateClConfig::NAME,
@@ -344,7 +353,7 @@ pub fn shaders_to_tune(
     }
     let depthwise = spec.is_depthwise();
     // Whether each shader takes the spec, and whether the ladder has it.
-    let shaders: [(&'static str, std::result::Result<(), String>, bool); 7] = [
+    let shaders: [(&'static str, std::result::Result<(), String>, bool); 8] = [
         (DirectConfig::NAME, Ok(()), !depthwise),
         (
             WinogradConfig::NAME,
@@ -359,6 +368,11 @@ pub fn shaders_to_tune(
         (
             Coopmat2Config::NAME,
             Coopmat2Config::applies(info, spec),
+            !depthwise,
+        ),
+        (
+            WinogradCoopmat2Config::NAME,
+            WinogradCoopmat2Config::applies(info, spec),
             !depthwise,
         ),
         (TileConfig::NAME, depthwise_applies(spec, |_| Ok(())), true),
@@ -394,8 +408,8 @@ pub fn shaders_to_tune(
 }
 
 /// `tune_dense` on one named case with the default cache (`tune.json`): on a dense or
-/// grouped spec `dense_direct`, and `dense_winograd`, `dense_coopmat` and
-/// `dense_coopmat2` where they apply; on a depthwise spec `tile`, and `depth_rotate` and `depth_rotate_cl` where they
+/// grouped spec `dense_direct`, and `dense_winograd`, `dense_coopmat`, `dense_coopmat2`
+/// and `dense_winograd_coopmat2` where they apply; on a depthwise spec `tile`, and `depth_rotate` and `depth_rotate_cl` where they
 /// apply (the bench's ladders). `only` (names of `TUNED_SHADERS`) picks instead, empty
 /// for the ladder; a shader it names that cannot take the spec is an error.
 #[allow(clippy::too_many_arguments)]
@@ -427,6 +441,9 @@ pub fn tune_dense_case(
             }
             Coopmat2Config::NAME => {
                 tune_dense::<Coopmat2Config>(dev, spec, plan, protocol, seed, c, progress)
+            }
+            WinogradCoopmat2Config::NAME => {
+                tune_dense::<WinogradCoopmat2Config>(dev, spec, plan, protocol, seed, c, progress)
             }
             TileConfig::NAME => {
                 tune_dense::<TileConfig>(dev, spec, plan, protocol, seed, c, progress)
@@ -499,6 +516,7 @@ mod tests {
             (&dw, "dense_coopmat", "cooperative matrix"),
             (&dense, "dense_coopmat2", "VK_NV_cooperative_matrix2"),
             (&dense, "dense_winograd", "3"),
+            (&dense, "dense_winograd_coopmat2", "3"),
             (&dw, "tiles", "one of"),
         ] {
             let e = shaders_to_tune(&info, s, &[name.to_string()])

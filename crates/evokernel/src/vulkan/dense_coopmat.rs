@@ -267,8 +267,7 @@ pub(crate) fn gemm_applies(spec: &DenseConvSpec) -> std::result::Result<(), Stri
 
 /// What the cooperative-matrix shaders' implicit GEMM takes on `spec` at K steps of `bk`
 /// with `tiles_n` tiles along N and `groups` workgroups: the packed weights (B) and the
-/// push constants (`dense_push_fields`, then M, the N tiles, K steps a tap, the
-/// workgroups and B's row length), each size checked to fit the shaders' 32-bit ints.
+/// push constants (`gemm_push`).
 pub(crate) fn gemm_operands(
     shader: &str,
     spec: &DenseConvSpec,
@@ -277,10 +276,24 @@ pub(crate) fn gemm_operands(
     tiles_n: usize,
     groups: usize,
 ) -> Result<(HostTensor, Vec<u8>)> {
-    let i32_of = |what: &str, v: usize| super::i32_of(shader, what, v);
     let packed = pack_weights(spec, w, bk)?;
+    super::i32_of(shader, "packed weight length", packed.len())?;
+    Ok((packed, gemm_push(shader, spec, bk, tiles_n, groups)?))
+}
+
+/// The implicit GEMM's push constants on `spec` at K steps of `bk` with `tiles_n` tiles
+/// along N and `groups` workgroups: `dense_push_fields`, then M, the N tiles, K steps a
+/// tap, the workgroups and B's row length, each size checked to fit the shaders' 32-bit
+/// ints.
+pub(crate) fn gemm_push(
+    shader: &str,
+    spec: &DenseConvSpec,
+    bk: usize,
+    tiles_n: usize,
+    groups: usize,
+) -> Result<Vec<u8>> {
+    let i32_of = |what: &str, v: usize| super::i32_of(shader, what, v);
     i32_of("input length", spec.input_len())?;
-    i32_of("packed weight length", packed.len())?;
     i32_of("output length", spec.output_len())?;
     let m_total = spec.n() * spec.geometry().output3().iter().product::<usize>();
     let mut ints = super::dense_push_fields(shader, spec)?;
@@ -293,7 +306,7 @@ pub(crate) fn gemm_operands(
     ] {
         ints.push(i32_of("a size", v)?);
     }
-    Ok((packed, super::push_bytes(&ints)))
+    Ok(super::push_bytes(&ints))
 }
 
 /// The shader with `config` (None: the device's default) prepared on device-local

@@ -162,7 +162,7 @@ impl Coopmat2Config {
         ]
     }
 
-    fn from_values(
+    pub(crate) fn from_values(
         [bm, bn, bk, threads, splits, ahead, products, late_loads, frags_ahead, persistent]: [u32;
             10],
     ) -> Self {
@@ -181,7 +181,7 @@ impl Coopmat2Config {
     }
 
     /// The GEMM's tiles on `spec`: along M, along N.
-    fn tiles(&self, spec: &DenseConvSpec) -> (usize, usize) {
+    pub(crate) fn tiles(&self, spec: &DenseConvSpec) -> (usize, usize) {
         let m_total = spec.n() * spec.geometry().output3().iter().product::<usize>();
         (
             m_total.div_ceil(self.bm as usize),
@@ -562,71 +562,100 @@ pub fn prepare_dense_coopmat2<'d>(
         || Coopmat2Config::default_for(info, spec),
         |c| c.fits(info, spec),
     )?;
-    let bk = config.bk as usize;
-    let g = spec.geometry();
-    let (tiles_m, tiles_n) = config.tiles(spec);
-    let groups = tiles_m * tiles_n * config.splits as usize;
-    let (bm, bn) = (config.bm as usize, config.bn as usize);
-    // Persistent: a workgroup an SM (`fits` refused it where the count is unknown).
-    let workgroups = match (config.persistent, info.compute_units) {
-        (1, Some(units)) => groups.min(units as usize),
-        _ => groups,
-    };
-    let grid = super::grid_for(info, workgroups)?;
-    let (packed, push) =
-        super::dense_coopmat::gemm_operands("dense_coopmat2", spec, w, bk, tiles_n, groups)?;
-    let [kd, kh, kw] = g.kernel3();
-    let constants = super::spec_constants(&[
-        config.threads as usize,
-        bm,
-        bn,
-        config.threads as usize,
-        kd,
-        kh,
-        kw,
-        g.stride3()[1],
-        g.stride3()[2],
-        g.dilation3()[1],
-        g.dilation3()[2],
-        config.shared_bytes() / 16,
-        bk,
-        config.splits as usize,
-        config.ahead as usize,
-    ]);
-    // Products a step, late loads and matrices read ahead: defines (written out in the
-    // shader), none at one product, early loads and matrices read where multiplied.
-    let mut defines = Vec::new();
-    if config.products != 1 {
-        defines.push(("PRODUCTS", config.products as usize));
-    }
-    if config.late_loads == 1 {
-        defines.push(("LATE_LOADS", 1));
-    }
-    if config.frags_ahead == 1 {
-        defines.push(("FRAGS_AHEAD", 1));
-    }
-    if config.persistent == 1 {
-        defines.push(("PERSISTENT", 1));
-    }
-    let source = if defines.is_empty() {
-        SOURCE.to_string()
-    } else {
-        super::shader::with_defines(SOURCE, &defines)
-    };
+    let gemm = GemmStage::new(info, spec, &config, &[])?;
+    let packed = super::dense_coopmat::pack_weights(spec, w, config.bk as usize)?;
     let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
     VulkanRun::new(
         dev,
         "dense_coopmat2",
-        &source,
-        &constants,
-        &push,
-        grid,
+        &gemm.source,
+        &gemm.constants,
+        &gemm.push,
+        gemm.grid,
         x,
         &packed,
         y,
         Some(config.scratch_bytes(spec)),
     )
     .map(|r| r.with_config(&config))
+}
+
+/// What a launch of the shader with `config` on `spec` takes, the weights aside (packed
+/// by the caller: `dense_coopmat`'s packing, or blocks of it with `B_BLOCK_ROWS`): its
+/// source with the config's defines and `extra` ones, specialization constants, push
+/// constants and workgroups.
+pub(crate) struct GemmStage {
+    pub source: String,
+    pub constants: Vec<(u32, u32)>,
+    pub push: Vec<u8>,
+    pub grid: [u32; 2],
+}
+
+impl GemmStage {
+    pub(crate) fn new(
+        info: &VulkanDeviceInfo,
+        spec: &DenseConvSpec,
+        config: &Coopmat2Config,
+        extra: &[(&str, usize)],
+    ) -> Result<Self> {
+        let bk = config.bk as usize;
+        let g = spec.geometry();
+        let (tiles_m, tiles_n) = config.tiles(spec);
+        let groups = tiles_m * tiles_n * config.splits as usize;
+        let (bm, bn) = (config.bm as usize, config.bn as usize);
+        // Persistent: a workgroup an SM (`fits` refused it where the count is unknown).
+        let workgroups = match (config.persistent, info.compute_units) {
+            (1, Some(units)) => groups.min(units as usize),
+            _ => groups,
+        };
+        let grid = super::grid_for(info, workgroups)?;
+        let push = super::dense_coopmat::gemm_push("dense_coopmat2", spec, bk, tiles_n, groups)?;
+        let [kd, kh, kw] = g.kernel3();
+        let constants = super::spec_constants(&[
+            config.threads as usize,
+            bm,
+            bn,
+            config.threads as usize,
+            kd,
+            kh,
+            kw,
+            g.stride3()[1],
+            g.stride3()[2],
+            g.dilation3()[1],
+            g.dilation3()[2],
+            config.shared_bytes() / 16,
+            bk,
+            config.splits as usize,
+            config.ahead as usize,
+        ]);
+        // Products a step, late loads and matrices read ahead: defines (written out in the
+        // shader), none at one product, early loads and matrices read where multiplied.
+        let mut defines = Vec::new();
+        if config.products != 1 {
+            defines.push(("PRODUCTS", config.products as usize));
+        }
+        if config.late_loads == 1 {
+            defines.push(("LATE_LOADS", 1));
+        }
+        if config.frags_ahead == 1 {
+            defines.push(("FRAGS_AHEAD", 1));
+        }
+        if config.persistent == 1 {
+            defines.push(("PERSISTENT", 1));
+        }
+        defines.extend_from_slice(extra);
+        let source = if defines.is_empty() {
+            SOURCE.to_string()
+        } else {
+            super::shader::with_defines(SOURCE, &defines)
+        };
+        Ok(GemmStage {
+            source,
+            constants,
+            push,
+            grid,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -985,63 +985,54 @@ impl ComputeKernel<'_> {
         }
         Ok(out)
     }
+}
 
-    /// One dispatch of `groups` workgroups with `push`, waited for; its device time in ms
-    /// from two timestamps around it where the queue has timestamps. Shader writes are
-    /// visible to the host and to transfers afterwards.
-    pub(crate) fn launch(&self, push: &[u8], groups: [u32; 2]) -> Result<Option<f64>> {
-        self.launch_repeated(push, groups, 1)
-    }
-
-    /// `reps` dispatches back to back in one submission (a barrier between each, so they
-    /// run one after the other as a stream's launches do), waited for; the device time a
-    /// dispatch in ms (the timestamps around the run over `reps`). A run keeps the GPU
-    /// busy, so its clocks are those of steady work, not of an idle GPU woken by one
-    /// dispatch whose submission and fence wait take longer than the kernel.
-    pub(crate) fn launch_repeated(
-        &self,
-        push: &[u8],
-        groups: [u32; 2],
-        reps: usize,
-    ) -> Result<Option<f64>> {
-        let reps = reps.max(1);
-        let dev = self.dev;
-        let max = dev.info.max_workgroup_count;
+/// `reps` runs back to back in one submission of `stages` (kernels of one device, each
+/// with its push constants and workgroups) in order, a barrier between every two
+/// dispatches (a stage reads what the one before it wrote, a run rewrites what the last
+/// one read), waited for; the device time a run in ms, from the first stage's timestamp
+/// queries around the whole, where the queue has timestamps. Repeated runs keep the GPU
+/// busy, so its clocks are those of steady work, not of an idle GPU woken by one dispatch
+/// whose submission and fence wait take longer than the kernel.
+pub(crate) fn launch_chain(
+    stages: &[(&ComputeKernel<'_>, &[u8], [u32; 2])],
+    reps: usize,
+) -> Result<Option<f64>> {
+    let reps = reps.max(1);
+    let Some(first) = stages.first() else {
+        return Ok(None);
+    };
+    let dev = first.0.dev;
+    let max = dev.info.max_workgroup_count;
+    for (_, _, groups) in stages {
         if groups[0] > max[0] || groups[1] > max[1] {
             return Err(Error::BackendUnavailable {
                 backend: "vulkan".into(),
                 reason: format!("{groups:?} workgroups exceed the device's {:?}", &max[..2]),
             });
         }
-        let d = &dev.device;
-        let o = &self.objects;
-        let mut once = Cleanup {
-            d: Some(d),
-            ..Cleanup::default()
-        };
-        // SAFETY: the pipeline, layout, set and query pool live as long as `self`; the
-        // command pool and fence are destroyed by `once` after the wait.
-        unsafe {
-            let (cmd_pool, cmd) = dev.command_buffer()?;
-            once.cmd_pool = cmd_pool;
-            let timed = o.queries != vk::QueryPool::null();
-            if timed {
-                d.cmd_reset_query_pool(cmd, o.queries, 0, 2);
-                d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::TOP_OF_PIPE, o.queries, 0);
-            }
-            d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, o.pipeline);
-            d.cmd_bind_descriptor_sets(
-                cmd,
-                vk::PipelineBindPoint::COMPUTE,
-                o.layout,
-                0,
-                &[self.set],
-                &[],
-            );
-            d.cmd_push_constants(cmd, o.layout, vk::ShaderStageFlags::COMPUTE, 0, push);
-            for r in 0..reps {
-                if r > 0 {
-                    // The next dispatch rewrites the output: after this one's writes.
+    }
+    let d = &dev.device;
+    let queries = first.0.objects.queries;
+    let mut once = Cleanup {
+        d: Some(d),
+        ..Cleanup::default()
+    };
+    // SAFETY: the pipelines, layouts, sets and query pool live as long as the kernels;
+    // the command pool and fence are destroyed by `once` after the wait.
+    unsafe {
+        let (cmd_pool, cmd) = dev.command_buffer()?;
+        once.cmd_pool = cmd_pool;
+        let timed = queries != vk::QueryPool::null();
+        if timed {
+            d.cmd_reset_query_pool(cmd, queries, 0, 2);
+            d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::TOP_OF_PIPE, queries, 0);
+        }
+        for r in 0..reps {
+            for (i, (k, push, groups)) in stages.iter().enumerate() {
+                if r > 0 || i > 0 {
+                    // After the dispatch before: its writes are this one's input, or what
+                    // it read this one rewrites.
                     let order = vk::MemoryBarrier::default()
                         .src_access_mask(vk::AccessFlags::SHADER_WRITE)
                         .dst_access_mask(
@@ -1057,39 +1048,53 @@ impl ComputeKernel<'_> {
                         &[],
                     );
                 }
+                // Bound again only where the stage changes (one stage: once a submission).
+                if r == 0 || stages.len() > 1 {
+                    let o = &k.objects;
+                    d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, o.pipeline);
+                    d.cmd_bind_descriptor_sets(
+                        cmd,
+                        vk::PipelineBindPoint::COMPUTE,
+                        o.layout,
+                        0,
+                        &[k.set],
+                        &[],
+                    );
+                    d.cmd_push_constants(cmd, o.layout, vk::ShaderStageFlags::COMPUTE, 0, push);
+                }
                 d.cmd_dispatch(cmd, groups[0], groups[1], 1);
             }
-            if timed {
-                d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, o.queries, 1);
-            }
-            // Shader writes visible to host reads and to the download's copy.
-            let barrier = vk::MemoryBarrier::default()
-                .src_access_mask(vk::AccessFlags::SHADER_WRITE)
-                .dst_access_mask(vk::AccessFlags::HOST_READ | vk::AccessFlags::TRANSFER_READ);
-            d.cmd_pipeline_barrier(
-                cmd,
-                vk::PipelineStageFlags::COMPUTE_SHADER,
-                vk::PipelineStageFlags::HOST | vk::PipelineStageFlags::TRANSFER,
-                vk::DependencyFlags::empty(),
-                &[barrier],
-                &[],
-                &[],
-            );
-            once.fence = dev.submit_and_wait(cmd)?;
-            if !timed {
-                return Ok(None);
-            }
-            let mut ticks = [0u64; 2];
-            d.get_query_pool_results(
-                o.queries,
-                0,
-                &mut ticks,
-                vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
-            )
-            .map_err(vk_err("vkGetQueryPoolResults"))?;
-            let ns = ticks[1].saturating_sub(ticks[0]) as f64 * dev.info.timestamp_period_ns as f64;
-            Ok(Some(ns * 1e-6 / reps as f64))
         }
+        if timed {
+            d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, queries, 1);
+        }
+        // Shader writes visible to host reads and to the download's copy.
+        let barrier = vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::SHADER_WRITE)
+            .dst_access_mask(vk::AccessFlags::HOST_READ | vk::AccessFlags::TRANSFER_READ);
+        d.cmd_pipeline_barrier(
+            cmd,
+            vk::PipelineStageFlags::COMPUTE_SHADER,
+            vk::PipelineStageFlags::HOST | vk::PipelineStageFlags::TRANSFER,
+            vk::DependencyFlags::empty(),
+            &[barrier],
+            &[],
+            &[],
+        );
+        once.fence = dev.submit_and_wait(cmd)?;
+        if !timed {
+            return Ok(None);
+        }
+        let mut ticks = [0u64; 2];
+        d.get_query_pool_results(
+            queries,
+            0,
+            &mut ticks,
+            vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+        )
+        .map_err(vk_err("vkGetQueryPoolResults"))?;
+        let ns = ticks[1].saturating_sub(ticks[0]) as f64 * dev.info.timestamp_period_ns as f64;
+        Ok(Some(ns * 1e-6 / reps as f64))
     }
 }
 

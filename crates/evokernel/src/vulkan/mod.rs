@@ -3,7 +3,8 @@
 //! device, never assumed), GLSL compiled to SPIR-V at run time (`shader`), prepared runs
 //! on device-local buffers (`VulkanRun`); the depthwise shaders (`naive`, `tile`,
 //! `depth_rotate`, `depth_rotate_cl`) and the dense ones (`dense_naive`, `dense_direct`,
-//! `dense_winograd`, `dense_coopmat` on cooperative matrices), each verified against the
+//! `dense_winograd`, `dense_coopmat` and `dense_coopmat2` on cooperative matrices,
+//! `dense_winograd_coopmat2` around the latter's GEMM), each verified against the
 //! oracle. Tested on Mesa's lavapipe (CPU) in CI and on the H100's NVIDIA driver; not on
 //! AMD hardware.
 
@@ -43,6 +44,7 @@ pub mod dense_coopmat2;
 pub mod dense_direct;
 pub mod dense_naive;
 pub mod dense_winograd;
+pub mod dense_winograd_coopmat2;
 pub mod depth_rotate;
 pub mod depth_rotate_cl;
 pub(crate) mod device;
@@ -83,22 +85,52 @@ pub(crate) fn source_for(
 
 /// A shader prepared once on device-local copies of an input and a weight and an output
 /// buffer: launched as often as a timing needs (each launch timed by timestamps around
-/// its dispatch alone), its output read back after.
+/// its dispatch alone), its output read back after. A run of several stages
+/// (`VulkanRun::chain`: transforms around a GEMM) dispatches them in order, timed as one.
 pub struct VulkanRun<'d> {
     dev: &'d VulkanDevice,
-    kernel: device::ComputeKernel<'d>,
-    // Declared after the kernel: dropped after it.
+    stages: Vec<Stage<'d>>,
+    // Declared after the kernels: dropped after them.
     _x: device::DeviceBuffer<'d>,
     _w: device::DeviceBuffer<'d>,
     y: device::DeviceBuffer<'d>,
-    /// A zeroed scratch buffer (binding 3) where the shader takes one.
-    _scratch: Option<device::DeviceBuffer<'d>>,
-    push: Vec<u8>,
-    grid: [u32; 2],
+    /// A zeroed scratch buffer (binding 3) where the shader takes one; a chain's
+    /// intermediate buffers.
+    _scratch: Vec<device::DeviceBuffer<'d>>,
     out: HostTensor,
     /// What runs, in its forced-config form (`dense_direct:threads_x=..`), or the
     /// shader's name where it has no config.
     config: String,
+}
+
+/// One dispatch of a run: its kernel (bound to its buffers), push constants, workgroups.
+struct Stage<'d> {
+    name: String,
+    kernel: device::ComputeKernel<'d>,
+    push: Vec<u8>,
+    grid: [u32; 2],
+}
+
+/// A buffer a chain's stage binds: the run's input, weight or output, or intermediate `i`
+/// (`ChainStage`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ChainBuffer {
+    Input,
+    Weight,
+    Output,
+    Intermediate(usize),
+}
+
+/// One stage of `VulkanRun::chain`: a shader (`name`, for the compile cache and the
+/// statistics), its specialization constants, push constants, workgroups and bindings (0..
+/// in order).
+pub(crate) struct ChainStage<'a> {
+    pub name: &'a str,
+    pub source: &'a str,
+    pub constants: Vec<(u32, u32)>,
+    pub push: Vec<u8>,
+    pub grid: [u32; 2],
+    pub bindings: Vec<ChainBuffer>,
 }
 
 impl<'d> VulkanRun<'d> {
@@ -119,34 +151,72 @@ impl<'d> VulkanRun<'d> {
         out: HostTensor,
         scratch: Option<usize>,
     ) -> Result<Self> {
-        let (spirv, _) = shader::compile_compute_cached(name, source)?;
+        let mut bindings = vec![ChainBuffer::Input, ChainBuffer::Weight, ChainBuffer::Output];
+        bindings.extend(scratch.map(|_| ChainBuffer::Intermediate(0)));
+        let stage = ChainStage {
+            name,
+            source,
+            constants: constants.to_vec(),
+            push: push.to_vec(),
+            grid,
+            bindings,
+        };
+        Self::chain(dev, x, w, out, &Vec::from_iter(scratch), vec![stage])
+    }
+
+    /// `stages` compiled and bound to device-local copies of `x` and `w`, an output buffer
+    /// for `out` and zeroed intermediate buffers of `intermediates` bytes each; a launch
+    /// dispatches the stages in order, a barrier between each.
+    pub(crate) fn chain(
+        dev: &'d VulkanDevice,
+        x: &HostTensor,
+        w: &HostTensor,
+        out: HostTensor,
+        intermediates: &[usize],
+        stages: Vec<ChainStage<'_>>,
+    ) -> Result<Self> {
         let bx = dev.device_buffer(x.size_bytes())?;
         let bw = dev.device_buffer(w.size_bytes())?;
         let y = dev.device_buffer(out.size_bytes())?;
         dev.upload(&bx, x.as_bytes())?;
         dev.upload(&bw, w.as_bytes())?;
-        let scratch = match scratch {
-            Some(bytes) => {
-                let b = dev.device_buffer(bytes)?;
-                dev.upload(&b, &vec![0u8; b.bytes])?;
-                Some(b)
-            }
-            None => None,
-        };
-        let mut buffers = vec![bx.buffer, bw.buffer, y.buffer];
-        buffers.extend(scratch.as_ref().map(|b| b.buffer));
-        let kernel = dev.kernel(&spirv, constants, &buffers, push.len())?;
+        let mut scratch = Vec::new();
+        for &bytes in intermediates {
+            let b = dev.device_buffer(bytes)?;
+            dev.upload(&b, &vec![0u8; b.bytes])?;
+            scratch.push(b);
+        }
+        let mut prepared = Vec::new();
+        for st in stages {
+            let (spirv, _) = shader::compile_compute_cached(st.name, st.source)?;
+            let buffers: Vec<_> = st
+                .bindings
+                .iter()
+                .map(|b| match b {
+                    ChainBuffer::Input => bx.buffer,
+                    ChainBuffer::Weight => bw.buffer,
+                    ChainBuffer::Output => y.buffer,
+                    ChainBuffer::Intermediate(i) => scratch[*i].buffer,
+                })
+                .collect();
+            let kernel = dev.kernel(&spirv, &st.constants, &buffers, st.push.len())?;
+            prepared.push(Stage {
+                name: st.name.to_string(),
+                kernel,
+                push: st.push,
+                grid: st.grid,
+            });
+        }
+        let config = prepared.first().map(|s| s.name.clone()).unwrap_or_default();
         Ok(VulkanRun {
             dev,
-            kernel,
+            stages: prepared,
             _x: bx,
             _w: bw,
             y,
             _scratch: scratch,
-            push: push.to_vec(),
-            grid,
             out,
-            config: name.to_string(),
+            config,
         })
     }
 
@@ -163,20 +233,38 @@ impl<'d> VulkanRun<'d> {
 
     /// One launch, waited for: its device time in ms where the queue has timestamps.
     pub fn launch(&self) -> Result<Option<f64>> {
-        self.kernel.launch(&self.push, self.grid)
+        self.launch_repeated(1)
     }
 
     /// `reps` launches back to back in one submission, waited for: the device time a
     /// launch in ms where the queue has timestamps (what a timing sample takes).
     pub fn launch_repeated(&self, reps: usize) -> Result<Option<f64>> {
-        self.kernel.launch_repeated(&self.push, self.grid, reps)
+        let stages: Vec<_> = self
+            .stages
+            .iter()
+            .map(|s| (&s.kernel, s.push.as_slice(), s.grid))
+            .collect();
+        device::launch_chain(&stages, reps)
     }
 
     /// The driver's statistics of the compiled shader (`name value`, e.g. NVIDIA's
     /// register count): what the resource report of a CUDA kernel says, where the device
-    /// reports it (`VK_KHR_pipeline_executable_properties`); empty elsewhere.
+    /// reports it (`VK_KHR_pipeline_executable_properties`); empty elsewhere. A chain's
+    /// each prefixed by its stage's shader (`name: ...`).
     pub fn statistics(&self) -> Result<Vec<String>> {
-        self.kernel.statistics()
+        if let [one] = self.stages.as_slice() {
+            return one.kernel.statistics();
+        }
+        let mut out = Vec::new();
+        for s in &self.stages {
+            out.extend(
+                s.kernel
+                    .statistics()?
+                    .into_iter()
+                    .map(|v| format!("{}: {v}", s.name)),
+            );
+        }
+        Ok(out)
     }
 
     /// The output of the last launch.
