@@ -722,6 +722,15 @@ pub fn dense(cases: &[evokernel::dense::bench::DenseCaseReport]) -> String {
         for k in c.candidates.iter().filter(|k| !k.resources.is_empty()) {
             out += &format!("\n{}: {}: {}", c.name, k.kernel, k.resources.join(", "));
         }
+        // Where a kernel of several dispatches spends its time.
+        for k in c.candidates.iter().filter(|k| !k.stages.is_empty()) {
+            let stages: Vec<String> = k
+                .stages
+                .iter()
+                .map(|(name, ms)| format!("{name} {ms:.4} ms"))
+                .collect();
+            out += &format!("\n{}: {}: stages {}", c.name, k.kernel, stages.join(", "));
+        }
     }
     out
 }

@@ -2054,3 +2054,19 @@ fn winograd_coopmat2_matches_the_oracle() {
     }
     eprintln!("{ran} runs of {} specs passed", specs.len());
 }
+
+/// The Winograd transforms on any device (lavapipe in CI): input transform, the 16 GEMMs
+/// on the host, output transform, against the f64 oracle at f16's tolerance on random 3 x
+/// 3 stride-1 specs (asymmetric padding, ragged tiles, 1 x 3 x 3 kernels over depth
+/// slices with depth stride): what `dense_winograd_coopmat2` runs around its GEMM.
+#[test]
+fn winograd_transforms_match_the_oracle_on_any_device() {
+    use evokernel::vulkan::dense_winograd_coopmat2::transforms_with_host_gemm;
+    // (Their buffers are 16-byte words: no 16-bit storage needed.)
+    let dev = device();
+    for (i, spec) in random_winograd_specs(16, 2037).iter().enumerate() {
+        let (x, w) = coopmat_operands(spec, 4 * (1300 + i as u64) + 1);
+        let got = transforms_with_host_gemm(&dev, spec, &x, &w);
+        assert_f16_matches_oracle(spec, &x, &w, got, "transforms");
+    }
+}

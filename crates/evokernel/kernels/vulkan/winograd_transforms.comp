@@ -10,7 +10,6 @@
 //     outputs (A^T M A), those inside the output written.
 // The tiles: m = ((b * od + d) * th + ty) * tw + tx over the output's depth slices (a
 // kernel of one tap in depth: output slice d reads input slice d * sd - pd, zero outside).
-#extension GL_EXT_shader_explicit_arithmetic_types_float16 : enable
 
 layout(local_size_x_id = 0) in;
 

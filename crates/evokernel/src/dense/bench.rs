@@ -134,6 +134,10 @@ pub struct DenseCandidate {
     /// size), where the device reports them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub resources: Vec<String>,
+    /// A kernel of several dispatches (`dense_winograd_coopmat2`): the time in each (its
+    /// shader, ms), medians of the last launch of runs like a timing sample's.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<(String, f64)>,
 }
 
 /// One case of a dense bench.
@@ -218,6 +222,7 @@ pub fn bench_dense(
                 error: Some(e.to_string()),
                 vs_reference: None,
                 resources: Vec::new(),
+                stages: Vec::new(),
             },
         };
         candidates.push(c);
@@ -420,6 +425,11 @@ fn run_one(
         Some(run) => run.statistics().map_err(named(&label))?,
         None => Vec::new(),
     };
+    // Where the time of a timed chain goes: five runs of 20 launches (steady clocks).
+    let stages = match (&vulkan, &timing) {
+        (Some(run), Some(_)) => run.stage_times(5, 20).map_err(named(&label))?,
+        _ => Vec::new(),
+    };
     Ok(DenseCandidate {
         kernel: label,
         backend: kernel.backend(),
@@ -431,6 +441,7 @@ fn run_one(
         error: None,
         vs_reference: None,
         resources,
+        stages,
     })
 }
 

@@ -259,6 +259,79 @@ pub fn prepare_dense_winograd_coopmat2<'d>(
     VulkanRun::chain(dev, x, &packed, y, &intermediates, stages).map(|r| r.with_config(&config))
 }
 
+/// The two transforms on `dev` with the 16 GEMMs between them on the host (f32 sums of
+/// the f16 products, M rounded to f16 as the GEMM's epilogue rounds it): the transforms'
+/// indexing (padding, ragged tiles, depth slices) checked on any device, lavapipe in CI
+/// included, where the variant itself needs the workgroup-scope matrices. Not a kernel of
+/// the ladder: a check.
+pub fn transforms_with_host_gemm(
+    dev: &VulkanDevice,
+    spec: &DenseConvSpec,
+    x: &HostTensor,
+    w: &HostTensor,
+) -> Result<HostTensor> {
+    let refused = |reason: String| Error::NotApplicable {
+        variant: "winograd transforms".into(),
+        spec: spec.to_string(),
+        reason,
+    };
+    super::dense_winograd::WinogradConfig::applies(spec).map_err(refused)?;
+    super::dense_coopmat::gemm_applies(spec).map_err(refused)?;
+    x.expect("input", spec.dtype(), spec.input_len())?;
+    let (cin, cout, tiles) = (spec.in_channels(), spec.out_channels(), tiles(spec));
+    let rows = tiles.next_multiple_of(32);
+    let info = dev.info();
+    let threads = TRANSFORM_THREADS.min(info.max_workgroup_invocations) as usize;
+    let one_stage = |input: &HostTensor, out: HostTensor, channels: usize, items: usize, output| {
+        let source = match output {
+            true => super::shader::with_defines(TRANSFORMS, &[("OUTPUT_TRANSFORM", 1)]),
+            false => TRANSFORMS.to_string(),
+        };
+        let stage = ChainStage {
+            name: "winograd_transform",
+            source: &source,
+            constants: super::spec_constants(&[threads]),
+            push: transform_push(spec, channels, rows)?,
+            grid: super::grid_for(info, items.div_ceil(threads))?,
+            bindings: vec![ChainBuffer::Input, ChainBuffer::Output],
+        };
+        let unused = HostTensor::zeros(DType::F32, &[1]);
+        let run = VulkanRun::chain(dev, input, &unused, out, &[], vec![stage])?;
+        run.launch()?;
+        run.output()
+    };
+    let v = one_stage(
+        x,
+        HostTensor::zeros(DType::F16, &[POINTS * rows * cin]),
+        cin,
+        rows * cin / 8,
+        false,
+    )?;
+    let u = super::dense_winograd::transform_weights(spec, w)?;
+    let mut m = vec![half::f16::ZERO; POINTS * rows * cout];
+    for p in 0..POINTS {
+        for t in 0..tiles {
+            for co in 0..cout {
+                let mut acc = 0f32;
+                for ci in 0..cin {
+                    let a = v.get_f64((p * rows + t) * cin + ci) as f32;
+                    let b = half::f16::from_f32(u[(co * cin + ci) * POINTS + p]).to_f32();
+                    acc += a * b;
+                }
+                m[(p * rows + t) * cout + co] = half::f16::from_f32(acc);
+            }
+        }
+    }
+    let m = HostTensor::from_data(&[m.len()], TensorData::F16(m))?;
+    one_stage(
+        &m,
+        HostTensor::zeros(spec.dtype(), &spec.output_shape()),
+        cout,
+        tiles * cout / 8,
+        true,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -319,6 +392,23 @@ mod tests {
         // Padding (ci 8.., co 12..) is zero.
         assert_eq!(b.get_f64(9 * cout_pad), 0.0);
         assert_eq!(b.get_f64(13), 0.0);
+    }
+
+    /// Both transforms and the batched GEMM compile (glslang, here: no device needed).
+    #[test]
+    fn its_shaders_compile() {
+        use crate::vulkan::shader::{compile_compute, with_defines};
+        compile_compute("input", TRANSFORMS).unwrap();
+        compile_compute(
+            "output",
+            &with_defines(TRANSFORMS, &[("OUTPUT_TRANSFORM", 1)]),
+        )
+        .unwrap();
+        let gemm = with_defines(
+            crate::vulkan::dense_coopmat2::SOURCE,
+            &[("B_BLOCK_ROWS", 512), ("FRAGS_AHEAD", 1), ("PERSISTENT", 1)],
+        );
+        compile_compute("gemm", &gemm).unwrap();
     }
 
     /// It takes what Winograd and the workgroup-scope GEMM both take, and says why not.

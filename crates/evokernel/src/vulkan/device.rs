@@ -998,6 +998,18 @@ pub(crate) fn launch_chain(
     stages: &[(&ComputeKernel<'_>, &[u8], [u32; 2])],
     reps: usize,
 ) -> Result<Option<f64>> {
+    Ok(launch_chain_timed(stages, reps, false)?.map(|t| t.0))
+}
+
+/// `launch_chain`, and where `per_stage` (and there are two stages or more), the last
+/// run's time in each stage (ms; from the end of the stage before, its barrier's wait
+/// included). The second stage's queries hold the last run's start and the first stage's
+/// end, each later stage's the end of the one before it.
+pub(crate) fn launch_chain_timed(
+    stages: &[(&ComputeKernel<'_>, &[u8], [u32; 2])],
+    reps: usize,
+    per_stage: bool,
+) -> Result<Option<(f64, Vec<f64>)>> {
     let reps = reps.max(1);
     let Some(first) = stages.first() else {
         return Ok(None);
@@ -1026,6 +1038,11 @@ pub(crate) fn launch_chain(
         let timed = queries != vk::QueryPool::null();
         if timed {
             d.cmd_reset_query_pool(cmd, queries, 0, 2);
+            if per_stage {
+                for (k, _, _) in &stages[1..] {
+                    d.cmd_reset_query_pool(cmd, k.objects.queries, 0, 2);
+                }
+            }
             d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::TOP_OF_PIPE, queries, 0);
         }
         for r in 0..reps {
@@ -1062,7 +1079,17 @@ pub(crate) fn launch_chain(
                     );
                     d.cmd_push_constants(cmd, o.layout, vk::ShaderStageFlags::COMPUTE, 0, push);
                 }
+                let staged = timed && per_stage && r + 1 == reps && stages.len() > 1;
+                if staged && i == 0 {
+                    // The last run starts where the work before it ends.
+                    let pool = stages[1].0.objects.queries;
+                    d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, pool, 1);
+                }
                 d.cmd_dispatch(cmd, groups[0], groups[1], 1);
+                if staged && i + 1 < stages.len() {
+                    let pool = stages[i + 1].0.objects.queries;
+                    d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, pool, 0);
+                }
             }
         }
         if timed {
@@ -1085,16 +1112,37 @@ pub(crate) fn launch_chain(
         if !timed {
             return Ok(None);
         }
-        let mut ticks = [0u64; 2];
-        d.get_query_pool_results(
-            queries,
-            0,
-            &mut ticks,
-            vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
-        )
-        .map_err(vk_err("vkGetQueryPoolResults"))?;
-        let ns = ticks[1].saturating_sub(ticks[0]) as f64 * dev.info.timestamp_period_ns as f64;
-        Ok(Some(ns * 1e-6 / reps as f64))
+        // Query `at` of `pool` (one written this submission: waiting on one that was not
+        // would never return).
+        let read = |pool: vk::QueryPool, at: u32| -> Result<u64> {
+            let mut ticks = [0u64; 1];
+            d.get_query_pool_results(
+                pool,
+                at,
+                &mut ticks,
+                vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+            )
+            .map_err(vk_err("vkGetQueryPoolResults"))?;
+            Ok(ticks[0])
+        };
+        let ms = |ticks: u64| ticks as f64 * dev.info.timestamp_period_ns as f64 * 1e-6;
+        let whole = [read(queries, 0)?, read(queries, 1)?];
+        let mut stage_ms = Vec::new();
+        if per_stage && stages.len() > 1 {
+            let mut marks = vec![read(stages[1].0.objects.queries, 1)?];
+            for (k, _, _) in &stages[1..] {
+                marks.push(read(k.objects.queries, 0)?);
+            }
+            marks.push(whole[1]);
+            stage_ms = marks
+                .windows(2)
+                .map(|w| ms(w[1].saturating_sub(w[0])))
+                .collect();
+        }
+        Ok(Some((
+            ms(whole[1].saturating_sub(whole[0])) / reps as f64,
+            stage_ms,
+        )))
     }
 }
 

@@ -247,6 +247,38 @@ impl<'d> VulkanRun<'d> {
         device::launch_chain(&stages, reps)
     }
 
+    /// A chain's time in each stage (its shader's name and ms; from the end of the stage
+    /// before, the barrier's wait included), the median over `samples` runs of `reps`
+    /// launches each (the last launch of a run split by stage); empty for one stage or
+    /// where the queue has no timestamps.
+    pub fn stage_times(&self, samples: usize, reps: usize) -> Result<Vec<(String, f64)>> {
+        if self.stages.len() < 2 {
+            return Ok(Vec::new());
+        }
+        let stages: Vec<_> = self
+            .stages
+            .iter()
+            .map(|s| (&s.kernel, s.push.as_slice(), s.grid))
+            .collect();
+        let mut runs = Vec::new();
+        for _ in 0..samples.max(1) {
+            match device::launch_chain_timed(&stages, reps, true)? {
+                Some((_, per_stage)) => runs.push(per_stage),
+                None => return Ok(Vec::new()),
+            }
+        }
+        Ok(self
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let mut v: Vec<f64> = runs.iter().map(|r| r[i]).collect();
+                v.sort_by(f64::total_cmp);
+                (s.name.clone(), v[v.len() / 2])
+            })
+            .collect())
+    }
+
     /// The driver's statistics of the compiled shader (`name value`, e.g. NVIDIA's
     /// register count): what the resource report of a CUDA kernel says, where the device
     /// reports it (`VK_KHR_pipeline_executable_properties`); empty elsewhere. A chain's
