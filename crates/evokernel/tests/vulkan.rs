@@ -1665,6 +1665,18 @@ fn coopmat2_twice_matches_the_oracle(
 ) {
     let (x, w) = coopmat_operands(spec, seed);
     let run = prepare_dense_coopmat2(dev, spec, &x, &w, Some(config)).unwrap();
+    twice_matches_the_oracle(&run, spec, &x, &w, &config.to_string());
+}
+
+/// A prepared f16 run on `spec`, `x`, `w` (`what` names its config) launched twice: the
+/// same bits both times, and the oracle's outputs at f16's tolerance.
+fn twice_matches_the_oracle(
+    run: &evokernel::vulkan::VulkanRun<'_>,
+    spec: &DenseConvSpec,
+    x: &HostTensor,
+    w: &HostTensor,
+    what: &str,
+) {
     run.launch().unwrap();
     let first = run.output().unwrap();
     run.launch().unwrap();
@@ -1672,9 +1684,9 @@ fn coopmat2_twice_matches_the_oracle(
     assert_eq!(
         first.as_bytes(),
         second.as_bytes(),
-        "{spec} {config}: bits differ"
+        "{spec} {what}: bits differ"
     );
-    assert_f16_matches_oracle(spec, &x, &w, Ok(first), &config.to_string());
+    assert_f16_matches_oracle(spec, x, w, Ok(first), what);
 }
 
 /// `got` (a cooperative-matrix shader's output on `spec`, `x`, `w`; `what` names the
@@ -2057,16 +2069,7 @@ fn winograd_coopmat2_matches_the_oracle() {
             // Seeds 4k + 1: finite operands.
             let (x, w) = coopmat_operands(spec, 4 * (1200 + i as u64) + 1);
             let run = prepare_dense_winograd_coopmat2(&dev, spec, &x, &w, Some(f)).unwrap();
-            run.launch().unwrap();
-            let first = run.output().unwrap();
-            run.launch().unwrap();
-            let second = run.output().unwrap();
-            assert_eq!(
-                first.as_bytes(),
-                second.as_bytes(),
-                "{spec} {f}: bits differ"
-            );
-            assert_f16_matches_oracle(spec, &x, &w, Ok(first), &f.to_string());
+            twice_matches_the_oracle(&run, spec, &x, &w, &f.to_string());
             ran += 1;
         }
     }
