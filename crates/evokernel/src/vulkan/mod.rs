@@ -94,9 +94,9 @@ pub struct VulkanRun<'d> {
     _x: device::DeviceBuffer<'d>,
     _w: device::DeviceBuffer<'d>,
     y: device::DeviceBuffer<'d>,
-    /// A zeroed scratch buffer (binding 3) where the shader takes one; a chain's
-    /// intermediate buffers.
-    _scratch: Vec<device::DeviceBuffer<'d>>,
+    /// Zeroed buffers the stages keep between them (a chain's intermediates) or across
+    /// their workgroups (a shader's scratch, binding 3).
+    _intermediates: Vec<device::DeviceBuffer<'d>>,
     out: HostTensor,
     /// What runs, in its forced-config form (`dense_direct:threads_x=..`), or the
     /// shader's name where it has no config.
@@ -180,25 +180,36 @@ impl<'d> VulkanRun<'d> {
         let y = dev.device_buffer(out.size_bytes())?;
         dev.upload(&bx, x.as_bytes())?;
         dev.upload(&bw, w.as_bytes())?;
-        let mut scratch = Vec::new();
+        let mut kept = Vec::new();
         for &bytes in intermediates {
             let b = dev.device_buffer(bytes)?;
             dev.upload(&b, &vec![0u8; b.bytes])?;
-            scratch.push(b);
+            kept.push(b);
         }
         let mut prepared = Vec::new();
         for st in stages {
             let (spirv, _) = shader::compile_compute_cached(st.name, st.source)?;
-            let buffers: Vec<_> = st
+            let buffers = st
                 .bindings
                 .iter()
                 .map(|b| match b {
-                    ChainBuffer::Input => bx.buffer,
-                    ChainBuffer::Weight => bw.buffer,
-                    ChainBuffer::Output => y.buffer,
-                    ChainBuffer::Intermediate(i) => scratch[*i].buffer,
+                    ChainBuffer::Input => Ok(bx.buffer),
+                    ChainBuffer::Weight => Ok(bw.buffer),
+                    ChainBuffer::Output => Ok(y.buffer),
+                    ChainBuffer::Intermediate(i) => {
+                        kept.get(*i)
+                            .map(|b| b.buffer)
+                            .ok_or_else(|| Error::BackendUnavailable {
+                                backend: "vulkan".into(),
+                                reason: format!(
+                                    "stage {} binds intermediate {i} of {}",
+                                    st.name,
+                                    kept.len()
+                                ),
+                            })
+                    }
                 })
-                .collect();
+                .collect::<Result<Vec<_>>>()?;
             let kernel = dev.kernel(&spirv, &st.constants, &buffers, st.push.len())?;
             prepared.push(Stage {
                 name: st.name.to_string(),
@@ -214,7 +225,7 @@ impl<'d> VulkanRun<'d> {
             _x: bx,
             _w: bw,
             y,
-            _scratch: scratch,
+            _intermediates: kept,
             out,
             config,
         })
