@@ -55,7 +55,8 @@ pub struct Coopmat2Config {
     /// barrier the MMAs start on operands already in registers (with `ahead` 1, early
     /// loads, 1 or 2 products; with `ahead` 2 it ran slower, run 432). H200 run 429:
     /// ResNet-50's 14 x 14 at 96 x 128 0.0361 -> 0.0344 ms, video-vae-3d at 128 x 128
-    /// 0.2907 -> 0.2672 (the loop without branches both sides). Serialized configs without the field read as 0.
+    /// 0.2907 -> 0.2672 (the loop without branches both sides). Serialized configs without
+    /// the field read as 0.
     #[serde(default)]
     pub frags_ahead: u32,
     /// 1: one workgroup an SM (the grid is the device's SM count) takes tiles g, g + the

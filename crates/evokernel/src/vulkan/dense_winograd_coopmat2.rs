@@ -184,6 +184,55 @@ fn transform_push(spec: &DenseConvSpec, channels: usize, rows: usize) -> Result<
     Ok(super::push_bytes(&ints))
 }
 
+/// Which of the two transforms a stage runs.
+#[derive(Clone, Copy)]
+enum Transform {
+    /// The input's patches to V (Cin channels, every row of the GEMM's).
+    Input,
+    /// M to the outputs (Cout channels, the tiles).
+    Output,
+}
+
+/// The transform's stage on `spec` with the GEMM's `rows` a point: one invocation a row's
+/// (or tile's) 8 channels, bound to `bindings` (what it reads, what it writes).
+fn transform_stage(
+    info: &VulkanDeviceInfo,
+    spec: &DenseConvSpec,
+    which: Transform,
+    rows: usize,
+    bindings: [ChainBuffer; 2],
+) -> Result<ChainStage<'static>> {
+    let threads = TRANSFORM_THREADS.min(info.max_workgroup_invocations) as usize;
+    let (name, source, channels, items) = match which {
+        Transform::Input => {
+            let cin = spec.in_channels();
+            (
+                "winograd_input_transform",
+                TRANSFORMS.to_string(),
+                cin,
+                rows * cin / 8,
+            )
+        }
+        Transform::Output => {
+            let cout = spec.out_channels();
+            (
+                "winograd_output_transform",
+                super::shader::with_defines(TRANSFORMS, &[("OUTPUT_TRANSFORM", 1)]),
+                cout,
+                tiles(spec) * cout / 8,
+            )
+        }
+    };
+    Ok(ChainStage {
+        name,
+        source,
+        constants: super::spec_constants(&[threads]),
+        push: transform_push(spec, channels, rows)?,
+        grid: super::grid_for(info, items.div_ceil(threads))?,
+        bindings: bindings.to_vec(),
+    })
+}
+
 /// The three dispatches with `config` (None: the device's default) prepared on
 /// device-local copies of `x` and the transformed, packed `w` (host work, outside every
 /// launch), with V and M as intermediate buffers.
@@ -214,23 +263,25 @@ pub fn prepare_dense_winograd_coopmat2<'d>(
         packed.len(),
     )?;
     let (cin, cout) = (spec.in_channels(), spec.out_channels());
-    let threads = TRANSFORM_THREADS.min(info.max_workgroup_invocations) as usize;
-    let groups = |items: usize| super::grid_for(info, items.div_ceil(threads));
-    let input_source = TRANSFORMS.to_string();
-    let output_source = super::shader::with_defines(TRANSFORMS, &[("OUTPUT_TRANSFORM", 1)]);
-    let constants = super::spec_constants(&[threads]);
+    let input = transform_stage(
+        info,
+        spec,
+        Transform::Input,
+        rows,
+        [ChainBuffer::Input, ChainBuffer::Intermediate(0)],
+    )?;
+    let output = transform_stage(
+        info,
+        spec,
+        Transform::Output,
+        rows,
+        [ChainBuffer::Intermediate(1), ChainBuffer::Output],
+    )?;
     let stages = vec![
-        ChainStage {
-            name: "winograd_input_transform",
-            source: &input_source,
-            constants: constants.clone(),
-            push: transform_push(spec, cin, rows)?,
-            grid: groups(rows * cin / 8)?,
-            bindings: vec![ChainBuffer::Input, ChainBuffer::Intermediate(0)],
-        },
+        input,
         ChainStage {
             name: "dense_coopmat2",
-            source: &gemm.source,
+            source: gemm.source,
             constants: gemm.constants,
             push: gemm.push,
             grid: gemm.grid,
@@ -241,14 +292,7 @@ pub fn prepare_dense_winograd_coopmat2<'d>(
                 ChainBuffer::Intermediate(2),
             ],
         },
-        ChainStage {
-            name: "winograd_output_transform",
-            source: &output_source,
-            constants,
-            push: transform_push(spec, cout, rows)?,
-            grid: groups(tiles(spec) * cout / 8)?,
-            bindings: vec![ChainBuffer::Intermediate(1), ChainBuffer::Output],
-        },
+        output,
     ];
     let intermediates = [
         2 * POINTS * rows * cin,
@@ -279,35 +323,22 @@ pub fn transforms_with_host_gemm(
     super::dense_coopmat::gemm_applies(spec).map_err(refused)?;
     x.expect("input", spec.dtype(), spec.input_len())?;
     let (cin, cout, tiles) = (spec.in_channels(), spec.out_channels(), tiles(spec));
+    // Rows padded as a GEMM's tile height would pad them.
     let rows = tiles.next_multiple_of(32);
     let info = dev.info();
-    let threads = TRANSFORM_THREADS.min(info.max_workgroup_invocations) as usize;
-    let one_stage = |input: &HostTensor, out: HostTensor, channels: usize, items: usize, output| {
-        let source = match output {
-            true => super::shader::with_defines(TRANSFORMS, &[("OUTPUT_TRANSFORM", 1)]),
-            false => TRANSFORMS.to_string(),
-        };
-        let stage = ChainStage {
-            name: "winograd_transform",
-            source: &source,
-            constants: super::spec_constants(&[threads]),
-            push: transform_push(spec, channels, rows)?,
-            grid: super::grid_for(info, items.div_ceil(threads))?,
-            bindings: vec![ChainBuffer::Input, ChainBuffer::Output],
-        };
+    let one_stage = |input: &HostTensor, out: HostTensor, which: Transform| {
+        let bindings = [ChainBuffer::Input, ChainBuffer::Output];
+        let stage = transform_stage(info, spec, which, rows, bindings)?;
         let unused = HostTensor::zeros(DType::F32, &[1]);
         let run = VulkanRun::chain(dev, input, &unused, out, &[], vec![stage])?;
         run.launch()?;
         run.output()
     };
-    let v = one_stage(
-        x,
-        HostTensor::zeros(DType::F16, &[POINTS * rows * cin]),
-        cin,
-        rows * cin / 8,
-        false,
-    )?;
-    let u = super::dense_winograd::transform_weights(spec, w)?;
+    let v = HostTensor::zeros(DType::F16, &[POINTS * rows * cin]);
+    let v = one_stage(x, v, Transform::Input)?;
+    // The GEMM's B as the variant packs it (Cin a multiple of 8: no K padding at bk 8).
+    let u = pack_transformed(spec, w, 8)?;
+    let cout_pad = cout.next_multiple_of(8);
     let mut m = vec![half::f16::ZERO; POINTS * rows * cout];
     for p in 0..POINTS {
         for t in 0..tiles {
@@ -315,7 +346,7 @@ pub fn transforms_with_host_gemm(
                 let mut acc = 0f32;
                 for ci in 0..cin {
                     let a = v.get_f64((p * rows + t) * cin + ci) as f32;
-                    let b = half::f16::from_f32(u[(co * cin + ci) * POINTS + p]).to_f32();
+                    let b = u.get_f64((p * cin + ci) * cout_pad + co) as f32;
                     acc += a * b;
                 }
                 m[(p * rows + t) * cout + co] = half::f16::from_f32(acc);
@@ -323,13 +354,8 @@ pub fn transforms_with_host_gemm(
         }
     }
     let m = HostTensor::from_data(&[m.len()], TensorData::F16(m))?;
-    one_stage(
-        &m,
-        HostTensor::zeros(spec.dtype(), &spec.output_shape()),
-        cout,
-        tiles * cout / 8,
-        true,
-    )
+    let y = HostTensor::zeros(spec.dtype(), &spec.output_shape());
+    one_stage(&m, y, Transform::Output)
 }
 
 #[cfg(test)]

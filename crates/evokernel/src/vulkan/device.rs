@@ -706,17 +706,17 @@ impl VulkanDevice {
             cleanup.cmd_pool = cmd_pool;
             let region = [vk::BufferCopy::default().size(bytes as u64)];
             d.cmd_copy_buffer(cmd, src, dst, &region);
-            let barrier = vk::MemoryBarrier::default()
-                .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
-                .dst_access_mask(vk::AccessFlags::HOST_READ | vk::AccessFlags::SHADER_READ);
-            d.cmd_pipeline_barrier(
+            memory_barrier(
+                d,
                 cmd,
-                vk::PipelineStageFlags::TRANSFER,
-                vk::PipelineStageFlags::HOST | vk::PipelineStageFlags::COMPUTE_SHADER,
-                vk::DependencyFlags::empty(),
-                &[barrier],
-                &[],
-                &[],
+                (
+                    vk::PipelineStageFlags::TRANSFER,
+                    vk::AccessFlags::TRANSFER_WRITE,
+                ),
+                (
+                    vk::PipelineStageFlags::HOST | vk::PipelineStageFlags::COMPUTE_SHADER,
+                    vk::AccessFlags::HOST_READ | vk::AccessFlags::SHADER_READ,
+                ),
             );
             cleanup.fence = self.submit_and_wait(cmd)?;
         }
@@ -1045,24 +1045,20 @@ pub(crate) fn launch_chain_timed(
             }
             d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::TOP_OF_PIPE, queries, 0);
         }
+        let compute = vk::PipelineStageFlags::COMPUTE_SHADER;
         for r in 0..reps {
             for (i, (k, push, groups)) in stages.iter().enumerate() {
                 if r > 0 || i > 0 {
                     // After the dispatch before: its writes are this one's input, or what
                     // it read this one rewrites.
-                    let order = vk::MemoryBarrier::default()
-                        .src_access_mask(vk::AccessFlags::SHADER_WRITE)
-                        .dst_access_mask(
-                            vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE,
-                        );
-                    d.cmd_pipeline_barrier(
+                    memory_barrier(
+                        d,
                         cmd,
-                        vk::PipelineStageFlags::COMPUTE_SHADER,
-                        vk::PipelineStageFlags::COMPUTE_SHADER,
-                        vk::DependencyFlags::empty(),
-                        &[order],
-                        &[],
-                        &[],
+                        (compute, vk::AccessFlags::SHADER_WRITE),
+                        (
+                            compute,
+                            vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE,
+                        ),
                     );
                 }
                 // Bound again only where the stage changes (one stage: once a submission).
@@ -1096,17 +1092,14 @@ pub(crate) fn launch_chain_timed(
             d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, queries, 1);
         }
         // Shader writes visible to host reads and to the download's copy.
-        let barrier = vk::MemoryBarrier::default()
-            .src_access_mask(vk::AccessFlags::SHADER_WRITE)
-            .dst_access_mask(vk::AccessFlags::HOST_READ | vk::AccessFlags::TRANSFER_READ);
-        d.cmd_pipeline_barrier(
+        memory_barrier(
+            d,
             cmd,
-            vk::PipelineStageFlags::COMPUTE_SHADER,
-            vk::PipelineStageFlags::HOST | vk::PipelineStageFlags::TRANSFER,
-            vk::DependencyFlags::empty(),
-            &[barrier],
-            &[],
-            &[],
+            (compute, vk::AccessFlags::SHADER_WRITE),
+            (
+                vk::PipelineStageFlags::HOST | vk::PipelineStageFlags::TRANSFER,
+                vk::AccessFlags::HOST_READ | vk::AccessFlags::TRANSFER_READ,
+            ),
         );
         once.fence = dev.submit_and_wait(cmd)?;
         if !timed {
@@ -1144,6 +1137,34 @@ pub(crate) fn launch_chain_timed(
             stage_ms,
         )))
     }
+}
+
+/// A global memory barrier in `cmd`: the `before` stage's accesses made available to the
+/// `after` stage's.
+///
+/// # Safety
+/// `cmd` is a command buffer of `d` in the recording state.
+unsafe fn memory_barrier(
+    d: &ash::Device,
+    cmd: vk::CommandBuffer,
+    before: (vk::PipelineStageFlags, vk::AccessFlags),
+    after: (vk::PipelineStageFlags, vk::AccessFlags),
+) {
+    let barrier = vk::MemoryBarrier::default()
+        .src_access_mask(before.1)
+        .dst_access_mask(after.1);
+    // SAFETY: the caller's.
+    unsafe {
+        d.cmd_pipeline_barrier(
+            cmd,
+            before.0,
+            after.0,
+            vk::DependencyFlags::empty(),
+            &[barrier],
+            &[],
+            &[],
+        )
+    };
 }
 
 /// A device-local storage buffer (`VulkanDevice::device_buffer`).

@@ -126,7 +126,7 @@ pub(crate) enum ChainBuffer {
 /// in order).
 pub(crate) struct ChainStage<'a> {
     pub name: &'a str,
-    pub source: &'a str,
+    pub source: String,
     pub constants: Vec<(u32, u32)>,
     pub push: Vec<u8>,
     pub grid: [u32; 2],
@@ -155,7 +155,7 @@ impl<'d> VulkanRun<'d> {
         bindings.extend(scratch.map(|_| ChainBuffer::Intermediate(0)));
         let stage = ChainStage {
             name,
-            source,
+            source: source.to_string(),
             constants: constants.to_vec(),
             push: push.to_vec(),
             grid,
@@ -188,7 +188,7 @@ impl<'d> VulkanRun<'d> {
         }
         let mut prepared = Vec::new();
         for st in stages {
-            let (spirv, _) = shader::compile_compute_cached(st.name, st.source)?;
+            let (spirv, _) = shader::compile_compute_cached(st.name, &st.source)?;
             let buffers = st
                 .bindings
                 .iter()
@@ -250,12 +250,15 @@ impl<'d> VulkanRun<'d> {
     /// `reps` launches back to back in one submission, waited for: the device time a
     /// launch in ms where the queue has timestamps (what a timing sample takes).
     pub fn launch_repeated(&self, reps: usize) -> Result<Option<f64>> {
-        let stages: Vec<_> = self
-            .stages
+        device::launch_chain(&self.dispatches(), reps)
+    }
+
+    /// Each stage's kernel, push constants and workgroups, as a launch takes them.
+    fn dispatches(&self) -> Vec<(&device::ComputeKernel<'d>, &[u8], [u32; 2])> {
+        self.stages
             .iter()
             .map(|s| (&s.kernel, s.push.as_slice(), s.grid))
-            .collect();
-        device::launch_chain(&stages, reps)
+            .collect()
     }
 
     /// A chain's time in each stage (its shader's name and ms; from the end of the stage
@@ -266,11 +269,7 @@ impl<'d> VulkanRun<'d> {
         if self.stages.len() < 2 {
             return Ok(Vec::new());
         }
-        let stages: Vec<_> = self
-            .stages
-            .iter()
-            .map(|s| (&s.kernel, s.push.as_slice(), s.grid))
-            .collect();
+        let stages = self.dispatches();
         let mut runs = Vec::new();
         for _ in 0..samples.max(1) {
             match device::launch_chain_timed(&stages, reps, true)? {
